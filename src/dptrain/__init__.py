@@ -1,0 +1,22 @@
+"""dptrain: data-parallel training on GPUs, virtual CPU devices and processes, on PyTorch.
+
+>>> import dptrain
+>>> devices = dptrain.try_all_gpus()                       # never empty
+>>> Xs = dptrain.split_and_load(torch.arange(8), [dptrain.cpu(0), dptrain.cpu(1)])
+>>> dptrain.allreduce([torch.ones(2), torch.ones(2)], algorithm="ring")
+"""
+from .allreduce import allreduce
+from .data import ArrayLoader, load_dataset
+from .devices import (as_device, cpu, format_devices, gpu, num_gpus, parse_devices, try_all_gpus,
+                      try_gpu)
+from .evaluate import count_correct, evaluate_accuracy
+from .parallel import DeviceRunner
+from .scratch import ScratchDataParallel, get_params, sgd
+from .split import split_and_load, split_batch
+
+__version__ = "0.1.0"
+
+__all__ = ["ArrayLoader", "DeviceRunner", "ScratchDataParallel", "allreduce", "as_device",
+           "count_correct", "cpu", "evaluate_accuracy", "format_devices", "get_params", "gpu",
+           "load_dataset", "num_gpus", "parse_devices", "sgd", "split_and_load", "split_batch",
+           "try_all_gpus", "try_gpu"]

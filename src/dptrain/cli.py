@@ -1,0 +1,130 @@
+"""The ``dptrain`` command line.
+
+Runbook:
+    dptrain devices                                   # what this machine has
+    dptrain train                                     # all GPUs, or 2 virtual CPU devices
+    dptrain train --devices 1                         # one device, for comparison
+    dptrain train --devices cpu:0,cpu:1,cpu:2 --allreduce ring
+    dptrain train --epochs 1 --max-batches 20 --json  # a quick run, machine-readable result
+
+Bad input prints one line and exits 2 (1 for missing or corrupt data); ``--debug`` shows
+the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from .allreduce import ALGORITHMS
+from .config import TrainConfig
+from .data import DataNotFoundError, IDXError
+from .devices import device_info, parse_devices
+from .recipes import RECIPES
+
+USAGE_ERROR, DATA_ERROR = 2, 1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse also prints usage)
+        self.exit(USAGE_ERROR, f"dptrain: error: {message} (see dptrain {self.prog.split()[-1]} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dptrain", description="Data-parallel training on GPUs, virtual CPU "
+                     "devices and processes.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    sub.add_parser("devices", help="list the devices found (kind, name, memory, cores)")
+    t = sub.add_parser("train", help="train a recipe on several devices",
+                       description="Train a recipe data-parallel; prints one line per epoch.")
+    recipes = ", ".join(f"{r.name} ({r.summary})" for r in RECIPES.values())
+    t.add_argument("--recipe", default="lenet-scratch", choices=list(RECIPES), metavar="NAME",
+                   help=f"what to train: {recipes} (default: lenet-scratch)")
+    t.add_argument("--devices", default="auto",
+                   help="auto (all GPUs, else 2 virtual CPU devices), a count N, or a list "
+                        "such as cpu:0,cpu:1 or cuda:0,cuda:1 (default: auto)")
+    t.add_argument("--epochs", type=_positive_int, help="epochs (default: the recipe's)")
+    t.add_argument("--batch-size", type=_positive_int, help="global batch size, split over the devices")
+    t.add_argument("--lr", type=_positive_float, help="learning rate")
+    t.add_argument("--seed", type=int, default=0, help="seed for initialisation and shuffling (default: 0)")
+    t.add_argument("--data-dir", help="folder holding the dataset files (also: $DPTRAIN_DATA)")
+    t.add_argument("--max-batches", type=_positive_int, metavar="N",
+                   help="stop each epoch after N batches (quick runs)")
+    t.add_argument("--allreduce", default="naive", choices=ALGORITHMS,
+                   help="from-scratch gradient allreduce (default: naive)")
+    t.add_argument("--json", action="store_true", help="print one JSON object with the result "
+                   "(epoch lines go to stderr)")
+    for p in (parser, t):
+        p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return parser
+
+
+def _devices_command() -> int:
+    for row in device_info(parse_devices("auto")):
+        memory = f"{row['memory_bytes'] / 2**30:.1f} GiB"
+        unit = "SMs" if row["kind"] == "gpu" else ("core" if row["cores"] == 1 else "cores")
+        print(f"{row['device']:8s} {row['kind']:12s} {row['name']}, {memory}, {row['cores']} {unit}")
+    return 0
+
+
+def _train_command(args: argparse.Namespace) -> int:
+    from .train import train   # keeps `dptrain devices` and --help fast
+    config = TrainConfig(recipe=args.recipe, devices=args.devices, epochs=args.epochs,
+                         batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                         data_dir=args.data_dir, max_batches=args.max_batches,
+                         allreduce=args.allreduce)
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
+        (lambda line: print(line, flush=True))
+    result = train(config, log=log)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return USAGE_ERROR
+    try:
+        return _devices_command() if args.command == "devices" else _train_command(args)
+    except (DataNotFoundError, IDXError) as e:
+        code = DATA_ERROR
+        if args.debug:
+            raise
+        print(f"dptrain: error: {e}", file=sys.stderr)
+    except (ValueError, TypeError) as e:
+        code = USAGE_ERROR
+        if args.debug:
+            raise
+        print(f"dptrain: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("dptrain: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Mini-batches from tensors held in memory, shuffled per epoch by a seeded generator."""
+from __future__ import annotations
+
+from typing import Iterator, Optional, Tuple
+
+import torch
+
+
+class ArrayLoader:
+    """Iterate over ``(X[idx], y[idx])`` batches of in-memory tensors.
+
+    The order of epoch ``e`` depends only on ``(seed, e)``, so a run can be resumed or
+    reproduced from the epoch number alone; ``set_epoch`` picks it, as with PyTorch's
+    ``DistributedSampler``. The last batch is smaller unless ``drop_last``.
+
+    >>> loader = ArrayLoader(X, y, batch_size=256, shuffle=True, seed=0)
+    >>> for X_batch, y_batch in loader: ...
+    """
+
+    def __init__(self, X: torch.Tensor, y: torch.Tensor, batch_size: int, shuffle: bool = False,
+                 seed: int = 0, drop_last: bool = False, max_batches: Optional[int] = None):
+        if len(X) != len(y):
+            raise ValueError(f"X and y must have the same number of samples, got {len(X)} and {len(y)}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if max_batches is not None and max_batches < 1:
+            raise ValueError(f"max_batches must be at least 1, got {max_batches}")
+        self.X, self.y, self.batch_size = X, y, batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.max_batches, self.epoch = max_batches, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self.X) // self.batch_size if self.drop_last else -(-len(self.X) // self.batch_size)
+        return min(n, self.max_batches) if self.max_batches else n
+
+    @property
+    def num_samples(self) -> int:
+        """Samples one epoch yields (after ``drop_last`` and ``max_batches``)."""
+        full = len(self) * self.batch_size
+        return min(full, len(self.X)) if not self.drop_last else full
+
+    def order(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(len(self.X))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(len(self.X), generator=g)
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        order, bs = self.order(), self.batch_size
+        for b in range(len(self)):
+            idx = order[b * bs:(b + 1) * bs]
+            if self.shuffle:
+                yield self.X[idx], self.y[idx]
+            else:
+                yield self.X[b * bs:(b + 1) * bs], self.y[b * bs:(b + 1) * bs]

@@ -1,0 +1,57 @@
+"""Accuracy over several devices: split each batch, predict on every device, sum (correct, count)."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence, Tuple, Union
+
+import torch
+
+from .devices import DeviceLike, check_devices
+from .parallel import get_runner
+from .split import split_batch
+
+Predictor = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _correct(i: int, predict: Predictor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return (predict(X).argmax(dim=1) == y).sum()
+
+
+def count_correct(net: Union[Predictor, Sequence[Predictor]], data: Iterable[Tuple[torch.Tensor, torch.Tensor]],
+                  devices: Sequence[DeviceLike]) -> Tuple[int, int]:
+    """Return ``(correct, count)`` over ``data``, each batch split across ``devices``.
+
+    ``net`` is one callable used on every device (a CPU model on virtual CPU devices), or a
+    sequence with one callable per device (e.g. one replica each). A batch with fewer samples
+    than devices uses only the first ``len(batch)`` devices.
+    """
+    devices = check_devices(devices)
+    predictors = list(net) if isinstance(net, (list, tuple)) else [net] * len(devices)
+    if len(predictors) != len(devices):
+        raise ValueError(f"got {len(predictors)} models for {len(devices)} devices: pass one model, "
+                         f"or one per device")
+    correct, count = [], 0
+    for X, y in data:
+        k = min(len(devices), len(X))
+        if k == 0:
+            continue
+        Xs, ys = split_batch(X, y, devices[:k], even_split=False)
+        runner = get_runner(devices[:k])
+        correct += runner.map(_correct, predictors[:k], Xs, ys)
+        count += len(y)
+    # Counts stay on their devices until the end: one synchronisation, not one per batch.
+    total = sum(int(c.item()) for c in correct)
+    return total, count
+
+
+def evaluate_accuracy(net: Union[Predictor, Sequence[Predictor]], data: Iterable[Tuple[torch.Tensor, torch.Tensor]],
+                      devices: Sequence[DeviceLike]) -> float:
+    """Return the accuracy of ``net`` on ``data``, computed on all ``devices`` at once.
+
+    >>> evaluate_accuracy(dp.predictors(), test_loader, [cpu(0), cpu(1)])
+    0.8412
+    """
+    correct, count = count_correct(net, data, devices)
+    if count == 0:
+        raise ValueError("evaluate_accuracy got no samples: the data iterable is empty")
+    return correct / count
