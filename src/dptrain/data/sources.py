@@ -77,9 +77,9 @@ def _candidates(name: str, filename: str, roots: Sequence[Path]) -> List[Path]:
 
 
 def mirrors_for(source: DatasetSource) -> List[str]:
-    """Mirrors to try: ``$DPTRAIN_MIRROR`` (a base URL) first, then the official ones."""
-    extra = os.environ.get("DPTRAIN_MIRROR")
-    return ([extra.rstrip("/") + "/"] if extra else []) + list(source.mirrors)
+    """Mirrors to try: ``$DPTRAIN_MIRROR`` (a base URL) instead of the official ones, if set."""
+    mirror = os.environ.get("DPTRAIN_MIRROR")
+    return [mirror.rstrip("/") + "/"] if mirror else list(source.mirrors)
 
 
 def sha256_decompressed(raw: bytes, name: str) -> str:

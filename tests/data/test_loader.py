@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from dptrain.data import ArrayLoader
+
+
+def loader(n=1000, **kw):
+    X = torch.arange(n).float().reshape(n, 1)
+    return ArrayLoader(X, torch.arange(n), **kw)
+
+
+def test_an_epoch_uses_every_sample_once_and_keeps_pairs():
+    ld = loader(1000, batch_size=64, shuffle=True, seed=3)
+    seen = []
+    for X, y in ld:
+        assert torch.equal(X[:, 0].long(), y)
+        seen.append(y)
+    assert len(seen) == len(ld) == 16 and len(seen[-1]) == 1000 - 15 * 64
+    assert sorted(torch.cat(seen).tolist()) == list(range(1000))
+
+
+def test_order_depends_only_on_seed_and_epoch():
+    a, b = loader(batch_size=100, shuffle=True, seed=1), loader(batch_size=100, shuffle=True, seed=1)
+    first = torch.cat([y for _, y in a])
+    assert torch.equal(first, torch.cat([y for _, y in b]))
+    a.set_epoch(1)
+    second = torch.cat([y for _, y in a])
+    assert not torch.equal(first, second)
+    b.set_epoch(1)
+    assert torch.equal(second, torch.cat([y for _, y in b]))
+    assert not torch.equal(first, torch.arange(1000))
+
+
+def test_max_batches_and_drop_last():
+    ld = loader(1000, batch_size=300, max_batches=2)
+    assert len(ld) == 2 and ld.num_samples == 600
+    assert [len(y) for _, y in ld] == [300, 300]
+    ld = loader(1000, batch_size=300, drop_last=True)
+    assert [len(y) for _, y in ld] == [300] * 3 and ld.num_samples == 900
+    assert loader(1000, batch_size=300).num_samples == 1000
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(batch_size=0), "batch_size must be a positive integer"),
+    (dict(batch_size=4, max_batches=0), "max_batches must be at least 1"),
+])
+def test_bad_arguments(kw, message):
+    with pytest.raises(ValueError, match=message):
+        loader(**kw)
