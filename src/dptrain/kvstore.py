@@ -1,0 +1,136 @@
+"""Where gradients are summed across devices: the KVStore modes of a ``Trainer``.
+
+- ``device``: each parameter is summed on one of the devices, its *owner*. Owners are chosen
+  largest parameter first, each to the device with the least bytes so far, so the extra
+  memory is balanced: the busiest device carries at most one parameter more than an equal
+  share. (Round-robin per layer, as MXNet does, can leave one GPU holding a huge embedding's
+  buffer on top of its share.) Owners reduce concurrently, one thread per device.
+- ``local``: every gradient is summed in host memory, then copied back to each device.
+- ``None``: one device, nothing to sum.
+
+Each store leaves every device's gradient equal to ``scale * sum over devices``.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from .devices import format_device
+from .parallel import DeviceRunner
+
+KVSTORES = ("device", "local", None)
+
+Grads = List[List[Optional[torch.Tensor]]]     # [device][parameter]
+
+
+def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
+    """Assign each item to a device, largest first to the least-loaded; return owner per item.
+
+    Greedy longest-processing-time: the device that ends heaviest got its last item when it
+    was the lightest, i.e. at most ``sum(sizes) / n`` loaded, so its final load is at most
+    ``sum(sizes) / n + max(sizes)``.
+
+    >>> balanced_placement([100, 1, 1, 1], 2)
+    [0, 1, 1, 1]
+    """
+    load = [0] * n_devices
+    owner = [0] * len(sizes)
+    for j in sorted(range(len(sizes)), key=lambda j: -sizes[j]):
+        k = min(range(n_devices), key=lambda d: (load[d], d))
+        owner[j] = k
+        load[k] += sizes[j]
+    return owner
+
+
+class KVStore:
+    """Sum gradients over devices in place; subclasses choose where."""
+    name: Optional[str] = None
+
+    def __init__(self, runner: DeviceRunner):
+        self.runner = runner
+        self.devices = runner.devices
+
+    def setup(self, params: Sequence[torch.Tensor]) -> None:
+        """Called once with device 0's parameters, before the first ``reduce``."""
+
+    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
+        raise NotImplementedError
+
+
+class NoKVStore(KVStore):
+    name = None
+
+    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
+        torch._foreach_mul_([grads[0][j] for j in active], scale)
+
+
+class LocalKVStore(KVStore):
+    name = "local"
+
+    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
+        host = torch.device("cpu")
+        for j in active:
+            total = grads[0][j].to(host, copy=True)
+            for g in grads[1:]:
+                total.add_(g[j].to(host))
+            total.mul_(scale)
+            for g in grads:
+                g[j].copy_(total, non_blocking=True)
+
+
+class DeviceKVStore(KVStore):
+    name = "device"
+
+    def setup(self, params: Sequence[torch.Tensor]) -> None:
+        self.sizes = [p.numel() * p.element_size() for p in params]
+        self.owner = balanced_placement(self.sizes, len(self.devices))
+
+    @property
+    def placement(self) -> List[str]:
+        """The device that sums each parameter, in parameter order."""
+        return [format_device(self.devices[k]) for k in self.owner]
+
+    @property
+    def bytes_per_device(self) -> Dict[str, int]:
+        """Extra bytes each device holds to sum the parameters it owns."""
+        out = {format_device(d): 0 for d in self.devices}
+        for j, k in enumerate(self.owner):
+            out[format_device(self.devices[k])] += self.sizes[j]
+        return out
+
+    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
+        n = len(self.devices)
+        owned = [[j for j in active if self.owner[j] == k] for k in range(n)]
+
+        def reduce_owned(k: int) -> None:
+            dev = self.devices[k]
+            for j in owned[k]:
+                total = grads[k][j]
+                for i in range(n):
+                    if i != k:
+                        total.add_(grads[i][j].to(dev, non_blocking=True))
+                total.mul_(scale)
+
+        def fetch(i: int) -> None:
+            for j in active:
+                k = self.owner[j]
+                if k != i:
+                    grads[i][j].copy_(grads[k][j], non_blocking=True)
+
+        self.runner.map(reduce_owned)   # every owner sums its parameters, all at once
+        self.runner.map(fetch)          # then every device copies the sums it does not own
+
+
+def create_kvstore(kind: Optional[str], runner: DeviceRunner) -> KVStore:
+    """Return the store for ``kind`` ("device", "local" or None)."""
+    if kind == "device":
+        return DeviceKVStore(runner) if len(runner.devices) > 1 else NoKVStore(runner)
+    if kind == "local":
+        return LocalKVStore(runner)
+    if kind is None:
+        if len(runner.devices) > 1:
+            raise ValueError(f"kvstore=None cannot sum gradients over {len(runner.devices)} devices; "
+                             f"use kvstore='device' or 'local'")
+        return NoKVStore(runner)
+    raise ValueError(f"unknown kvstore {kind!r}; choose one of 'device', 'local', None")

@@ -1,0 +1,153 @@
+"""A Gluon-style Trainer: sum gradients over devices, scale by 1/batch_size, update every replica.
+
+    replicas = dptrain.replicate(net, devices)
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1}, kvstore="device")
+    for X, y in loader:
+        Xs, ys = dptrain.split_batch(X, y, devices)
+        replicas.forward_backward(Xs, ys)
+        trainer.step(len(X))
+
+Every device runs the same optimizer on the same summed gradient, so the replicas stay
+identical. Gradients are cleared after each step; a parameter with no gradient at the next
+step is "stale" and an error, unless ``ignore_stale_grad=True`` (then it is not updated).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, List, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .devices import DeviceLike, check_devices, cpu
+from .kvstore import KVStore, create_kvstore
+from .optim import check_optimizer, make_optimizer
+from .parallel import get_runner
+from .replicate import Replicas
+
+Params = Union[Replicas, nn.Module, Sequence[torch.Tensor], Sequence[Sequence[torch.Tensor]]]
+
+
+def _device_of(t: torch.Tensor) -> torch.device:
+    return t.device if t.device.type != "cpu" else cpu(0)
+
+
+class Trainer:
+    """Update model replicas with summed gradients; see the module docstring for the loop.
+
+    ``params_or_replicas``: a ``Replicas``; one ``nn.Module`` or parameter list (one device);
+    or one parameter list per device (the from-scratch layout), with ``devices`` naming them.
+    """
+
+    def __init__(self, params_or_replicas: Params, optimizer: str = "sgd",
+                 optimizer_params: Optional[Mapping[str, Any]] = None,
+                 kvstore: Optional[str] = "device", devices: Optional[Sequence[DeviceLike]] = None):
+        self._optimizer_params = check_optimizer(optimizer, optimizer_params)
+        self._optimizer_name = optimizer.lower()
+        self._source = params_or_replicas
+        if isinstance(params_or_replicas, Replicas):
+            self.devices = params_or_replicas.devices
+            self._replicas: Optional[Replicas] = params_or_replicas
+        else:
+            self._replicas = None
+            self._groups = self._parameter_groups(params_or_replicas)
+            self.devices = check_devices(devices) if devices is not None else \
+                [cpu(i) for i in range(len(self._groups))] if all(
+                    _device_of(g[0]).type == "cpu" for g in self._groups) else \
+                [_device_of(g[0]) for g in self._groups]
+            if len(self.devices) != len(self._groups):
+                raise ValueError(f"got {len(self._groups)} parameter lists for {len(self.devices)} devices")
+        self.runner = get_runner(self.devices)
+        self.kvstore: KVStore = create_kvstore(kvstore, self.runner)
+        self._optimizers: List[torch.optim.Optimizer] = []
+
+    @staticmethod
+    def _parameter_groups(source) -> List[List[torch.Tensor]]:
+        if isinstance(source, nn.Module):
+            return [list(source.parameters())]
+        items = list(source)
+        if not items:
+            raise ValueError("Trainer got no parameters")
+        if all(isinstance(p, torch.Tensor) for p in items):
+            return [items]
+        groups = [list(g) for g in items]
+        if len({len(g) for g in groups}) != 1:
+            raise ValueError("every device needs the same parameters: got lists of lengths "
+                             f"{[len(g) for g in groups]}")
+        return groups
+
+    def _setup(self) -> None:
+        if self._replicas is not None:
+            self._groups = [list(m.parameters()) for m in self._replicas]
+        for g in self._groups:
+            for p in g:
+                if not p.requires_grad:
+                    p.requires_grad_(True)
+        self.kvstore.setup(self._groups[0])
+        self._optimizers = [make_optimizer(self._optimizer_name, self._optimizer_params, g)
+                            for g in self._groups]
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self._optimizer_params["learning_rate"])
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Change the learning rate from the next step on (schedules, warm-up)."""
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+            raise ValueError(f"learning rate must be a finite number > 0, got {lr!r}")
+        self._optimizer_params["learning_rate"] = lr
+        for opt in self._optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
+        """Sum gradients over devices, divide by ``batch_size``, update every replica."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"step needs the batch size (an integer >= 1), got {batch_size!r}")
+        if not self._optimizers:
+            self._setup()
+        grads = [[p.grad for p in g] for g in self._groups]
+        active = []
+        for j in range(len(grads[0])):
+            missing = [i for i, g in enumerate(grads) if g[j] is None]
+            if not missing:
+                active.append(j)
+            elif not ignore_stale_grad:
+                raise ValueError(
+                    f"parameter {self._name(j)} got no gradient on device(s) "
+                    f"{', '.join(str(self.devices[i]) for i in missing)} since the last step: the "
+                    f"model used only some of its parameters. Call step(batch_size, "
+                    f"ignore_stale_grad=True) to skip such parameters")
+        self.kvstore.reduce(grads, active, 1.0 / batch_size)
+        self.runner.map(self._update)
+        if self._replicas is not None:
+            self._broadcast_buffers()
+
+    def _update(self, i: int) -> None:
+        opt = self._optimizers[i]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def _broadcast_buffers(self) -> None:
+        # As DistributedDataParallel does: running statistics follow device 0, so every
+        # replica evaluates the same model.
+        if len(self.devices) == 1:
+            return
+        source = [b for b in self._replicas[0].buffers()]
+        if not source:
+            return
+
+        def copy(i: int) -> None:
+            if i:
+                for b, s in zip(self._replicas[i].buffers(), source):
+                    b.copy_(s, non_blocking=True)
+        self.runner.map(copy)
+
+    def _name(self, j: int) -> str:
+        if self._replicas is not None:
+            return repr(list(dict(self._replicas[0].named_parameters()))[j])
+        return f"#{j} (shape {tuple(self._groups[0][j].shape)})"
+
+    def state_dict(self) -> dict:
+        """The optimizer state of device 0 (all devices hold the same)."""
+        return self._optimizers[0].state_dict() if self._optimizers else {}
