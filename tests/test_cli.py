@@ -47,6 +47,33 @@ def test_lenet_scratch_learns_fashion_mnist(data_dir, capsys):
     assert result["test_acc"] > 0.5, result
 
 
+@pytest.mark.slow
+def test_lenet_mnist_learns_in_one_epoch(data_dir, capsys):
+    """The Gluon tutorial recipe (Trainer, KVStore 'device', uneven splits on 3 devices):
+    one epoch reaches 0.95 with seed 0; 0.9 leaves room for other machines' rounding."""
+    assert main(["train", "--recipe", "lenet-mnist", "--data-dir", data_dir, "--epochs", "1",
+                 "--devices", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["test_acc"] > 0.9, result
+    assert (result["batch_size"], result["lr"], result["optimizer"], result["kvstore"]) == (128, 0.04, "sgd", "device")
+
+
+def test_resnet18_few_batches(data_dir, capsys):
+    assert main(["train", "--recipe", "resnet18", "--data-dir", data_dir, "--epochs", "1", "--batch-size", "32",
+                 "--max-batches", "2", "--eval-batches", "1", "--sync-bn", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["batch_size"], result["lr"], result["sync_bn"]) == (32, 0.2, True)
+    assert result["history"][0]["train_loss"] > 0
+
+
+def test_resnet18_no_scale_keeps_the_batch(data_dir, capsys):
+    assert main(["train", "--recipe", "resnet18", "--data-dir", data_dir, "--epochs", "1", "--batch-size", "8",
+                 "--max-batches", "1", "--eval-batches", "1", "--no-scale", "--kvstore", "local",
+                 "--optimizer", "adam", "--lr", "0.001", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["batch_size"], result["lr"], result["optimizer"], result["kvstore"]) == (8, 0.001, "adam", "local")
+
+
 @pytest.mark.parametrize("args, message", [
     (["train", "--epochs", "0"], "argument --epochs: expected a whole number >= 1, got 0"),
     (["train", "--lr", "-1"], "argument --lr: expected a finite number > 0, got -1"),
@@ -56,6 +83,10 @@ def test_lenet_scratch_learns_fashion_mnist(data_dir, capsys):
     (["train", "--devices", "cpu:0,cpu:0"], "device cpu:0 appears twice"),
     (["train", "--devices", "4", "--batch-size", "2"], "batch size 2 is smaller than the 4 devices"),
     (["train", "--allreduce", "tree"], "argument --allreduce: invalid choice: 'tree'"),
+    (["train", "--optimizer", "adam"], "--optimizer do(es) not apply to lenet-scratch"),
+    (["train", "--recipe", "lenet-mnist", "--allreduce", "ring"], "--allreduce applies to lenet-scratch only"),
+    (["train", "--recipe", "lenet-mnist", "--kvstore", "none"], "kvstore=None cannot sum gradients over 2 devices"),
+    (["train", "--eval-batches", "0"], "argument --eval-batches: expected a whole number >= 1, got 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     out = dptrain(*args)

@@ -35,3 +35,14 @@ def test_one_model_per_device_or_one_for_all():
         dptrain.count_correct([model, model], loader, [dptrain.cpu(i) for i in range(3)])
     with pytest.raises(ValueError, match="no samples"):
         dptrain.evaluate_accuracy(model, [], [dptrain.cpu(0)])
+
+
+def test_replicas_are_evaluated_in_eval_mode_on_their_own_devices():
+    from torch import nn
+    net = nn.Sequential(nn.Flatten(), nn.Linear(1, 10), nn.BatchNorm1d(10))
+    replicas = dptrain.replicate(net, [dptrain.cpu(0), dptrain.cpu(1)])
+    loader, _ = data(20, 5)
+    expected = dptrain.count_correct(lambda X: net.eval()(X), loader, [dptrain.cpu(0)])
+    net.train()
+    assert dptrain.count_correct(replicas, loader) == expected
+    assert all(m.training for m in replicas)        # modes restored

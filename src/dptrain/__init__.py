@@ -10,13 +10,16 @@ from .data import ArrayLoader, load_dataset
 from .devices import (as_device, cpu, format_devices, gpu, num_gpus, parse_devices, try_all_gpus,
                       try_gpu)
 from .evaluate import count_correct, evaluate_accuracy
-from .parallel import DeviceRunner
+from .parallel import DeviceRunner, get_runner
+from .replicas import NotInitializedError, Replicas, replicate
 from .scratch import ScratchDataParallel, get_params, sgd
 from .split import split_and_load, split_batch
+from .trainer import Trainer
 
 __version__ = "0.1.0"
 
-__all__ = ["ArrayLoader", "DeviceRunner", "ScratchDataParallel", "allreduce", "as_device",
-           "count_correct", "cpu", "evaluate_accuracy", "format_devices", "get_params", "gpu",
-           "load_dataset", "num_gpus", "parse_devices", "sgd", "split_and_load", "split_batch",
-           "try_all_gpus", "try_gpu"]
+__all__ = ["ArrayLoader", "DeviceRunner", "NotInitializedError", "Replicas", "ScratchDataParallel",
+           "Trainer", "allreduce", "as_device", "count_correct", "cpu", "evaluate_accuracy",
+           "format_devices", "get_params", "get_runner", "gpu", "load_dataset", "num_gpus",
+           "parse_devices", "replicate", "sgd", "split_and_load", "split_batch", "try_all_gpus",
+           "try_gpu"]

@@ -6,6 +6,9 @@ Runbook:
     dptrain train --devices 1                         # one device, for comparison
     dptrain train --devices cpu:0,cpu:1,cpu:2 --allreduce ring
     dptrain train --epochs 1 --max-batches 20 --json  # a quick run, machine-readable result
+    dptrain train --recipe lenet-mnist                # Gluon tutorial LeNet, Trainer + KVStore
+    dptrain train --recipe resnet18 --devices cuda:0,cuda:1 --amp bf16 --channels-last
+    dptrain train --recipe resnet18 --max-batches 5 --eval-batches 2   # ResNet-18 on a CPU
 
 Bad input prints one line and exits 2 (1 for missing or corrupt data); ``--debug`` shows
 the traceback.
@@ -18,6 +21,7 @@ import sys
 from typing import List, Optional
 
 from .allreduce import ALGORITHMS
+from .optim import OPTIMIZERS
 from .config import TrainConfig
 from .data import DataNotFoundError, IDXError
 from .devices import device_info, parse_devices
@@ -72,7 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-batches", type=_positive_int, metavar="N",
                    help="stop each epoch after N batches (quick runs)")
     t.add_argument("--allreduce", default="naive", choices=ALGORITHMS,
-                   help="from-scratch gradient allreduce (default: naive)")
+                   help="lenet-scratch: the hand-written gradient allreduce (default: naive)")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, help="Trainer recipes: optimizer (default: sgd)")
+    t.add_argument("--kvstore", default="device", choices=["device", "local", "none"],
+                   help="Trainer recipes: where gradients are summed (default: device)")
+    t.add_argument("--sync-bn", action="store_true",
+                   help="BatchNorm statistics over the whole batch, not per device")
+    t.add_argument("--eval-batches", type=_positive_int, metavar="N",
+                   help="evaluate on the first N test batches only")
+    t.add_argument("--amp", choices=["bf16", "fp16"], help="mixed precision (autocast) for the forward")
+    t.add_argument("--channels-last", action="store_true", help="NHWC memory format (fast on GPUs)")
+    t.add_argument("--no-scale", dest="scale", action="store_false",
+                   help="resnet18: keep batch and lr as given instead of scaling them by the device count")
+    t.add_argument("--dataset", choices=["fashion-mnist", "mnist"],
+                   help="train on this dataset instead of the recipe's")
     t.add_argument("--json", action="store_true", help="print one JSON object with the result "
                    "(epoch lines go to stderr)")
     for p in (parser, t):
@@ -93,7 +110,9 @@ def _train_command(args: argparse.Namespace) -> int:
     config = TrainConfig(recipe=args.recipe, devices=args.devices, epochs=args.epochs,
                          batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                          data_dir=args.data_dir, max_batches=args.max_batches,
-                         allreduce=args.allreduce)
+                         allreduce=args.allreduce, optimizer=args.optimizer, kvstore=args.kvstore,
+                         sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp,
+                         channels_last=args.channels_last, scale=args.scale, dataset=args.dataset)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
     result = train(config, log=log)

@@ -5,7 +5,14 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional
 
+import torch
+
 from .allreduce import ALGORITHMS
+from .data.sources import SOURCES
+from .kvstore import KVSTORES
+from .optim import check_optimizer
+
+AMP_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -20,12 +27,20 @@ class TrainConfig:
     data_dir: Optional[str] = None
     max_batches: Optional[int] = None
     allreduce: str = "naive"
+    optimizer: Optional[str] = None
+    kvstore: Optional[str] = "device"
+    sync_bn: bool = False
+    eval_batches: Optional[int] = None
+    amp: Optional[str] = None
+    channels_last: bool = False
+    scale: bool = True
+    dataset: Optional[str] = None
 
     def __post_init__(self) -> None:
         from .recipes import RECIPES   # recipes import this module
         if self.recipe not in RECIPES:
             raise ValueError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
-        for name in ("epochs", "batch_size", "max_batches"):
+        for name in ("epochs", "batch_size", "max_batches", "eval_batches"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
@@ -33,6 +48,33 @@ class TrainConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.allreduce not in ALGORITHMS:
             raise ValueError(f"unknown allreduce algorithm {self.allreduce!r}; choose one of {', '.join(ALGORITHMS)}")
+        if self.kvstore == "none":
+            self.kvstore = None
+        if self.kvstore not in KVSTORES:
+            raise ValueError(f"unknown kvstore {self.kvstore!r}; choose one of device, local, none")
+        if self.optimizer is not None:
+            check_optimizer(self.optimizer)
+        if self.amp not in AMP_DTYPES:
+            raise ValueError(f"unknown --amp {self.amp!r}; choose one of {', '.join(k for k in AMP_DTYPES if k)}")
+        if self.dataset is not None and self.dataset not in SOURCES:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(SOURCES)}")
+        recipe = RECIPES[self.recipe]
+        if not recipe.uses_trainer:
+            given = [flag for flag, value, default in (
+                ("--optimizer", self.optimizer, None), ("--kvstore", self.kvstore, "device"),
+                ("--sync-bn", self.sync_bn, False), ("--amp", self.amp, None),
+                ("--channels-last", self.channels_last, False)) if value != default]
+            if given:
+                trainer_recipes = ", ".join(r.name for r in RECIPES.values() if r.uses_trainer)
+                raise ValueError(f"{', '.join(given)} do(es) not apply to {self.recipe}, which trains with "
+                                 f"its own SGD and allreduce; use them with {trainer_recipes}")
+        elif self.allreduce != "naive":
+            raise ValueError(f"--allreduce applies to lenet-scratch only; {self.recipe} sums gradients "
+                             f"with its Trainer (--kvstore)")
+
+    @property
+    def amp_dtype(self):
+        return AMP_DTYPES[self.amp]
 
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":

@@ -1,12 +1,15 @@
 """Accuracy over several devices: split each batch, predict on every device, sum (correct, count)."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence, Tuple, Union
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
+from torch import nn
 
 from .devices import DeviceLike, check_devices
 from .parallel import get_runner
+from .replicas import Replicas
 from .split import split_batch
 
 Predictor = Callable[[torch.Tensor], torch.Tensor]
@@ -17,35 +20,55 @@ def _correct(i: int, predict: Predictor, X: torch.Tensor, y: torch.Tensor) -> to
         return (predict(X).argmax(dim=1) == y).sum()
 
 
+@contextmanager
+def _eval_mode(predictors: Sequence[Predictor]) -> Iterator[None]:
+    """Put modules in eval mode (BatchNorm uses running statistics), then restore them."""
+    modules = [p for p in predictors if isinstance(p, nn.Module)]
+    before = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, mode in zip(modules, before):
+            m.train(mode)
+
+
 def count_correct(net: Union[Predictor, Sequence[Predictor]], data: Iterable[Tuple[torch.Tensor, torch.Tensor]],
-                  devices: Sequence[DeviceLike]) -> Tuple[int, int]:
+                  devices: Optional[Sequence[DeviceLike]] = None) -> Tuple[int, int]:
     """Return ``(correct, count)`` over ``data``, each batch split across ``devices``.
 
-    ``net`` is one callable used on every device (a CPU model on virtual CPU devices), or a
-    sequence with one callable per device (e.g. one replica each). A batch with fewer samples
-    than devices uses only the first ``len(batch)`` devices.
+    ``net`` is one callable used on every device (a CPU model on virtual CPU devices), a
+    sequence with one callable per device, or ``Replicas`` (then ``devices`` may be left
+    out). Modules are evaluated in eval mode. A batch with fewer samples than devices uses
+    only the first ``len(batch)`` devices.
     """
+    if devices is None:
+        if not isinstance(net, Replicas):
+            raise ValueError("pass the devices to evaluate on (only Replicas know their own)")
+        devices = net.devices
     devices = check_devices(devices)
-    predictors = list(net) if isinstance(net, (list, tuple)) else [net] * len(devices)
+    predictors = list(net) if isinstance(net, (list, tuple, Replicas)) else [net] * len(devices)
     if len(predictors) != len(devices):
         raise ValueError(f"got {len(predictors)} models for {len(devices)} devices: pass one model, "
                          f"or one per device")
     correct, count = [], 0
-    for X, y in data:
-        k = min(len(devices), len(X))
-        if k == 0:
-            continue
-        Xs, ys = split_batch(X, y, devices[:k], even_split=False)
-        runner = get_runner(devices[:k])
-        correct += runner.map(_correct, predictors[:k], Xs, ys)
-        count += len(y)
+    with _eval_mode(predictors):
+        for X, y in data:
+            k = min(len(devices), len(X))
+            if k == 0:
+                continue
+            Xs, ys = split_batch(X, y, devices[:k], even_split=False)
+            runner = get_runner(devices[:k])
+            correct += runner.map(_correct, predictors[:k], Xs, ys)
+            count += len(y)
     # Counts stay on their devices until the end: one synchronisation, not one per batch.
     total = sum(int(c.item()) for c in correct)
     return total, count
 
 
 def evaluate_accuracy(net: Union[Predictor, Sequence[Predictor]], data: Iterable[Tuple[torch.Tensor, torch.Tensor]],
-                      devices: Sequence[DeviceLike]) -> float:
+                      devices: Optional[Sequence[DeviceLike]] = None) -> float:
     """Return the accuracy of ``net`` on ``data``, computed on all ``devices`` at once.
 
     >>> evaluate_accuracy(dp.predictors(), test_loader, [cpu(0), cpu(1)])

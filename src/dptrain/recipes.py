@@ -7,7 +7,10 @@ from typing import Callable, Dict, List, Protocol, Sequence
 import torch
 
 from .config import TrainConfig
-from .models import lenet, lenet_params
+from torch import nn
+
+from .engines import ModuleDataParallel
+from .models import GluonLeNet, init_normal, lenet, lenet_params, resnet18
 from .scratch import ScratchDataParallel
 
 
@@ -28,16 +31,46 @@ class Recipe:
     lr: float
     epochs: int
     summary: str
-    build: Callable[[TrainConfig, Sequence[torch.device]], Engine]
+    build: Callable[[TrainConfig, Sequence[torch.device], float], Engine]
+    uses_trainer: bool = True
+    optimizer: str = "sgd"
+    #: batch_size and lr are per device: on N devices both are multiplied by N (linear
+    #: scaling rule) unless --no-scale.
+    per_device: bool = False
 
 
-def _lenet_scratch(config: TrainConfig, devices: Sequence[torch.device]) -> Engine:
+def _lenet_scratch(config: TrainConfig, devices: Sequence[torch.device], lr: float) -> Engine:
     params = lenet_params(generator=torch.Generator().manual_seed(config.seed))
     return ScratchDataParallel(lenet, params, devices, allreduce=config.allreduce)
+
+
+def _module_engine(make: Callable[[], nn.Module], init: Callable[[nn.Module], None]):
+    def build(config: TrainConfig, devices: Sequence[torch.device], lr: float) -> Engine:
+        torch.manual_seed(config.seed)
+        recipe = RECIPES[config.recipe]
+        return ModuleDataParallel(make(), devices, config.optimizer or recipe.optimizer,
+                                  {"learning_rate": lr}, kvstore=config.kvstore, init=init,
+                                  sync_batchnorm=config.sync_bn, amp=config.amp_dtype,
+                                  channels_last=config.channels_last)
+    return build
+
+
+def init_xavier(module: nn.Module) -> None:
+    """MXNet's ``init.Xavier()``: uniform, averaged fans, magnitude 3; biases zero."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.xavier_uniform_(m.weight)
+            nn.init.zeros_(m.bias)
 
 
 RECIPES: Dict[str, Recipe] = {r.name: r for r in [
     Recipe("lenet-scratch", "fashion-mnist", batch_size=256, lr=0.2, epochs=10,
            summary="the reference's from-scratch LeNet, allreduce written by hand",
-           build=_lenet_scratch),
+           build=_lenet_scratch, uses_trainer=False),
+    Recipe("resnet18", "fashion-mnist", batch_size=256, lr=0.1, epochs=10,
+           summary="the modified ResNet-18, Trainer; batch and lr are per device",
+           build=_module_engine(lambda: resnet18(10, in_channels=1), init_normal), per_device=True),
+    Recipe("lenet-mnist", "mnist", batch_size=128, lr=0.04, epochs=10,
+           summary="the Gluon tutorial's LeNet on MNIST, Xavier init, Trainer",
+           build=_module_engine(GluonLeNet, init_xavier)),
 ]}

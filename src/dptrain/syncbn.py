@@ -114,8 +114,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """A BatchNorm layer whose training statistics cover the shards of every device."""
 
     def __init__(self, bn: nn.modules.batchnorm._BatchNorm, group: ThreadGroup, rank: int):
-        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
-                         device=bn.weight.device if bn.affine else None)
+        like = next(iter(bn.parameters()), bn.running_mean)
+        factory = {"device": like.device, "dtype": like.dtype} if like is not None else {}
+        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, **factory)
         self.load_state_dict(bn.state_dict())
         self.group, self.rank = group, rank
 

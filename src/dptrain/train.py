@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -23,6 +23,18 @@ def synchronize(devices: Sequence[torch.device]) -> None:
             torch.cuda.synchronize(d)
 
 
+def hyperparameters(config: TrainConfig, n_devices: int) -> Tuple[int, int, float]:
+    """Return ``(epochs, batch_size, lr)``: the config's values, else the recipe's.
+
+    A per-device recipe (resnet18) multiplies its default batch and lr by the device count
+    (the linear scaling rule) unless ``scale=False``; values given explicitly are global.
+    """
+    recipe = RECIPES[config.recipe]
+    scale = n_devices if recipe.per_device and config.scale else 1
+    return (config.epochs or recipe.epochs, config.batch_size or recipe.batch_size * scale,
+            config.lr or recipe.lr * scale)
+
+
 def train(config: TrainConfig, log: Optional[Log] = print) -> Dict[str, Any]:
     """Run a recipe as ``config`` says; return the result (the ``--json`` object).
 
@@ -34,18 +46,16 @@ def train(config: TrainConfig, log: Optional[Log] = print) -> Dict[str, Any]:
     log = log or (lambda _: None)
     recipe = RECIPES[config.recipe]
     devices = parse_devices(config.devices)
-    epochs = config.epochs or recipe.epochs
-    batch_size = config.batch_size or recipe.batch_size
-    lr = config.lr or recipe.lr
+    epochs, batch_size, lr = hyperparameters(config, len(devices))
     if batch_size < len(devices):
         raise ValueError(f"batch size {batch_size} is smaller than the {len(devices)} devices: "
                          f"use --batch-size {len(devices)} or more, or fewer --devices")
     torch.manual_seed(config.seed)
-    data = load_dataset(recipe.dataset, config.data_dir)
+    engine = recipe.build(config, devices, lr)      # before the data: bad settings fail fast
+    data = load_dataset(config.dataset or recipe.dataset, config.data_dir)
     train_loader = ArrayLoader(data.train_X, data.train_y, batch_size, shuffle=True,
                                seed=config.seed, max_batches=config.max_batches)
-    test_loader = ArrayLoader(data.test_X, data.test_y, batch_size)
-    engine = recipe.build(config, devices)
+    test_loader = ArrayLoader(data.test_X, data.test_y, batch_size, max_batches=config.eval_batches)
     runner = get_runner(devices)
 
     history: List[Dict[str, Any]] = []
@@ -72,7 +82,10 @@ def train(config: TrainConfig, log: Optional[Log] = print) -> Dict[str, Any]:
     names = [format_device(d) for d in devices]
     result = {
         "recipe": recipe.name, "devices": names, "epochs": epochs, "batch_size": batch_size,
-        "lr": lr, "allreduce": config.allreduce, "seed": config.seed,
+        "lr": lr, "seed": config.seed, "dataset": data.name,
+        **({"optimizer": config.optimizer or recipe.optimizer,
+            "kvstore": config.kvstore, "sync_bn": config.sync_bn, "amp": config.amp}
+           if recipe.uses_trainer else {"allreduce": config.allreduce}),
         "test_acc": history[-1]["test_acc"],
         "sec_per_epoch": train_seconds / epochs,
         "images_per_sec": images / train_seconds if train_seconds else 0.0,

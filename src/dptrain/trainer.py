@@ -23,7 +23,7 @@ from .devices import DeviceLike, check_devices, cpu
 from .kvstore import KVStore, create_kvstore
 from .optim import check_optimizer, make_optimizer
 from .parallel import get_runner
-from .replicate import Replicas
+from .replicas import Replicas
 
 Params = Union[Replicas, nn.Module, Sequence[torch.Tensor], Sequence[Sequence[torch.Tensor]]]
 

@@ -1,0 +1,45 @@
+"""The Trainer path of a recipe: an ``nn.Module`` replicated on the devices, a ``Trainer``."""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .replicas import Init, replicate, sum_cross_entropy
+from .split import split_batch
+from .trainer import Trainer
+
+
+class ModuleDataParallel:
+    """Train ``net`` data-parallel: split, forward+backward on all devices, ``Trainer.step``.
+
+    >>> dp = ModuleDataParallel(GluonLeNet(), [cpu(0), cpu(1)], "sgd", {"learning_rate": 0.04})
+    >>> loss_sum = dp.train_batch(X, y, lr=0.04)
+    """
+
+    def __init__(self, net: nn.Module, devices: Sequence[torch.device], optimizer: str = "sgd",
+                 optimizer_params: Optional[Mapping[str, Any]] = None, kvstore: Optional[str] = "device",
+                 init: Optional[Init] = None, sync_batchnorm: bool = False,
+                 amp: Optional[torch.dtype] = None, channels_last: bool = False):
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        if channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        self.replicas = replicate(net, devices, init=init, sync_batchnorm=sync_batchnorm)
+        self.devices = self.replicas.devices
+        self.trainer = Trainer(self.replicas, optimizer, optimizer_params, kvstore=kvstore)
+        self.amp = amp
+
+    def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
+        """One step on ``(X, y)``; return the summed loss on the first device."""
+        if lr != self.trainer.learning_rate:
+            self.trainer.set_learning_rate(lr)
+        Xs, ys = split_batch(X, y, self.devices, even_split=False)
+        if self.memory_format is torch.channels_last:
+            Xs = [x.contiguous(memory_format=torch.channels_last) for x in Xs]
+        losses = self.replicas.forward_backward(Xs, ys, sum_cross_entropy, amp=self.amp)
+        self.trainer.step(len(X))
+        return sum(loss.float().to(self.devices[0]) for loss in losses)
+
+    def predictors(self) -> List[Callable[[torch.Tensor], torch.Tensor]]:
+        return list(self.replicas)

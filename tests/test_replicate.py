@@ -1,0 +1,72 @@
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.models import GluonLeNet, init_normal
+from dptrain.replicas import NotInitializedError
+
+DEVICES = [dptrain.cpu(0), dptrain.cpu(1)]
+
+
+def test_one_module_per_device_with_equal_parameters():
+    net = GluonLeNet()
+    replicas = dptrain.replicate(net, DEVICES, init=init_normal)
+    assert len(replicas) == 2 and replicas[0] is net and replicas[1] is not net
+    w = replicas.param("0.weight")
+    assert w.list_devices() == DEVICES
+    torch.testing.assert_close(w.data(dptrain.cpu(0)), w.data("cpu:1"), rtol=0, atol=0)
+    assert w.data(dptrain.cpu(1)).data_ptr() != w.data(dptrain.cpu(0)).data_ptr()
+    assert 0.008 < w.data("cpu:0").std().item() < 0.012          # init ran
+
+
+def test_asking_for_another_device_names_the_devices_it_lives_on():
+    replicas = dptrain.replicate(GluonLeNet(), DEVICES)
+    with pytest.raises(ValueError, match=r"'0.weight' is not on cpu:2; it lives on \[cpu:0, cpu:1\]"):
+        replicas.param("0.weight").data(dptrain.cpu(2))
+    with pytest.raises(ValueError, match=r"lives on \[cpu:0, cpu:1\]: name one, e.g. .data\(cpu:0\)"):
+        replicas.param("0.weight").data()
+    with pytest.raises(KeyError, match="no parameter '0.wieght'; the model has 0.weight, 0.bias"):
+        replicas.param("0.wieght")
+
+
+def test_lazy_modules_need_one_batch_first_then_are_equal_everywhere():
+    net = nn.Sequential(nn.LazyConv2d(4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10))
+    replicas = dptrain.replicate(net, DEVICES)
+    with pytest.raises(NotInitializedError, match="run one batch first"):
+        replicas.param("0.weight").data(dptrain.cpu(0))
+    out = replicas.forward(dptrain.split_and_load(torch.rand(4, 1, 8, 8), DEVICES))
+    assert [o.shape for o in out] == [(2, 10), (2, 10)]
+    for name, p in replicas.named_parameters().items():
+        torch.testing.assert_close(p.data("cpu:0"), p.data("cpu:1"), rtol=0, atol=0)
+
+
+def test_forward_backward_fills_each_replicas_gradients():
+    replicas = dptrain.replicate(GluonLeNet(), DEVICES)
+    X, y = torch.rand(6, 1, 28, 28), torch.arange(6)
+    losses = replicas.forward_backward(*dptrain.split_batch(X, y, DEVICES))
+    assert len(losses) == 2 and all(loss.item() > 0 for loss in losses)
+    g0, g1 = replicas.param("0.weight").grad("cpu:0"), replicas.param("0.weight").grad("cpu:1")
+    assert g0 is not None and g1 is not None and not torch.equal(g0, g1)
+
+
+def test_shards_must_match_devices():
+    replicas = dptrain.replicate(GluonLeNet(), DEVICES)
+    with pytest.raises(ValueError, match="got 3 shards for 2 devices"):
+        replicas.forward([torch.rand(1, 1, 28, 28)] * 3)
+
+
+def test_the_users_model_keeps_working():
+    net = GluonLeNet()
+    replicas = dptrain.replicate(net, DEVICES, sync_batchnorm=True)
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1})
+    X, y = torch.rand(4, 1, 28, 28), torch.arange(4)
+    replicas.forward_backward(*dptrain.split_batch(X, y, DEVICES))
+    trainer.step(4)
+    assert net(X).shape == (4, 10)                      # and it is the trained replica 0
+    torch.testing.assert_close(net[0].weight.detach(), replicas.param("0.weight").data("cpu:1"))
+
+
+def test_replicate_needs_a_module():
+    with pytest.raises(TypeError, match="needs an nn.Module, got function"):
+        dptrain.replicate(lambda x: x, DEVICES)

@@ -1,0 +1,63 @@
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.syncbn import SyncBatchNorm, ThreadGroup, convert_sync_batchnorm, synchronized
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_statistics_and_gradients_cover_the_whole_batch(n_devices):
+    torch.manual_seed(0)
+    X = torch.randn(12, 5, 4, 4, dtype=torch.float64) * 3 + 1
+    ref = nn.BatchNorm2d(5).double()
+    nn.init.normal_(ref.weight)
+    Xr = X.clone().requires_grad_()
+    (ref(Xr) * torch.arange(5.0, dtype=torch.float64).view(1, 5, 1, 1)).pow(2).sum().backward()
+
+    mods = [nn.BatchNorm2d(5).double() for _ in range(n_devices)]
+    for m in mods:
+        m.load_state_dict(ref.state_dict() | {"running_mean": torch.zeros(5), "running_var": torch.ones(5),
+                                              "num_batches_tracked": torch.tensor(0)})
+    holder = [nn.Sequential(m) for m in mods]
+    convert_sync_batchnorm(holder)
+    assert all(isinstance(h[0], SyncBatchNorm) for h in holder)
+    shards = [s.clone().requires_grad_() for s in dptrain.split_and_load(X, [dptrain.cpu(i) for i in range(n_devices)], even_split=False)]
+    runner = dptrain.get_runner([dptrain.cpu(i) for i in range(n_devices)])
+
+    def work(i, x):
+        with synchronized():
+            (holder[i](x) * torch.arange(5.0, dtype=torch.float64).view(1, 5, 1, 1)).pow(2).sum().backward()
+    runner.map(work, shards)
+    torch.testing.assert_close(torch.cat([s.grad for s in shards]), Xr.grad)
+    torch.testing.assert_close(sum(h[0].weight.grad for h in holder), ref.weight.grad)
+    torch.testing.assert_close(sum(h[0].bias.grad for h in holder), ref.bias.grad)
+    for h in holder:
+        torch.testing.assert_close(h[0].running_mean, ref.running_mean)
+        torch.testing.assert_close(h[0].running_var, ref.running_var)
+
+
+def test_outside_a_step_it_is_plain_batchnorm():
+    """The user's own model still runs alone after conversion: no waiting for other devices."""
+    bn = nn.BatchNorm2d(3)
+    holder = [nn.Sequential(bn), nn.Sequential(nn.BatchNorm2d(3))]
+    convert_sync_batchnorm(holder)
+    x = torch.randn(4, 3, 2, 2)
+    torch.testing.assert_close(holder[0](x), nn.BatchNorm2d(3)(x))
+
+
+def test_a_device_that_never_arrives_is_an_error_not_a_hang():
+    group = ThreadGroup(2, timeout=0.5)
+    with pytest.raises(RuntimeError, match="not every device reached this BatchNorm layer"):
+        group.all_reduce(0, torch.ones(1))
+    # The group recovers for the next, complete, exchange.
+    out = [None, None]
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, group.all_reduce(r, torch.ones(1) * (r + 1))))
+               for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert [o.item() for o in out] == [3.0, 3.0]

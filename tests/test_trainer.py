@@ -1,0 +1,204 @@
+"""Trainer steps on N devices equal steps on 1 device with the same global batch."""
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.kvstore import balanced_placement
+from dptrain.models import GluonLeNet, resnet18
+
+
+def batches(n=12, steps=2):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.rand(n, 1, 28, 28, generator=g, dtype=torch.float64).to(torch.get_default_dtype()),
+             torch.randint(0, 10, (n,), generator=g)) for _ in range(steps)]
+
+
+@pytest.fixture
+def float64():
+    """Exact arithmetic for deep models: in float32, BatchNorm over 3-sample shards amplifies
+    rounding to ~1e-3 after one ResNet step; in float64 N devices match 1 device to 1e-15."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+def train(make, n_devices, kvstore="device", optimizer="sgd", params=None, sync_bn=False, steps=2, n=12):
+    torch.manual_seed(0)
+    devices = [dptrain.cpu(i) for i in range(n_devices)]
+    replicas = dptrain.replicate(make(), devices, sync_batchnorm=sync_bn)
+    trainer = dptrain.Trainer(replicas, optimizer, params or {"learning_rate": 0.1}, kvstore=kvstore)
+    for X, y in batches(n, steps):
+        replicas.forward_backward(*dptrain.split_batch(X, y, devices, even_split=False))
+        trainer.step(len(X))
+    return replicas
+
+
+def assert_same(a, b, **tol):
+    for (name, p), q in zip(a[0].named_parameters(), b[0].parameters()):
+        torch.testing.assert_close(p, q, msg=name, **tol)
+    for x, y in zip(a[0].buffers(), b[0].buffers()):
+        torch.testing.assert_close(x.float(), y.float(), **tol)
+
+
+def assert_replicas_equal(replicas):
+    for m in list(replicas)[1:]:
+        for p, q in zip(replicas[0].parameters(), m.parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local"])
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_lenet_n_devices_equal_one(n_devices, kvstore):
+    one = train(GluonLeNet, 1, kvstore=None)
+    many = train(GluonLeNet, n_devices, kvstore=kvstore)
+    assert_same(many, one)
+    assert_replicas_equal(many)
+
+
+@pytest.mark.parametrize("optimizer, params", [
+    ("sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}),
+    ("nag", {"learning_rate": 0.1, "momentum": 0.9}),
+    ("adam", {"learning_rate": 0.01, "beta1": 0.8, "epsilon": 1e-6}),
+])
+def test_optimizers_n_devices_equal_one(optimizer, params):
+    one = train(GluonLeNet, 1, kvstore=None, optimizer=optimizer, params=params, steps=3)
+    many = train(GluonLeNet, 2, optimizer=optimizer, params=params, steps=3)
+    assert_same(many, one)
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_resnet18_with_sync_batchnorm_equals_one_device(n_devices, float64):
+    make = lambda: resnet18(10, in_channels=1)   # noqa: E731
+    one = train(make, 1, kvstore=None, n=6, steps=2)
+    many = train(make, n_devices, sync_bn=True, n=6, steps=2)
+    assert_same(many, one, rtol=1e-9, atol=1e-12)
+    assert_replicas_equal(many)
+
+
+def test_resnet18_per_device_batchnorm_differs_from_one_device(float64):
+    """Without sync_batchnorm each device normalises by its own shard (as the reference does)."""
+    make = lambda: resnet18(10, in_channels=1)   # noqa: E731
+    one = train(make, 1, kvstore=None, n=6, steps=1)
+    many = train(make, 2, n=6, steps=1)
+    with pytest.raises(AssertionError):
+        assert_same(many, one, rtol=1e-9, atol=1e-12)
+
+
+def test_one_device_trainer_equals_plain_pytorch():
+    torch.manual_seed(0)
+    net = GluonLeNet()
+    torch.manual_seed(0)
+    ref = GluonLeNet()
+    trainer = dptrain.Trainer(net, "sgd", {"learning_rate": 0.1, "momentum": 0.9}, kvstore=None)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for X, y in batches(steps=3):
+        nn.functional.cross_entropy(net(X), y, reduction="sum").backward()
+        trainer.step(len(X))
+        opt.zero_grad()
+        nn.functional.cross_entropy(ref(X), y).backward()
+        opt.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_from_scratch_parameter_lists():
+    params = [torch.ones(3), torch.ones(2)]
+    groups = [[p.clone().requires_grad_() for p in params] for _ in range(2)]
+    trainer = dptrain.Trainer(groups, "sgd", {"learning_rate": 1.0})
+    for i, g in enumerate(groups):
+        (g[0].sum() * (i + 1) + g[1].sum()).backward()
+    trainer.step(batch_size=3)
+    for g in groups:                      # grads 1+2=3 and 1+1=2, divided by 3
+        torch.testing.assert_close(g[0].detach(), torch.zeros(3))
+        torch.testing.assert_close(g[1].detach(), torch.full((2,), 1 - 2 / 3))
+
+
+def test_learning_rate_can_change_between_steps():
+    p = torch.zeros(1, requires_grad=True)
+    trainer = dptrain.Trainer([p], "sgd", {"learning_rate": 1.0}, kvstore=None)
+    for lr, expected in ((1.0, -1.0), (0.5, -1.5)):
+        trainer.set_learning_rate(lr)
+        p.sum().backward()
+        trainer.step(1)
+        assert p.item() == pytest.approx(expected) and trainer.learning_rate == lr
+    with pytest.raises(ValueError, match="learning rate must be a finite number > 0"):
+        trainer.set_learning_rate(-1)
+
+
+def test_stale_gradients_are_an_error_unless_ignored():
+    net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    replicas = dptrain.replicate(net, [dptrain.cpu(0), dptrain.cpu(1)])
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1})
+    unused_before = net[1].weight.detach().clone()
+    replicas.forward_backward([torch.ones(1, 2)] * 2, [torch.zeros(1, dtype=torch.long)] * 2,
+                              loss=lambda out, y: out.sum())
+    # The loss used only ... all parameters; now use only the first layer:
+    trainer.step(2)
+    for m in replicas:
+        m[0](torch.ones(1, 2)).sum().backward()
+    with pytest.raises(ValueError, match=r"parameter '1.weight' got no gradient on device\(s\) cpu:0, cpu:1 "
+                                         r"since the last step.*ignore_stale_grad=True"):
+        trainer.step(2)
+    trainer.step(2, ignore_stale_grad=True)
+    assert not torch.equal(net[1].weight, unused_before)   # moved by the first step only
+    after = net[1].weight.detach().clone()
+    for m in replicas:
+        m[0](torch.ones(1, 2)).sum().backward()
+    trainer.step(2, ignore_stale_grad=True)
+    torch.testing.assert_close(net[1].weight.detach(), after, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("sdg", {}, "unknown optimizer 'sdg'; choose one of sgd, nag, adam"),
+    ("sgd", {"learning rate": 0.1}, "unknown optimizer_params key.s. 'learning rate' for 'sgd'; valid keys: "
+                                    "learning_rate, momentum, wd"),
+    ("adam", {"momentum": 0.9}, "valid keys: learning_rate, beta1, beta2, epsilon, wd"),
+    ("sgd", {"learning_rate": -1}, "must be a number >= 0"),
+])
+def test_optimizer_errors_list_the_valid_choices(name, params, message):
+    with pytest.raises(ValueError, match=message):
+        dptrain.Trainer(GluonLeNet(), name, params, kvstore=None)
+
+
+def test_kvstore_errors():
+    replicas = dptrain.replicate(GluonLeNet(), [dptrain.cpu(0), dptrain.cpu(1)])
+    with pytest.raises(ValueError, match="kvstore=None cannot sum gradients over 2 devices"):
+        dptrain.Trainer(replicas, kvstore=None)
+    with pytest.raises(ValueError, match="unknown kvstore 'gpu'"):
+        dptrain.Trainer(replicas, kvstore="gpu")
+    with pytest.raises(ValueError, match="step needs the batch size"):
+        dptrain.Trainer(replicas).step(0)
+
+
+def test_device_placement_balances_one_huge_parameter():
+    sizes = [1000] + [10] * 50 + [7] * 30
+    for n in (2, 3, 4):
+        owner = balanced_placement(sizes, n)
+        load = [sum(s for s, o in zip(sizes, owner) if o == k) for k in range(n)]
+        assert max(load) <= sum(sizes) / n + max(sizes)
+        assert load[owner[0]] == 1000       # the huge one is alone: nothing piled on top
+    # Round-robin would put the huge parameter and half the rest on one device.
+    assert balanced_placement([100, 1, 1, 1], 2) == [0, 1, 1, 1]
+
+
+def test_placement_and_bytes_can_be_inspected():
+    net = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 8), nn.Linear(8, 8))
+    replicas = dptrain.replicate(net, [dptrain.cpu(0), dptrain.cpu(1)])
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1})
+    replicas.forward_backward([torch.arange(3)] * 2, [torch.zeros(3, dtype=torch.long)] * 2,
+                              loss=lambda out, y: out.sum())
+    trainer.step(6)
+    kv = trainer.kvstore
+    assert kv.placement[0] == "cpu:0" and set(kv.placement[1:]) == {"cpu:1"}
+    assert kv.bytes_per_device == {"cpu:0": 1000 * 64 * 4, "cpu:1": (64 * 8 + 8 + 8 * 8 + 8) * 4}
+
+
+def test_buffers_follow_device_zero():
+    replicas = dptrain.replicate(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), [dptrain.cpu(0), dptrain.cpu(1)])
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1})
+    X = torch.randn(8, 4)
+    replicas.forward_backward(dptrain.split_and_load(X, replicas.devices), [None, None], loss=lambda o, y: o.sum())
+    trainer.step(8)
+    torch.testing.assert_close(replicas[1][1].running_mean, replicas[0][1].running_mean, rtol=0, atol=0)
