@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-batches", type=_positive_int, metavar="N",
                    help="evaluate on the first N test batches only")
     t.add_argument("--amp", choices=["bf16", "fp16"], help="mixed precision (autocast) for the forward")
-    t.add_argument("--channels-last", action="store_true", help="NHWC memory format (fast on GPUs)")
+    t.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="NHWC memory format (default: on for CPU devices and with --amp)")
     t.add_argument("--no-scale", dest="scale", action="store_false",
                    help="resnet18: keep batch and lr as given instead of scaling them by the device count")
     t.add_argument("--dataset", choices=["fashion-mnist", "mnist"],

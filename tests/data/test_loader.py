@@ -47,3 +47,24 @@ def test_max_batches_and_drop_last():
 def test_bad_arguments(kw, message):
     with pytest.raises(ValueError, match=message):
         loader(**kw)
+
+
+def test_prefetch_yields_the_same_batches_in_order():
+    from dptrain.data.loader import prefetch
+    ld = loader(1000, batch_size=64, shuffle=True, seed=2)
+    assert [y.tolist() for _, y in prefetch(ld)] == [y.tolist() for _, y in ld]
+
+
+def test_prefetch_passes_on_errors_and_stops_early():
+    from dptrain.data.loader import prefetch
+
+    def broken():
+        yield 1
+        raise OSError("disk gone")
+    it = prefetch(broken())
+    assert next(it) == 1
+    with pytest.raises(OSError, match="disk gone"):
+        next(it)
+    endless = prefetch(iter(range(10**9)))
+    assert next(endless) == 0
+    endless.close()          # the producer thread stops

@@ -33,3 +33,17 @@ def test_module_versions_give_ten_logits():
     assert ScratchLeNet()(X).shape == (3, 10)
     assert GluonLeNet()(X).shape == (3, 10)
     assert sum(p.numel() for p in GluonLeNet().parameters()) == 6 * 25 + 6 + 16 * 54 + 16 + 400 * 120 + 120 + 120 * 84 + 84 + 850
+
+
+def test_gluon_lenet_pooling_before_relu_changes_nothing():
+    """relu(maxpool(x)) == maxpool(relu(x)), gradients included: the reordering is exact."""
+    torch.manual_seed(0)
+    fast = GluonLeNet()
+    plain = torch.nn.Sequential(fast[0], torch.nn.ReLU(), torch.nn.MaxPool2d(2, 2),
+                                fast[3], torch.nn.ReLU(), torch.nn.MaxPool2d(2, 2), *list(fast)[6:])
+    X, y = torch.rand(16, 1, 28, 28), torch.arange(16) % 10
+    a = torch.autograd.grad(F.cross_entropy(fast(X), y), list(fast.parameters()))
+    b = torch.autograd.grad(F.cross_entropy(plain(X), y), list(fast.parameters()))
+    torch.testing.assert_close(fast(X), plain(X), rtol=0, atol=0)
+    for g, h in zip(a, b):
+        torch.testing.assert_close(g, h, rtol=0, atol=0)
