@@ -32,6 +32,7 @@ def train(make, n_devices, kvstore="device", optimizer="sgd", params=None, sync_
     for X, y in batches(n, steps):
         replicas.forward_backward(*dptrain.split_batch(X, y, devices, even_split=False))
         trainer.step(len(X))
+    replicas._test_trainer = trainer
     return replicas
 
 
@@ -202,3 +203,10 @@ def test_buffers_follow_device_zero():
     replicas.forward_backward(dptrain.split_and_load(X, replicas.devices), [None, None], loss=lambda o, y: o.sum())
     trainer.step(8)
     torch.testing.assert_close(replicas[1][1].running_mean, replicas[0][1].running_mean, rtol=0, atol=0)
+
+
+def test_device_store_keeps_one_optimizer_state_per_parameter():
+    replicas = train(GluonLeNet, 2, optimizer="sgd", params={"learning_rate": 0.1, "momentum": 0.9})
+    trainer_states = [len(opt.state) for opt in replicas._test_trainer._optimizers]
+    assert sum(trainer_states) == len(list(replicas[0].parameters()))
+    assert all(n > 0 for n in trainer_states)          # both devices own and update some

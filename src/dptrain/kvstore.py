@@ -1,14 +1,17 @@
 """Where gradients are summed across devices: the KVStore modes of a ``Trainer``.
 
-- ``device``: each parameter is summed on one of the devices, its *owner*. Owners are chosen
+- ``device``: each parameter is summed *and updated* on one of the devices, its owner, which
+  then sends the new value to the others (MXNet's update-on-kvstore). Owners are chosen
   largest parameter first, each to the device with the least bytes so far, so the extra
   memory is balanced: the busiest device carries at most one parameter more than an equal
   share. (Round-robin per layer, as MXNet does, can leave one GPU holding a huge embedding's
-  buffer on top of its share.) Owners reduce concurrently, one thread per device.
-- ``local``: every gradient is summed in host memory, then copied back to each device.
+  buffer on top of its share.) Each optimizer update and its state (momentum, Adam moments)
+  exist once, on the owner, not once per device; owners work concurrently.
+- ``local``: every gradient is summed in host memory and copied back; each device updates.
 - ``None``: one device, nothing to sum.
 
-Each store leaves every device's gradient equal to ``scale * sum over devices``.
+Every store leaves the replicas' parameters equal, as if one device had stepped on
+``scale * sum over devices`` of the gradients.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from .parallel import DeviceRunner
 KVSTORES = ("device", "local", None)
 
 Grads = List[List[Optional[torch.Tensor]]]     # [device][parameter]
+Params = List[List[torch.Tensor]]               # [device][parameter]
 
 
 def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
@@ -44,7 +48,7 @@ def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
 
 
 class KVStore:
-    """Sum gradients over devices in place; subclasses choose where."""
+    """Sum gradients over devices and update the replicas; subclasses choose where."""
     name: Optional[str] = None
 
     def __init__(self, runner: DeviceRunner):
@@ -52,10 +56,29 @@ class KVStore:
         self.devices = runner.devices
 
     def setup(self, params: Sequence[torch.Tensor]) -> None:
-        """Called once with device 0's parameters, before the first ``reduce``."""
+        """Called once with device 0's parameters, before the first step."""
+
+    def optimized(self, i: int) -> Optional[List[int]]:
+        """Indices of the parameters device ``i``'s optimizer updates (None: all of them)."""
+        return None
 
     def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
         raise NotImplementedError
+
+    def step(self, params: Params, active: Sequence[int], scale: float,
+             optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Sum the gradients of ``active`` parameters, then update every replica."""
+        is_active = set(active)
+        for g in params:            # a stale parameter is skipped by every optimizer
+            for j, p in enumerate(g):
+                if j not in is_active:
+                    p.grad = None
+        self.reduce([[p.grad for p in g] for g in params], active, scale)
+
+        def update(i: int) -> None:
+            optimizers[i].step()
+            optimizers[i].zero_grad(set_to_none=True)
+        self.runner.map(update)
 
 
 class NoKVStore(KVStore):
@@ -86,9 +109,12 @@ class DeviceKVStore(KVStore):
         self.sizes = [p.numel() * p.element_size() for p in params]
         self.owner = balanced_placement(self.sizes, len(self.devices))
 
+    def optimized(self, i: int) -> List[int]:
+        return [j for j, k in enumerate(self.owner) if k == i]
+
     @property
     def placement(self) -> List[str]:
-        """The device that sums each parameter, in parameter order."""
+        """The device that sums and updates each parameter, in parameter order."""
         return [format_device(self.devices[k]) for k in self.owner]
 
     @property
@@ -99,27 +125,38 @@ class DeviceKVStore(KVStore):
             out[format_device(self.devices[k])] += self.sizes[j]
         return out
 
-    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
-        n = len(self.devices)
-        owned = [[j for j in active if self.owner[j] == k] for k in range(n)]
+    def step(self, params: Params, active: Sequence[int], scale: float,
+             optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        n, is_active = len(self.devices), set(active)
 
-        def reduce_owned(k: int) -> None:
+        def sum_and_update(k: int) -> None:
             dev = self.devices[k]
-            for j in owned[k]:
-                total = grads[k][j]
+            for j in self.optimized(k):
+                total = params[k][j].grad
+                if j not in is_active:        # stale and ignored: the optimizer skips it
+                    params[k][j].grad = None
+                    continue
                 for i in range(n):
                     if i != k:
-                        total.add_(grads[i][j].to(dev, non_blocking=True))
+                        total.add_(params[i][j].grad.to(dev, non_blocking=True))
                 total.mul_(scale)
+            optimizers[k].step()
 
         def fetch(i: int) -> None:
-            for j in active:
-                k = self.owner[j]
-                if k != i:
-                    grads[i][j].copy_(grads[k][j], non_blocking=True)
+            with torch.no_grad():
+                for j in active:
+                    k = self.owner[j]
+                    if k != i:
+                        params[i][j].copy_(params[k][j], non_blocking=True)
 
-        self.runner.map(reduce_owned)   # every owner sums its parameters, all at once
-        self.runner.map(fetch)          # then every device copies the sums it does not own
+        self.runner.map(sum_and_update)   # owners sum and update their parameters, all at once
+        self.runner.map(fetch)            # then every device copies the values it does not own
+        for g in params:
+            for p in g:
+                p.grad = None
+
+    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
+        raise NotImplementedError("the device store updates on the owners: use step()")
 
 
 def create_kvstore(kind: Optional[str], runner: DeviceRunner) -> KVStore:

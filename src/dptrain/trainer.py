@@ -84,8 +84,13 @@ class Trainer:
                 if not p.requires_grad:
                     p.requires_grad_(True)
         self.kvstore.setup(self._groups[0])
-        self._optimizers = [make_optimizer(self._optimizer_name, self._optimizer_params, g)
-                            for g in self._groups]
+        self._optimizers = []
+        for i, g in enumerate(self._groups):
+            mine = self.kvstore.optimized(i)
+            tensors = g if mine is None else [g[j] for j in mine]
+            # A device that owns no parameter still gets an optimizer (over none): a dummy.
+            self._optimizers.append(make_optimizer(self._optimizer_name, self._optimizer_params,
+                                                   tensors or [torch.zeros(0, requires_grad=True)]))
 
     @property
     def learning_rate(self) -> float:
@@ -118,15 +123,9 @@ class Trainer:
                     f"{', '.join(str(self.devices[i]) for i in missing)} since the last step: the "
                     f"model used only some of its parameters. Call step(batch_size, "
                     f"ignore_stale_grad=True) to skip such parameters")
-        self.kvstore.reduce(grads, active, 1.0 / batch_size)
-        self.runner.map(self._update)
+        self.kvstore.step(self._groups, active, 1.0 / batch_size, self._optimizers)
         if self._replicas is not None:
             self._broadcast_buffers()
-
-    def _update(self, i: int) -> None:
-        opt = self._optimizers[i]
-        opt.step()
-        opt.zero_grad(set_to_none=True)
 
     def _broadcast_buffers(self) -> None:
         # As DistributedDataParallel does: running statistics follow device 0, so every
@@ -148,6 +147,3 @@ class Trainer:
             return repr(list(dict(self._replicas[0].named_parameters()))[j])
         return f"#{j} (shape {tuple(self._groups[0][j].shape)})"
 
-    def state_dict(self) -> dict:
-        """The optimizer state of device 0 (all devices hold the same)."""
-        return self._optimizers[0].state_dict() if self._optimizers else {}
