@@ -210,3 +210,38 @@ def test_device_store_keeps_one_optimizer_state_per_parameter():
     trainer_states = [len(opt.state) for opt in replicas._test_trainer._optimizers]
     assert sum(trainer_states) == len(list(replicas[0].parameters()))
     assert all(n > 0 for n in trainer_states)          # both devices own and update some
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local"])
+def test_step_with_equals_forward_backward_then_step(kvstore):
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        replicas = dptrain.replicate(GluonLeNet(), devices)
+        trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1, "momentum": 0.9}, kvstore=kvstore)
+        for X, y in batches(steps=3):
+            Xs, ys = dptrain.split_batch(X, y, devices)
+            if fused:
+                trainer.step_with(lambda i: replicas.forward_backward_one(i, Xs[i], ys[i]), len(X))
+            else:
+                replicas.forward_backward(Xs, ys)
+                trainer.step(len(X))
+        results.append(replicas)
+    assert_same(results[0], results[1], rtol=0, atol=0)
+
+
+def test_step_with_reports_a_failing_device_without_hanging():
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    replicas = dptrain.replicate(GluonLeNet(), devices)
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1})
+    X, y = batches(steps=1)[0]
+    Xs, ys = dptrain.split_batch(X, y, devices)
+    trainer.step_with(lambda i: replicas.forward_backward_one(i, Xs[i], ys[i]), len(X))
+
+    def compute(i):
+        if i == 1:
+            raise RuntimeError("out of memory on cpu:1")
+        return replicas.forward_backward_one(i, Xs[i], ys[i])
+    with pytest.raises(RuntimeError, match="out of memory on cpu:1"):
+        trainer.step_with(compute, len(X))

@@ -35,11 +35,14 @@ class ModuleDataParallel:
         if lr != self.trainer.learning_rate:
             self.trainer.set_learning_rate(lr)
         Xs, ys = split_batch(X, y, self.devices, even_split=False)
-        if self.memory_format is torch.channels_last:
-            Xs = [x.contiguous(memory_format=torch.channels_last) for x in Xs]
-        losses = self.replicas.forward_backward(Xs, ys, sum_cross_entropy, amp=self.amp)
-        self.trainer.step(len(X))
+        self.replicas.initialize(Xs[0])
+        losses = self.trainer.step_with(lambda i: self._forward_backward(i, Xs[i], ys[i]), len(X))
         return sum(loss.float().to(self.devices[0]) for loss in losses)
+
+    def _forward_backward(self, i: int, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # The memory-format copy happens here, on the device's own thread.
+        return self.replicas.forward_backward_one(i, X.contiguous(memory_format=self.memory_format), y,
+                                                  sum_cross_entropy, self.amp)
 
     def predictors(self) -> List[Callable[[torch.Tensor], torch.Tensor]]:
         return list(self.replicas)

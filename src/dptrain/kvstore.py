@@ -15,7 +15,7 @@ Every store leaves the replicas' parameters equal, as if one device had stepped 
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -47,8 +47,17 @@ def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
     return owner
 
 
+Phase = Callable[[int, Sequence[int]], None]      # (device index, active parameters)
+
+
 class KVStore:
-    """Sum gradients over devices and update the replicas; subclasses choose where."""
+    """Sum gradients over devices and update the replicas; subclasses choose where.
+
+    A step is a list of *phases*, each a function of the device index: phase p+1 starts on
+    any device only once phase p is done on all of them. ``step`` runs each phase as one
+    dispatch to the device threads; ``Trainer.step_with`` runs them inside the threads that
+    just did forward and backward, with barriers between (one dispatch per step).
+    """
     name: Optional[str] = None
 
     def __init__(self, runner: DeviceRunner):
@@ -65,20 +74,29 @@ class KVStore:
     def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
         raise NotImplementedError
 
+    def phases(self, params: Params, scale: float, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+        """Default: clear stale gradients; sum everything (from device 0's thread); every
+        device updates its replica."""
+        def clear_stale(i: int, active: Sequence[int]) -> None:
+            is_active = set(active)
+            for j, p in enumerate(params[i]):   # a stale parameter is skipped by the optimizer
+                if j not in is_active:
+                    p.grad = None
+
+        def reduce(i: int, active: Sequence[int]) -> None:
+            if i == 0:
+                self.reduce([[p.grad for p in g] for g in params], active, scale)
+
+        def update(i: int, active: Sequence[int]) -> None:
+            optimizers[i].step()
+            optimizers[i].zero_grad(set_to_none=True)
+        return [clear_stale, reduce, update]
+
     def step(self, params: Params, active: Sequence[int], scale: float,
              optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Sum the gradients of ``active`` parameters, then update every replica."""
-        is_active = set(active)
-        for g in params:            # a stale parameter is skipped by every optimizer
-            for j, p in enumerate(g):
-                if j not in is_active:
-                    p.grad = None
-        self.reduce([[p.grad for p in g] for g in params], active, scale)
-
-        def update(i: int) -> None:
-            optimizers[i].step()
-            optimizers[i].zero_grad(set_to_none=True)
-        self.runner.map(update)
+        for phase in self.phases(params, scale, optimizers):
+            self.runner.map(lambda i: phase(i, active))
 
 
 class NoKVStore(KVStore):
@@ -125,12 +143,11 @@ class DeviceKVStore(KVStore):
             out[format_device(self.devices[k])] += self.sizes[j]
         return out
 
-    def step(self, params: Params, active: Sequence[int], scale: float,
-             optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        n, is_active = len(self.devices), set(active)
+    def phases(self, params: Params, scale: float, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+        n = len(self.devices)
 
-        def sum_and_update(k: int) -> None:
-            dev = self.devices[k]
+        def sum_and_update(k: int, active: Sequence[int]) -> None:
+            dev, is_active = self.devices[k], set(active)
             for j in self.optimized(k):
                 total = params[k][j].grad
                 if j not in is_active:        # stale and ignored: the optimizer skips it
@@ -142,18 +159,17 @@ class DeviceKVStore(KVStore):
                 total.mul_(scale)
             optimizers[k].step()
 
-        def fetch(i: int) -> None:
+        def fetch(i: int, active: Sequence[int]) -> None:
             with torch.no_grad():
                 for j in active:
                     k = self.owner[j]
                     if k != i:
                         params[i][j].copy_(params[k][j], non_blocking=True)
-
-        self.runner.map(sum_and_update)   # owners sum and update their parameters, all at once
-        self.runner.map(fetch)            # then every device copies the values it does not own
-        for g in params:
-            for p in g:
+            for p in params[i]:
                 p.grad = None
+        # Owners sum and update their parameters, all at once; then every device copies the
+        # values it does not own.
+        return [sum_and_update, fetch]
 
     def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
         raise NotImplementedError("the device store updates on the owners: use step()")

@@ -158,22 +158,35 @@ class Replicas(Sequence[nn.Module]):
         forward under autocast (mixed precision).
         """
         self._check(Xs)
+        return self.runner.map(lambda i, X, y: self.forward_backward_one(i, X, y, loss, amp), Xs, ys)
 
-        def work(i: int, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            with synchronized():
-                with torch.enable_grad(), torch.autocast(self.devices[i].type, dtype=amp or torch.bfloat16,
-                                                         enabled=amp is not None):
-                    value = loss(self._modules[i](X), y)
-                value.backward()
-            return value.detach()
-        return self.runner.map(work, Xs, ys)
+    def forward_backward_one(self, i: int, X: torch.Tensor, y: torch.Tensor, loss: Loss = sum_cross_entropy,
+                             amp: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Forward and backward of one shard on replica ``i``, on the calling thread.
+
+        For use inside a function run on every device at once (``Trainer.step_with``); on
+        its own, use ``forward_backward``.
+        """
+        if not self.initialized:
+            raise NotInitializedError("the model has lazy layers: call replicas.initialize(X) (or "
+                                      "forward/forward_backward) with a first batch")
+        with synchronized():
+            with torch.enable_grad(), torch.autocast(self.devices[i].type, dtype=amp or torch.bfloat16,
+                                                     enabled=amp is not None):
+                value = loss(self._modules[i](X), y)
+            value.backward()
+        return value.detach()
+
+    def initialize(self, example: torch.Tensor) -> None:
+        """Materialise lazy layers with a batch (one sample of it is run on ``devices[0]``)."""
+        if not self.initialized:
+            self._materialize(example)
 
     def _check(self, shards: Sequence[torch.Tensor]) -> None:
         if len(shards) != len(self.devices):
             raise ValueError(f"got {len(shards)} shards for {len(self.devices)} devices: split the "
                              f"batch with dptrain.split_and_load(X, devices)")
-        if not self.initialized:
-            self._materialize(shards[0])
+        self.initialize(shards[0])
 
 
 def replicate(net: nn.Module, devices: Sequence[DeviceLike], init: Optional[Init] = None,
