@@ -83,6 +83,11 @@ def step_timings(data, n_batches, repeats):
     return {k: statistics.median(v) for k, v in rates.items()}, rates
 
 
+def paired(raw, a, b):
+    """Median over repetitions of rate(a) / rate(b), each pair measured back to back."""
+    return statistics.median(x / y for x, y in zip(raw[a], raw[b]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir")
@@ -96,10 +101,11 @@ def main():
     result = {"machine": f"{platform.processor() or platform.machine()}, {dptrain.devices.host_cores()} cores, "
                          f"torch {torch.__version__}",
               "images_per_sec_median": medians, "images_per_sec_all": raw}
+    result["paired"] = {"2dev/1dev": paired(raw, "dptrain-2dev", "dptrain-1dev"),
+                        "1dev/plain-functional": paired(raw, "dptrain-1dev", "plain-functional"),
+                        "1dev/plain-module": paired(raw, "dptrain-1dev", "plain-module")}
     print(json.dumps(medians, indent=1))
-    print(f"2 dev / 1 dev: {medians['dptrain-2dev'] / medians['dptrain-1dev']:.3f}")
-    print(f"1 dev / plain-functional: {medians['dptrain-1dev'] / medians['plain-functional']:.3f}")
-    print(f"1 dev / plain-module: {medians['dptrain-1dev'] / medians['plain-module']:.3f}")
+    print(json.dumps(result["paired"], indent=1))
     if args.epochs:
         result["full_runs"] = {}
         for devices in ("1", "2"):

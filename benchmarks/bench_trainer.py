@@ -101,6 +101,11 @@ def measure(variants, loader, repeats):
     return {k: statistics.median(v) for k, v in rates.items()}, rates
 
 
+def paired(raw, a, b):
+    """Median over repetitions of rate(a) / rate(b), each pair measured back to back."""
+    return statistics.median(x / y for x, y in zip(raw[a], raw[b]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir")
@@ -108,6 +113,7 @@ def main():
     ap.add_argument("--lenet-batches", type=int, default=60)
     ap.add_argument("--resnet-batches", type=int, default=2)
     ap.add_argument("--resnet-batch-size", type=int, default=128)
+    ap.add_argument("--resnet-repeats", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=0)
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -121,10 +127,12 @@ def main():
              "plain-module": plain_variant(GluonLeNet, init_xavier, 0.1)}
     med, raw = measure(lenet, lenet_loader, args.repeats)
     result["gluon_lenet"] = {"images_per_sec": med, "all": raw,
-                             "sec_per_epoch": {k: 60000 / v for k, v in med.items()}}
+                             "sec_per_epoch": {k: 60000 / v for k, v in med.items()},
+                             "paired_2dev_over_1dev": paired(raw, "trainer-2dev", "trainer-1dev"),
+                             "paired_trainer_over_scratch": paired(raw, "trainer-2dev", "scratch-2dev")}
     print("GluonLeNet", json.dumps({k: round(v) for k, v in med.items()}))
-    print(f"  2dev/1dev {med['trainer-2dev'] / med['trainer-1dev']:.3f}, "
-          f"trainer/scratch {med['trainer-2dev'] / med['scratch-2dev']:.3f}, "
+    print(f"  2dev/1dev {result['gluon_lenet']['paired_2dev_over_1dev']:.3f}, "
+          f"trainer/scratch {result['gluon_lenet']['paired_trainer_over_scratch']:.3f}, "
           f"s/epoch 2dev {60000 / med['trainer-2dev']:.2f}")
 
     resnet_loader = ArrayLoader(data.train_X, data.train_y, args.resnet_batch_size, shuffle=True,
@@ -132,10 +140,11 @@ def main():
     make = lambda: resnet18(10, 1)   # noqa: E731
     resnet = {"trainer-2dev": trainer_variant(make, init_normal, 2, 0.1),
               "trainer-1dev": trainer_variant(make, init_normal, 1, 0.1)}
-    med, raw = measure(resnet, resnet_loader, max(2, args.repeats // 3))
-    result["resnet18"] = {"images_per_sec": med, "all": raw, "batch_size": args.resnet_batch_size}
+    med, raw = measure(resnet, resnet_loader, args.resnet_repeats)
+    result["resnet18"] = {"images_per_sec": med, "all": raw, "batch_size": args.resnet_batch_size,
+                          "paired_2dev_over_1dev": paired(raw, "trainer-2dev", "trainer-1dev")}
     print("ResNet-18", json.dumps({k: round(v, 1) for k, v in med.items()}),
-          f"2dev/1dev {med['trainer-2dev'] / med['trainer-1dev']:.3f}")
+          f"2dev/1dev {result['resnet18']['paired_2dev_over_1dev']:.3f}")
 
     if args.epochs:
         r = train(TrainConfig(recipe="lenet-mnist", dataset="fashion-mnist", batch_size=256, lr=0.1,

@@ -9,6 +9,9 @@ Runbook:
     dptrain train --recipe lenet-mnist                # Gluon tutorial LeNet, Trainer + KVStore
     dptrain train --recipe resnet18 --devices cuda:0,cuda:1 --amp bf16 --channels-last
     dptrain train --recipe resnet18 --max-batches 5 --eval-batches 2   # ResNet-18 on a CPU
+    dptrain train --processes 2                       # 2 worker processes, torch.distributed
+    torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr HOST --master-port 29500 \
+        -m dptrain train                              # one of two machines (node-rank 1 on the other)
 
 Bad input prints one line and exits 2 (1 for missing or corrupt data); ``--debug`` shows
 the traceback.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -24,7 +28,7 @@ from .allreduce import ALGORITHMS
 from .optim import OPTIMIZERS
 from .config import TrainConfig
 from .data import DataNotFoundError, IDXError
-from .devices import device_info, parse_devices
+from .devices import device_info, num_gpus, parse_devices
 from .recipes import RECIPES
 
 USAGE_ERROR, DATA_ERROR = 2, 1
@@ -91,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="resnet18: keep batch and lr as given instead of scaling them by the device count")
     t.add_argument("--dataset", choices=["fashion-mnist", "mnist"],
                    help="train on this dataset instead of the recipe's")
+    t.add_argument("--processes", type=_positive_int, metavar="N",
+                   help="start N worker processes on this machine (one per GPU, or the CPU cores "
+                        "shared among them) joined by torch.distributed")
+    t.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                   help="torch.distributed backend (default: nccl on GPUs, gloo on CPUs)")
+    t.add_argument("--bucket-mb", type=_positive_float, default=25.0, metavar="MB",
+                   help="gradient bucket size for multi-process runs (default: 25)")
     t.add_argument("--json", action="store_true", help="print one JSON object with the result "
                    "(epoch lines go to stderr)")
     for p in (parser, t):
@@ -106,14 +117,33 @@ def _devices_command() -> int:
     return 0
 
 
-def _train_command(args: argparse.Namespace) -> int:
+def _without_processes(argv: List[str]) -> List[str]:
+    """The worker's command line: the launcher's, less ``--processes N``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--processes":
+            skip = True
+        elif not arg.startswith("--processes="):
+            out.append(arg)
+    return out
+
+
+def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
     from .train import train   # keeps `dptrain devices` and --help fast
     config = TrainConfig(recipe=args.recipe, devices=args.devices, epochs=args.epochs,
                          batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                          data_dir=args.data_dir, max_batches=args.max_batches,
                          allreduce=args.allreduce, optimizer=args.optimizer, kvstore=args.kvstore,
                          sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp,
-                         channels_last=args.channels_last, scale=args.scale, dataset=args.dataset)
+                         channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
+                         backend=args.backend, bucket_mb=args.bucket_mb)
+    if args.processes and args.processes > 1 and "WORLD_SIZE" not in os.environ:
+        from .distributed.env import choose_backend
+        from .distributed.launcher import launch
+        choose_backend(config.backend, use_cuda=num_gpus() > 0)     # fail here, not in N workers
+        return launch(_without_processes(argv), args.processes)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
     result = train(config, log=log)
@@ -124,12 +154,13 @@ def _train_command(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return USAGE_ERROR
     try:
-        return _devices_command() if args.command == "devices" else _train_command(args)
+        return _devices_command() if args.command == "devices" else _train_command(args, argv)
     except (DataNotFoundError, IDXError) as e:
         code = DATA_ERROR
         if args.debug:

@@ -9,6 +9,7 @@ import torch
 
 from .allreduce import ALGORITHMS
 from .data.sources import SOURCES
+from .distributed.env import BACKENDS
 from .kvstore import KVSTORES
 from .optim import check_optimizer
 
@@ -35,6 +36,8 @@ class TrainConfig:
     channels_last: Optional[bool] = None     # None: on for CPU devices and with --amp
     scale: bool = True
     dataset: Optional[str] = None
+    backend: str = "auto"
+    bucket_mb: float = 25.0
 
     def __post_init__(self) -> None:
         from .recipes import RECIPES   # recipes import this module
@@ -56,6 +59,10 @@ class TrainConfig:
             check_optimizer(self.optimizer)
         if self.amp not in AMP_DTYPES:
             raise ValueError(f"unknown --amp {self.amp!r}; choose one of {', '.join(k for k in AMP_DTYPES if k)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
+            raise ValueError(f"bucket-mb must be a number > 0, got {self.bucket_mb!r}")
         if self.dataset is not None and self.dataset not in SOURCES:
             raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(SOURCES)}")
         recipe = RECIPES[self.recipe]

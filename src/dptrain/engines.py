@@ -21,28 +21,40 @@ class ModuleDataParallel:
     def __init__(self, net: nn.Module, devices: Sequence[torch.device], optimizer: str = "sgd",
                  optimizer_params: Optional[Mapping[str, Any]] = None, kvstore: Optional[str] = "device",
                  init: Optional[Init] = None, sync_batchnorm: bool = False,
-                 amp: Optional[torch.dtype] = None, channels_last: bool = False):
+                 amp: Optional[torch.dtype] = None, channels_last: bool = False,
+                 bucket_cap_mb: float = 25.0):
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if channels_last:
             net = net.to(memory_format=torch.channels_last)
         self.replicas = replicate(net, devices, init=init, sync_batchnorm=sync_batchnorm)
         self.devices = self.replicas.devices
-        self.trainer = Trainer(self.replicas, optimizer, optimizer_params, kvstore=kvstore)
+        self.trainer = Trainer(self.replicas, optimizer, optimizer_params, kvstore=kvstore,
+                               bucket_cap_mb=bucket_cap_mb)
         self.amp = amp
 
     def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
         """One step on ``(X, y)``; return the summed loss on the first device."""
         if lr != self.trainer.learning_rate:
             self.trainer.set_learning_rate(lr)
-        Xs, ys = split_batch(X, y, self.devices, even_split=False)
-        self.replicas.initialize(Xs[0])
-        losses = self.trainer.step_with(lambda i: self._forward_backward(i, Xs[i], ys[i]), len(X))
+        # With several processes this is the process's part of the global batch: it may have
+        # fewer samples than devices, or none; devices without samples contribute zeros.
+        k = min(len(X), len(self.devices))
+        Xs, ys = split_batch(X, y, self.devices[:k], even_split=False) if k else ([], [])
+        if k:
+            self.replicas.initialize(Xs[0])
+        losses = self.trainer.step_with(
+            lambda i: self._forward_backward(i, Xs[i], ys[i]) if i < k else self._idle(i), len(X))
         return sum(loss.float().to(self.devices[0]) for loss in losses)
 
     def _forward_backward(self, i: int, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # The memory-format copy happens here, on the device's own thread.
         return self.replicas.forward_backward_one(i, X.contiguous(memory_format=self.memory_format), y,
                                                   sum_cross_entropy, self.amp)
+
+    def _idle(self, i: int) -> torch.Tensor:
+        for p in self.replicas[i].parameters():
+            p.grad = torch.zeros_like(p)
+        return torch.zeros((), device=self.devices[i])
 
     def predictors(self) -> List[Callable[[torch.Tensor], torch.Tensor]]:
         return list(self.replicas)

@@ -74,7 +74,7 @@ class KVStore:
     def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
         raise NotImplementedError
 
-    def phases(self, params: Params, scale: float, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+    def phases(self, params: Params, batch_size: int, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
         """Default: clear stale gradients; sum everything (from device 0's thread); every
         device updates its replica."""
         def clear_stale(i: int, active: Sequence[int]) -> None:
@@ -85,17 +85,20 @@ class KVStore:
 
         def reduce(i: int, active: Sequence[int]) -> None:
             if i == 0:
-                self.reduce([[p.grad for p in g] for g in params], active, scale)
+                self.reduce([[p.grad for p in g] for g in params], active, 1.0 / batch_size)
 
         def update(i: int, active: Sequence[int]) -> None:
             optimizers[i].step()
             optimizers[i].zero_grad(set_to_none=True)
         return [clear_stale, reduce, update]
 
-    def step(self, params: Params, active: Sequence[int], scale: float,
+    def prepare(self, batch_size: Optional[int] = None) -> None:
+        """Called before the backward passes of a step (``Trainer.step_with``)."""
+
+    def step(self, params: Params, active: Sequence[int], batch_size: int,
              optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """Sum the gradients of ``active`` parameters, then update every replica."""
-        for phase in self.phases(params, scale, optimizers):
+        """Sum the gradients of ``active`` parameters, divide by the batch, update every replica."""
+        for phase in self.phases(params, batch_size, optimizers):
             self.runner.map(lambda i: phase(i, active))
 
 
@@ -143,8 +146,8 @@ class DeviceKVStore(KVStore):
             out[format_device(self.devices[k])] += self.sizes[j]
         return out
 
-    def phases(self, params: Params, scale: float, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
-        n = len(self.devices)
+    def phases(self, params: Params, batch_size: int, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+        n, scale = len(self.devices), 1.0 / batch_size
 
         def sum_and_update(k: int, active: Sequence[int]) -> None:
             dev, is_active = self.devices[k], set(active)
@@ -175,8 +178,71 @@ class DeviceKVStore(KVStore):
         raise NotImplementedError("the device store updates on the owners: use step()")
 
 
-def create_kvstore(kind: Optional[str], runner: DeviceRunner) -> KVStore:
-    """Return the store for ``kind`` ("device", "local" or None)."""
+class DistKVStore(KVStore):
+    """Several processes: sum locally, then across processes in buckets launched from hooks.
+
+    Parameters (and the buffers the Trainer passes) are broadcast from rank 0 at setup.
+    Every in-process device then updates its replica with the same summed gradient, divided
+    by the *global* number of samples (so uneven shards are weighted by their size).
+    """
+    name = "dist"
+
+    def __init__(self, runner: DeviceRunner, collective, bucket_cap_mb: float = 25.0):
+        super().__init__(runner)
+        self.collective, self.bucket_cap_mb = collective, bucket_cap_mb
+        self.reducer = None
+
+    def setup_groups(self, groups: Params, buffers: Sequence[torch.Tensor] = ()) -> None:
+        from .distributed.reducer import BucketReducer
+        self.collective.broadcast_tensors(list(groups[0]) + list(buffers))
+        with torch.no_grad():
+            for g in groups[1:]:
+                for p, q in zip(g, groups[0]):
+                    p.copy_(q)
+        comm = self.devices[0] if getattr(self.collective, "device", torch.device("cpu")).type == "cuda" \
+            else torch.device("cpu")
+        self.reducer = BucketReducer(groups, self.collective, self.bucket_cap_mb, comm)
+        self._sent_samples = False
+
+    def prepare(self, batch_size: Optional[int] = None) -> None:
+        self.reducer.prepare(batch_size)
+        self._sent_samples = batch_size is not None
+
+    def phases(self, params: Params, batch_size: int, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+        state = {}
+
+        def reduce(i: int, active: Sequence[int]) -> None:
+            if i == 0:
+                used, total = self.reducer.finish()
+                if total is None or not self._sent_samples:
+                    total = int(self.collective.all_reduce(torch.tensor([float(batch_size)])).item())
+                state["used"], state["scale"] = used, 1.0 / max(total, 1)
+
+        def update(i: int, active: Sequence[int]) -> None:
+            used = state["used"]
+            for j, p in enumerate(params[i]):
+                p.grad = None
+            self.reducer.scatter(i, used, state["scale"])
+            optimizers[i].step()
+            optimizers[i].zero_grad(set_to_none=True)
+            if i == 0:
+                self.reducer.prepare()
+                self._sent_samples = False
+        return [reduce, update]
+
+
+def create_kvstore(kind: Optional[str], runner: DeviceRunner, collective=None,
+                   bucket_cap_mb: float = 25.0) -> KVStore:
+    """Return the store for ``kind`` ("device", "local", "dist" or None).
+
+    With several processes (``collective.world_size > 1``) the store is always "dist".
+    """
+    if collective is not None and collective.world_size > 1:
+        if kind not in KVSTORES + ("dist",):
+            raise ValueError(f"unknown kvstore {kind!r}; choose one of 'device', 'local', 'dist', None")
+        return DistKVStore(runner, collective, bucket_cap_mb)
+    if kind == "dist":
+        return DeviceKVStore(runner) if len(runner.devices) > 1 else NoKVStore(runner)
     if kind == "device":
         return DeviceKVStore(runner) if len(runner.devices) > 1 else NoKVStore(runner)
     if kind == "local":

@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Ty
 
 import torch
 
-from .devices import check_devices, host_cores
+from .devices import check_devices
 
 T = TypeVar("T")
 
@@ -65,7 +65,9 @@ class DeviceRunner:
     def __init__(self, devices: Sequence[torch.device], threads_per_cpu_device: Optional[int] = None):
         self.devices = check_devices(devices)
         n_cpu = sum(d.type == "cpu" for d in self.devices)
-        self.cpu_threads = threads_per_cpu_device or max(1, host_cores() // max(1, n_cpu))
+        # The threads this process was given (OMP_NUM_THREADS, e.g. a share of the cores when
+        # several processes run on one machine), divided among its CPU devices.
+        self.cpu_threads = threads_per_cpu_device or max(1, torch.get_num_threads() // max(1, n_cpu))
         self._workers: List[_Worker] = []
         if len(self.devices) > 1:
             caller_threads = torch.get_num_threads()

@@ -59,7 +59,8 @@ def _module_engine(make: Callable[[], nn.Module], init: Callable[[nn.Module], No
         return ModuleDataParallel(make(), devices, config.optimizer or recipe.optimizer,
                                   {"learning_rate": lr}, kvstore=config.kvstore, init=init,
                                   sync_batchnorm=config.sync_bn, amp=config.amp_dtype,
-                                  channels_last=_channels_last(config, devices))
+                                  channels_last=_channels_last(config, devices),
+                                  bucket_cap_mb=config.bucket_mb)
     return build
 
 

@@ -16,6 +16,7 @@ from torch.nn.parameter import UninitializedParameter
 
 from .devices import DeviceLike, check_devices, format_device, format_devices
 from .parallel import get_runner
+from .distributed.collective import get_collective
 from .syncbn import convert_sync_batchnorm, synchronized
 
 Init = Callable[[nn.Module], None]
@@ -103,7 +104,7 @@ class Replicas(Sequence[nn.Module]):
             self._init(net)
         self._modules = [net] + [copy.deepcopy(net).to(d) for d in self.devices[1:]]
         if self.sync_batchnorm:
-            convert_sync_batchnorm(self._modules)
+            convert_sync_batchnorm(self._modules, get_collective(new_group=True))
 
     def __getitem__(self, i):
         if not self.initialized:

@@ -7,13 +7,14 @@ the replicas stay identical.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from .allreduce import ALGORITHMS, allreduce
 from .devices import DeviceLike, check_devices
+from .distributed.collective import Collective, get_collective
 from .parallel import get_runner
 from .split import split_batch
 
@@ -46,33 +47,62 @@ class ScratchDataParallel:
     """
 
     def __init__(self, model: Model, params: Sequence[torch.Tensor], devices: Sequence[DeviceLike],
-                 allreduce: str = "naive"):
+                 allreduce: str = "naive", collective: Optional[Collective] = None):
         if allreduce not in ALGORITHMS:
             raise ValueError(f"unknown allreduce algorithm {allreduce!r}; choose one of {', '.join(ALGORITHMS)}")
         self.model, self.algorithm = model, allreduce
         self.devices = check_devices(devices)
+        self.collective = collective or get_collective()
+        if self.collective.world_size > 1:      # every process starts from rank 0's values
+            params = [p.detach().clone() for p in params]
+            self.collective.broadcast_tensors(params)
         self.replicas = [get_params(params, d) for d in self.devices]
         self.runner = get_runner(self.devices)
 
-    def _forward_backward(self, i: int, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _forward_backward(self, i: int, X: Optional[torch.Tensor], y: Optional[torch.Tensor]) -> torch.Tensor:
         params = self.replicas[i]
+        if X is None:                      # no sample for this device in this step
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            return torch.zeros((), device=params[0].device)
         with torch.enable_grad():
             loss = F.cross_entropy(self.model(X, params), y, reduction="sum")
         for p, g in zip(params, torch.autograd.grad(loss, params)):
             p.grad = g
         return loss.detach()
 
-    def _allreduce_grads(self) -> None:
+    def _allreduce_grads(self, local_samples: int) -> int:
+        """Sum gradients over the devices (from scratch), then over processes; return the
+        global number of samples."""
         for j in range(len(self.replicas[0])):
             allreduce([rep[j].grad for rep in self.replicas], self.algorithm)
+        if self.collective.world_size == 1:
+            return local_samples
+        # One message for all gradients and the sample count: uneven shards are weighted
+        # by their size when the sum is divided by the global count.
+        grads = [p.grad for p in self.replicas[0]]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [grads[0].new_tensor([float(local_samples)])])
+        self.collective.all_reduce(flat)
+        for rep in self.replicas:
+            offset = 0
+            for p in rep:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        return int(flat[-1].item())
 
     def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
-        """Run one SGD step on the batch ``(X, y)``; return the summed loss (on the first device)."""
-        Xs, ys = split_batch(X, y, self.devices, even_split=False)
-        losses = self.runner.map(self._forward_backward, Xs, ys)
-        self.runner.run(0, self._allreduce_grads)
-        batch_size = len(X)
-        self.runner.map(lambda i: sgd(self.replicas[i], lr, batch_size))
+        """Run one SGD step on the batch ``(X, y)``; return the summed loss (on the first device).
+
+        With several processes ``(X, y)`` is this process's part of the global batch (it may
+        be smaller than the device count, even empty) and the step divides by the global size.
+        """
+        k = min(len(X), len(self.devices))
+        Xs, ys = split_batch(X, y, self.devices[:k], even_split=False) if k else ([], [])
+        idle = [None] * (len(self.devices) - k)
+        losses = self.runner.map(self._forward_backward, Xs + idle, ys + idle)
+        total = self.runner.run(0, self._allreduce_grads, len(X))
+        if total > 0:
+            self.runner.map(lambda i: sgd(self.replicas[i], lr, total))
         first = self.devices[0]
         return sum(loss.to(first) for loss in losses)
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .distributed.collective import Collective
+
 
 _state = threading.local()
 
@@ -39,16 +41,33 @@ def _in_step() -> bool:
 class ThreadGroup:
     """Sum tensors across the N device threads of one process: a barrier and shared slots."""
 
-    def __init__(self, size: int, timeout: float = 60.0):
+    def __init__(self, size: int, timeout: float = 60.0, collective: Optional[Collective] = None):
         self.size = size
+        self.collective = collective or Collective()
         self._barrier = threading.Barrier(size, timeout=timeout)
         self._slots: List[Optional[torch.Tensor]] = [None] * size
+        self._shared: List[torch.Tensor] = []
+
+    @property
+    def total_size(self) -> int:
+        """Devices in the group over all processes."""
+        return self.size * self.collective.world_size
 
     def all_gather(self, rank: int, tensor: torch.Tensor) -> List[torch.Tensor]:
-        """Return every rank's ``tensor``, in rank order, on this rank's device."""
+        """Return every device's ``tensor`` (of every process, in order) on this rank's device.
+
+        Thread 0 of each process exchanges its process's tensors with the other processes
+        (on a process group of its own, so it never interleaves with the gradients')."""
         self._slots[rank] = tensor
         self._wait()
-        out = [t.to(tensor.device) for t in self._slots]
+        if self.collective.world_size > 1:
+            if rank == 0:
+                local = torch.stack([t.to(tensor.device) for t in self._slots])
+                self._shared = [row for block in self.collective.all_gather(local) for row in block.unbind(0)]
+            self._wait()
+            out = [t.to(tensor.device) for t in self._shared]
+        else:
+            out = [t.to(tensor.device) for t in self._slots]
         self._wait()        # nobody refills a slot before every rank has read them all
         return out
 
@@ -127,7 +146,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Outside a step of all replicas (e.g. the user's own model called alone) this is
         # plain BatchNorm, so the model keeps working on its own.
-        if (not self.training or self.group.size == 1 or not _in_step() or not self.affine
+        if (not self.training or self.group.total_size == 1 or not _in_step() or not self.affine
                 or self.momentum is None):
             return super().forward(x)
         if self.num_batches_tracked is not None:
@@ -136,9 +155,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                                       self.eps, self.momentum, self.group, self.rank)
 
 
-def convert_sync_batchnorm(modules: Sequence[nn.Module]) -> ThreadGroup:
-    """Replace the BatchNorm layers of every replica with ``SyncBatchNorm`` sharing one group."""
-    group = ThreadGroup(len(modules))
+def convert_sync_batchnorm(modules: Sequence[nn.Module], collective: Optional[Collective] = None) -> ThreadGroup:
+    """Replace the BatchNorm layers of every replica with ``SyncBatchNorm`` sharing one group;
+    with ``collective``, statistics also cover the other processes' devices."""
+    group = ThreadGroup(len(modules), collective=collective)
     for rank, module in enumerate(modules):
         for name, child in list(module.named_modules()):
             for attr, sub in list(child.named_children()):

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Callable, List, Mapping, Optional, Sequence, TypeVar, Union
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch import nn
 
 from .devices import DeviceLike, check_devices, cpu
-from .kvstore import KVStore, create_kvstore
+from .distributed.collective import get_collective
+from .kvstore import DistKVStore, KVStore, create_kvstore
 from .optim import check_optimizer, make_optimizer
 from .parallel import get_runner
 from .replicas import Replicas
@@ -43,7 +45,8 @@ class Trainer:
 
     def __init__(self, params_or_replicas: Params, optimizer: str = "sgd",
                  optimizer_params: Optional[Mapping[str, Any]] = None,
-                 kvstore: Optional[str] = "device", devices: Optional[Sequence[DeviceLike]] = None):
+                 kvstore: Optional[str] = "device", devices: Optional[Sequence[DeviceLike]] = None,
+                 bucket_cap_mb: float = 25.0):
         self._optimizer_params = check_optimizer(optimizer, optimizer_params)
         self._optimizer_name = optimizer.lower()
         self._source = params_or_replicas
@@ -60,8 +63,12 @@ class Trainer:
             if len(self.devices) != len(self._groups):
                 raise ValueError(f"got {len(self._groups)} parameter lists for {len(self.devices)} devices")
         self.runner = get_runner(self.devices)
-        self.kvstore: KVStore = create_kvstore(kvstore, self.runner)
+        self.collective = get_collective()
+        self.kvstore: KVStore = create_kvstore(kvstore, self.runner, self.collective, bucket_cap_mb)
         self._optimizers: List[torch.optim.Optimizer] = []
+        if self._replicas is None or self._replicas.initialized:
+            # Now, before any backward: several processes start from rank 0's parameters.
+            self._setup()
 
     @staticmethod
     def _parameter_groups(source) -> List[List[torch.Tensor]]:
@@ -85,7 +92,12 @@ class Trainer:
             for p in g:
                 if not p.requires_grad:
                     p.requires_grad_(True)
-        self.kvstore.setup(self._groups[0])
+        if isinstance(self.kvstore, DistKVStore):
+            buffers = list(self._replicas[0].buffers()) if self._replicas is not None else []
+            self.kvstore.setup_groups(self._groups, buffers)
+            self._broadcast_buffers()
+        else:
+            self.kvstore.setup(self._groups[0])
         self._optimizers = []
         for i, g in enumerate(self._groups):
             mine = self.kvstore.optimized(i)
@@ -113,7 +125,7 @@ class Trainer:
         if not self._optimizers:
             self._setup()
         active = self._active(ignore_stale_grad)
-        self.kvstore.step(self._groups, active, 1.0 / batch_size, self._optimizers)
+        self.kvstore.step(self._groups, active, batch_size, self._optimizers)
         self._broadcast_buffers()
 
     def step_with(self, compute: Callable[[int], T], batch_size: int,
@@ -130,7 +142,8 @@ class Trainer:
             out = self.runner.map(lambda i: compute(i))
             self.step(batch_size, ignore_stale_grad)
             return out
-        phases = self.kvstore.phases(self._groups, 1.0 / batch_size, self._optimizers)
+        self.kvstore.prepare(batch_size)
+        phases = self.kvstore.phases(self._groups, batch_size, self._optimizers)
         barrier = threading.Barrier(len(self.devices))
 
         def work(i: int):
@@ -154,10 +167,33 @@ class Trainer:
         self._broadcast_buffers()
         return [out for out, _ in results]
 
-    @staticmethod
-    def _check_batch_size(batch_size: int) -> None:
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"step needs the batch size (an integer >= 1), got {batch_size!r}")
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally: backward passes in this block send nothing.
+
+        >>> with trainer.no_sync():
+        ...     replicas.forward_backward(Xs1, ys1)      # micro-batch 1: kept local
+        >>> replicas.forward_backward(Xs2, ys2)          # micro-batch 2: sums both, sends
+        >>> trainer.step(len1 + len2)
+        """
+        if not self._optimizers:
+            self._setup()
+        reducer = getattr(self.kvstore, "reducer", None)
+        if reducer is None:
+            yield
+            return
+        with reducer.no_sync():
+            yield
+
+    @property
+    def world_size(self) -> int:
+        return self.collective.world_size
+
+    def _check_batch_size(self, batch_size: int) -> None:
+        # With several processes, one may have no sample in a last, small batch.
+        least = 0 if self.collective.world_size > 1 else 1
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < least:
+            raise ValueError(f"step needs the batch size (an integer >= {least}), got {batch_size!r}")
 
     def _active(self, ignore_stale_grad: bool) -> List[int]:
         """Indices of the parameters with a gradient on every device; stale ones are an error."""
@@ -175,12 +211,15 @@ class Trainer:
         return active
 
     def _broadcast_buffers(self) -> None:
-        # As DistributedDataParallel does: running statistics follow device 0, so every
-        # replica evaluates the same model.
-        if self._replicas is None or len(self.devices) == 1:
+        # As DistributedDataParallel does: running statistics follow device 0 of rank 0, so
+        # every replica evaluates the same model.
+        if self._replicas is None:
             return
         source = [b for b in self._replicas[0].buffers()]
         if not source:
+            return
+        self.collective.broadcast_tensors(source)
+        if len(self.devices) == 1:
             return
 
         def copy(i: int) -> None:

@@ -68,3 +68,21 @@ def test_prefetch_passes_on_errors_and_stops_early():
     endless = prefetch(iter(range(10**9)))
     assert next(endless) == 0
     endless.close()          # the producer thread stops
+
+
+@pytest.mark.parametrize("n, batch_size, world", [(1000, 64, 2), (1001, 64, 3), (10, 4, 3), (7, 3, 4)])
+def test_sharding_covers_every_sample_exactly_once(n, batch_size, world):
+    shards = [loader(n, batch_size=batch_size, shuffle=True, seed=5, rank=r, world_size=world) for r in range(world)]
+    seen = []
+    for batches in zip(*shards):          # every rank walks the same number of global batches
+        sizes = [len(y) for _, y in batches]
+        assert max(sizes) - min(sizes) <= 1
+        seen += [y for _, y in batches]
+    assert sorted(torch.cat(seen).tolist()) == list(range(n))
+    assert sum(s.num_samples for s in shards) == n
+    assert all(len(s) == len(shards[0]) for s in shards)
+
+
+def test_rank_outside_the_world():
+    with pytest.raises(ValueError, match="rank must be in"):
+        loader(10, batch_size=2, rank=2, world_size=2)

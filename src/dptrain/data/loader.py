@@ -17,12 +17,19 @@ class ArrayLoader:
     reproduced from the epoch number alone; ``set_epoch`` picks it, as with PyTorch's
     ``DistributedSampler``. The last batch is smaller unless ``drop_last``.
 
+    With ``world_size > 1`` every process walks the same global batches (same seed, same
+    order) and yields only its own consecutive part of each: rank ``r`` gets part ``r`` of
+    ``world_size`` parts whose sizes differ by at most one (an empty part when a last
+    batch has fewer samples than processes). Over an epoch every sample is used exactly
+    once, by one process.
+
     >>> loader = ArrayLoader(X, y, batch_size=256, shuffle=True, seed=0)
     >>> for X_batch, y_batch in loader: ...
     """
 
     def __init__(self, X: torch.Tensor, y: torch.Tensor, batch_size: int, shuffle: bool = False,
-                 seed: int = 0, drop_last: bool = False, max_batches: Optional[int] = None):
+                 seed: int = 0, drop_last: bool = False, max_batches: Optional[int] = None,
+                 rank: int = 0, world_size: int = 1):
         if len(X) != len(y):
             raise ValueError(f"X and y must have the same number of samples, got {len(X)} and {len(y)}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -32,6 +39,9 @@ class ArrayLoader:
         self.X, self.y, self.batch_size = X, y, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.max_batches, self.epoch = max_batches, 0
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+        self.rank, self.world_size = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -41,10 +51,18 @@ class ArrayLoader:
         return min(n, self.max_batches) if self.max_batches else n
 
     @property
-    def num_samples(self) -> int:
-        """Samples one epoch yields (after ``drop_last`` and ``max_batches``)."""
+    def global_num_samples(self) -> int:
+        """Samples one epoch yields over all processes (after ``drop_last``, ``max_batches``)."""
         full = len(self) * self.batch_size
         return min(full, len(self.X)) if not self.drop_last else full
+
+    @property
+    def num_samples(self) -> int:
+        """Samples one epoch yields to this process."""
+        if self.world_size == 1:
+            return self.global_num_samples
+        sizes = [min(self.batch_size, self.global_num_samples - b * self.batch_size) for b in range(len(self))]
+        return sum(_part(n, self.rank, self.world_size)[1] for n in sizes)
 
     def order(self) -> torch.Tensor:
         if not self.shuffle:
@@ -55,11 +73,20 @@ class ArrayLoader:
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         order, bs = self.order(), self.batch_size
         for b in range(len(self)):
-            idx = order[b * bs:(b + 1) * bs]
+            lo, hi = b * bs, min((b + 1) * bs, len(self.X))
+            start, size = _part(hi - lo, self.rank, self.world_size)
+            lo, hi = lo + start, lo + start + size
             if self.shuffle:
+                idx = order[lo:hi]
                 yield self.X[idx], self.y[idx]
             else:
-                yield self.X[b * bs:(b + 1) * bs], self.y[b * bs:(b + 1) * bs]
+                yield self.X[lo:hi], self.y[lo:hi]
+
+
+def _part(n: int, rank: int, parts: int) -> Tuple[int, int]:
+    """``(start, size)`` of part ``rank`` of ``n`` items cut in ``parts`` nearly equal parts."""
+    base, extra = divmod(n, parts)
+    return rank * base + min(rank, extra), base + (rank < extra)
 
 
 class _End:

@@ -1,0 +1,5 @@
+"""Several processes, on one machine or many, through torch.distributed (gloo on CPU, NCCL on GPU)."""
+from .collective import Collective, get_collective
+from .env import DistEnv, init_distributed, shutdown_distributed
+
+__all__ = ["Collective", "DistEnv", "get_collective", "init_distributed", "shutdown_distributed"]

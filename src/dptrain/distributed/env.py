@@ -1,0 +1,85 @@
+"""The process's place in a job: read from the environment torchrun (or ``--processes``) sets.
+
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``: the variables ``torchrun`` exports. Without them a process is rank 0 of 1
+and nothing is initialised.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+#: Collectives give up after this long, so a dead peer ends the job instead of hanging it.
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_environ(cls) -> "DistEnv":
+        def read(name: str, default: int) -> int:
+            text = os.environ.get(name)
+            if text is None:
+                return default
+            try:
+                return int(text)
+            except ValueError:
+                raise ValueError(f"environment variable {name}={text!r} is not an integer") from None
+        world = read("WORLD_SIZE", 1)
+        rank = read("RANK", 0)
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"RANK={rank} and WORLD_SIZE={world} do not fit: need 0 <= RANK < WORLD_SIZE")
+        local_world = read("LOCAL_WORLD_SIZE", 1 if world == 1 else world)
+        return cls(rank, world, read("LOCAL_RANK", rank % max(local_world, 1)), local_world)
+
+
+def choose_backend(backend: str, use_cuda: bool) -> str:
+    """``auto``: NCCL for GPU processes, gloo otherwise; NCCL without a GPU is an error."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "nccl" if use_cuda else "gloo"
+    if backend == "nccl" and not (torch.cuda.is_available() and dist.is_nccl_available()):
+        raise ValueError("--backend nccl needs GPUs (CUDA) and a PyTorch built with NCCL; this machine "
+                         "has none: use --backend gloo (or auto)")
+    return backend
+
+
+def init_distributed(env: DistEnv, backend: str = "auto", use_cuda: bool = False,
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> Optional[str]:
+    """Join the process group described by ``env``; return the backend (None for one process)."""
+    if not env.distributed:
+        return None
+    backend = choose_backend(backend, use_cuda)
+    if dist.is_initialized():
+        return dist.get_backend()
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise ValueError(f"WORLD_SIZE={env.world_size} but {name} is not set: launch with "
+                             f"dptrain train --processes N, or torchrun")
+    if backend == "nccl":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    return backend
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,144 @@
+"""Start N local worker processes for one job and watch them: ``dptrain train --processes N``.
+
+Every worker is ``python -m dptrain train ...`` with torchrun's variables set (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=a free port)
+and an equal share of the CPU cores (OMP_NUM_THREADS). Rank 0 writes to the terminal; the
+others' output is kept. If any worker fails or is killed, the others are stopped (SIGTERM,
+then SIGKILL after a grace period), the failed rank and the end of its error are reported,
+and the launcher exits non-zero. Workers die with the launcher (PR_SET_PDEATHSIG) and run in
+their own process groups, so no process is left behind.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Deque, List, Optional, Sequence
+
+from ..devices import host_cores
+
+GRACE_S = 5.0
+TAIL_LINES = 30
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _death_signal():
+    """A function for the child to run before exec: die with SIGKILL if the launcher dies.
+
+    libc is loaded here, in the parent: the child may only make the system call (importing
+    in a child forked from a threaded parent can deadlock)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGKILL)       # 1 = PR_SET_PDEATHSIG
+
+
+class _Worker:
+    def __init__(self, rank: int, proc: subprocess.Popen):
+        self.rank, self.proc = rank, proc
+        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.reader: Optional[threading.Thread] = None
+
+    def read(self, echo: bool) -> None:
+        for line in self.proc.stderr:
+            self.tail.append(line.rstrip("\n"))
+            if echo:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def launch(worker_args: Sequence[str], processes: int, port: Optional[int] = None,
+           env: Optional[dict] = None) -> int:
+    """Run ``python -m dptrain <worker_args>`` as ``processes`` ranks; return the exit code."""
+    if processes < 1:
+        raise ValueError(f"--processes must be at least 1, got {processes}")
+    port = port or free_port()
+    threads = max(1, host_cores() // processes)
+    workers: List[_Worker] = []
+    before_exec = _death_signal()
+    for rank in range(processes):
+        child_env = dict(os.environ if env is None else env)
+        child_env.update({
+            "RANK": str(rank), "WORLD_SIZE": str(processes), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": str(threads), "DPTRAIN_LAUNCHED": "1",
+        })
+        if sys.platform.startswith("linux"):
+            child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dptrain", *worker_args], env=child_env,
+            stdout=None if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True, preexec_fn=before_exec)
+        worker = _Worker(rank, proc)
+        worker.reader = threading.Thread(target=worker.read, args=(rank == 0,), daemon=True)
+        worker.reader.start()
+        workers.append(worker)
+    return _watch(workers)
+
+
+def _stop(workers: Sequence[_Worker], sig: int = signal.SIGTERM) -> None:
+    for w in workers:
+        if w.proc.poll() is None:
+            try:
+                os.killpg(w.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + GRACE_S
+    for w in workers:
+        try:
+            w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            w.proc.wait()
+
+
+def _watch(workers: List[_Worker]) -> int:
+    failed: Optional[_Worker] = None
+    try:
+        while True:
+            codes = [w.proc.poll() for w in workers]
+            failed = next((w for w, c in zip(workers, codes) if c not in (None, 0)), None)
+            if failed is not None or all(c == 0 for c in codes):
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _stop(workers, signal.SIGINT)
+        print("dptrain: interrupted; all workers stopped", file=sys.stderr)
+        return 130
+    if failed is None:
+        for w in workers:
+            w.reader.join(timeout=5)
+        return 0
+    _stop([w for w in workers if w is not failed])
+    failed.reader.join(timeout=5)
+    detail = "\n".join(f"  [rank {failed.rank}] {line}" for line in failed.tail) if failed.rank else ""
+    print(f"dptrain: error: rank {failed.rank} of {len(workers)} failed ({_describe(failed.proc.returncode)}); "
+          f"stopped the other workers" + (f". Its last output:\n{detail}" if detail else ""), file=sys.stderr)
+    return 1

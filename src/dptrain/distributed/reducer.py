@@ -1,0 +1,193 @@
+"""Sum gradients across processes in buckets, launched from autograd hooks during backward.
+
+Parameters are packed, in reverse registration order (roughly the order backward produces
+their gradients), into flat buckets of about ``bucket_cap_mb``. A hook fires when a
+parameter's gradient is accumulated; once every in-process replica has its gradient, the
+last one sums them into the bucket (reduce locally first), and once a bucket is full it is
+sent to ``all_reduce`` asynchronously while backward goes on with the earlier layers.
+Buckets are launched strictly in index order, so every process issues the same sequence of
+collectives whatever order its threads finish in.
+
+Each bucket also carries, per parameter, how many replicas produced a gradient (so a
+parameter unused on *every* process is known to be stale everywhere), and the last bucket
+can carry the number of samples this process contributed, so the global batch size costs
+no extra message.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from .collective import Collective
+
+DEFAULT_BUCKET_MB = 25.0
+
+
+@dataclass
+class _Bucket:
+    params: List[int]                       # parameter indices
+    offsets: List[int]
+    numel: int
+    buffer: Optional[torch.Tensor] = None   # [grads..., one count per parameter, samples]
+    pending: int = 0
+    written: List[bool] = field(default_factory=list)
+    work: object = None
+
+
+def plan_buckets(sizes: Sequence[Tuple[int, torch.dtype]], cap_bytes: int) -> List[List[int]]:
+    """Group parameter indices into buckets of at most ``cap_bytes`` (one dtype per bucket),
+    last parameter first. A parameter larger than the cap gets a bucket of its own."""
+    buckets: List[List[int]] = []
+    current: List[int] = []
+    used, dtype = 0, None
+    for j in reversed(range(len(sizes))):
+        numel, dt = sizes[j]
+        nbytes = numel * torch.empty((), dtype=dt).element_size()
+        if current and (used + nbytes > cap_bytes or dt != dtype):
+            buckets.append(current)
+            current, used = [], 0
+        current.append(j)
+        used, dtype = used + nbytes, dt
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class BucketReducer:
+    """Sum the gradients of every replica of every process; see the module docstring.
+
+    ``params[i][j]`` is parameter ``j`` of in-process replica ``i``. After ``finish``, each
+    replica's gradient of an active parameter equals ``scale`` times the sum over all
+    replicas of all processes.
+    """
+
+    def __init__(self, params: Sequence[Sequence[torch.Tensor]], collective: Collective,
+                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, comm_device: Optional[torch.device] = None):
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        self.params = [list(g) for g in params]
+        self.collective = collective
+        self.comm_device = comm_device or torch.device("cpu")
+        first = self.params[0]
+        plan = plan_buckets([(p.numel(), p.dtype) for p in first], int(bucket_cap_mb * 2**20))
+        self.buckets: List[_Bucket] = []
+        self.where: List[Tuple[int, int]] = [(0, 0)] * len(first)    # param -> (bucket, slot)
+        for b, idx in enumerate(plan):
+            offsets, total = [], 0
+            for slot, j in enumerate(idx):
+                offsets.append(total)
+                total += first[j].numel()
+                self.where[j] = (b, slot)
+            # The counts ride in the same dtype as the gradients: exact for small integers.
+            buf = torch.zeros(total + len(idx) + 1, dtype=first[idx[0]].dtype, device=self.comm_device)
+            self.buckets.append(_Bucket(idx, offsets, total, buf))
+        self._lock = threading.Lock()
+        self._arrived = [0] * len(first)
+        self._next = 0
+        self._samples: Optional[int] = None
+        self.enabled = True
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook_for(j))
+                         for g in self.params for j, p in enumerate(g)]
+        self.prepare()
+
+    def _hook_for(self, j: int):
+        def hook(_param: torch.Tensor) -> None:
+            if not self.enabled:
+                return
+            with self._lock:
+                self._arrived[j] += 1
+                if self._arrived[j] == len(self.params):
+                    self._write(j)
+        return hook
+
+    def prepare(self, samples: Optional[int] = None) -> None:
+        """Start a step; ``samples`` (this process's) rides in the last bucket when known."""
+        with self._lock:
+            self._arrived = [0] * len(self._arrived)
+            self._next = 0
+            self._samples = samples
+            for b in self.buckets:
+                b.pending, b.written, b.work = len(b.params), [False] * len(b.params), None
+
+    def _write(self, j: int) -> None:
+        """Sum parameter ``j`` over the in-process replicas into its bucket (lock held)."""
+        b_index, slot = self.where[j]
+        bucket = self.buckets[b_index]
+        start = bucket.offsets[slot]
+        target = bucket.buffer[start:start + self.params[0][j].numel()]
+        have = 0
+        for i, g in enumerate(self.params):
+            grad = g[j].grad
+            if grad is None:
+                continue
+            if have == 0:
+                target.copy_(grad.reshape(-1))
+            else:
+                target.add_(grad.reshape(-1).to(target.device, non_blocking=True))
+            have += 1
+        if have == 0:
+            target.zero_()
+        bucket.buffer[bucket.numel + slot] = have
+        bucket.written[slot] = True
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
+            bucket = self.buckets[self._next]
+            last = self._next == len(self.buckets) - 1
+            bucket.buffer[-1] = self._samples if (last and self._samples is not None) else 0
+            bucket.work = self.collective.all_reduce_async(bucket.buffer)
+            self._next += 1
+
+    def finish(self) -> Tuple[List[int], Optional[int]]:
+        """Send what backward did not, wait for every bucket, leave the sums in the buckets.
+
+        Returns the parameters some replica of some process produced a gradient for, and the
+        global number of samples if ``prepare`` was given this process's.
+        """
+        with self._lock:
+            for j in range(len(self._arrived)):
+                b_index, slot = self.where[j]
+                if not self.buckets[b_index].written[slot]:
+                    self._write(j)
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                bucket.work.wait()
+        used = []
+        for bucket in self.buckets:        # one device-to-host copy per bucket, not per parameter
+            counts = bucket.buffer[bucket.numel:bucket.numel + len(bucket.params)].cpu()
+            used += [j for j, c in zip(bucket.params, counts.tolist()) if c > 0]
+        samples = int(self.buckets[-1].buffer[-1].item()) if self._samples is not None else None
+        return sorted(used), samples
+
+    def scatter(self, device_index: int, active: Sequence[int], scale: float) -> None:
+        """Write ``scale`` times the summed gradients into replica ``device_index``."""
+        g = self.params[device_index]
+        for j in active:
+            b_index, slot = self.where[j]
+            bucket = self.buckets[b_index]
+            start = bucket.offsets[slot]
+            total = bucket.buffer[start:start + g[j].numel()].view_as(g[j])
+            if g[j].grad is None:
+                g[j].grad = torch.empty_like(g[j])
+            g[j].grad.copy_(total, non_blocking=True).mul_(scale)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes in this block only accumulate gradients locally."""
+        before, self.enabled = self.enabled, False
+        try:
+            yield
+        finally:
+            self.enabled = before
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
