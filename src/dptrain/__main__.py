@@ -1,6 +1,4 @@
 """``python -m dptrain``: the command line (what ``--processes`` and ``torchrun -m dptrain`` run)."""
-import sys
+from .cli import entry
 
-from .cli import main
-
-sys.exit(main())
+entry()

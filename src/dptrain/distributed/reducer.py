@@ -159,6 +159,9 @@ class BucketReducer:
         for bucket in self.buckets:
             if bucket.work is not None:
                 bucket.work.wait()
+                # Drop the handle now: a gloo work object still alive when the interpreter
+                # exits can abort the process ("terminate called without an active exception").
+                bucket.work = None
         used = []
         for bucket in self.buckets:        # one device-to-host copy per bucket, not per parameter
             counts = bucket.buffer[bucket.numel:bucket.numel + len(bucket.params)].cpu()

@@ -1,0 +1,112 @@
+"""``dptrain train --processes 2`` and torchrun, as users run them: output, failures, leftovers."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dptrain.distributed.launcher import free_port
+
+QUICK = ["--epochs", "2", "--max-batches", "4", "--eval-batches", "4", "--batch-size", "64"]
+
+
+def run(args, timeout=300, **kw):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
+    return subprocess.run([sys.executable, "-m", "dptrain", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+def children(pid):
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out += [int(c) for c in text]
+    return out
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+@pytest.mark.parametrize("recipe", ["lenet-scratch", "lenet-mnist"])
+def test_two_processes_print_like_one_and_train_the_same(data_dir, recipe):
+    one = run(["train", "--recipe", recipe, "--data-dir", data_dir, "--devices", "1", "--json", *QUICK])
+    two = run(["train", "--recipe", recipe, "--data-dir", data_dir, "--processes", "2", "--json", *QUICK])
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    a, b = json.loads(one.stdout), json.loads(two.stdout)          # one JSON object: rank 0 only
+    assert (a["world_size"], b["world_size"]) == (1, 2)
+    assert b["epochs"] == 2 and b["batch_size"] == 64 and b["devices"] == ["cpu:0"]
+    for x, y in zip(a["history"], b["history"]):
+        assert y["train_loss"] == pytest.approx(x["train_loss"], rel=1e-4)
+        assert y["test_acc"] == pytest.approx(x["test_acc"], abs=0.01)
+    assert two.stderr.count("epoch 1,") == 1
+
+
+def test_a_killed_worker_ends_the_job_and_leaves_nothing(data_dir):
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--processes", "2",
+                             "--epochs", "1000", "--max-batches", "3", "--eval-batches", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert proc.stdout.readline().startswith("epoch 1,")       # training is under way
+        workers = children(proc.pid)
+        assert len(workers) == 2
+        rank1 = next(p for p in workers if b"RANK=1\0" in Path(f"/proc/{p}/environ").read_bytes())
+        os.kill(rank1, signal.SIGKILL)
+        start = time.monotonic()
+        code = proc.wait(timeout=60)
+        assert time.monotonic() - start < 30
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 1
+    assert "rank 1 of 2 failed (killed by SIGKILL); stopped the other workers" in err
+    time.sleep(0.5)
+    assert not [p for p in workers if alive(p)]
+
+
+def test_workers_that_fail_report_the_rank_and_its_error(tmp_path):
+    out = run(["train", "--processes", "2", "--data-dir", str(tmp_path)],
+              env={"XDG_CACHE_HOME": str(tmp_path), "DPTRAIN_MIRROR": "http://127.0.0.1:9/"})
+    assert out.returncode == 1
+    assert "failed (exit code 1)" in out.stderr and "missing train-images" in out.stderr
+
+
+def test_nccl_without_gpus_is_a_clear_error():
+    out = run(["train", "--processes", "2", "--backend", "nccl"])
+    assert out.returncode == 2
+    assert "--backend nccl needs GPUs" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_torchrun_two_nodes_on_loopback(data_dir):
+    """Two torchrun launches, as on two machines (--nnodes 2), meeting on 127.0.0.1."""
+    port = str(free_port())
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    nodes = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
+                               "--master-addr", "127.0.0.1", "--master-port", port,
+                               "-m", "dptrain", "train", "--data-dir", data_dir, "--json", *QUICK],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for rank in (0, 1)]
+    outs = []
+    try:
+        for node in nodes:
+            outs.append(node.communicate(timeout=300))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outs
+    result = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert result["world_size"] == 2 and result["backend"] == "gloo"
+    assert outs[1][0].strip() == ""          # only rank 0 prints
