@@ -42,14 +42,20 @@ class ModuleDataParallel:
         Xs, ys = split_batch(X, y, self.devices[:k], even_split=False) if k else ([], [])
         if k:
             self.replicas.initialize(Xs[0])
+        # Several processes: divide the loss by the global sample count up front (one tiny
+        # message), so gradients leave backward already scaled and need no extra pass.
+        total = self.trainer.global_samples(len(X)) if self.trainer.world_size > 1 else None
+        scale = 1.0 / total if total else 1.0
         losses = self.trainer.step_with(
-            lambda i: self._forward_backward(i, Xs[i], ys[i]) if i < k else self._idle(i), len(X))
-        return sum(loss.float().to(self.devices[0]) for loss in losses)
+            lambda i: self._forward_backward(i, Xs[i], ys[i], scale) if i < k else self._idle(i), len(X),
+            prescaled_total=total)
+        return sum(loss.float().to(self.devices[0]) for loss in losses) / scale
 
-    def _forward_backward(self, i: int, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _forward_backward(self, i: int, X: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
         # The memory-format copy happens here, on the device's own thread.
+        loss = sum_cross_entropy if scale == 1.0 else (lambda out, t: sum_cross_entropy(out, t) * scale)
         return self.replicas.forward_backward_one(i, X.contiguous(memory_format=self.memory_format), y,
-                                                  sum_cross_entropy, self.amp)
+                                                  loss, self.amp)
 
     def _idle(self, i: int) -> torch.Tensor:
         for p in self.replicas[i].parameters():

@@ -92,8 +92,15 @@ class KVStore:
             optimizers[i].zero_grad(set_to_none=True)
         return [clear_stale, reduce, update]
 
-    def prepare(self, batch_size: Optional[int] = None) -> None:
-        """Called before the backward passes of a step (``Trainer.step_with``)."""
+    ignore_stale_grad = False
+
+    def prepare(self, batch_size: Optional[int] = None, prescaled_total: Optional[int] = None) -> None:
+        """Called before the backward passes of a step (``Trainer.step_with``).
+
+        ``prescaled_total``: the losses were already divided by this global sample count
+        (only with several processes, where it saves a pass over the gradients)."""
+        if prescaled_total is not None:
+            raise ValueError("prescaled losses need several processes (the 'dist' kvstore)")
 
     def step(self, params: Params, active: Sequence[int], batch_size: int,
              optimizers: Sequence[torch.optim.Optimizer]) -> None:
@@ -204,9 +211,10 @@ class DistKVStore(KVStore):
         self.reducer = BucketReducer(groups, self.collective, self.bucket_cap_mb, comm)
         self._sent_samples = False
 
-    def prepare(self, batch_size: Optional[int] = None) -> None:
-        self.reducer.prepare(batch_size)
-        self._sent_samples = batch_size is not None
+    def prepare(self, batch_size: Optional[int] = None, prescaled_total: Optional[int] = None) -> None:
+        self._prescaled_total = prescaled_total
+        self.reducer.prepare(None if prescaled_total is not None else batch_size)
+        self._sent_samples = batch_size is not None and prescaled_total is None
 
     def phases(self, params: Params, batch_size: int, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
         state = {}
@@ -214,20 +222,31 @@ class DistKVStore(KVStore):
         def reduce(i: int, active: Sequence[int]) -> None:
             if i == 0:
                 used, total = self.reducer.finish()
-                if total is None or not self._sent_samples:
-                    total = int(self.collective.all_reduce(torch.tensor([float(batch_size)])).item())
-                state["used"], state["scale"] = used, 1.0 / max(total, 1)
+                if len(used) < len(params[0]) and not self.ignore_stale_grad:
+                    missing = sorted(set(range(len(params[0]))) - set(used))
+                    raise ValueError(
+                        f"parameter(s) #{', #'.join(map(str, missing[:5]))} got no gradient on any process "
+                        f"since the last step: the model used only some of its parameters. Call "
+                        f"step(batch_size, ignore_stale_grad=True) to skip such parameters")
+                if getattr(self, "_prescaled_total", None) is not None:
+                    scale = 1.0
+                else:
+                    if total is None or not self._sent_samples:
+                        total = int(self.collective.all_reduce(torch.tensor([float(batch_size)])).item())
+                    scale = 1.0 / max(total, 1)
+                state["used"], state["scale"] = used, scale
 
         def update(i: int, active: Sequence[int]) -> None:
-            used = state["used"]
-            for j, p in enumerate(params[i]):
-                p.grad = None
-            self.reducer.scatter(i, used, state["scale"])
+            self.reducer.scatter(i, state["used"], state["scale"])
             optimizers[i].step()
-            optimizers[i].zero_grad(set_to_none=True)
+            if self.reducer.views:
+                self.reducer.reset()
+            else:
+                optimizers[i].zero_grad(set_to_none=True)
             if i == 0:
                 self.reducer.prepare()
                 self._sent_samples = False
+                self._prescaled_total = None
         return [reduce, update]
 
 

@@ -125,24 +125,29 @@ class Trainer:
         if not self._optimizers:
             self._setup()
         active = self._active(ignore_stale_grad)
+        self.kvstore.ignore_stale_grad = ignore_stale_grad
         self.kvstore.step(self._groups, active, batch_size, self._optimizers)
         self._broadcast_buffers()
 
     def step_with(self, compute: Callable[[int], T], batch_size: int,
-                  ignore_stale_grad: bool = False) -> List[T]:
+                  ignore_stale_grad: bool = False, prescaled_total: Optional[int] = None) -> List[T]:
         """Run ``compute(i)`` (forward and backward of shard ``i``) on every device, then ``step``.
 
         The same result as calling ``compute`` on every device and then ``step``, but each
         device thread goes on from its backward straight into the step's phases, meeting
         the others at a barrier, instead of returning to the caller between phases
         (measured: GluonLeNet steps on 2 CPU devices 7% faster).
+
+        ``prescaled_total``: with several processes, ``compute`` already divided its loss by
+        this global sample count (``global_samples``), so the gradients need no scaling.
         """
         self._check_batch_size(batch_size)
         if not self._optimizers:      # the first step (lazy modules): the plain way
             out = self.runner.map(lambda i: compute(i))
             self.step(batch_size, ignore_stale_grad)
             return out
-        self.kvstore.prepare(batch_size)
+        self.kvstore.prepare(batch_size, prescaled_total)
+        self.kvstore.ignore_stale_grad = ignore_stale_grad
         phases = self.kvstore.phases(self._groups, batch_size, self._optimizers)
         barrier = threading.Barrier(len(self.devices))
 
@@ -188,6 +193,12 @@ class Trainer:
     @property
     def world_size(self) -> int:
         return self.collective.world_size
+
+    def global_samples(self, batch_size: int) -> int:
+        """The number of samples of this step over all processes (``batch_size`` here)."""
+        if self.collective.world_size == 1:
+            return batch_size
+        return int(self.collective.all_reduce(torch.tensor([float(batch_size)])).item())
 
     def _check_batch_size(self, batch_size: int) -> None:
         # With several processes, one may have no sample in a last, small batch.
