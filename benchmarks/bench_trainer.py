@@ -27,7 +27,6 @@ from torch.func import functional_call
 import dptrain
 from dptrain.config import TrainConfig
 from dptrain.data import ArrayLoader, load_dataset
-from dptrain.data.loader import prefetch
 from dptrain.engines import ModuleDataParallel
 from dptrain.models import GluonLeNet, init_normal, resnet18
 from dptrain.recipes import init_xavier
@@ -45,7 +44,7 @@ def looped(engine, n, lr):
 
     def run(batches):
         with runner.coordinating():
-            for X, y in (prefetch(batches) if n > 1 else batches):
+            for X, y in batches:
                 engine.train_batch(X, y, lr)
     return run
 

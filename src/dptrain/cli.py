@@ -27,7 +27,9 @@ from typing import List, Optional
 from .allreduce import ALGORITHMS
 from .optim import OPTIMIZERS
 from .config import TrainConfig
+from .checkpoint import CheckpointError
 from .data import DataNotFoundError, IDXError
+from .loop import Interrupted, NonFiniteLoss
 from .devices import device_info, num_gpus, parse_devices
 from .distributed.env import DistEnv
 from .recipes import RECIPES
@@ -65,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "devices and processes.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     sub.add_parser("devices", help="list the devices found (kind, name, memory, cores)")
+    pl = sub.add_parser("plot", help="overlay runs saved with --metrics: accuracy and loss per epoch")
+    pl.add_argument("runs", nargs="+", metavar="RUN.jsonl")
+    pl.add_argument("-o", "--output", required=True, metavar="FILE", help="a .png, .svg or .pdf file")
+    pl.add_argument("--title", default="")
     t = sub.add_parser("train", help="train a recipe on several devices",
                        description="Train a recipe data-parallel; prints one line per epoch.")
     recipes = ", ".join(f"{r.name} ({r.summary})" for r in RECIPES.values())
@@ -103,11 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.distributed backend (default: nccl on GPUs, gloo on CPUs)")
     t.add_argument("--bucket-mb", type=_positive_float, default=25.0, metavar="MB",
                    help="gradient bucket size for multi-process runs (default: 25)")
+    t.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="save a checkpoint after every epoch (and on Ctrl-C/SIGTERM) in DIR")
+    t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    t.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON record per epoch to FILE")
+    t.add_argument("--on-nan", default="stop", choices=["stop", "skip"],
+                   help="a NaN/infinite loss stops the run (default) or skips that batch")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--plot", metavar="FILE", help="plot test accuracy and train loss per epoch (.png/.svg)")
     t.add_argument("--json", action="store_true", help="print one JSON object with the result "
                    "(epoch lines go to stderr)")
-    for p in (parser, t):
+    for p in (parser, t, pl):
         p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return parser
+
+
+def _plot_command(args: argparse.Namespace) -> int:
+    from .metrics import read_metrics
+    from .plot import describe, plot_runs
+    runs = []
+    for path in args.runs:
+        records = read_metrics(path)
+        runs.append((describe(records), records))
+    print(plot_runs(runs, args.output, args.title))
+    return 0
 
 
 def _devices_command() -> int:
@@ -139,7 +164,11 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
                          allreduce=args.allreduce, optimizer=args.optimizer, kvstore=args.kvstore,
                          sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp,
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
-                         backend=args.backend, bucket_mb=args.bucket_mb)
+                         backend=args.backend, bucket_mb=args.bucket_mb,
+                         checkpoint_dir=args.checkpoint_dir, resume=args.resume, metrics=args.metrics,
+                         on_nan=args.on_nan, progress=not (args.json or args.quiet))
+    if args.plot and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"--plot {args.plot}: the file must end in .png, .svg or .pdf")
     if args.processes and args.processes > 1 and "WORLD_SIZE" not in os.environ:
         from .distributed.env import choose_backend
         from .distributed.launcher import launch
@@ -148,8 +177,14 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
     result = train(config, log=log)
-    if args.json and DistEnv.from_environ().rank == 0:      # one result for the whole job
-        print(json.dumps(result))
+    if DistEnv.from_environ().rank == 0:                     # one result for the whole job
+        if args.plot:
+            from .plot import describe, plot_runs
+            records = [{**row, "recipe": result["recipe"], "devices": result["devices"],
+                        "world_size": result["world_size"]} for row in result["history"]]
+            plot_runs([(describe(records), records)], args.plot)
+        if args.json:
+            print(json.dumps(result))
     return 0
 
 
@@ -161,8 +196,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return USAGE_ERROR
     try:
-        return _devices_command() if args.command == "devices" else _train_command(args, argv)
-    except (DataNotFoundError, IDXError) as e:
+        if args.command == "devices":
+            return _devices_command()
+        if args.command == "plot":
+            return _plot_command(args)
+        return _train_command(args, argv)
+    except Interrupted as e:
+        print(f"dptrain: {e}", file=sys.stderr)
+        return 130
+    except (DataNotFoundError, IDXError, CheckpointError, NonFiniteLoss) as e:
         code = DATA_ERROR
         if args.debug:
             raise

@@ -38,6 +38,11 @@ class TrainConfig:
     dataset: Optional[str] = None
     backend: str = "auto"
     bucket_mb: float = 25.0
+    checkpoint_dir: Optional[str] = None
+    resume: bool = False
+    metrics: Optional[str] = None
+    progress: bool = True
+    on_nan: str = "stop"
 
     def __post_init__(self) -> None:
         from .recipes import RECIPES   # recipes import this module
@@ -59,6 +64,10 @@ class TrainConfig:
             check_optimizer(self.optimizer)
         if self.amp not in AMP_DTYPES:
             raise ValueError(f"unknown --amp {self.amp!r}; choose one of {', '.join(k for k in AMP_DTYPES if k)}")
+        if self.on_nan not in ("stop", "skip"):
+            raise ValueError(f"unknown --on-nan {self.on_nan!r}; choose stop or skip")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir DIR (where the checkpoint is)")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):

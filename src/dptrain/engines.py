@@ -32,10 +32,25 @@ class ModuleDataParallel:
                                bucket_cap_mb=bucket_cap_mb)
         self.amp = amp
 
-    def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
-        """One step on ``(X, y)``; return the summed loss on the first device."""
+    def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float,
+                    skip_nonfinite: bool = False) -> torch.Tensor:
+        """One step on ``(X, y)``; return the summed loss on the first device.
+
+        ``skip_nonfinite`` (one process): a NaN or infinite loss leaves the model as it was.
+        """
         if lr != self.trainer.learning_rate:
             self.trainer.set_learning_rate(lr)
+        if skip_nonfinite:
+            Xs, ys = split_batch(X, y, self.devices, even_split=False)
+            losses = self.replicas.forward_backward(
+                [x.contiguous(memory_format=self.memory_format) for x in Xs], ys, sum_cross_entropy, amp=self.amp)
+            loss = sum(loss.float().to(self.devices[0]) for loss in losses)
+            if torch.isfinite(loss):
+                self.trainer.step(len(X))
+            else:
+                for m in self.replicas:
+                    m.zero_grad(set_to_none=True)
+            return loss
         # With several processes this is the process's part of the global batch: it may have
         # fewer samples than devices, or none; devices without samples contribute zeros.
         k = min(len(X), len(self.devices))
@@ -64,3 +79,14 @@ class ModuleDataParallel:
 
     def predictors(self) -> List[Callable[[torch.Tensor], torch.Tensor]]:
         return list(self.replicas)
+
+    def state_dict(self) -> dict:
+        return {"model": self.replicas[0].state_dict(), "trainer": self.trainer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        try:
+            for m in self.replicas:
+                m.load_state_dict(state["model"])
+        except (KeyError, RuntimeError) as e:
+            raise ValueError(f"the checkpoint's model does not fit this one: {str(e).splitlines()[0]}") from None
+        self.trainer.load_state_dict(state["trainer"])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Protocol, Sequence
+from typing import Callable, Dict, List, Protocol, Sequence, Tuple
 
 import torch
 
@@ -83,3 +83,15 @@ RECIPES: Dict[str, Recipe] = {r.name: r for r in [
            summary="the Gluon tutorial's LeNet on MNIST, Xavier init, Trainer",
            build=_module_engine(GluonLeNet, init_xavier)),
 ]}
+
+
+def hyperparameters(config: TrainConfig, n_devices: int) -> Tuple[int, int, float]:
+    """Return ``(epochs, batch_size, lr)``: the config's values, else the recipe's.
+
+    A per-device recipe (resnet18) multiplies its default batch and lr by the device count
+    (the linear scaling rule) unless ``scale=False``; values given explicitly are global.
+    """
+    recipe = RECIPES[config.recipe]
+    scale = n_devices if recipe.per_device and config.scale else 1
+    return (config.epochs or recipe.epochs, config.batch_size or recipe.batch_size * scale,
+            config.lr or recipe.lr * scale)

@@ -74,8 +74,9 @@ class ScratchDataParallel:
     def _allreduce_grads(self, local_samples: int) -> int:
         """Sum gradients over the devices (from scratch), then over processes; return the
         global number of samples."""
-        for j in range(len(self.replicas[0])):
-            allreduce([rep[j].grad for rep in self.replicas], self.algorithm)
+        if len(self.replicas) > 1:
+            for j in range(len(self.replicas[0])):
+                allreduce([rep[j].grad for rep in self.replicas], self.algorithm)
         if self.collective.world_size == 1:
             return local_samples
         # One message for all gradients and the sample count: uneven shards are weighted
@@ -90,21 +91,42 @@ class ScratchDataParallel:
                 offset += p.numel()
         return int(flat[-1].item())
 
-    def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
+    def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float,
+                    skip_nonfinite: bool = False) -> torch.Tensor:
         """Run one SGD step on the batch ``(X, y)``; return the summed loss (on the first device).
 
         With several processes ``(X, y)`` is this process's part of the global batch (it may
         be smaller than the device count, even empty) and the step divides by the global size.
+        ``skip_nonfinite`` (one process): a NaN or infinite loss leaves the parameters as
+        they were.
         """
         k = min(len(X), len(self.devices))
         Xs, ys = split_batch(X, y, self.devices[:k], even_split=False) if k else ([], [])
         idle = [None] * (len(self.devices) - k)
         losses = self.runner.map(self._forward_backward, Xs + idle, ys + idle)
+        first = self.devices[0]
+        if skip_nonfinite:
+            loss = sum(loss.to(first) for loss in losses)
+            if not torch.isfinite(loss):
+                return loss
         total = self.runner.run(0, self._allreduce_grads, len(X))
         if total > 0:
             self.runner.map(lambda i: sgd(self.replicas[i], lr, total))
-        first = self.devices[0]
         return sum(loss.to(first) for loss in losses)
+
+    def state_dict(self) -> dict:
+        """The parameters (every replica holds the same); plain SGD keeps no other state."""
+        return {"params": [p.detach().clone() for p in self.replicas[0]]}
+
+    def load_state_dict(self, state: dict) -> None:
+        params = state.get("params")
+        ours = self.replicas[0]
+        if not isinstance(params, list) or [tuple(p.shape) for p in params] != [tuple(p.shape) for p in ours]:
+            raise ValueError("the checkpoint's parameters do not fit this model (other shapes or count)")
+        with torch.no_grad():
+            for rep in self.replicas:
+                for p, q in zip(rep, params):
+                    p.copy_(q)
 
     def predictors(self) -> List[Callable[[torch.Tensor], torch.Tensor]]:
         """One prediction function per device, each using that device's replica."""

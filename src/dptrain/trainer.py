@@ -239,6 +239,25 @@ class Trainer:
                     b.copy_(s, non_blocking=True)
         self.runner.map(copy)
 
+    def state_dict(self) -> dict:
+        """The optimizers' state (one per device; with kvstore "device" each holds its share)."""
+        if not self._optimizers:
+            self._setup()
+        return {"optimizer": self._optimizer_name, "kvstore": self.kvstore.name,
+                "optimizers": [opt.state_dict() for opt in self._optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not self._optimizers:
+            self._setup()
+        saved = state.get("optimizers", [])
+        if state.get("optimizer") != self._optimizer_name or len(saved) != len(self._optimizers) \
+                or state.get("kvstore") != self.kvstore.name:
+            raise ValueError(f"the checkpoint's optimizer state is for {state.get('optimizer')!r} on {len(saved)} "
+                             f"device(s) with kvstore {state.get('kvstore')!r}; this run uses "
+                             f"{self._optimizer_name!r} on {len(self._optimizers)} with {self.kvstore.name!r}")
+        for opt, sd in zip(self._optimizers, saved):
+            opt.load_state_dict(sd)
+
     def _name(self, j: int) -> str:
         if self._replicas is not None:
             return repr(list(dict(self._replicas[0].named_parameters()))[j])

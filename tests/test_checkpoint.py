@@ -1,0 +1,116 @@
+"""Checkpoints: atomic, safe to load, and a resumed run ends bit-identical to an unbroken one."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dptrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from dptrain.cli import main
+
+QUICK = ["--epochs", "3", "--max-batches", "4", "--eval-batches", "2", "--batch-size", "64", "--json"]
+
+
+def run_json(capsys, *args):
+    assert main(["train", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("recipe", ["lenet-scratch", "lenet-mnist"])
+def test_resume_after_an_epoch_is_bit_identical(data_dir, tmp_path, capsys, recipe):
+    base = ["--recipe", recipe, "--data-dir", data_dir, "--devices", "2", *QUICK]
+    whole = run_json(capsys, *base, "--checkpoint-dir", str(tmp_path / "a"))
+    # The same run cut after epoch 1 (as if killed then), then resumed.
+    run_json(capsys, *[a if a != "3" else "1" for a in base], "--checkpoint-dir", str(tmp_path / "b"))
+    resumed = run_json(capsys, *base, "--checkpoint-dir", str(tmp_path / "b"), "--resume")
+    strip = lambda h: [{k: v for k, v in row.items() if k != "sec"} for row in h]   # noqa: E731
+    assert strip(resumed["history"]) == strip(whole["history"])
+    a, b = load_checkpoint(tmp_path / "a")["engine"], load_checkpoint(tmp_path / "b")["engine"]
+    flat = lambda s: [t for t in (s["params"] if "params" in s else s["model"].values())]   # noqa: E731
+    for x, y in zip(flat(a), flat(b)):
+        assert torch.equal(x, y)
+
+
+def test_sigint_saves_mid_epoch_and_resume_matches(data_dir, tmp_path):
+    args = [sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--devices", "1",
+            "--epochs", "2", "--max-batches", "40", "--eval-batches", "2", "--batch-size", "64", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    whole = json.loads(subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "a")], capture_output=True,
+                                      text=True, env=env, timeout=300).stdout)
+    proc = subprocess.Popen(args + ["--checkpoint-dir", str(tmp_path / "b")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run ended before the signal")
+    assert proc.returncode == 130 and "stopped by SIGINT at epoch" in err and "--resume" in err
+    resumed = json.loads(subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"],
+                                        capture_output=True, text=True, env=env, timeout=300).stdout)
+    assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in whole["history"]]
+    assert [r["test_acc"] for r in resumed["history"]] == [r["test_acc"] for r in whole["history"]]
+
+
+WRITER = """
+import sys, torch
+from dptrain.checkpoint import save_checkpoint
+big = torch.randn(8_000_000)
+i = 0
+while True:
+    i += 1
+    save_checkpoint(sys.argv[1], {"step": i, "big": big})
+    print(i, flush=True)
+"""
+
+
+def test_a_process_killed_mid_save_leaves_a_loadable_checkpoint(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()                      # one complete save
+        time.sleep(0.15)                            # then kill it somewhere in the next ones
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = load_checkpoint(tmp_path)
+    assert state["step"] >= 1 and state["big"].numel() == 8_000_000
+
+
+def test_loading_is_weights_only_and_errors_are_one_line(tmp_path):
+    save_checkpoint(tmp_path, {"x": torch.ones(2)})
+    assert torch.equal(load_checkpoint(tmp_path)["x"], torch.ones(2))
+    path = tmp_path / "checkpoint.pt"
+    # A pickle that would run code is refused, not executed.
+    torch.save({"format": "dptrain-checkpoint-1", "evil": os.system}, path)
+    with pytest.raises(CheckpointError, match="corrupt or truncated, or not a dptrain checkpoint"):
+        load_checkpoint(tmp_path)
+    path.write_bytes(path.read_bytes()[:50])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_checkpoint(tmp_path)
+    torch.save({"weights": torch.ones(1)}, path)
+    with pytest.raises(CheckpointError, match="not a dptrain checkpoint"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist; run once with --checkpoint-dir"):
+        load_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        load_checkpoint(tmp_path / "empty")
+
+
+def test_a_checkpoint_of_another_run_is_refused(data_dir, tmp_path, capsys):
+    run_json(capsys, "--data-dir", data_dir, "--epochs", "1", "--max-batches", "1", "--eval-batches", "1",
+             "--checkpoint-dir", str(tmp_path), "--json")
+    assert main(["train", "--recipe", "lenet-mnist", "--data-dir", data_dir, "--epochs", "2",
+                 "--checkpoint-dir", str(tmp_path), "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert "is of another run: recipe 'lenet-scratch' (this run: 'lenet-mnist')" in err
+
+
+def test_resume_without_a_directory_is_a_usage_error(capsys):
+    assert main(["train", "--resume"]) == 2
+    assert "--resume needs --checkpoint-dir" in capsys.readouterr().err

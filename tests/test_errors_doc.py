@@ -1,0 +1,54 @@
+"""Every row of docs/errors.md: the command gives the exit code and the message it shows."""
+import gzip
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
+ROW = re.compile(r"^\| (?P<what>[^|]+) \| `(?P<cmd>dptrain [^`]+)` \| (?P<code>\d+) \| (?P<msg>.+) \|$")
+ROWS = [m.groupdict() for m in map(ROW.match, DOC.read_text().splitlines()) if m]
+
+
+def test_the_table_is_read():
+    assert len(ROWS) >= 20
+
+
+@pytest.fixture
+def places(data_dir, tmp_path):
+    trunc = tmp_path / "trunc" / "fashion-mnist"
+    shutil.copytree(Path(data_dir) / "fashion-mnist", trunc)
+    target = trunc / "t10k-labels-idx1-ubyte.gz"
+    target.write_bytes(target.read_bytes()[:-50])
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    shutil.copytree(Path(data_dir) / "mnist", data / "mnist-as-fashion" / "fashion-mnist")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("")
+    ckpt = tmp_path / "ckpt"
+    subprocess.run([sys.executable, "-m", "dptrain", "train", "--data-dir", str(data), "--epochs", "1",
+                    "--max-batches", "1", "--eval-batches", "1", "--checkpoint-dir", str(ckpt)],
+                   check=True, capture_output=True, timeout=120)
+    bad = tmp_path / "badckpt"
+    bad.mkdir()
+    (bad / "checkpoint.pt").write_bytes(gzip.compress(b"not a checkpoint"))
+    return {"data": str(data), "tmp": str(tmp_path / "empty"), "file": str(tmp_path / "file"),
+            "trunc": str(tmp_path / "trunc"), "ckpt": str(ckpt), "badckpt": str(bad)}
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["what"] for r in ROWS])
+def test_row(row, places, tmp_path):
+    args = shlex.split(row["cmd"].format(**places))[1:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "DPTRAIN_MIRROR": "http://127.0.0.1:9/"}
+    out = subprocess.run([sys.executable, "-m", "dptrain", *args], capture_output=True, text=True,
+                         timeout=300, env=env)
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("dptrain: error: ")]
+    assert out.returncode == int(row["code"]), out.stderr
+    assert len(lines) == 1 and row["msg"] in lines[0], out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,53 @@
+"""Metrics file, progress bar and the non-finite loss guard."""
+import io
+import json
+
+import pytest
+
+from dptrain.cli import main
+from dptrain.metrics import read_metrics
+from dptrain.progress import ProgressBar
+
+
+def test_metrics_file_gets_one_record_per_epoch(data_dir, tmp_path, capsys):
+    path = tmp_path / "runs" / "m.jsonl"
+    args = ["train", "--data-dir", data_dir, "--epochs", "2", "--max-batches", "2", "--eval-batches", "1",
+            "--metrics", str(path), "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    records = read_metrics(path)
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert {"epoch", "sec", "train_loss", "test_acc", "devices", "world_size", "images_per_sec"} <= set(records[0])
+    assert records[1]["test_acc"] == result["history"][1]["test_acc"]
+    assert main(args) == 0                       # appends
+    assert len(read_metrics(path)) == 4
+
+
+def test_unwritable_metrics_path(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["train", "--metrics", str(tmp_path / "file" / "m.jsonl")]) == 2
+    assert "cannot write the metrics file" in capsys.readouterr().err
+
+
+def test_progress_bar_only_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    tty, pipe = Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        bar = ProgressBar(10, epoch=3, stream=stream)
+        bar.update(10, 640, 0.5)
+        bar.close()
+    assert "epoch 3 [" in tty.getvalue() and "10/10" in tty.getvalue() and "img/s" in tty.getvalue()
+    assert pipe.getvalue() == ""
+
+
+@pytest.mark.parametrize("recipe", ["lenet-scratch", "lenet-mnist"])
+def test_a_nan_loss_stops_the_run_naming_epoch_and_batch(data_dir, capsys, recipe):
+    args = ["train", "--recipe", recipe, "--data-dir", data_dir, "--epochs", "1", "--max-batches", "20",
+            "--eval-batches", "1", "--lr", "1e30"]
+    assert main(args) == 1
+    assert "the loss became NaN or infinite at epoch 1, batch" in capsys.readouterr().err
+    assert main(args + ["--on-nan", "skip", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["skipped_batches"] >= 1
