@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 
 import torch
+from common import measure, paired
 import torch.nn.functional as F
 
 import dptrain
@@ -71,21 +70,7 @@ def step_timings(data, n_batches, repeats):
     loader = ArrayLoader(data.train_X, data.train_y, 256, shuffle=True, max_batches=n_batches)
     variants = {"dptrain-2dev": dptrain_variant(2), "dptrain-1dev": dptrain_variant(1),
                 "plain-functional": plain_functional(), "plain-module": plain_module()}
-    rates = {k: [] for k in variants}
-    for rep in range(repeats + 1):          # repetition 0 is the warm-up
-        loader.set_epoch(rep)
-        batches = list(loader)
-        for name, run in variants.items():
-            start = time.perf_counter()
-            run(batches)
-            if rep:
-                rates[name].append(loader.num_samples / (time.perf_counter() - start))
-    return {k: statistics.median(v) for k, v in rates.items()}, rates
-
-
-def paired(raw, a, b):
-    """Median over repetitions of rate(a) / rate(b), each pair measured back to back."""
-    return statistics.median(x / y for x, y in zip(raw[a], raw[b]))
+    return measure(variants, loader, repeats)
 
 
 def main():

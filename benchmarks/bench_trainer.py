@@ -17,10 +17,9 @@ import argparse
 import copy
 import json
 import platform
-import statistics
-import time
 
 import torch
+from common import measure, paired
 import torch.nn.functional as F
 from torch.func import functional_call
 
@@ -85,24 +84,6 @@ def plain_variant(make, init, lr):
             F.cross_entropy(net(X.contiguous(memory_format=CL)), y).backward()
             opt.step()
     return run
-
-
-def measure(variants, loader, repeats):
-    rates = {k: [] for k in variants}
-    for rep in range(repeats + 1):            # repetition 0 warms up
-        loader.set_epoch(rep)
-        batches = list(loader)
-        for name, run in variants.items():
-            start = time.perf_counter()
-            run(batches)
-            if rep:
-                rates[name].append(loader.num_samples / (time.perf_counter() - start))
-    return {k: statistics.median(v) for k, v in rates.items()}, rates
-
-
-def paired(raw, a, b):
-    """Median over repetitions of rate(a) / rate(b), each pair measured back to back."""
-    return statistics.median(x / y for x, y in zip(raw[a], raw[b]))
 
 
 def main():

@@ -1,5 +1,3 @@
-import json
-
 from dptrain.cli import main
 
 

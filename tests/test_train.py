@@ -1,5 +1,5 @@
 from dptrain.config import TrainConfig
-from dptrain.train import hyperparameters
+from dptrain.recipes import hyperparameters
 
 
 def test_resnet18_scales_batch_and_lr_with_the_devices():

@@ -36,7 +36,10 @@ def plot_runs(runs: Sequence[Tuple[str, Records]], path: Union[str, Path], title
         epochs = [r["epoch"] for r in records]
         acc_ax.plot(epochs, [r["test_acc"] for r in records], marker="o", label=label)
         loss_ax.plot(epochs, [r["train_loss"] for r in records], marker="o", label=label)
+    from matplotlib.ticker import MaxNLocator
     for ax, name in ((acc_ax, "test accuracy"), (loss_ax, "train loss")):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # epochs are whole numbers
+        ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from typing import Iterator, List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .distributed.collective import Collective

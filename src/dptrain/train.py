@@ -9,7 +9,6 @@ from .config import TrainConfig
 from .devices import cpu, num_gpus, parse_devices
 from .distributed import DistEnv, init_distributed, shutdown_distributed
 from .loop import Run
-from .recipes import hyperparameters  # noqa: F401  (part of this module's API)
 
 Log = Callable[[str], None]
 

@@ -1,7 +1,6 @@
 """dptrain's bucketed, hook-launched allreduce gives DistributedDataParallel's gradients."""
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 

@@ -5,7 +5,7 @@ so it has no ``if distributed:`` branches.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,7 @@ class Collective:
         """Sum ``tensor`` over processes, in place; return it."""
         return tensor
 
-    def all_reduce_async(self, tensor: torch.Tensor) -> "Work":
+    def all_reduce_async(self, tensor: torch.Tensor) -> Any:
         """Start summing ``tensor`` (on the communication device) over processes; ``.wait()`` ends it."""
         return _Done()
 
