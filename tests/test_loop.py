@@ -51,3 +51,27 @@ def test_a_nan_loss_stops_the_run_naming_epoch_and_batch(data_dir, capsys, recip
     assert main(args + ["--on-nan", "skip", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["skipped_batches"] >= 1
+
+
+def test_tensorboard_scalars(data_dir, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert main(["train", "--data-dir", data_dir, "--epochs", "2", "--max-batches", "2", "--eval-batches", "1",
+                 "--tensorboard", str(tmp_path / "tb")]) == 0
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("test_acc")] == [1, 2]
+    assert len(events.Scalars("train_loss")) == 2
+
+
+def test_tensorboard_missing_is_a_clear_message(monkeypatch, capsys):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    assert main(["train", "--tensorboard", "/tmp/x"]) == 2
+    assert "--tensorboard needs the tensorboard package: pip install tensorboard" in capsys.readouterr().err

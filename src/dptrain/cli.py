@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save a checkpoint after every epoch (and on Ctrl-C/SIGTERM) in DIR")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     t.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON record per epoch to FILE")
+    t.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard scalars per epoch to DIR")
     t.add_argument("--on-nan", default="stop", choices=["stop", "skip"],
                    help="a NaN/infinite loss stops the run (default) or skips that batch")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -166,7 +167,8 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
                          backend=args.backend, bucket_mb=args.bucket_mb,
                          checkpoint_dir=args.checkpoint_dir, resume=args.resume, metrics=args.metrics,
-                         on_nan=args.on_nan, progress=not (args.json or args.quiet))
+                         on_nan=args.on_nan, progress=not (args.json or args.quiet),
+                         tensorboard=args.tensorboard)
     if args.plot and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ValueError(f"--plot {args.plot}: the file must end in .png, .svg or .pdf")
     if args.processes and args.processes > 1 and "WORLD_SIZE" not in os.environ:

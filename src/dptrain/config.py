@@ -43,6 +43,7 @@ class TrainConfig:
     metrics: Optional[str] = None
     progress: bool = True
     on_nan: str = "stop"
+    tensorboard: Optional[str] = None
 
     def __post_init__(self) -> None:
         from .recipes import RECIPES   # recipes import this module

@@ -28,6 +28,7 @@ from .evaluate import count_correct
 from .metrics import MetricsLog
 from .parallel import get_runner
 from .progress import ProgressBar
+from .tensorboard import TensorBoardLog
 from .recipes import RECIPES, hyperparameters
 
 Log = Callable[[str], None]
@@ -65,6 +66,7 @@ class Run:
         if config.on_nan == "skip" and env.distributed:
             raise ValueError("--on-nan skip works in one process only; use --on-nan stop with --processes")
         self.metrics = MetricsLog(config.metrics) if config.metrics and env.rank == 0 else None
+        self.board = TensorBoardLog(config.tensorboard) if config.tensorboard and env.rank == 0 else None
         torch.manual_seed(config.seed)
         self.engine = self.recipe.build(config, devices, self.lr)   # before the data: fail fast
         data = load_dataset(config.dataset or self.recipe.dataset, config.data_dir)
@@ -150,10 +152,12 @@ class Run:
                        "test_acc": totals[1].item() / totals[2].item()}
                 self.history.append(row)
                 self._save(epoch + 1, 0, 0.0, 0.0)
-                if self.metrics:
-                    self.metrics.append({**row, "recipe": self.recipe.name, "devices": self._names(),
-                                         "world_size": self.env.world_size,
-                                         "images_per_sec": self.train_loader.global_num_samples / sec})
+                record = {**row, "recipe": self.recipe.name, "devices": self._names(),
+                          "world_size": self.env.world_size,
+                          "images_per_sec": self.train_loader.global_num_samples / sec}
+                for log in (self.metrics, self.board):
+                    if log:
+                        log.append(record)
                 self.log(f"epoch {epoch}, {sec:.1f} sec, train loss {row['train_loss']:.3f}, "
                          f"test acc {row['test_acc']:.3f}")
         return self._result()

@@ -75,8 +75,16 @@ def init_distributed(env: DistEnv, backend: str = "auto", use_cuda: bool = False
                              f"dptrain train --processes N, or torchrun")
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank)
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    try:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as e:     # DistNetworkError and DistStoreError are RuntimeErrors
+        text = str(e).lower()
+        if "address already in use" in text or "eaddrinuse" in text:
+            raise ValueError(f"MASTER_PORT {os.environ['MASTER_PORT']} is already in use on "
+                             f"{os.environ['MASTER_ADDR']}: pick another port (torchrun --master-port "
+                             f"N), or stop the program holding it") from None
+        raise
     return backend
 
 

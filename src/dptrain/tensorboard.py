@@ -1,0 +1,28 @@
+"""``--tensorboard DIR``: the per-epoch metrics as TensorBoard scalars (when it is installed)."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+
+class TensorBoardLog:
+    """Write ``train_loss``, ``test_acc``, ``images_per_sec`` and ``sec`` per epoch to DIR."""
+
+    def __init__(self, directory: str):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard "
+                             "(or drop --tensorboard; --metrics FILE.jsonl needs nothing)") from None
+        try:
+            self.writer = SummaryWriter(log_dir=directory)
+        except OSError as e:
+            raise ValueError(f"cannot write TensorBoard logs to {directory}: {e.strerror}") from None
+
+    def append(self, record: Dict[str, Any]) -> None:
+        for key in ("train_loss", "test_acc", "images_per_sec", "sec"):
+            if key in record:
+                self.writer.add_scalar(key, record[key], record["epoch"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
