@@ -110,3 +110,15 @@ def test_torchrun_two_nodes_on_loopback(data_dir):
     result = json.loads(outs[0][0].strip().splitlines()[-1])
     assert result["world_size"] == 2 and result["backend"] == "gloo"
     assert outs[1][0].strip() == ""          # only rank 0 prints
+
+
+def test_two_processes_resume_bit_identical(data_dir, tmp_path):
+    """Rank 0 writes the checkpoint; both ranks resume from it; the history matches an unbroken run."""
+    base = ["train", "--data-dir", data_dir, "--processes", "2", "--json", "--max-batches", "3",
+            "--eval-batches", "2", "--batch-size", "64"]
+    whole = run(base + ["--epochs", "3", "--checkpoint-dir", str(tmp_path / "a")])
+    first = run(base + ["--epochs", "1", "--checkpoint-dir", str(tmp_path / "b")])
+    resumed = run(base + ["--epochs", "3", "--checkpoint-dir", str(tmp_path / "b"), "--resume"])
+    assert whole.returncode == first.returncode == resumed.returncode == 0, resumed.stderr
+    strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
+    assert strip(resumed.stdout) == strip(whole.stdout)
