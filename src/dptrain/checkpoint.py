@@ -7,14 +7,14 @@ only: a checkpoint cannot execute code.
 """
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, Union
 
 import torch
+
+from .atomic import atomic_file
 
 FORMAT = "dptrain-checkpoint-1"
 FILENAME = "checkpoint.pt"
@@ -37,22 +37,8 @@ def save_checkpoint(directory: Union[str, Path], state: Dict[str, Any]) -> Path:
         raise CheckpointError(f"cannot create the checkpoint directory {directory}: {e.strerror}; "
                               f"pick a writable --checkpoint-dir") from None
     path = directory / FILENAME
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{FILENAME}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(directory, os.O_RDONLY)   # the rename itself survives a power cut
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as f:
+        torch.save({"format": FORMAT, **state}, f)
     return path
 
 
