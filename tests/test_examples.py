@@ -1,5 +1,4 @@
 """The notebooks in examples/ run, on a few batches, and are committed without outputs."""
-import os
 from pathlib import Path
 
 import pytest

@@ -181,9 +181,6 @@ class DeviceKVStore(KVStore):
         # values it does not own.
         return [sum_and_update, fetch]
 
-    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
-        raise NotImplementedError("the device store updates on the owners: use step()")
-
 
 class DistKVStore(KVStore):
     """Several processes: sum locally, then across processes in buckets launched from hooks.
@@ -198,6 +195,7 @@ class DistKVStore(KVStore):
         super().__init__(runner)
         self.collective, self.bucket_cap_mb = collective, bucket_cap_mb
         self.reducer = None
+        self._prescaled_total: Optional[int] = None
 
     def setup_groups(self, groups: Params, buffers: Sequence[torch.Tensor] = ()) -> None:
         from .distributed.reducer import BucketReducer
@@ -209,12 +207,10 @@ class DistKVStore(KVStore):
         comm = self.devices[0] if getattr(self.collective, "device", torch.device("cpu")).type == "cuda" \
             else torch.device("cpu")
         self.reducer = BucketReducer(groups, self.collective, self.bucket_cap_mb, comm)
-        self._sent_samples = False
 
     def prepare(self, batch_size: Optional[int] = None, prescaled_total: Optional[int] = None) -> None:
         self._prescaled_total = prescaled_total
         self.reducer.prepare(None if prescaled_total is not None else batch_size)
-        self._sent_samples = batch_size is not None and prescaled_total is None
 
     def phases(self, params: Params, batch_size: int, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
         state = {}
@@ -228,10 +224,10 @@ class DistKVStore(KVStore):
                         f"parameter(s) #{', #'.join(map(str, missing[:5]))} got no gradient on any process "
                         f"since the last step: the model used only some of its parameters. Call "
                         f"step(batch_size, ignore_stale_grad=True) to skip such parameters")
-                if getattr(self, "_prescaled_total", None) is not None:
+                if self._prescaled_total is not None:
                     scale = 1.0
                 else:
-                    if total is None or not self._sent_samples:
+                    if total is None:       # the count did not ride in the last bucket
                         total = int(self.collective.all_reduce(torch.tensor([float(batch_size)])).item())
                     scale = 1.0 / max(total, 1)
                 state["used"], state["scale"] = used, scale
@@ -245,7 +241,6 @@ class DistKVStore(KVStore):
                 optimizers[i].zero_grad(set_to_none=True)
             if i == 0:
                 self.reducer.prepare()
-                self._sent_samples = False
                 self._prescaled_total = None
         return [reduce, update]
 

@@ -182,7 +182,7 @@ class Run:
             for b, (X, y) in enumerate(batches, start=skip + 1):
                 loss = self.engine.train_batch(X, y, self.lr, skip_nonfinite=self.config.on_nan == "skip")
                 if not torch.isfinite(loss):
-                    self._non_finite(epoch, b, loss_before + loss_sum.item(), sec_before + time.perf_counter() - start)
+                    self._non_finite(epoch, b)
                 else:
                     loss_sum += loss
                 images += len(X)
@@ -195,7 +195,7 @@ class Run:
         synchronize(self.devices)
         return sec_before + time.perf_counter() - start, loss_before + loss_sum.item()
 
-    def _non_finite(self, epoch: int, batch: int, loss_sum: float, seconds: float) -> None:
+    def _non_finite(self, epoch: int, batch: int) -> None:
         if self.config.on_nan == "skip":
             self.skipped += 1
             return

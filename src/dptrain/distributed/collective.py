@@ -28,17 +28,12 @@ class Collective:
         """Start summing ``tensor`` (on the communication device) over processes; ``.wait()`` ends it."""
         return _Done()
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-        return tensor
-
     def all_gather(self, tensor: torch.Tensor) -> List[torch.Tensor]:
         return [tensor]
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Give every process rank ``src``'s values, packed into one message."""
 
-    def barrier(self) -> None:
-        pass
 
 
 class TorchCollective(Collective):
@@ -63,13 +58,6 @@ class TorchCollective(Collective):
     def all_reduce_async(self, tensor: torch.Tensor):
         return dist.all_reduce(tensor, group=self.group, async_op=True)
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-        t = self._on(tensor)
-        dist.broadcast(t, src, group=self.group)
-        if t is not tensor:
-            tensor.copy_(t)
-        return tensor
-
     def all_gather(self, tensor: torch.Tensor) -> List[torch.Tensor]:
         t = self._on(tensor.contiguous())
         out = [torch.empty_like(t) for _ in range(self.world_size)]
@@ -89,9 +77,6 @@ class TorchCollective(Collective):
                     n = t.numel()
                     t.copy_(flat[offset:offset + n].view_as(t))
                     offset += n
-
-    def barrier(self) -> None:
-        dist.barrier(group=self.group)
 
 
 def get_collective(new_group: bool = False) -> Collective:
