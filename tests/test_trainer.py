@@ -245,3 +245,25 @@ def test_step_with_reports_a_failing_device_without_hanging():
         return replicas.forward_backward_one(i, Xs[i], ys[i])
     with pytest.raises(RuntimeError, match="out of memory on cpu:1"):
         trainer.step_with(compute, len(X))
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local"])
+def test_skip_nonfinite_leaves_every_replica_unchanged(kvstore):
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    replicas = dptrain.replicate(nn.Linear(4, 3), devices)
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.5, "momentum": 0.9}, kvstore=kvstore)
+    X, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    Xs, ys = dptrain.split_batch(X, y, devices)
+    replicas.forward_backward(Xs, ys)
+    assert trainer.step(6, skip_nonfinite=True) is True            # finite: an ordinary step
+    before = [[p.detach().clone() for p in m.parameters()] for m in replicas]
+    Xs[1] = Xs[1].clone()
+    Xs[1][0, 2] = float("inf")                                      # one device's gradient breaks
+    replicas.forward_backward(Xs, ys)
+    assert trainer.step(6, skip_nonfinite=True) is False
+    for m, saved in zip(replicas, before):
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), saved))
+        assert all(p.grad is None for p in m.parameters())
+    replicas.forward_backward(Xs[:1] + [Xs[0]], ys[:1] + [ys[0]])  # and training goes on
+    assert trainer.step(6, skip_nonfinite=True) is True
+    assert not torch.equal(replicas[0].weight, before[0][0])

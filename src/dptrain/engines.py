@@ -1,6 +1,7 @@
 """The Trainer path of a recipe: an ``nn.Module`` replicated on the devices, a ``Trainer``."""
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import torch
@@ -31,39 +32,36 @@ class ModuleDataParallel:
         self.trainer = Trainer(self.replicas, optimizer, optimizer_params, kvstore=kvstore,
                                bucket_cap_mb=bucket_cap_mb)
         self.amp = amp
+        self.runner = self.trainer.runner
 
     def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float,
                     skip_nonfinite: bool = False) -> torch.Tensor:
         """One step on ``(X, y)``; return the summed loss on the first device.
 
-        ``skip_nonfinite`` (one process): a NaN or infinite loss leaves the model as it was.
+        ``skip_nonfinite``: if a gradient is NaN or infinite on any device of any process,
+        the model is left as it was and the result is NaN.
         """
         if lr != self.trainer.learning_rate:
             self.trainer.set_learning_rate(lr)
-        if skip_nonfinite:
-            Xs, ys = split_batch(X, y, self.devices, even_split=False)
-            losses = self.replicas.forward_backward(
-                [x.contiguous(memory_format=self.memory_format) for x in Xs], ys, sum_cross_entropy, amp=self.amp)
-            loss = sum(loss.float().to(self.devices[0]) for loss in losses)
-            if torch.isfinite(loss):
-                self.trainer.step(len(X))
-            else:
-                for m in self.replicas:
-                    m.zero_grad(set_to_none=True)
-            return loss
         # With several processes this is the process's part of the global batch: it may have
         # fewer samples than devices, or none; devices without samples contribute zeros.
         k = min(len(X), len(self.devices))
         Xs, ys = split_batch(X, y, self.devices[:k], even_split=False) if k else ([], [])
         if k:
             self.replicas.initialize(Xs[0])
+
+        def compute(i: int, scale: float) -> torch.Tensor:
+            return self._forward_backward(i, Xs[i], ys[i], scale) if i < k else self._idle(i)
+        if skip_nonfinite:
+            losses = self.runner.map(lambda i: compute(i, 1.0))
+            loss = sum(loss.float().to(self.devices[0]) for loss in losses)
+            stepped = self.trainer.step(len(X), skip_nonfinite=True)
+            return loss if stepped else torch.full_like(loss, math.nan)
         # Several processes: divide the loss by the global sample count up front (one tiny
         # message), so gradients leave backward already scaled and need no extra pass.
         total = self.trainer.global_samples(len(X)) if self.trainer.world_size > 1 else None
         scale = 1.0 / total if total else 1.0
-        losses = self.trainer.step_with(
-            lambda i: self._forward_backward(i, Xs[i], ys[i], scale) if i < k else self._idle(i), len(X),
-            prescaled_total=total)
+        losses = self.trainer.step_with(lambda i: compute(i, scale), len(X), prescaled_total=total)
         return sum(loss.float().to(self.devices[0]) for loss in losses) / scale
 
     def _forward_backward(self, i: int, X: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:

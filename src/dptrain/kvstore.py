@@ -93,6 +93,8 @@ class KVStore:
         return [clear_stale, reduce, update]
 
     ignore_stale_grad = False
+    check_finite = False    # several processes: skip the update if a summed gradient is not finite
+    skipped = False         # ... and whether the last step was skipped so
 
     def prepare(self, batch_size: Optional[int] = None, prescaled_total: Optional[int] = None) -> None:
         """Called before the backward passes of a step (``Trainer.step_with``).
@@ -231,10 +233,14 @@ class DistKVStore(KVStore):
                         total = int(self.collective.all_reduce(torch.tensor([float(batch_size)])).item())
                     scale = 1.0 / max(total, 1)
                 state["used"], state["scale"] = used, scale
+                # The sums are the same bytes in every process, so all decide alike.
+                self.skipped = self.check_finite and not all(
+                    bool(torch.isfinite(b.buffer[:b.numel]).all()) for b in self.reducer.buckets)
 
         def update(i: int, active: Sequence[int]) -> None:
-            self.reducer.scatter(i, state["used"], state["scale"])
-            optimizers[i].step()
+            if not self.skipped:
+                self.reducer.scatter(i, state["used"], state["scale"])
+                optimizers[i].step()
             if self.reducer.views:
                 self.reducer.reset()
             else:

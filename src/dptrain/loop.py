@@ -2,19 +2,17 @@
 
 A checkpoint holds the model, the optimizer state, the epoch and batch reached, the partial
 loss sum, the history and the RNG state; the data order of an epoch depends only on
-``(seed, epoch)``. So a run stopped after epoch k (or mid-epoch by SIGINT/SIGTERM, one
-process) and resumed ends with the same parameters and metrics, bit for bit on a CPU, as a
-run that was never stopped.
+``(seed, epoch)``. So a run stopped after epoch k, or mid-epoch by SIGINT/SIGTERM (in every
+process at the same batch, see ``stopping.py``), and resumed ends with the same parameters
+and metrics, bit for bit on a CPU, as a run that was never stopped.
 """
 from __future__ import annotations
 
 import json
 import math
 import signal
-import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -28,6 +26,7 @@ from .evaluate import count_correct
 from .metrics import MetricsLog
 from .parallel import get_runner
 from .progress import ProgressBar
+from .stopping import StopRequests
 from .tensorboard import TensorBoardLog
 from .recipes import RECIPES, hyperparameters
 
@@ -63,8 +62,6 @@ class Run:
         if self.batch_size < total_devices:
             raise ValueError(f"batch size {self.batch_size} is smaller than the {total_devices} devices: "
                              f"use --batch-size {total_devices} or more, or fewer --devices")
-        if config.on_nan == "skip" and env.distributed:
-            raise ValueError("--on-nan skip works in one process only; use --on-nan stop with --processes")
         self.metrics = MetricsLog(config.metrics) if config.metrics and env.rank == 0 else None
         self.board = TensorBoardLog(config.tensorboard) if config.tensorboard and env.rank == 0 else None
         torch.manual_seed(config.seed)
@@ -80,7 +77,7 @@ class Run:
         self.history: List[Dict[str, Any]] = []
         self.position = (1, 0, 0.0, 0.0)       # epoch, batches done in it, loss sum, seconds
         self.skipped = 0
-        self._signal: Optional[int] = None
+        self.stops = StopRequests(self.collective)
         if config.resume:
             self._resume()
 
@@ -89,12 +86,13 @@ class Run:
         return {"recipe": self.recipe.name, "dataset": self.dataset, "batch_size": self.batch_size,
                 "seed": self.config.seed, "devices": len(self.devices), "world_size": self.env.world_size}
 
-    def _save(self, epoch: int, batch: int, loss_sum: float, seconds: float) -> None:
+    def _save(self, epoch: int, batch: int, loss_sums: List[float], seconds: float) -> None:
+        """Rank 0 writes; ``loss_sums`` holds every process's partial loss sum of the epoch."""
         if not self.config.checkpoint_dir or self.env.rank != 0:
             return
         save_checkpoint(self.config.checkpoint_dir, {
             "identity": json.dumps(self._identity()), "epoch": epoch, "batch": batch,
-            "loss_sum": loss_sum, "seconds": seconds, "skipped": self.skipped,
+            "loss_sums": loss_sums, "seconds": seconds, "skipped": self.skipped,
             "history": json.dumps(self.history), "engine": self.engine.state_dict(),
             "rng": torch.get_rng_state()})
 
@@ -115,34 +113,14 @@ class Run:
         torch.set_rng_state(state["rng"])
         self.history = json.loads(state["history"])
         self.skipped = state["skipped"]
-        self.position = (state["epoch"], state["batch"], state["loss_sum"], state["seconds"])
+        self.position = (state["epoch"], state["batch"], state["loss_sums"][self.env.rank], state["seconds"])
         self.log(f"resumed from {checkpoint_path(self.config.checkpoint_dir)} at epoch {state['epoch']}, "
                  f"batch {state['batch']}")
-
-    @contextmanager
-    def _signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM stop the run at the next batch boundary, after saving (one process).
-
-        With several processes a stop must be agreed by all of them; there the launcher
-        stops every worker and the last end-of-epoch checkpoint is the one to resume from.
-        """
-        if self.env.distributed or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum, _frame):
-            self._signal = signum
-        before = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, h in before.items():
-                signal.signal(s, h)
 
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         first_epoch = self.position[0]
-        with self._signals():
+        with self.stops.catching():
             for epoch in range(first_epoch, self.epochs + 1):
                 sec, loss_sum = self._train_epoch(epoch)
                 correct, count = count_correct(self.engine.predictors(), self.test_loader, self.devices)
@@ -151,7 +129,7 @@ class Run:
                        "train_loss": totals[0].item() / self.train_loader.global_num_samples,
                        "test_acc": totals[1].item() / totals[2].item()}
                 self.history.append(row)
-                self._save(epoch + 1, 0, 0.0, 0.0)
+                self._save(epoch + 1, 0, [0.0] * self.env.world_size, 0.0)
                 record = {**row, "recipe": self.recipe.name, "devices": self._names(),
                           "world_size": self.env.world_size,
                           "images_per_sec": self.train_loader.global_num_samples / sec}
@@ -181,16 +159,18 @@ class Run:
         with self.runner.coordinating():
             for b, (X, y) in enumerate(batches, start=skip + 1):
                 loss = self.engine.train_batch(X, y, self.lr, skip_nonfinite=self.config.on_nan == "skip")
-                if not torch.isfinite(loss):
+                signum, non_finite = self.stops.agree(not torch.isfinite(loss))
+                if non_finite:
                     self._non_finite(epoch, b)
                 else:
                     loss_sum += loss
                 images += len(X)
                 if bar.enabled:
                     bar.update(b, images * self.env.world_size, loss_sum.item() / max(images, 1))
-                if self._signal is not None:
+                if signum is not None:
                     bar.close()
-                    self._interrupt(epoch, b, loss_before + loss_sum.item(), sec_before + time.perf_counter() - start)
+                    self._interrupt(signum, epoch, b, loss_before + loss_sum.item(),
+                                    sec_before + time.perf_counter() - start)
         bar.close()
         synchronize(self.devices)
         return sec_before + time.perf_counter() - start, loss_before + loss_sum.item()
@@ -203,9 +183,12 @@ class Run:
         raise NonFiniteLoss(f"the loss became NaN or infinite at epoch {epoch}, batch {batch}: lower --lr, "
                             f"or pass --on-nan skip to skip such batches{kept}")
 
-    def _interrupt(self, epoch: int, batch: int, loss_sum: float, seconds: float) -> None:
-        self._save(epoch, batch, loss_sum, seconds)
-        name = signal.Signals(self._signal).name
+    def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, seconds: float) -> None:
+        # Every process stops after the same batch; each keeps its own partial loss sum.
+        sums = self.collective.all_gather(torch.tensor([loss_sum], dtype=torch.float64))
+        self._save(epoch, batch, [t.item() for t in sums], seconds)
+        self.stops.barrier()            # nobody leaves (and gets the others stopped) before the save
+        name = signal.Signals(signum).name
         where = (f"; saved to {checkpoint_path(self.config.checkpoint_dir)}: continue with --resume"
                  if self.config.checkpoint_dir else " (no --checkpoint-dir: nothing saved)")
         raise Interrupted(f"stopped by {name} at epoch {epoch}, batch {batch}{where}")

@@ -7,7 +7,8 @@ the replicas stay identical.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+import math
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -71,25 +72,26 @@ class ScratchDataParallel:
             p.grad = g
         return loss.detach()
 
-    def _allreduce_grads(self, local_samples: int) -> int:
+    def _allreduce_grads(self, local_samples: int, non_finite: bool) -> Tuple[int, bool]:
         """Sum gradients over the devices (from scratch), then over processes; return the
-        global number of samples."""
+        global number of samples and whether any process saw a non-finite loss."""
         if len(self.replicas) > 1:
             for j in range(len(self.replicas[0])):
                 allreduce([rep[j].grad for rep in self.replicas], self.algorithm)
         if self.collective.world_size == 1:
-            return local_samples
-        # One message for all gradients and the sample count: uneven shards are weighted
-        # by their size when the sum is divided by the global count.
+            return local_samples, non_finite
+        # One message for all gradients, the sample count and the non-finite flag: uneven
+        # shards are weighted by their size when the sum is divided by the global count.
         grads = [p.grad for p in self.replicas[0]]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [grads[0].new_tensor([float(local_samples)])])
+        flat = torch.cat([g.reshape(-1) for g in grads] + [grads[0].new_tensor([float(local_samples),
+                                                                                float(non_finite)])])
         self.collective.all_reduce(flat)
         for rep in self.replicas:
             offset = 0
             for p in rep:
                 p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
                 offset += p.numel()
-        return int(flat[-1].item())
+        return int(flat[-2].item()), bool(flat[-1].item())
 
     def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float,
                     skip_nonfinite: bool = False) -> torch.Tensor:
@@ -97,22 +99,23 @@ class ScratchDataParallel:
 
         With several processes ``(X, y)`` is this process's part of the global batch (it may
         be smaller than the device count, even empty) and the step divides by the global size.
-        ``skip_nonfinite`` (one process): a NaN or infinite loss leaves the parameters as
-        they were.
+        ``skip_nonfinite``: if the loss is NaN or infinite in any process, the parameters
+        are left as they were (in every process) and the result is NaN.
         """
         k = min(len(X), len(self.devices))
         Xs, ys = split_batch(X, y, self.devices[:k], even_split=False) if k else ([], [])
         idle = [None] * (len(self.devices) - k)
         losses = self.runner.map(self._forward_backward, Xs + idle, ys + idle)
-        first = self.devices[0]
-        if skip_nonfinite:
-            loss = sum(loss.to(first) for loss in losses)
-            if not torch.isfinite(loss):
-                return loss
-        total = self.runner.run(0, self._allreduce_grads, len(X))
+        loss = sum(loss.to(self.devices[0]) for loss in losses)
+        non_finite = skip_nonfinite and not bool(torch.isfinite(loss))
+        if non_finite and self.collective.world_size == 1:
+            return loss
+        total, skip = self.runner.run(0, self._allreduce_grads, len(X), non_finite)
+        if skip:
+            return torch.full_like(loss, math.nan)
         if total > 0:
             self.runner.map(lambda i: sgd(self.replicas[i], lr, total))
-        return sum(loss.to(first) for loss in losses)
+        return loss
 
     def state_dict(self) -> dict:
         """The parameters (every replica holds the same); plain SGD keeps no other state."""

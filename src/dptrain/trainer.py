@@ -119,15 +119,34 @@ class Trainer:
             for group in opt.param_groups:
                 group["lr"] = lr
 
-    def step(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
-        """Sum gradients over devices, divide by ``batch_size``, update every replica."""
+    def step(self, batch_size: int, ignore_stale_grad: bool = False, skip_nonfinite: bool = False) -> bool:
+        """Sum gradients over devices, divide by ``batch_size``, update every replica.
+
+        ``skip_nonfinite``: if any gradient, on any device of any process, is NaN or
+        infinite, update nothing, clear the gradients and return False (as AMP's grad
+        scaler skips a step); every process decides alike. Returns whether it updated.
+        """
         self._check_batch_size(batch_size)
         if not self._optimizers:
             self._setup()
+        if skip_nonfinite and self.collective.world_size == 1 and not self._grads_finite():
+            for group in self._groups:
+                for p in group:
+                    p.grad = None
+            return False
         active = self._active(ignore_stale_grad)
         self.kvstore.ignore_stale_grad = ignore_stale_grad
-        self.kvstore.step(self._groups, active, batch_size, self._optimizers)
+        self.kvstore.check_finite = skip_nonfinite      # several processes: on the summed gradients
+        try:
+            self.kvstore.step(self._groups, active, batch_size, self._optimizers)
+        finally:
+            self.kvstore.check_finite = False
         self._broadcast_buffers()
+        return not self.kvstore.skipped
+
+    def _grads_finite(self) -> bool:
+        grads = [p.grad for group in self._groups for p in group if p.grad is not None]
+        return all(bool(torch.isfinite(g).all()) for g in grads)
 
     def step_with(self, compute: Callable[[int], T], batch_size: int,
                   ignore_stale_grad: bool = False, prescaled_total: Optional[int] = None) -> List[T]:

@@ -122,3 +122,44 @@ def test_two_processes_resume_bit_identical(data_dir, tmp_path):
     assert whole.returncode == first.returncode == resumed.returncode == 0, resumed.stderr
     strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
     assert strip(resumed.stdout) == strip(whole.stdout)
+
+
+def test_two_processes_stopped_mid_epoch_resume_bit_identical(data_dir, tmp_path):
+    """SIGINT to the launcher: both ranks stop after the same batch, rank 0 saves, both exit 130;
+    the resumed run's history equals an unbroken run's."""
+    base = ["train", "--data-dir", data_dir, "--processes", "2", "--json", "--epochs", "2",
+            "--max-batches", "150", "--eval-batches", "2", "--batch-size", "64"]
+    whole = run(base + ["--checkpoint-dir", str(tmp_path / "a")])
+    assert whole.returncode == 0, whole.stderr
+    metrics = tmp_path / "b.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", *base, "--checkpoint-dir", str(tmp_path / "b"),
+                             "--metrics", str(metrics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().strip()) and proc.poll() is None:
+        assert time.monotonic() < deadline, "epoch 1 did not end"
+        time.sleep(0.05)
+    time.sleep(0.5)                    # inside epoch 2
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    if proc.returncode == 0:
+        pytest.skip("the run ended before the signal")
+    assert proc.returncode == 130, err
+    assert "stopped by SIGINT at epoch 2, batch" in err and "--resume" in err and "rank 1" not in err
+    resumed = run(base + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr and "at epoch 2, batch 0" not in resumed.stderr
+    strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
+    assert strip(resumed.stdout) == strip(whole.stdout)
+
+
+def test_two_processes_skip_or_stop_on_nan_together(data_dir):
+    base = ["train", "--data-dir", data_dir, "--processes", "2", "--epochs", "1", "--max-batches", "6",
+            "--eval-batches", "1", "--batch-size", "64", "--lr", "1e30"]
+    skipped = run(base + ["--on-nan", "skip", "--json"])
+    assert skipped.returncode == 0, skipped.stderr
+    assert json.loads(skipped.stdout.strip().splitlines()[-1])["skipped_batches"] >= 1
+    stopped = run(base)
+    assert stopped.returncode == 1
+    assert "the loss became NaN or infinite at epoch 1, batch" in stopped.stderr

@@ -7,6 +7,10 @@ others' output is kept. If any worker fails or is killed, the others are stopped
 then SIGKILL after a grace period), the failed rank and the end of its error are reported,
 and the launcher exits non-zero. Workers die with the launcher (PR_SET_PDEATHSIG) and run in
 their own process groups, so no process is left behind.
+
+SIGINT (Ctrl-C) or SIGTERM to the launcher is passed on to every worker, and the workers get
+time to finish their batch and save (they agree to stop at the same batch, see
+``stopping.py``); a worker that exits with 130 (interrupted) is not a failure.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from typing import Deque, List, Optional, Sequence
 from ..devices import host_cores
 
 GRACE_S = 5.0
+INTERRUPT_GRACE_S = 120.0     # workers finish the batch and write the checkpoint
+INTERRUPTED = 130
 TAIL_LINES = 30
 
 
@@ -100,14 +106,24 @@ def launch(worker_args: Sequence[str], processes: int, port: Optional[int] = Non
     return _watch(workers)
 
 
-def _stop(workers: Sequence[_Worker], sig: int = signal.SIGTERM) -> None:
+class _Signalled(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_on(signum, _frame):
+    raise _Signalled(signum)
+
+
+def _stop(workers: Sequence[_Worker], sig: int = signal.SIGTERM, grace: float = GRACE_S) -> None:
     for w in workers:
         if w.proc.poll() is None:
             try:
                 os.killpg(w.proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace
     for w in workers:
         try:
             w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -121,21 +137,28 @@ def _stop(workers: Sequence[_Worker], sig: int = signal.SIGTERM) -> None:
 
 def _watch(workers: List[_Worker]) -> int:
     failed: Optional[_Worker] = None
+    main = threading.current_thread() is threading.main_thread()
+    before = {s: signal.signal(s, _raise_on) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         while True:
             codes = [w.proc.poll() for w in workers]
-            failed = next((w for w, c in zip(workers, codes) if c not in (None, 0)), None)
-            if failed is not None or all(c == 0 for c in codes):
+            failed = next((w for w, c in zip(workers, codes) if c not in (None, 0, INTERRUPTED)), None)
+            if failed is not None or all(c is not None for c in codes):
                 break
             time.sleep(0.05)
-    except KeyboardInterrupt:
-        _stop(workers, signal.SIGINT)
-        print("dptrain: interrupted; all workers stopped", file=sys.stderr)
-        return 130
+    except _Signalled as e:
+        for s, handler in before.items():     # a second Ctrl-C ends the wait (and the workers)
+            signal.signal(s, handler)
+        _stop(workers, e.signum, INTERRUPT_GRACE_S)
+        print(f"dptrain: {signal.Signals(e.signum).name}: all workers stopped", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
     if failed is None:
         for w in workers:
             w.reader.join(timeout=5)
-        return 0
+        return INTERRUPTED if any(w.proc.returncode == INTERRUPTED for w in workers) else 0
     _stop([w for w in workers if w is not failed])
     failed.reader.join(timeout=5)
     detail = "\n".join(f"  [rank {failed.rank}] {line}" for line in failed.tail) if failed.rank else ""

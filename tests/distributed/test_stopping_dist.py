@@ -1,0 +1,85 @@
+"""Decisions every process must share: stop at the same batch; skip a step everywhere or nowhere."""
+import math
+import signal
+
+import pytest
+import torch
+
+import dptrain
+from dptrain.distributed import get_collective
+from dptrain.engines import ModuleDataParallel
+from dptrain.models import GluonLeNet, lenet, lenet_params
+from dptrain.stopping import StopRequests
+from tests.distributed.helpers import run_workers
+
+
+def agree(rank, world):
+    stops = StopRequests(get_collective())
+    answers = [stops.agree(non_finite=False)]              # nothing anywhere
+    stops.signum = signal.SIGINT if rank == 1 else None    # a signal in rank 1 only
+    answers.append(stops.agree(non_finite=rank == 0))      # and a NaN in rank 0 only
+    stops.signum = signal.SIGTERM if rank == 0 else signal.SIGINT
+    answers.append(stops.agree(non_finite=False))
+    stops.barrier()
+    return [(None if s is None else int(s), nf) for s, nf in answers]
+
+
+def test_every_process_gets_the_same_answer():
+    a, b = run_workers(agree)
+    assert a == b == [(None, False), (int(signal.SIGINT), True), (int(signal.SIGTERM), False)]
+
+
+def batches(rank, poison_rank):
+    """Step 1: finite everywhere; step 2: one NaN pixel in ``poison_rank``'s shard; step 3: finite."""
+    g = torch.Generator().manual_seed(10 + rank)
+    out = []
+    for step in range(3):
+        X, y = torch.rand(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g)
+        if step == 1 and rank == poison_rank:
+            X[3, 0, 5, 5] = math.nan
+        out.append((X, y))
+    return out
+
+
+def skip_scratch(rank, world, poison_rank):
+    torch.manual_seed(0)
+    dp = dptrain.ScratchDataParallel(lenet, lenet_params(), [dptrain.cpu(0)])
+    losses, snapshots = [], []
+    for X, y in batches(rank, poison_rank):
+        losses.append(dp.train_batch(X, y, 0.1, skip_nonfinite=True).item())
+        snapshots.append([p.detach().tolist() for p in dp.replicas[0]])   # tensors do not cross queues
+    return losses, snapshots
+
+
+def skip_module(rank, world, poison_rank, n_devices):
+    torch.manual_seed(0)
+    dp = ModuleDataParallel(GluonLeNet(), [dptrain.cpu(i) for i in range(n_devices)], "sgd",
+                            {"learning_rate": 0.1, "momentum": 0.9})
+    losses, snapshots = [], []
+    for X, y in batches(rank, poison_rank):
+        losses.append(dp.train_batch(X, y, 0.1, skip_nonfinite=True).item())
+        snapshots.append([p.detach().tolist() for p in dp.replicas[0].parameters()])
+    return losses, snapshots
+
+
+def check_skipped_everywhere(results):
+    (loss_a, snaps_a), (loss_b, snaps_b) = [(losses, [[torch.tensor(p) for p in snap] for snap in snaps])
+                                            for losses, snaps in results]
+    for losses in (loss_a, loss_b):
+        assert math.isfinite(losses[0]) and math.isnan(losses[1]) and math.isfinite(losses[2])
+    for snaps in (snaps_a, snaps_b):        # step 2 changed nothing, step 3 did
+        assert all(torch.equal(p, q) for p, q in zip(snaps[0], snaps[1]))
+        assert not all(torch.equal(p, q) for p, q in zip(snaps[1], snaps[2]))
+        assert all(torch.isfinite(p).all() for p in snaps[2])
+    for p, q in zip(snaps_a[2], snaps_b[2]):  # the processes stay in step
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("poison_rank", [0, 1])
+def test_scratch_skips_in_every_process_when_one_sees_nan(poison_rank):
+    check_skipped_everywhere(run_workers(skip_scratch, poison_rank))
+
+
+@pytest.mark.parametrize("n_devices", [1, 2])
+def test_trainer_skips_in_every_process_when_one_sees_nan(n_devices):
+    check_skipped_everywhere(run_workers(skip_module, 1, n_devices))
