@@ -35,6 +35,7 @@ from dptrain.distributed.collective import get_collective
 from dptrain.distributed.reducer import BucketReducer
 from dptrain.engines import ModuleDataParallel
 from dptrain.models import init_normal, lenet, lenet_params, resnet18
+from dptrain.stopping import StopRequests
 
 
 class FunctionalLeNet(nn.Module):
@@ -106,10 +107,13 @@ def worker(rank, world, init_file, data_dir, model, kind, n, batch_size, repeats
     else:
         engine, lr = engine_for(model)
         runner = dptrain.get_runner(engine.devices)
+        stops = StopRequests(get_collective())
 
         def step(X, y):
+            stops.before_batch()                      # as the training loop does around every batch
             with runner.coordinating():
-                engine.train_batch(X, y, lr)
+                loss = engine.train_batch(X, y, lr)
+            stops.after_batch(1, not torch.isfinite(loss))
     seconds = timed(step, bs, repeats)
     if rank == 0:
         out.put(total / seconds)

@@ -11,6 +11,7 @@ import torch
 
 from dptrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from dptrain.cli import main
+from tests.signals import signal_in_second_epoch
 
 QUICK = ["--epochs", "3", "--max-batches", "4", "--eval-batches", "2", "--batch-size", "64", "--json"]
 
@@ -35,20 +36,19 @@ def test_resume_after_an_epoch_is_bit_identical(data_dir, tmp_path, capsys, reci
         assert torch.equal(x, y)
 
 
-def test_sigint_saves_mid_epoch_and_resume_matches(data_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_saves_mid_epoch_and_resume_matches(data_dir, tmp_path, sig):
     args = [sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--devices", "1",
-            "--epochs", "2", "--max-batches", "40", "--eval-batches", "2", "--batch-size", "64", "--json"]
+            "--epochs", "2", "--max-batches", "150", "--eval-batches", "2", "--batch-size", "64", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     whole = json.loads(subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "a")], capture_output=True,
                                       text=True, env=env, timeout=300).stdout)
-    proc = subprocess.Popen(args + ["--checkpoint-dir", str(tmp_path / "b")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(3)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    if proc.returncode == 0:
-        pytest.skip("the run ended before the signal")
-    assert proc.returncode == 130 and "stopped by SIGINT at epoch" in err and "--resume" in err
+    metrics = tmp_path / "b.jsonl"
+    proc = subprocess.Popen(args + ["--checkpoint-dir", str(tmp_path / "b"), "--metrics", str(metrics)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    err = signal_in_second_epoch(proc, metrics, sig)
+    assert proc.returncode == 130, err
+    assert f"stopped by {sig.name} at epoch 2, batch" in err and "--resume" in err
     resumed = json.loads(subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"],
                                         capture_output=True, text=True, env=env, timeout=300).stdout)
     assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in whole["history"]]

@@ -156,32 +156,41 @@ class Run:
             # The next batch is gathered while the GPUs compute. Not on CPU devices: there
             # the gathering would take its core time from the devices all the same.
             batches = prefetch(batches)
+        skip_nan = self.config.on_nan == "skip"
         with self.runner.coordinating():
+            b = skip
             for b, (X, y) in enumerate(batches, start=skip + 1):
-                loss = self.engine.train_batch(X, y, self.lr, skip_nonfinite=self.config.on_nan == "skip")
-                signum, non_finite = self.stops.agree(not torch.isfinite(loss))
-                if non_finite:
-                    self._non_finite(epoch, b)
-                else:
+                self.stops.before_batch()
+                loss = self.engine.train_batch(X, y, self.lr, skip_nonfinite=skip_nan)
+                finite = bool(torch.isfinite(loss))
+                if finite:
                     loss_sum += loss
+                elif skip_nan:           # the engine skipped it in every process
+                    self.skipped += 1
                 images += len(X)
                 if bar.enabled:
                     bar.update(b, images * self.env.world_size, loss_sum.item() / max(images, 1))
-                if signum is not None:
-                    bar.close()
-                    self._interrupt(signum, epoch, b, loss_before + loss_sum.item(),
-                                    sec_before + time.perf_counter() - start)
+                self._decide(self.stops.after_batch(b, not finite and not skip_nan), bar, epoch, b,
+                             loss_before + loss_sum.item(), sec_before + time.perf_counter() - start)
+            self._decide(self.stops.flush(), bar, epoch, b, loss_before + loss_sum.item(),
+                         sec_before + time.perf_counter() - start)
         bar.close()
         synchronize(self.devices)
         return sec_before + time.perf_counter() - start, loss_before + loss_sum.item()
 
-    def _non_finite(self, epoch: int, batch: int) -> None:
-        if self.config.on_nan == "skip":
-            self.skipped += 1
+    def _decide(self, decision: Tuple[Optional[int], Optional[int]], bar: ProgressBar, epoch: int,
+                batch: int, loss_sum: float, seconds: float) -> None:
+        """Act on what every process decided after ``batch``: go on, stop for NaN, or save and stop."""
+        signum, bad_batch = decision
+        if bad_batch is None and signum is None:
             return
-        kept = f"; the last good checkpoint is kept in {self.config.checkpoint_dir}" if self.config.checkpoint_dir else ""
-        raise NonFiniteLoss(f"the loss became NaN or infinite at epoch {epoch}, batch {batch}: lower --lr, "
-                            f"or pass --on-nan skip to skip such batches{kept}")
+        bar.close()
+        if bad_batch is not None:
+            kept = f"; the last good checkpoint is kept in {self.config.checkpoint_dir}" \
+                if self.config.checkpoint_dir else ""
+            raise NonFiniteLoss(f"the loss became NaN or infinite at epoch {epoch}, batch {bad_batch}: lower "
+                                f"--lr, or pass --on-nan skip to skip such batches{kept}")
+        self._interrupt(signum, epoch, batch, loss_sum, seconds)
 
     def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, seconds: float) -> None:
         # Every process stops after the same batch; each keeps its own partial loss sum.

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dptrain.distributed.launcher import free_port
+from tests.signals import signal_in_second_epoch
 
 QUICK = ["--epochs", "2", "--max-batches", "4", "--eval-batches", "4", "--batch-size", "64"]
 
@@ -136,15 +137,7 @@ def test_two_processes_stopped_mid_epoch_resume_bit_identical(data_dir, tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "dptrain", *base, "--checkpoint-dir", str(tmp_path / "b"),
                              "--metrics", str(metrics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().strip()) and proc.poll() is None:
-        assert time.monotonic() < deadline, "epoch 1 did not end"
-        time.sleep(0.05)
-    time.sleep(0.5)                    # inside epoch 2
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=180)
-    if proc.returncode == 0:
-        pytest.skip("the run ended before the signal")
+    err = signal_in_second_epoch(proc, metrics, signal.SIGINT)
     assert proc.returncode == 130, err
     assert "stopped by SIGINT at epoch 2, batch" in err and "--resume" in err and "rank 1" not in err
     resumed = run(base + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"])

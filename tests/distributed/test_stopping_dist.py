@@ -13,20 +13,37 @@ from dptrain.stopping import StopRequests
 from tests.distributed.helpers import run_workers
 
 
-def agree(rank, world):
+def decide(rank, world):
     stops = StopRequests(get_collective())
-    answers = [stops.agree(non_finite=False)]              # nothing anywhere
-    stops.signum = signal.SIGINT if rank == 1 else None    # a signal in rank 1 only
-    answers.append(stops.agree(non_finite=rank == 0))      # and a NaN in rank 0 only
-    stops.signum = signal.SIGTERM if rank == 0 else signal.SIGINT
-    answers.append(stops.agree(non_finite=False))
+    answers = []
+    for batch in range(1, 5):
+        stops.before_batch()
+        if batch == 2 and rank == 1:
+            stops.signum = signal.SIGINT       # lands in rank 1 only, during batch 2
+        answers.append(stops.after_batch(batch, non_finite=batch == 1 and rank == 0))
+        if batch == 3 and rank == 0:
+            stops.signum = signal.SIGTERM
+    answers.append(stops.flush())
     stops.barrier()
-    return [(None if s is None else int(s), nf) for s, nf in answers]
+    return [(None if s is None else int(s), bad) for s, bad in answers]
 
 
-def test_every_process_gets_the_same_answer():
-    a, b = run_workers(agree)
-    assert a == b == [(None, False), (int(signal.SIGINT), True), (int(signal.SIGTERM), False)]
+def test_every_process_gets_the_same_answer_one_batch_later():
+    a, b = run_workers(decide)
+    INT, TERM = int(signal.SIGINT), int(signal.SIGTERM)
+    # after batch 1: nothing seen yet; 2: rank 0's NaN of batch 1; 3: rank 1's SIGINT of
+    # batch 2; 4 and the flush: SIGTERM (rank 0, between batches 3 and 4) wins over SIGINT.
+    assert a == b == [(None, None), (None, 1), (INT, None), (TERM, None), (TERM, None)]
+
+
+def test_one_process_decides_at_once():
+    stops = StopRequests(get_collective())
+    stops.before_batch()
+    assert stops.after_batch(1, non_finite=True) == (None, 1)
+    stops.signum = signal.SIGTERM
+    stops.before_batch()
+    assert stops.after_batch(2, non_finite=False) == (signal.SIGTERM, None)
+    assert stops.flush() == (signal.SIGTERM, None)
 
 
 def batches(rank, poison_rank):
