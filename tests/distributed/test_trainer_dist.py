@@ -18,11 +18,15 @@ def global_batches(dtype=torch.float32):
 
 def make_model(name, seed):
     torch.manual_seed(seed)
+    if name == "lenet-nhwc":
+        return GluonLeNet().to(memory_format=torch.channels_last)
     return GluonLeNet() if name == "lenet" else resnet18(10, in_channels=1)
 
 
 def train(rank, world, name, n_devices, fused, sync_bn=False, dtype=torch.float32):
     torch.set_default_dtype(dtype)
+    if isinstance(n_devices, tuple):         # a device count per rank
+        n_devices = n_devices[rank]
     devices = [dptrain.cpu(i) for i in range(n_devices)]
     # Each rank builds its model from another seed: rank 0's values must win at setup.
     replicas = dptrain.replicate(make_model(name, seed=rank), devices, sync_batchnorm=sync_bn)
@@ -38,6 +42,8 @@ def train(rank, world, name, n_devices, fused, sync_bn=False, dtype=torch.float3
         else:
             replicas.forward_backward(Xs, ys)
             trainer.step(len(X))
+        for p in replicas[0].parameters():      # gradients keep the parameters' layout
+            assert p.grad is None or p.grad.stride() == p.stride(), (p.shape, p.grad.stride(), p.stride())
     return {n: p.detach().tolist() for n, p in replicas[0].named_parameters()} | \
         {n: b.tolist() for n, b in replicas[0].named_buffers()}
 
@@ -69,4 +75,14 @@ def test_resnet18_with_sync_batchnorm_two_processes_equal_one():
     want = reference("resnet", sync_bn=True, dtype=torch.float64)
     ranks = run_workers(train, "resnet", 1, True, True, torch.float64)
     assert_same(ranks[0], want, rtol=1e-6, atol=1e-9)     # per-device statistics: off by ~1e-2
+    assert_same(ranks[1], ranks[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n_devices", [1, (1, 2)])
+def test_channels_last_parameters_two_processes_equal_one(n_devices):
+    """NHWC parameters: the buckets hold their gradients in that layout, also when one rank
+    packs through its replicas (2 devices) and the other uses views into the buckets (1)."""
+    want = reference("lenet")
+    ranks = run_workers(train, "lenet-nhwc", n_devices, True)
+    assert_same(ranks[0], want, rtol=1e-5, atol=1e-6)
     assert_same(ranks[1], ranks[0], rtol=0, atol=0)
