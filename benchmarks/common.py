@@ -7,13 +7,18 @@ def measure(variants, loader, repeats):
     """Run every variant on the same batches, taking turns, ``repeats`` times after a warm-up.
 
     Returns ``({name: median images/s}, {name: [images/s per repetition]})``. Taking turns
-    within each repetition makes slow drifts of a shared machine hit every variant alike.
+    within each repetition makes slow drifts of a shared machine hit every variant alike;
+    the order rotates from one repetition to the next, so no variant always runs right
+    after the same other one (whose threads may still be winding down).
     """
     rates = {k: [] for k in variants}
+    names = list(variants)
     for rep in range(repeats + 1):            # repetition 0 warms up
         loader.set_epoch(rep)
         batches = list(loader)
-        for name, run in variants.items():
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            run = variants[name]
             start = time.perf_counter()
             run(batches)
             if rep:
