@@ -2,10 +2,13 @@
 
     python benchmarks/bench_processes.py --data-dir ../shared/datasets --out benchmarks/results/processes.json
 
-For lenet-scratch (batch 256) and ResNet-18 (batch 32), on the same batches:
+For lenet-scratch (batch 256), the Gluon tutorial's LeNet through the Trainer (batch 256) and
+ResNet-18 (batch 32), on the same batches:
 - ``dptrain 2 proc x 1 thread``: two worker processes (gloo, loopback), each one CPU device;
 - ``dptrain 1 proc x 1 thread`` and ``1 proc x 2 threads``;
-- ``DDP 2 proc x 1 thread``: torch.nn.parallel.DistributedDataParallel on the same model.
+- ``DDP 2 proc x 1 thread``: torch.nn.parallel.DistributedDataParallel on the same model;
+- Trainer models also ``dptrain 2 proc, count sent``: the global sample count summed in its
+  own message each step instead of given by the caller (what ``dptrain train`` did before).
 Per-core scaling efficiency = (2 proc x 1 thread) / (2 x (1 proc x 1 thread)).
 Then the bus bandwidth, 2(N-1)/N x bytes / time, of dptrain's bucketed gradient sync of
 ResNet-18's gradients against one ``dist.all_reduce`` of a flat buffer of the same size.
@@ -34,7 +37,7 @@ from dptrain.data import ArrayLoader, load_dataset
 from dptrain.distributed.collective import get_collective
 from dptrain.distributed.reducer import BucketReducer
 from dptrain.engines import ModuleDataParallel
-from dptrain.models import init_normal, lenet, lenet_params, resnet18
+from dptrain.models import GluonLeNet, init_normal, lenet, lenet_params, resnet18
 from dptrain.stopping import StopRequests
 
 
@@ -60,15 +63,18 @@ def engine_for(model):
     torch.manual_seed(0)
     if model == "lenet-scratch":
         return dptrain.ScratchDataParallel(lenet, lenet_params(), [dptrain.cpu(0)]), 0.2
-    return ModuleDataParallel(resnet18(10, 1), [dptrain.cpu(0)], "sgd", {"learning_rate": 0.1},
-                              init=init_normal, channels_last=True), 0.1
+    net = GluonLeNet() if model == "gluon-lenet" else resnet18(10, 1)
+    return ModuleDataParallel(net, [dptrain.cpu(0)], "sgd", {"learning_rate": 0.1},
+                              init=None if model == "gluon-lenet" else init_normal, channels_last=True), 0.1
 
 
 def ddp_step_fn(model):
     torch.manual_seed(0)
-    net = FunctionalLeNet(lenet_params()) if model == "lenet-scratch" else resnet18(10, 1)
-    if model != "lenet-scratch":
+    net = FunctionalLeNet(lenet_params()) if model == "lenet-scratch" else \
+        GluonLeNet() if model == "gluon-lenet" else resnet18(10, 1)
+    if model == "resnet18":
         init_normal(net)
+    if model != "lenet-scratch":
         net = net.to(memory_format=torch.channels_last)
     ddp = DistributedDataParallel(net)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -108,11 +114,12 @@ def worker(rank, world, init_file, data_dir, model, kind, n, batch_size, repeats
         engine, lr = engine_for(model)
         runner = dptrain.get_runner(engine.devices)
         stops = StopRequests(get_collective())
+        known = None if kind == "count-sent" else batch_size     # every batch here is full
 
         def step(X, y):
             stops.before_batch()                      # as the training loop does around every batch
             with runner.coordinating():
-                loss = engine.train_batch(X, y, lr)
+                loss = engine.train_batch(X, y, lr, global_size=known)
             stops.after_batch(1, not torch.isfinite(loss))
     seconds = timed(step, bs, repeats)
     if rank == 0:
@@ -185,15 +192,21 @@ def main():
     ap.add_argument("--resnet-batch-size", type=int, default=32)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--only-bandwidth", action="store_true")
+    ap.add_argument("--models", nargs="+", default=["lenet-scratch", "gluon-lenet", "resnet18"])
     ap.add_argument("--out")
     args = ap.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     result = {"machine": f"{platform.machine()}, {dptrain.devices.host_cores()} cores, torch {torch.__version__}"}
-    plans = {"lenet-scratch": (args.lenet_batches, 256), "resnet18": (args.resnet_batches, args.resnet_batch_size)}
-    for model, (n, bs) in ({} if args.only_bandwidth else plans).items():
+    plans = {"lenet-scratch": (args.lenet_batches, 256), "gluon-lenet": (args.lenet_batches, 256),
+             "resnet18": (args.resnet_batches, args.resnet_batch_size)}
+    for model in ([] if args.only_bandwidth else args.models):
+        n, bs = plans[model]
         rates = {}
-        for label, world, kind in (("dptrain 2 proc x 1 thread", 2, "dptrain"), ("dptrain 1 proc x 1 thread", 1, "1x1"),
-                                   ("dptrain 1 proc x 2 threads", 1, "1x2"), ("DDP 2 proc x 1 thread", 2, "ddp")):
+        variants = [("dptrain 2 proc x 1 thread", 2, "dptrain"), ("dptrain 1 proc x 1 thread", 1, "1x1"),
+                    ("dptrain 1 proc x 2 threads", 1, "1x2"), ("DDP 2 proc x 1 thread", 2, "ddp")]
+        if model != "lenet-scratch":
+            variants.insert(1, ("dptrain 2 proc, count sent", 2, "count-sent"))
+        for label, world, kind in variants:
             rates[label] = spawn(worker, world, args.data_dir, model, kind, n, bs, args.repeats)
             print(f"{model:14s} {label:28s} {rates[label]:9.1f} img/s", flush=True)
         eff = rates["dptrain 2 proc x 1 thread"] / (2 * rates["dptrain 1 proc x 1 thread"])

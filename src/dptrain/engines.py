@@ -35,8 +35,11 @@ class ModuleDataParallel:
         self.runner = self.trainer.runner
 
     def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float,
-                    skip_nonfinite: bool = False) -> torch.Tensor:
+                    skip_nonfinite: bool = False, global_size: Optional[int] = None) -> torch.Tensor:
         """One step on ``(X, y)``; return the summed loss on the first device.
+
+        ``global_size``: with several processes, the global batch's size if the caller knows
+        it (the training loop does); otherwise the processes sum their sizes in a message.
 
         ``skip_nonfinite``: if a gradient is NaN or infinite on any device of any process,
         the model is left as it was and the result is NaN.
@@ -59,7 +62,9 @@ class ModuleDataParallel:
             return loss if stepped else torch.full_like(loss, math.nan)
         # Several processes: divide the loss by the global sample count up front (one tiny
         # message), so gradients leave backward already scaled and need no extra pass.
-        total = self.trainer.global_samples(len(X)) if self.trainer.world_size > 1 else None
+        total = None
+        if self.trainer.world_size > 1:
+            total = global_size if global_size is not None else self.trainer.global_samples(len(X))
         scale = 1.0 / total if total else 1.0
         losses = self.trainer.step_with(lambda i: compute(i, scale), len(X), prescaled_total=total)
         return sum(loss.float().to(self.devices[0]) for loss in losses) / scale

@@ -161,7 +161,8 @@ class Run:
             b = skip
             for b, (X, y) in enumerate(batches, start=skip + 1):
                 self.stops.before_batch()
-                loss = self.engine.train_batch(X, y, self.lr, skip_nonfinite=skip_nan)
+                loss = self.engine.train_batch(X, y, self.lr, skip_nonfinite=skip_nan,
+                                               global_size=self.train_loader.global_batch_size(b - 1))
                 finite = bool(torch.isfinite(loss))
                 if finite:
                     loss_sum += loss

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -19,7 +19,7 @@ class Engine(Protocol):
     devices: List[torch.device]
 
     def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float,
-                    skip_nonfinite: bool = False) -> torch.Tensor: ...
+                    skip_nonfinite: bool = False, global_size: Optional[int] = None) -> torch.Tensor: ...
 
     def predictors(self) -> List[Callable[[torch.Tensor], torch.Tensor]]: ...
 

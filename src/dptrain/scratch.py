@@ -94,13 +94,14 @@ class ScratchDataParallel:
         return int(flat[-2].item()), bool(flat[-1].item())
 
     def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float,
-                    skip_nonfinite: bool = False) -> torch.Tensor:
+                    skip_nonfinite: bool = False, global_size: Optional[int] = None) -> torch.Tensor:
         """Run one SGD step on the batch ``(X, y)``; return the summed loss (on the first device).
 
         With several processes ``(X, y)`` is this process's part of the global batch (it may
         be smaller than the device count, even empty) and the step divides by the global size.
         ``skip_nonfinite``: if the loss is NaN or infinite in any process, the parameters
-        are left as they were (in every process) and the result is NaN.
+        are left as they were (in every process) and the result is NaN. ``global_size`` is
+        accepted for the Engine protocol and not needed: the count rides with the gradients.
         """
         k = min(len(X), len(self.devices))
         Xs, ys = split_batch(X, y, self.devices[:k], even_split=False) if k else ([], [])

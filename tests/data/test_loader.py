@@ -74,9 +74,10 @@ def test_prefetch_passes_on_errors_and_stops_early():
 def test_sharding_covers_every_sample_exactly_once(n, batch_size, world):
     shards = [loader(n, batch_size=batch_size, shuffle=True, seed=5, rank=r, world_size=world) for r in range(world)]
     seen = []
-    for batches in zip(*shards):          # every rank walks the same number of global batches
+    for b, batches in enumerate(zip(*shards)):   # every rank walks the same global batches
         sizes = [len(y) for _, y in batches]
         assert max(sizes) - min(sizes) <= 1
+        assert all(s.global_batch_size(b) == sum(sizes) for s in shards)   # known without a message
         seen += [y for _, y in batches]
     assert sorted(torch.cat(seen).tolist()) == list(range(n))
     assert sum(s.num_samples for s in shards) == n

@@ -61,8 +61,12 @@ class ArrayLoader:
         """Samples one epoch yields to this process."""
         if self.world_size == 1:
             return self.global_num_samples
-        sizes = [min(self.batch_size, self.global_num_samples - b * self.batch_size) for b in range(len(self))]
-        return sum(_part(n, self.rank, self.world_size)[1] for n in sizes)
+        return sum(_part(self.global_batch_size(b), self.rank, self.world_size)[1] for b in range(len(self)))
+
+    def global_batch_size(self, b: int) -> int:
+        """The size of batch ``b`` (from 0) of an epoch over all processes: every process
+        knows it without a message."""
+        return min(self.batch_size, self.global_num_samples - b * self.batch_size)
 
     def order(self) -> torch.Tensor:
         if not self.shuffle:
