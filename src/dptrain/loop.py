@@ -157,6 +157,9 @@ class Run:
             # the gathering would take its core time from the devices all the same.
             batches = prefetch(batches)
         skip_nan = self.config.on_nan == "skip"
+
+        def so_far() -> Tuple[float, float]:    # loss sum and seconds of the epoch, for a save
+            return loss_before + loss_sum.item(), sec_before + time.perf_counter() - start
         with self.runner.coordinating():
             b = skip
             for b, (X, y) in enumerate(batches, start=skip + 1):
@@ -171,16 +174,14 @@ class Run:
                 images += len(X)
                 if bar.enabled:
                     bar.update(b, images * self.env.world_size, loss_sum.item() / max(images, 1))
-                self._decide(self.stops.after_batch(b, not finite and not skip_nan), bar, epoch, b,
-                             loss_before + loss_sum.item(), sec_before + time.perf_counter() - start)
-            self._decide(self.stops.flush(), bar, epoch, b, loss_before + loss_sum.item(),
-                         sec_before + time.perf_counter() - start)
+                self._decide(self.stops.after_batch(b, not finite and not skip_nan), bar, epoch, b, so_far)
+            self._decide(self.stops.flush(), bar, epoch, b, so_far)
         bar.close()
         synchronize(self.devices)
         return sec_before + time.perf_counter() - start, loss_before + loss_sum.item()
 
     def _decide(self, decision: Tuple[Optional[int], Optional[int]], bar: ProgressBar, epoch: int,
-                batch: int, loss_sum: float, seconds: float) -> None:
+                batch: int, so_far: Callable[[], Tuple[float, float]]) -> None:
         """Act on what every process decided after ``batch``: go on, stop for NaN, or save and stop."""
         signum, bad_batch = decision
         if bad_batch is None and signum is None:
@@ -191,7 +192,7 @@ class Run:
                 if self.config.checkpoint_dir else ""
             raise NonFiniteLoss(f"the loss became NaN or infinite at epoch {epoch}, batch {bad_batch}: lower "
                                 f"--lr, or pass --on-nan skip to skip such batches{kept}")
-        self._interrupt(signum, epoch, batch, loss_sum, seconds)
+        self._interrupt(signum, epoch, batch, *so_far())
 
     def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, seconds: float) -> None:
         # Every process stops after the same batch; each keeps its own partial loss sum.
