@@ -40,6 +40,7 @@ class StopRequests:
 
     def __init__(self, collective: Collective):
         self.collective = collective
+        self.device = getattr(collective, "device", torch.device("cpu"))   # where its messages live
         self.signum: Optional[int] = None
         self._bad = False                                # a non-finite loss here, not yet shared
         self._batch = 0                                  # the last batch done
@@ -66,8 +67,7 @@ class StopRequests:
         return self.collective.world_size > 1
 
     def _flags(self) -> torch.Tensor:
-        device = getattr(self.collective, "device", torch.device("cpu"))
-        return torch.tensor([float(self.signum == s) for s in SIGNALS] + [float(self._bad)], device=device)
+        return torch.tensor([float(self.signum == s) for s in SIGNALS] + [float(self._bad)], device=self.device)
 
     def before_batch(self) -> None:
         """Start sending what this process saw so far (several processes; else nothing)."""
@@ -109,4 +109,4 @@ class StopRequests:
     def barrier(self) -> None:
         """Wait until every process gets here (after rank 0 saved, before anyone leaves)."""
         if self._shared:
-            self.collective.all_reduce(torch.zeros(1, device=self._flags().device))
+            self.collective.all_reduce(torch.zeros(1, device=self.device))
