@@ -34,7 +34,8 @@ def test_json_result(data_dir, capsys):
     assert result["devices"] == ["cpu:0", "cpu:1", "cpu:2"]
     assert (result["epochs"], result["batch_size"], result["lr"]) == (1, 60, 0.1)
     assert 0.0 <= result["test_acc"] <= 1.0 and result["images_per_sec"] > 0 and result["sec_per_epoch"] > 0
-    assert [set(h) for h in result["history"]] == [{"epoch", "sec", "train_loss", "test_acc"}]
+    assert [set(h) for h in result["history"]] == [{"epoch", "sec", "train_loss", "test_loss", "test_acc"}]
+    assert result["kvstore"] == "ring"
     assert "epoch 1" in captured.err          # progress goes to stderr with --json
 
 
@@ -78,13 +79,13 @@ def test_resnet18_no_scale_keeps_the_batch(data_dir, capsys):
     (["train", "--epochs", "0"], "argument --epochs: expected a whole number >= 1, got 0"),
     (["train", "--lr", "-1"], "argument --lr: expected a finite number > 0, got -1"),
     (["train", "--batch-size", "x"], "expected a whole number >= 1, got 'x'"),
-    (["train", "--recipe", "vgg"], "argument --recipe: invalid choice: 'vgg'"),
+    (["train", "--recipe", "vgg"], "unknown recipe 'vgg'; choose one of lenet-scratch, resnet18, lenet-mnist"),
     (["train", "--devices", "cuda:0"], "cuda:0 does not exist"),
     (["train", "--devices", "cpu:0,cpu:0"], "device cpu:0 appears twice"),
     (["train", "--devices", "4", "--batch-size", "2"], "batch size 2 is smaller than the 4 devices"),
     (["train", "--allreduce", "tree"], "argument --allreduce: invalid choice: 'tree'"),
-    (["train", "--optimizer", "adam"], "--optimizer do(es) not apply to lenet-scratch"),
-    (["train", "--recipe", "lenet-mnist", "--allreduce", "ring"], "--allreduce applies to lenet-scratch only"),
+    (["train", "--optimizer", "sdg"], "unknown optimizer 'sdg'; choose one of sgd, nag, adam, adamw"),
+    (["train", "--allreduce", "ring", "--kvstore", "local"], "--allreduce ring and --kvstore local both say"),
     (["train", "--recipe", "lenet-mnist", "--kvstore", "none"], "kvstore=None cannot sum gradients over 2 devices"),
     (["train", "--eval-batches", "0"], "argument --eval-batches: expected a whole number >= 1, got 0"),
 ])

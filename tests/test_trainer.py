@@ -124,7 +124,7 @@ def test_learning_rate_can_change_between_steps():
         p.sum().backward()
         trainer.step(1)
         assert p.item() == pytest.approx(expected) and trainer.learning_rate == lr
-    with pytest.raises(ValueError, match="learning rate must be a finite number > 0"):
+    with pytest.raises(ValueError, match="learning rate must be a finite number >= 0"):
         trainer.set_learning_rate(-1)
 
 
@@ -156,7 +156,7 @@ def test_stale_gradients_are_an_error_unless_ignored():
     ("sgd", {"learning rate": 0.1}, "unknown optimizer_params key.s. 'learning rate' for 'sgd'; valid keys: "
                                     "learning_rate, momentum, wd"),
     ("adam", {"momentum": 0.9}, "valid keys: learning_rate, beta1, beta2, epsilon, wd"),
-    ("sgd", {"learning_rate": -1}, "must be a number >= 0"),
+    ("sgd", {"learning_rate": -1}, "must be a finite number >= 0"),
 ])
 def test_optimizer_errors_list_the_valid_choices(name, params, message):
     with pytest.raises(ValueError, match=message):

@@ -1,25 +1,28 @@
 """dptrain: data-parallel training on GPUs, virtual CPU devices and processes, on PyTorch.
 
 >>> import dptrain
+>>> result = dptrain.fit(model, (X, y), loss=nn.MSELoss(), optimizer=torch.optim.AdamW)  # any model
 >>> devices = dptrain.try_all_gpus()                       # never empty
 >>> Xs = dptrain.split_and_load(torch.arange(8), [dptrain.cpu(0), dptrain.cpu(1)])
 >>> dptrain.allreduce([torch.ones(2), torch.ones(2)], algorithm="ring")
 """
 from .allreduce import allreduce
-from .data import ArrayLoader, load_dataset
+from .data import ArrayLoader, DatasetLoader, TensorLoader, load_dataset
 from .devices import (as_device, cpu, format_devices, gpu, num_gpus, parse_devices, try_all_gpus,
                       try_gpu)
 from .evaluate import count_correct, evaluate_accuracy
+from .fit import fit
 from .parallel import DeviceRunner, get_runner
 from .replicas import NotInitializedError, Replicas, replicate
 from .scratch import ScratchDataParallel, get_params, sgd
 from .split import split_and_load, split_batch
+from .task import Task
 from .trainer import Trainer
 
 __version__ = "0.1.0"
 
-__all__ = ["ArrayLoader", "DeviceRunner", "NotInitializedError", "Replicas", "ScratchDataParallel",
-           "Trainer", "allreduce", "as_device", "count_correct", "cpu", "evaluate_accuracy",
-           "format_devices", "get_params", "get_runner", "gpu", "load_dataset", "num_gpus",
-           "parse_devices", "replicate", "sgd", "split_and_load", "split_batch", "try_all_gpus",
-           "try_gpu"]
+__all__ = ["ArrayLoader", "DatasetLoader", "DeviceRunner", "NotInitializedError", "Replicas",
+           "ScratchDataParallel", "Task", "TensorLoader", "Trainer", "allreduce", "as_device", "count_correct",
+           "cpu", "evaluate_accuracy", "fit", "format_devices", "get_params", "get_runner", "gpu",
+           "load_dataset", "num_gpus", "parse_devices", "replicate", "sgd", "split_and_load", "split_batch",
+           "try_all_gpus", "try_gpu"]

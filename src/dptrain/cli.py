@@ -12,6 +12,9 @@ Runbook:
     dptrain train --processes 2                       # 2 worker processes, torch.distributed
     torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr HOST --master-port 29500 \
         -m dptrain train                              # one of two machines (node-rank 1 on the other)
+    dptrain train --recipe my_tasks.py:make           # your Task: a function (config) -> dptrain.Task
+    dptrain train --model my_nets:Net --data my_data:load --loss mse --optimizer torch.optim:AdamW
+    dptrain launch --processes 2 train.py --lr 0.1    # your script calling dptrain.fit, 2 processes
 
 Bad input prints one line and exits 2 (1 for missing or corrupt data); ``--debug`` shows
 the traceback.
@@ -52,6 +55,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _natural(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -71,11 +84,28 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", metavar="RUN.jsonl")
     pl.add_argument("-o", "--output", required=True, metavar="FILE", help="a .png, .svg or .pdf file")
     pl.add_argument("--title", default="")
-    t = sub.add_parser("train", help="train a recipe on several devices",
+    la = sub.add_parser("launch", help="run your script (or -m module) as N processes joined by "
+                        "torch.distributed, as torchrun does",
+                        description="Run `python SCRIPT ARGS` as N processes with torchrun's variables set "
+                        "(RANK, WORLD_SIZE, MASTER_ADDR...); dptrain.fit in the script joins them.")
+    la.add_argument("--processes", type=_positive_int, required=True, metavar="N",
+                    help="processes on this machine (one per GPU, or the CPU cores shared among them)")
+    la.add_argument("script", metavar="SCRIPT", help="a Python file, or -m MODULE")
+    la.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
+    t = sub.add_parser("train", help="train a recipe, or your model and data, on several devices",
                        description="Train a recipe data-parallel; prints one line per epoch.")
     recipes = ", ".join(f"{r.name} ({r.summary})" for r in RECIPES.values())
-    t.add_argument("--recipe", default="lenet-scratch", choices=list(RECIPES), metavar="NAME",
-                   help=f"what to train: {recipes} (default: lenet-scratch)")
+    t.add_argument("--recipe", default="lenet-scratch", metavar="NAME",
+                   help=f"what to train: {recipes}; or yours, pkg.module:function or file.py:function "
+                        f"returning a dptrain.Task (default: lenet-scratch)")
+    t.add_argument("--model", metavar="PKG.MODULE:FACTORY", help="your model: a function returning an nn.Module "
+                   "(with --data)")
+    t.add_argument("--data", metavar="PKG.MODULE:FACTORY", help="your data: a function returning the training "
+                   "data, or (train, eval): Datasets or tensors (X, y)")
+    t.add_argument("--loss", metavar="NAME", help="with --model: cross-entropy (default), mse, l1, huber, bce, "
+                   "nll, or pkg.module:name")
+    t.add_argument("--num-workers", type=_natural, default=0, metavar="N",
+                   help="background processes reading a Dataset (default: 0)")
     t.add_argument("--devices", default="auto",
                    help="auto (all GPUs, else 2 virtual CPU devices), a count N, or a list "
                         "such as cpu:0,cpu:1 or cuda:0,cuda:1 (default: auto)")
@@ -86,11 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data-dir", help="folder holding the dataset files (also: $DPTRAIN_DATA)")
     t.add_argument("--max-batches", type=_positive_int, metavar="N",
                    help="stop each epoch after N batches (quick runs)")
-    t.add_argument("--allreduce", default="naive", choices=ALGORITHMS,
-                   help="lenet-scratch: the hand-written gradient allreduce (default: naive)")
-    t.add_argument("--optimizer", choices=OPTIMIZERS, help="Trainer recipes: optimizer (default: sgd)")
-    t.add_argument("--kvstore", default="device", choices=["device", "local", "none"],
-                   help="Trainer recipes: where gradients are summed (default: device)")
+    t.add_argument("--allreduce", choices=ALGORITHMS,
+                   help="sum gradients across devices with the hand-written allreduce (lenet-scratch: naive)")
+    t.add_argument("--optimizer", metavar="NAME", help=f"{', '.join(OPTIMIZERS)}, or a torch.optim class as "
+                   f"torch.optim:AdamW (default: the recipe's)")
+    t.add_argument("--kvstore", choices=["device", "local", "naive", "ring", "none"],
+                   help="where gradients are summed across devices (default: the recipe's; device)")
     t.add_argument("--sync-bn", action="store_true",
                    help="BatchNorm statistics over the whole batch, not per device")
     t.add_argument("--eval-batches", type=_positive_int, metavar="N",
@@ -112,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-dir", metavar="DIR",
                    help="save a checkpoint after every epoch (and on Ctrl-C/SIGTERM) in DIR")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
-    t.add_argument("--metrics", metavar="FILE.jsonl", help="append one JSON record per epoch to FILE")
+    t.add_argument("--metrics", metavar="FILE.jsonl", help="write one JSON record per epoch to FILE")
     t.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard scalars per epoch to DIR")
     t.add_argument("--on-nan", default="stop", choices=["stop", "skip"],
                    help="a NaN/infinite loss stops the run (default) or skips that batch")
@@ -120,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--plot", metavar="FILE", help="plot test accuracy and train loss per epoch (.png/.svg)")
     t.add_argument("--json", action="store_true", help="print one JSON object with the result "
                    "(epoch lines go to stderr)")
-    for p in (parser, t, pl):
+    for p in (parser, t, pl, la):
         p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return parser
 
@@ -159,14 +190,15 @@ def _without_processes(argv: List[str]) -> List[str]:
 
 def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
     from .train import train   # keeps `dptrain devices` and --help fast
-    config = TrainConfig(recipe=args.recipe, devices=args.devices, epochs=args.epochs,
+    config = TrainConfig(recipe=args.recipe, model=args.model, data=args.data, loss=args.loss,
+                         devices=args.devices, epochs=args.epochs,
                          batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                          data_dir=args.data_dir, max_batches=args.max_batches,
                          allreduce=args.allreduce, optimizer=args.optimizer, kvstore=args.kvstore,
                          sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp,
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
-                         backend=args.backend, bucket_mb=args.bucket_mb,
-                         checkpoint_dir=args.checkpoint_dir, resume=args.resume, metrics=args.metrics,
+                         num_workers=args.num_workers, backend=args.backend, bucket_mb=args.bucket_mb,
+                         checkpoint_dir=args.checkpoint_dir, resume=args.resume, metrics_file=args.metrics,
                          on_nan=args.on_nan, progress=not (args.json or args.quiet),
                          tensorboard=args.tensorboard)
     if args.plot and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
@@ -175,19 +207,29 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
         from .distributed.env import choose_backend
         from .distributed.launcher import launch
         choose_backend(config.backend, use_cuda=num_gpus() > 0)     # fail here, not in N workers
-        return launch(_without_processes(argv), args.processes)
+        return launch(["-m", "dptrain", *_without_processes(argv)], args.processes)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
-    result = train(config, log=log)
-    if DistEnv.from_environ().rank == 0:                     # one result for the whole job
-        if args.plot:
-            from .plot import describe, plot_runs
-            records = [{**row, "recipe": result["recipe"], "devices": result["devices"],
-                        "world_size": result["world_size"]} for row in result["history"]]
-            plot_runs([(describe(records), records)], args.plot)
-        if args.json:
-            print(json.dumps(result))
+    result = train(config, log=log, plot=args.plot)
+    if DistEnv.from_environ().rank == 0 and args.json:       # one result for the whole job
+        print(json.dumps(result))
     return 0
+
+
+def _launch_command(args: argparse.Namespace) -> int:
+    from .distributed.launcher import launch
+    if "WORLD_SIZE" in os.environ and int(os.environ.get("WORLD_SIZE") or 1) > 1:
+        raise ValueError("dptrain launch is already inside a multi-process job (WORLD_SIZE is set): run the "
+                         "script directly")
+    if args.script == "-m":
+        if not args.args:
+            raise ValueError("dptrain launch -m needs a module name: dptrain launch --processes 2 -m pkg.train")
+        command = ["-m", *args.args]
+    else:
+        if not os.path.isfile(args.script):
+            raise ValueError(f"no script {args.script!r}: give a Python file (or -m MODULE)")
+        command = [args.script, *args.args]
+    return launch(command, args.processes)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -202,6 +244,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _devices_command()
         if args.command == "plot":
             return _plot_command(args)
+        if args.command == "launch":
+            return _launch_command(args)
         return _train_command(args, argv)
     except Interrupted as e:
         print(f"dptrain: {e}", file=sys.stderr)

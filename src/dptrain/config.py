@@ -1,4 +1,9 @@
-"""The typed configuration of a training run: one dataclass behind the CLI, validated once."""
+"""The typed configuration of a training run: one dataclass behind the CLI, validated once.
+
+A ``TrainConfig`` says *how* to train (devices, epochs, checkpoints...); *what* to train is a
+``Task`` (``task.py``), given by a recipe: a built-in name, ``pkg.module:factory`` or
+``file.py:factory`` (a function ``(config) -> Task``), or ``--model``/``--data`` factories.
+"""
 from __future__ import annotations
 
 import math
@@ -11,58 +16,82 @@ from .allreduce import ALGORITHMS
 from .data.sources import SOURCES
 from .distributed.env import BACKENDS
 from .kvstore import KVSTORES
-from .optim import check_optimizer
 
 AMP_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def is_import_spec(text: Optional[str]) -> bool:
+    """``pkg.module:name`` or ``path/file.py:name`` (what ``imports.load_object`` reads)."""
+    return isinstance(text, str) and ":" in text
+
+
 @dataclass
 class TrainConfig:
-    """Everything a run needs; ``None`` means "the recipe's default"."""
+    """Everything a run needs besides its Task; ``None`` means "the task's default"."""
     recipe: str = "lenet-scratch"
-    devices: str = "auto"
+    model: Optional[str] = None         # pkg.module:factory -> nn.Module (with data: your own task)
+    data: Optional[str] = None          # pkg.module:factory -> train data, or (train, eval)
+    loss: Optional[str] = None          # a loss name or pkg.module:name, with model and data
+    devices: Any = "auto"             # "auto", a count, "cpu:0,cpu:1", or a list of devices
     epochs: Optional[int] = None
     batch_size: Optional[int] = None
     lr: Optional[float] = None
     seed: int = 0
     data_dir: Optional[str] = None
     max_batches: Optional[int] = None
-    allreduce: str = "naive"
+    allreduce: Optional[str] = None     # the from-scratch allreduce: kvstore "naive" or "ring"
     optimizer: Optional[str] = None
-    kvstore: Optional[str] = "device"
+    kvstore: Optional[str] = None
     sync_bn: bool = False
     eval_batches: Optional[int] = None
     amp: Optional[str] = None
-    channels_last: Optional[bool] = None     # None: on for CPU devices and with --amp
+    channels_last: Optional[bool] = None     # None: where the task's model gains (CPU devices, --amp)
     scale: bool = True
     dataset: Optional[str] = None
+    num_workers: int = 0
     backend: str = "auto"
     bucket_mb: float = 25.0
     checkpoint_dir: Optional[str] = None
     resume: bool = False
-    metrics: Optional[str] = None
+    metrics_file: Optional[str] = None
     progress: bool = True
     on_nan: str = "stop"
     tensorboard: Optional[str] = None
 
     def __post_init__(self) -> None:
         from .recipes import RECIPES   # recipes import this module
-        if self.recipe not in RECIPES:
-            raise ValueError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
+        if not is_import_spec(self.recipe) and self.recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}, or give your "
+                             f"own as pkg.module:function or file.py:function")
+        if (self.model is None) != (self.data is None):
+            raise ValueError("--model and --data go together (your model on your data); give both")
+        if self.loss is not None and self.model is None:
+            raise ValueError("--loss goes with --model and --data; a recipe brings its own loss")
         for name in ("epochs", "batch_size", "max_batches", "eval_batches"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
         if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
-        if self.allreduce not in ALGORITHMS:
-            raise ValueError(f"unknown allreduce algorithm {self.allreduce!r}; choose one of {', '.join(ALGORITHMS)}")
-        if self.kvstore == "none":
-            self.kvstore = None
-        if self.kvstore not in KVSTORES:
-            raise ValueError(f"unknown kvstore {self.kvstore!r}; choose one of device, local, none")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a whole number in [0, 2**63), got {self.seed!r}")
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"num-workers must be a whole number >= 0, got {self.num_workers!r}")
+        if self.allreduce is not None:
+            if self.allreduce not in ALGORITHMS:
+                raise ValueError(f"unknown allreduce algorithm {self.allreduce!r}; choose one of "
+                                 f"{', '.join(ALGORITHMS)}")
+            if self.kvstore is not None and self.kvstore != self.allreduce:
+                raise ValueError(f"--allreduce {self.allreduce} and --kvstore {self.kvstore} both say how to sum "
+                                 f"gradients: give one")
+            self.kvstore = self.allreduce
+        if self.kvstore is not None and self.kvstore.lower() not in ("none",) + tuple(k for k in KVSTORES if k):
+            raise ValueError(f"unknown kvstore {self.kvstore!r}; choose one of device, local, naive, ring, none")
         if self.optimizer is not None:
-            check_optimizer(self.optimizer)
+            from .optim import OPTIMIZERS
+            if not is_import_spec(self.optimizer) and self.optimizer.lower() not in OPTIMIZERS:
+                raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}, or "
+                                 f"a class such as torch.optim:AdamW")
         if self.amp not in AMP_DTYPES:
             raise ValueError(f"unknown --amp {self.amp!r}; choose one of {', '.join(k for k in AMP_DTYPES if k)}")
         if self.on_nan not in ("stop", "skip"):
@@ -75,23 +104,15 @@ class TrainConfig:
             raise ValueError(f"bucket-mb must be a number > 0, got {self.bucket_mb!r}")
         if self.dataset is not None and self.dataset not in SOURCES:
             raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(SOURCES)}")
-        recipe = RECIPES[self.recipe]
-        if not recipe.uses_trainer:
-            given = [flag for flag, value, default in (
-                ("--optimizer", self.optimizer, None), ("--kvstore", self.kvstore, "device"),
-                ("--sync-bn", self.sync_bn, False), ("--amp", self.amp, None),
-                ("--channels-last", self.channels_last, None)) if value != default]
-            if given:
-                trainer_recipes = ", ".join(r.name for r in RECIPES.values() if r.uses_trainer)
-                raise ValueError(f"{', '.join(given)} do(es) not apply to {self.recipe}, which trains with "
-                                 f"its own SGD and allreduce; use them with {trainer_recipes}")
-        elif self.allreduce != "naive":
-            raise ValueError(f"--allreduce applies to lenet-scratch only; {self.recipe} sums gradients "
-                             f"with its Trainer (--kvstore)")
 
     @property
     def amp_dtype(self):
         return AMP_DTYPES[self.amp]
+
+    @property
+    def kvstore_kind(self) -> Optional[str]:
+        """The kvstore asked for ("none" is None); only meaningful when ``kvstore`` is set."""
+        return None if self.kvstore is None or self.kvstore.lower() == "none" else self.kvstore.lower()
 
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":

@@ -8,6 +8,8 @@
   buffer on top of its share.) Each optimizer update and its state (momentum, Adam moments)
   exist once, on the owner, not once per device; owners work concurrently.
 - ``local``: every gradient is summed in host memory and copied back; each device updates.
+- ``naive``, ``ring``: the allreduce written from scratch (``allreduce.py``) sums each
+  gradient across the devices, then each device updates (the reference's from-scratch chapter).
 - ``None``: one device, nothing to sum.
 
 Every store leaves the replicas' parameters equal, as if one device had stepped on
@@ -15,17 +17,46 @@ Every store leaves the replicas' parameters equal, as if one device had stepped 
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
+from .allreduce import ALGORITHMS, allreduce
 from .devices import format_device
 from .parallel import DeviceRunner
 
-KVSTORES = ("device", "local", None)
+KVSTORES = ("device", "local", None) + ALGORITHMS
 
 Grads = List[List[Optional[torch.Tensor]]]     # [device][parameter]
 Params = List[List[torch.Tensor]]               # [device][parameter]
+#: What the summed gradient is divided by: a count, a 0-d tensor (e.g. a loss's weighted
+#: count, left on its device so nothing waits for it), or None for no division.
+Denominator = Union[int, float, torch.Tensor, None]
+
+
+def resolve(denominator: Union[Denominator, Callable[[], Denominator]]) -> Denominator:
+    """A denominator given as a function (known only once every device computed) is asked now."""
+    return denominator() if callable(denominator) else denominator
+
+
+def reciprocal(denominator: Denominator, device: Optional[torch.device] = None):
+    """``1 / denominator`` as a float, or a 0-d float64 tensor on ``device``; None stays None."""
+    denominator = resolve(denominator)
+    if denominator is None:
+        return None
+    if isinstance(denominator, torch.Tensor):
+        d = denominator.to(device or denominator.device, torch.float64, non_blocking=True)
+        return torch.reciprocal(d.reshape(()))
+    return 1.0 / denominator
+
+
+def scale_(grads: List[torch.Tensor], scale) -> None:
+    """Multiply gradients by ``scale`` in place (one fused call; nothing when None)."""
+    if scale is None or not grads:
+        return
+    if isinstance(scale, torch.Tensor):
+        scale = scale.to(grads[0].device, non_blocking=True)
+    torch._foreach_mul_(grads, scale)
 
 
 def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
@@ -71,12 +102,14 @@ class KVStore:
         """Indices of the parameters device ``i``'s optimizer updates (None: all of them)."""
         return None
 
-    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
+    def reduce(self, grads: Grads, active: Sequence[int]) -> None:
+        """Leave in every device's gradient of each ``active`` parameter the sum over devices."""
         raise NotImplementedError
 
-    def phases(self, params: Params, batch_size: int, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+    def phases(self, params: Params, denominator: Denominator,
+               optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
         """Default: clear stale gradients; sum everything (from device 0's thread); every
-        device updates its replica."""
+        device scales its gradients and updates its replica."""
         def clear_stale(i: int, active: Sequence[int]) -> None:
             is_active = set(active)
             for j, p in enumerate(params[i]):   # a stale parameter is skipped by the optimizer
@@ -84,10 +117,11 @@ class KVStore:
                     p.grad = None
 
         def reduce(i: int, active: Sequence[int]) -> None:
-            if i == 0:
-                self.reduce([[p.grad for p in g] for g in params], active, 1.0 / batch_size)
+            if i == 0 and len(params) > 1:
+                self.reduce([[p.grad for p in g] for g in params], active)
 
         def update(i: int, active: Sequence[int]) -> None:
+            scale_([params[i][j].grad for j in active], reciprocal(denominator, self.devices[i]))
             optimizers[i].step()
             optimizers[i].zero_grad(set_to_none=True)
         return [clear_stale, reduce, update]
@@ -96,40 +130,44 @@ class KVStore:
     check_finite = False    # several processes: skip the update if a summed gradient is not finite
     skipped = False         # ... and whether the last step was skipped so
 
-    def prepare(self, batch_size: Optional[int] = None, prescaled_total: Optional[int] = None) -> None:
-        """Called before the backward passes of a step (``Trainer.step_with``).
+    def prepare(self, denominator: Denominator = None) -> None:
+        """Called before the backward passes of a step (``Trainer.step_with``) with this
+        process's denominator (several processes send it with the gradients)."""
 
-        ``prescaled_total``: the losses were already divided by this global sample count
-        (only with several processes, where it saves a pass over the gradients)."""
-        if prescaled_total is not None:
-            raise ValueError("prescaled losses need several processes (the 'dist' kvstore)")
-
-    def step(self, params: Params, active: Sequence[int], batch_size: int,
+    def step(self, params: Params, active: Sequence[int], denominator: Denominator,
              optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """Sum the gradients of ``active`` parameters, divide by the batch, update every replica."""
-        for phase in self.phases(params, batch_size, optimizers):
+        """Sum the gradients of ``active`` parameters, divide them, update every replica."""
+        for phase in self.phases(params, denominator, optimizers):
             self.runner.map(lambda i: phase(i, active))
 
 
 class NoKVStore(KVStore):
     name = None
 
-    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
-        torch._foreach_mul_([grads[0][j] for j in active], scale)
-
 
 class LocalKVStore(KVStore):
     name = "local"
 
-    def reduce(self, grads: Grads, active: Sequence[int], scale: float) -> None:
+    def reduce(self, grads: Grads, active: Sequence[int]) -> None:
         host = torch.device("cpu")
         for j in active:
             total = grads[0][j].to(host, copy=True)
             for g in grads[1:]:
                 total.add_(g[j].to(host))
-            total.mul_(scale)
             for g in grads:
                 g[j].copy_(total, non_blocking=True)
+
+
+class AllreduceKVStore(KVStore):
+    """Sum with the from-scratch allreduce (``naive`` or ``ring``), then every device updates."""
+
+    def __init__(self, runner: DeviceRunner, algorithm: str):
+        super().__init__(runner)
+        self.name = algorithm
+
+    def reduce(self, grads: Grads, active: Sequence[int]) -> None:
+        for j in active:
+            allreduce([g[j] for g in grads], self.name)
 
 
 class DeviceKVStore(KVStore):
@@ -155,11 +193,13 @@ class DeviceKVStore(KVStore):
             out[format_device(self.devices[k])] += self.sizes[j]
         return out
 
-    def phases(self, params: Params, batch_size: int, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
-        n, scale = len(self.devices), 1.0 / batch_size
+    def phases(self, params: Params, denominator: Denominator,
+               optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+        n = len(self.devices)
 
         def sum_and_update(k: int, active: Sequence[int]) -> None:
             dev, is_active = self.devices[k], set(active)
+            totals = []
             for j in self.optimized(k):
                 total = params[k][j].grad
                 if j not in is_active:        # stale and ignored: the optimizer skips it
@@ -168,7 +208,8 @@ class DeviceKVStore(KVStore):
                 for i in range(n):
                     if i != k:
                         total.add_(params[i][j].grad.to(dev, non_blocking=True))
-                total.mul_(scale)
+                totals.append(total)
+            scale_(totals, reciprocal(denominator, dev))
             optimizers[k].step()
 
         def fetch(i: int, active: Sequence[int]) -> None:
@@ -197,7 +238,6 @@ class DistKVStore(KVStore):
         super().__init__(runner)
         self.collective, self.bucket_cap_mb = collective, bucket_cap_mb
         self.reducer = None
-        self._prescaled_total: Optional[int] = None
 
     def setup_groups(self, groups: Params, buffers: Sequence[torch.Tensor] = ()) -> None:
         from .distributed.reducer import BucketReducer
@@ -210,28 +250,30 @@ class DistKVStore(KVStore):
             else torch.device("cpu")
         self.reducer = BucketReducer(groups, self.collective, self.bucket_cap_mb, comm)
 
-    def prepare(self, batch_size: Optional[int] = None, prescaled_total: Optional[int] = None) -> None:
-        self._prescaled_total = prescaled_total
-        self.reducer.prepare(None if prescaled_total is not None else batch_size)
+    def prepare(self, denominator: Denominator = None) -> None:
+        self.reducer.prepare(denominator)
 
-    def phases(self, params: Params, batch_size: int, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+    def phases(self, params: Params, denominator: Denominator,
+               optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
         state = {}
 
         def reduce(i: int, active: Sequence[int]) -> None:
             if i == 0:
                 used, total = self.reducer.finish()
+                local = resolve(denominator)
                 if len(used) < len(params[0]) and not self.ignore_stale_grad:
                     missing = sorted(set(range(len(params[0]))) - set(used))
                     raise ValueError(
                         f"parameter(s) #{', #'.join(map(str, missing[:5]))} got no gradient on any process "
                         f"since the last step: the model used only some of its parameters. Call "
                         f"step(batch_size, ignore_stale_grad=True) to skip such parameters")
-                if self._prescaled_total is not None:
-                    scale = 1.0
+                if local is None:
+                    scale = None
                 else:
-                    if total is None:       # the count did not ride in the last bucket
-                        total = int(self.collective.all_reduce(torch.tensor([float(batch_size)])).item())
-                    scale = 1.0 / max(total, 1)
+                    if total is None:       # the denominator did not ride in the last bucket
+                        total = self.collective.all_reduce(
+                            torch.as_tensor(local, dtype=torch.float64).reshape(1).clone())[0]
+                    scale = reciprocal(total)
                 state["used"], state["scale"] = used, scale
                 # The sums are the same bytes in every process, so all decide alike.
                 self.skipped = self.check_finite and not all(
@@ -247,19 +289,19 @@ class DistKVStore(KVStore):
                 optimizers[i].zero_grad(set_to_none=True)
             if i == 0:
                 self.reducer.prepare()
-                self._prescaled_total = None
         return [reduce, update]
 
 
 def create_kvstore(kind: Optional[str], runner: DeviceRunner, collective=None,
                    bucket_cap_mb: float = 25.0) -> KVStore:
-    """Return the store for ``kind`` ("device", "local", "dist" or None).
+    """Return the store for ``kind`` ("device", "local", "naive", "ring", "dist" or None).
 
     With several processes (``collective.world_size > 1``) the store is always "dist".
     """
     if collective is not None and collective.world_size > 1:
         if kind not in KVSTORES + ("dist",):
-            raise ValueError(f"unknown kvstore {kind!r}; choose one of 'device', 'local', 'dist', None")
+            raise ValueError(f"unknown kvstore {kind!r}; choose one of 'device', 'local', 'naive', 'ring', "
+                             f"'dist', None")
         return DistKVStore(runner, collective, bucket_cap_mb)
     if kind == "dist":
         return DeviceKVStore(runner) if len(runner.devices) > 1 else NoKVStore(runner)
@@ -267,9 +309,11 @@ def create_kvstore(kind: Optional[str], runner: DeviceRunner, collective=None,
         return DeviceKVStore(runner) if len(runner.devices) > 1 else NoKVStore(runner)
     if kind == "local":
         return LocalKVStore(runner)
+    if kind in ALGORITHMS:
+        return AllreduceKVStore(runner, kind) if len(runner.devices) > 1 else NoKVStore(runner)
     if kind is None:
         if len(runner.devices) > 1:
             raise ValueError(f"kvstore=None cannot sum gradients over {len(runner.devices)} devices; "
                              f"use kvstore='device' or 'local'")
         return NoKVStore(runner)
-    raise ValueError(f"unknown kvstore {kind!r}; choose one of 'device', 'local', None")
+    raise ValueError(f"unknown kvstore {kind!r}; choose one of 'device', 'local', 'naive', 'ring', None")

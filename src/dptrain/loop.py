@@ -1,10 +1,11 @@
 """The epoch loop of a run: train, evaluate, log, checkpoint; resume where a run stopped.
 
-A checkpoint holds the model, the optimizer state, the epoch and batch reached, the partial
-loss sum, the history and the RNG state; the data order of an epoch depends only on
-``(seed, epoch)``. So a run stopped after epoch k, or mid-epoch by SIGINT/SIGTERM (in every
-process at the same batch, see ``stopping.py``), and resumed ends with the same parameters
-and metrics, bit for bit on a CPU, as a run that was never stopped.
+One loop serves every Task, built-in or the user's. A checkpoint holds the model, the
+optimizer and scheduler state, the epoch and batch reached, the partial loss sums, the
+history and the RNG state; the data order of an epoch depends only on ``(seed, epoch)``. So
+a run stopped after epoch k, or mid-epoch by SIGINT/SIGTERM (in every process at the same
+batch, see ``stopping.py``), and resumed ends with the same parameters and metrics, bit for
+bit on a CPU, as a run that was never stopped.
 """
 from __future__ import annotations
 
@@ -15,20 +16,22 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch import nn
 
 from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import ArrayLoader, load_dataset
+from .data.dataset_loader import make_loader
 from .data.loader import prefetch
 from .devices import format_device
 from .distributed import DistEnv, get_collective
-from .evaluate import count_correct
+from .engine import ModelEngine, _add
 from .metrics import MetricsLog
 from .parallel import get_runner
 from .progress import ProgressBar
+from .recipes import hyperparameters
 from .stopping import StopRequests
+from .task import Task
 from .tensorboard import TensorBoardLog
-from .recipes import RECIPES, hyperparameters
 
 Log = Callable[[str], None]
 
@@ -48,34 +51,47 @@ def synchronize(devices: Sequence[torch.device]) -> None:
             torch.cuda.synchronize(d)
 
 
-class Run:
-    """One training run: built from the config, then ``run()`` epoch by epoch."""
+def _has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
-    def __init__(self, config: TrainConfig, env: DistEnv, devices: List[torch.device],
+
+class Run:
+    """One training run of a Task: built from the config, then ``run()`` epoch by epoch."""
+
+    def __init__(self, task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
                  backend: Optional[str], log: Optional[Log]):
-        self.config, self.env, self.devices, self.backend = config, env, devices, backend
+        self.task, self.config, self.env, self.devices, self.backend = task, config, env, devices, backend
         self.log = log or (lambda _: None)
-        self.recipe = RECIPES[config.recipe]
         self.collective = get_collective()
-        self.epochs, self.batch_size, self.lr = hyperparameters(config, len(devices))
+        self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
         total_devices = len(devices) * env.world_size
         if self.batch_size < total_devices:
             raise ValueError(f"batch size {self.batch_size} is smaller than the {total_devices} devices: "
                              f"use --batch-size {total_devices} or more, or fewer --devices")
-        self.metrics = MetricsLog(config.metrics) if config.metrics and env.rank == 0 else None
+        if config.sync_bn and not _has_batchnorm(task.model):
+            raise ValueError(f"--sync-bn: {task.name}'s model has no BatchNorm layer; drop --sync-bn")
+        self.metrics = MetricsLog(config.metrics_file) if config.metrics_file and env.rank == 0 else None
         self.board = TensorBoardLog(config.tensorboard) if config.tensorboard and env.rank == 0 else None
-        torch.manual_seed(config.seed)
-        self.engine = self.recipe.build(config, devices, self.lr)   # before the data: fail fast
-        data = load_dataset(config.dataset or self.recipe.dataset, config.data_dir)
-        self.dataset = data.name
-        shard = dict(rank=env.rank, world_size=env.world_size)
-        self.train_loader = ArrayLoader(data.train_X, data.train_y, self.batch_size, shuffle=True,
-                                        seed=config.seed, max_batches=config.max_batches, **shard)
-        self.test_loader = ArrayLoader(data.test_X, data.test_y, self.batch_size,
-                                       max_batches=config.eval_batches, **shard)
+        self.kvstore = task.kvstore if config.kvstore is None else config.kvstore_kind
+        channels_last = config.channels_last if config.channels_last is not None else task.channels_last and (
+            all(d.type == "cpu" for d in devices) or config.amp is not None)
+        self.engine = ModelEngine(task, devices, kvstore=self.kvstore, sync_batchnorm=config.sync_bn,
+                                  amp=config.amp_dtype, channels_last=channels_last,
+                                  bucket_cap_mb=config.bucket_mb)
+        shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
+                     collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices))
+        self.train_loader = make_loader(task.load("train_data"), self.batch_size, shuffle=True, seed=config.seed,
+                                        max_batches=config.max_batches, **shard)
+        eval_data = task.load("eval_data")
+        self.eval_loader = make_loader(eval_data, self.batch_size, max_batches=config.eval_batches, **shard) \
+            if eval_data is not None else None
+        self.engine.prepare(self.train_loader.example(), self.lr)
+        self.lr = self.engine.trainer.learning_rate
+        self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
         self.runner = get_runner(devices)
         self.history: List[Dict[str, Any]] = []
-        self.position = (1, 0, 0.0, 0.0)       # epoch, batches done in it, loss sum, seconds
+        # epoch, batches done in it, loss sum and denominator so far, seconds
+        self.position: Tuple[int, int, float, float, float] = (1, 0, 0.0, 0.0, 0.0)
         self.skipped = 0
         self.stops = StopRequests(self.collective)
         if config.resume:
@@ -83,22 +99,21 @@ class Run:
 
     # -- checkpoints -------------------------------------------------------------------
     def _identity(self) -> Dict[str, Any]:
-        return {"recipe": self.recipe.name, "dataset": self.dataset, "batch_size": self.batch_size,
+        return {"recipe": self.task.name, "dataset": self.task.dataset, "batch_size": self.batch_size,
                 "seed": self.config.seed, "devices": len(self.devices), "world_size": self.env.world_size}
 
-    def _save(self, epoch: int, batch: int, loss_sums: List[float], seconds: float) -> None:
-        """Rank 0 writes; ``loss_sums`` holds every process's partial loss sum of the epoch."""
+    def _save(self, epoch: int, batch: int, partial: List[List[float]], seconds: float) -> None:
+        """Rank 0 writes; ``partial`` holds every process's ``[loss sum, denominator]`` so far."""
         if not self.config.checkpoint_dir or self.env.rank != 0:
             return
         save_checkpoint(self.config.checkpoint_dir, {
             "identity": json.dumps(self._identity()), "epoch": epoch, "batch": batch,
-            "loss_sums": loss_sums, "seconds": seconds, "skipped": self.skipped,
+            "partial": partial, "seconds": seconds, "skipped": self.skipped,
             "history": json.dumps(self.history), "engine": self.engine.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "rng": torch.get_rng_state()})
 
     def _resume(self) -> None:
-        if not self.config.checkpoint_dir:
-            raise ValueError("--resume needs --checkpoint-dir DIR (where the checkpoint is)")
         state = load_checkpoint(self.config.checkpoint_dir)
         saved, ours = json.loads(state["identity"]), self._identity()
         different = {k: (saved.get(k), v) for k, v in ours.items() if saved.get(k) != v}
@@ -108,48 +123,82 @@ class Run:
                                   f"resume with the same settings, or use another --checkpoint-dir")
         try:
             self.engine.load_state_dict(state["engine"])
+            if self.scheduler is not None:
+                if state.get("scheduler") is None:
+                    raise ValueError("it has no learning-rate scheduler state, and this run has a scheduler")
+                self.scheduler.load_state_dict(state["scheduler"])
         except (ValueError, KeyError) as e:
             raise CheckpointError(f"cannot resume from {checkpoint_path(self.config.checkpoint_dir)}: {e}") from None
         torch.set_rng_state(state["rng"])
         self.history = json.loads(state["history"])
         self.skipped = state["skipped"]
-        self.position = (state["epoch"], state["batch"], state["loss_sums"][self.env.rank], state["seconds"])
+        loss, count = state["partial"][self.env.rank]
+        self.position = (state["epoch"], state["batch"], loss, count, state["seconds"])
         self.log(f"resumed from {checkpoint_path(self.config.checkpoint_dir)} at epoch {state['epoch']}, "
                  f"batch {state['batch']}")
 
     # -- the loop ----------------------------------------------------------------------
+    def _eval_keys(self) -> List[str]:
+        """The sums evaluation gives, the same in every process (for one all_reduce)."""
+        if self.eval_loader is None:
+            return []
+        keys = ["loss", "count"] + (["correct", "correct_count"] if self.engine.classification else [])
+        return keys + [k for name in self.task.metrics for k in (name, f"{name}_count")]
+
     def run(self) -> Dict[str, Any]:
         first_epoch = self.position[0]
+        keys = self._eval_keys()
         with self.stops.catching():
             for epoch in range(first_epoch, self.epochs + 1):
-                sec, loss_sum = self._train_epoch(epoch)
-                correct, count = count_correct(self.engine.predictors(), self.test_loader, self.devices)
-                totals = self.collective.all_reduce(torch.tensor([loss_sum, correct, count], dtype=torch.float64))
-                row = {"epoch": epoch, "sec": sec,
-                       "train_loss": totals[0].item() / self.train_loader.global_num_samples,
-                       "test_acc": totals[1].item() / totals[2].item()}
+                sec, loss_sum, count = self._train_epoch(epoch)
+                evals = self.engine.evaluate(self.eval_loader) if self.eval_loader is not None else {}
+                zero = torch.zeros((), dtype=torch.float64, device=self.devices[0])
+                local = [torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]).reshape(())
+                         for v in (loss_sum, count)] + [evals.get(k, zero) for k in keys]
+                totals = self.collective.all_reduce(torch.stack(local)).tolist()
+                row = self._row(epoch, sec, totals[0], totals[1], dict(zip(keys, totals[2:])))
                 self.history.append(row)
-                self._save(epoch + 1, 0, [0.0] * self.env.world_size, 0.0)
-                record = {**row, "recipe": self.recipe.name, "devices": self._names(),
+                if self.scheduler is not None and self.task.scheduler_interval == "epoch":
+                    self._step_scheduler(row)
+                self._save(epoch + 1, 0, [[0.0, 0.0]] * self.env.world_size, 0.0)
+                record = {**row, "recipe": self.task.name, "devices": self._names(),
                           "world_size": self.env.world_size,
                           "images_per_sec": self.train_loader.global_num_samples / sec}
                 for log in (self.metrics, self.board):
                     if log:
                         log.append(record)
-                self.log(f"epoch {epoch}, {sec:.1f} sec, train loss {row['train_loss']:.3f}, "
-                         f"test acc {row['test_acc']:.3f}")
+                self.log(f"epoch {epoch}, {sec:.1f} sec, " + ", ".join(
+                    f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items() if k not in ("epoch", "sec")))
         return self._result()
 
-    def _train_epoch(self, epoch: int) -> Tuple[float, float]:
-        resume_epoch, done, loss_before, sec_before = self.position
+    def _row(self, epoch: int, sec: float, loss: float, count: float, evals: Dict[str, float]) -> Dict[str, Any]:
+        row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
+        if evals:
+            row["test_loss"] = evals["loss"] / evals["count"] if evals["count"] else math.nan
+        if "correct" in evals:
+            row["test_acc"] = evals["correct"] / evals["correct_count"] if evals["correct_count"] else math.nan
+        for name in self.task.metrics if evals else ():
+            row[f"test_{name}"] = evals[name] / evals[f"{name}_count"] if evals[f"{name}_count"] else math.nan
+        return row
+
+    def _step_scheduler(self, row: Optional[Dict[str, Any]] = None) -> None:
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            if row is not None:         # it needs a metric: the test loss, else the train loss
+                self.scheduler.step(row.get("test_loss", row["train_loss"]))
+            return
+        self.scheduler.step()
+
+    def _train_epoch(self, epoch: int) -> Tuple[float, Any, Any]:
+        resume_epoch, done, loss_before, count_before, sec_before = self.position
         skip = done if epoch == resume_epoch else 0
         if epoch != resume_epoch:
-            loss_before, sec_before = 0.0, 0.0
+            loss_before, count_before, sec_before = 0.0, 0.0, 0.0
         self.train_loader.set_epoch(epoch - 1)
         bar = ProgressBar(len(self.train_loader), epoch, enabled=self.config.progress and self.env.rank == 0)
         synchronize(self.devices)
         start = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.devices[0])
+        count: Any = 0
         images = 0
         batches = self.train_loader.batches(skip)
         if any(d.type == "cuda" for d in self.devices):
@@ -157,31 +206,35 @@ class Run:
             # the gathering would take its core time from the devices all the same.
             batches = prefetch(batches)
         skip_nan = self.config.on_nan == "skip"
+        per_batch = self.scheduler is not None and self.task.scheduler_interval == "batch"
 
-        def so_far() -> Tuple[float, float]:    # loss sum and seconds of the epoch, for a save
-            return loss_before + loss_sum.item(), sec_before + time.perf_counter() - start
+        def so_far() -> Tuple[float, float, float]:    # loss sum, denominator and seconds, for a save
+            return (loss_before + loss_sum.item(), count_before + float(count),
+                    sec_before + time.perf_counter() - start)
         with self.runner.coordinating():
             b = skip
-            for b, (X, y) in enumerate(batches, start=skip + 1):
+            for b, batch in enumerate(batches, start=skip + 1):
                 self.stops.before_batch()
-                loss = self.engine.train_batch(X, y, self.lr, skip_nonfinite=skip_nan,
-                                               global_size=self.train_loader.global_batch_size(b - 1))
+                loss, n = self.engine.train_batch(batch, skip_nonfinite=skip_nan)
                 finite = bool(torch.isfinite(loss))
                 if finite:
                     loss_sum += loss
+                    count = _add(count, n)
+                    if per_batch:
+                        self._step_scheduler()
                 elif skip_nan:           # the engine skipped it in every process
                     self.skipped += 1
-                images += len(X)
+                images += self.train_loader.global_batch_size(b - 1)
                 if bar.enabled:
-                    bar.update(b, images * self.env.world_size, loss_sum.item() / max(images, 1))
+                    bar.update(b, images, loss_sum.item() / max(float(count), 1e-12))
                 self._decide(self.stops.after_batch(b, not finite and not skip_nan), bar, epoch, b, so_far)
             self._decide(self.stops.flush(), bar, epoch, b, so_far)
         bar.close()
         synchronize(self.devices)
-        return sec_before + time.perf_counter() - start, loss_before + loss_sum.item()
+        return sec_before + time.perf_counter() - start, loss_before + loss_sum, _add(count_before, count)
 
     def _decide(self, decision: Tuple[Optional[int], Optional[int]], bar: ProgressBar, epoch: int,
-                batch: int, so_far: Callable[[], Tuple[float, float]]) -> None:
+                batch: int, so_far: Callable[[], Tuple[float, float, float]]) -> None:
         """Act on what every process decided after ``batch``: go on, stop for NaN, or save and stop."""
         signum, bad_batch = decision
         if bad_batch is None and signum is None:
@@ -194,10 +247,10 @@ class Run:
                                 f"--lr, or pass --on-nan skip to skip such batches{kept}")
         self._interrupt(signum, epoch, batch, *so_far())
 
-    def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, seconds: float) -> None:
-        # Every process stops after the same batch; each keeps its own partial loss sum.
-        sums = self.collective.all_gather(torch.tensor([loss_sum], dtype=torch.float64))
-        self._save(epoch, batch, [t.item() for t in sums], seconds)
+    def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, count: float, seconds: float) -> None:
+        # Every process stops after the same batch; each keeps its own partial sums.
+        sums = self.collective.all_gather(torch.tensor([loss_sum, count], dtype=torch.float64))
+        self._save(epoch, batch, [t.tolist() for t in sums], seconds)
         self.stops.barrier()            # nobody leaves (and gets the others stopped) before the save
         name = signal.Signals(signum).name
         where = (f"; saved to {checkpoint_path(self.config.checkpoint_dir)}: continue with --resume"
@@ -208,20 +261,21 @@ class Run:
         return [format_device(d) for d in self.devices]
 
     def _result(self) -> Dict[str, Any]:
-        config, recipe, history = self.config, self.recipe, self.history
+        config, task, history = self.config, self.task, self.history
         names = self._names()
         seconds = sum(h["sec"] for h in history)
+        optimizer = task.optimizer if isinstance(task.optimizer, str) else \
+            type(self.engine.trainer._optimizers[0]).__name__
         result = {
-            "recipe": recipe.name, "devices": names, "world_size": self.env.world_size,
+            "recipe": task.name, "devices": names, "world_size": self.env.world_size,
             "epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr, "seed": config.seed,
-            "dataset": self.dataset,
-            **({"optimizer": config.optimizer or recipe.optimizer,
-                "kvstore": "dist" if self.env.distributed else config.kvstore,
-                "sync_bn": config.sync_bn, "amp": config.amp}
-               if recipe.uses_trainer else {"allreduce": config.allreduce}),
+            "dataset": task.dataset, "optimizer": optimizer,
+            "kvstore": "dist" if self.env.distributed else self.kvstore,
+            "sync_bn": config.sync_bn, "amp": config.amp,
             **({"backend": self.backend} if self.backend else {}),
             **({"skipped_batches": self.skipped} if config.on_nan == "skip" else {}),
-            "test_acc": history[-1]["test_acc"] if history else math.nan,
+            **({k: v for k, v in history[-1].items() if k.startswith("test_")} if history else {}),
+            "train_loss": history[-1]["train_loss"] if history else math.nan,
             "sec_per_epoch": seconds / max(len(history), 1),
             "images_per_sec": self.train_loader.global_num_samples * len(history) / seconds if seconds else 0.0,
             "history": history,
@@ -229,5 +283,7 @@ class Run:
         where = f"[{', '.join(names)}]"
         if self.env.distributed:
             where = f"{self.env.world_size} processes x {where}"
-        self.log(f"test acc: {result['test_acc']:.2f}, {result['sec_per_epoch']:.1f} sec/epoch on {where}")
+        shown = ("test acc", result["test_acc"]) if "test_acc" in result else \
+            ("test loss", result["test_loss"]) if "test_loss" in result else ("train loss", result["train_loss"])
+        self.log(f"{shown[0]}: {shown[1]:.3f}, {result['sec_per_epoch']:.1f} sec/epoch on {where}")
         return result

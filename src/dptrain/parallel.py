@@ -14,13 +14,27 @@ import queue
 import threading
 from contextlib import contextmanager
 from concurrent.futures import Future
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 
 from .devices import check_devices
 
 T = TypeVar("T")
+
+
+def caller_grad_mode() -> Callable[[], ContextManager]:
+    """The caller's autograd mode, to enter on a worker thread.
+
+    Grad mode and inference mode are thread-local in PyTorch: without this, ``torch.no_grad()``
+    around a multi-device forward would not reach the device threads (they would record
+    graphs), and under ``torch.inference_mode()`` they would fail to use the caller's
+    inference tensors in a graph.
+    """
+    if torch.is_inference_mode_enabled():
+        return lambda: torch.inference_mode(True)
+    enabled = torch.is_grad_enabled()
+    return lambda: torch.set_grad_enabled(enabled)
 
 
 class _Worker(threading.Thread):
@@ -45,15 +59,18 @@ class _Worker(threading.Thread):
             call = self.calls.get()
             if call is None:
                 return
-            fn, args, done = call
+            fn, args, done, mode = call
             try:
-                done.set_result(fn(*args))
+                with mode():
+                    done.set_result(fn(*args))
             except BaseException as e:  # handed to the caller, who re-raises it
                 done.set_exception(e)
 
 
 class DeviceRunner:
     """Run ``fn(i, *args_i)`` for every device index ``i`` concurrently, one thread per device.
+
+    The work runs in the caller's autograd mode (``torch.no_grad()``, ``torch.inference_mode()``).
 
     >>> runner = DeviceRunner([cpu(0), cpu(1)])
     >>> runner.map(lambda i, x: x * i, [torch.ones(1), torch.ones(1)])  # on cpu:0, on cpu:1
@@ -87,10 +104,10 @@ class DeviceRunner:
                 raise ValueError(f"DeviceRunner.map needs one argument per device ({n}), got {len(a)}")
         if not self._workers:
             return [fn(0, *(a[0] for a in per_device_args))]
-        futures = []
+        futures, mode = [], caller_grad_mode()
         for i, w in enumerate(self._workers):
             done: Future = Future()
-            w.calls.put((fn, (i,) + tuple(a[i] for a in per_device_args), done))
+            w.calls.put((fn, (i,) + tuple(a[i] for a in per_device_args), done, mode))
             futures.append(done)
         return [f.result() for f in futures]
 
@@ -105,7 +122,7 @@ class DeviceRunner:
         if not self._workers:
             return fn(*args)
         done: Future = Future()
-        self._workers[i].calls.put((fn, args, done))
+        self._workers[i].calls.put((fn, args, done, caller_grad_mode()))
         return done.result()
 
     @contextmanager

@@ -1,72 +1,26 @@
-"""Recipes: a model, a dataset, default hyper-parameters and how to train them data-parallel."""
+"""Recipes: functions ``(config) -> Task``. The built-in ones are short users of the public API.
+
+    dptrain train --recipe lenet-mnist                  # built in, by name
+    dptrain train --recipe my_tasks.py:make             # yours: a function (config) -> Task
+    dptrain train --model my_nets:Net --data my_data:load --loss mse   # yours, without a Task
+
+Nothing here is private to the built-ins: they are ``Task`` definitions, as a user writes.
+"""
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
-
-from .config import TrainConfig
 from torch import nn
 
-from .engines import ModuleDataParallel
-from .models import GluonLeNet, init_normal, lenet, lenet_params, resnet18
-from .scratch import ScratchDataParallel
-
-
-class Engine(Protocol):
-    """What the training loop needs from a recipe's model on its devices."""
-    devices: List[torch.device]
-
-    def train_batch(self, X: torch.Tensor, y: torch.Tensor, lr: float,
-                    skip_nonfinite: bool = False, global_size: Optional[int] = None) -> torch.Tensor: ...
-
-    def predictors(self) -> List[Callable[[torch.Tensor], torch.Tensor]]: ...
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    dataset: str
-    batch_size: int
-    lr: float
-    epochs: int
-    summary: str
-    build: Callable[[TrainConfig, Sequence[torch.device], float], Engine]
-    uses_trainer: bool = True
-    optimizer: str = "sgd"
-    #: batch_size and lr are per device: on N devices both are multiplied by N (linear
-    #: scaling rule) unless --no-scale.
-    per_device: bool = False
-
-
-def _lenet_scratch(config: TrainConfig, devices: Sequence[torch.device], lr: float) -> Engine:
-    params = lenet_params(generator=torch.Generator().manual_seed(config.seed))
-    return ScratchDataParallel(lenet, params, devices, allreduce=config.allreduce)
-
-
-def _channels_last(config: TrainConfig, devices: Sequence[torch.device]) -> bool:
-    """NHWC unless told otherwise, where it is known to pay: oneDNN's CPU kernels (GluonLeNet
-    steps measured 9-10 ms NHWC against 16-17 ms NCHW) and tensor-core GPUs under autocast."""
-    if config.channels_last is not None:
-        return config.channels_last
-    return all(d.type == "cpu" for d in devices) or config.amp is not None
-
-
-def _module_engine(make: Callable[[], nn.Module], init: Callable[[nn.Module], None]):
-    def build(config: TrainConfig, devices: Sequence[torch.device], lr: float) -> Engine:
-        torch.manual_seed(config.seed)
-        recipe = RECIPES[config.recipe]
-        return ModuleDataParallel(make(), devices, config.optimizer or recipe.optimizer,
-                                  {"learning_rate": lr}, kvstore=config.kvstore, init=init,
-                                  sync_batchnorm=config.sync_bn, amp=config.amp_dtype,
-                                  channels_last=_channels_last(config, devices),
-                                  bucket_cap_mb=config.bucket_mb)
-    return build
+from .config import TrainConfig, is_import_spec
+from .data import load_dataset
+from .imports import load_object
+from .models import FunctionalLeNet, GluonLeNet, init_normal, lenet_params, resnet18
+from .task import Task
 
 
 def init_xavier(module: nn.Module) -> None:
@@ -77,26 +31,116 @@ def init_xavier(module: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
+def _images(config: TrainConfig, default: str) -> Tuple[Callable[[], Any], Callable[[], Any], str]:
+    """Train and test data of an IDX dataset, loaded when the run asks (``load_dataset`` caches)."""
+    name = config.dataset or default
+    train = lambda: (lambda d: (d.train_X, d.train_y))(load_dataset(name, config.data_dir))   # noqa: E731
+    test = lambda: (lambda d: (d.test_X, d.test_y))(load_dataset(name, config.data_dir))     # noqa: E731
+    return train, test, name
+
+
+def lenet_scratch(config: TrainConfig) -> Task:
+    """The reference's from-scratch LeNet: its function over a parameter list, N(0, 0.01)
+    weights, gradients summed with the hand-written allreduce, plain SGD."""
+    train, test, name = _images(config, "fashion-mnist")
+    params = lenet_params(generator=torch.Generator().manual_seed(config.seed))
+    return Task(FunctionalLeNet(params), train, test, loss=nn.CrossEntropyLoss(), optimizer="sgd", lr=0.2,
+                batch_size=256, epochs=10, kvstore="naive", name="lenet-scratch", dataset=name)
+
+
+def resnet18_recipe(config: TrainConfig) -> Task:
+    """The modified ResNet-18, N(0, 0.01) init; batch 256 and lr 0.1 per device."""
+    train, test, name = _images(config, "fashion-mnist")
+    return Task(resnet18(10, in_channels=1), train, test, loss=nn.CrossEntropyLoss(), init=init_normal,
+                optimizer="sgd", lr=0.1, batch_size=256, per_device=True, channels_last=True,
+                name="resnet18", dataset=name)
+
+
+def lenet_mnist(config: TrainConfig) -> Task:
+    """The Gluon tutorial's LeNet on MNIST, Xavier init, SGD at 0.04, batch 128."""
+    train, test, name = _images(config, "mnist")
+    return Task(GluonLeNet(), train, test, loss=nn.CrossEntropyLoss(), init=init_xavier, optimizer="sgd",
+                lr=0.04, batch_size=128, channels_last=True, name="lenet-mnist", dataset=name)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    summary: str
+    make: Callable[[TrainConfig], Task]
+
+
 RECIPES: Dict[str, Recipe] = {r.name: r for r in [
-    Recipe("lenet-scratch", "fashion-mnist", batch_size=256, lr=0.2, epochs=10,
-           summary="the reference's from-scratch LeNet, allreduce written by hand",
-           build=_lenet_scratch, uses_trainer=False),
-    Recipe("resnet18", "fashion-mnist", batch_size=256, lr=0.1, epochs=10,
-           summary="the modified ResNet-18, Trainer; batch and lr are per device",
-           build=_module_engine(lambda: resnet18(10, in_channels=1), init_normal), per_device=True),
-    Recipe("lenet-mnist", "mnist", batch_size=128, lr=0.04, epochs=10,
-           summary="the Gluon tutorial's LeNet on MNIST, Xavier init, Trainer",
-           build=_module_engine(GluonLeNet, init_xavier)),
+    Recipe("lenet-scratch", "the reference's from-scratch LeNet, allreduce written by hand", lenet_scratch),
+    Recipe("resnet18", "the modified ResNet-18; batch and lr are per device", resnet18_recipe),
+    Recipe("lenet-mnist", "the Gluon tutorial's LeNet on MNIST, Xavier init", lenet_mnist),
 ]}
 
+#: Loss names for ``--loss`` (a ``pkg.module:name`` works too).
+LOSSES: Dict[str, Callable[[], nn.Module]] = {
+    "cross-entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss, "l1": nn.L1Loss, "huber": nn.HuberLoss,
+    "bce": nn.BCEWithLogitsLoss, "nll": nn.NLLLoss}
 
-def hyperparameters(config: TrainConfig, n_devices: int) -> Tuple[int, int, float]:
-    """Return ``(epochs, batch_size, lr)``: the config's values, else the recipe's.
 
-    A per-device recipe (resnet18) multiplies its default batch and lr by the device count
+def _call(factory: Callable, config: TrainConfig, what: str) -> Any:
+    """Call a user factory with the config if it takes an argument, else with none."""
+    try:
+        takes = [p for p in inspect.signature(factory).parameters.values()
+                 if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        takes = []
+    return factory(config) if takes else factory()
+
+
+def _user_task(config: TrainConfig) -> Task:
+    model = _call(load_object(config.model, "--model"), config, "--model")
+    data = _call(load_object(config.data, "--data"), config, "--data")
+    if isinstance(data, dict) and "train" in data:
+        train, test = data["train"], data.get("eval", data.get("test"))
+    elif isinstance(data, tuple) and len(data) == 2 and not isinstance(data[0], torch.Tensor):
+        train, test = data
+    else:
+        train, test = data, None
+    loss: Optional[Any] = None
+    if config.loss is not None:
+        if config.loss in LOSSES:
+            loss = LOSSES[config.loss]()
+        elif is_import_spec(config.loss):
+            loss = load_object(config.loss, "--loss")
+            loss = loss() if isinstance(loss, type) else loss
+        else:
+            raise ValueError(f"unknown --loss {config.loss!r}; choose one of {', '.join(LOSSES)}, or give "
+                             f"pkg.module:name")
+    return Task(model, train, test, loss=loss, name=config.model)
+
+
+def task_for(config: TrainConfig) -> Task:
+    """The Task a config asks for, with the config's overrides of the optimizer applied."""
+    if config.model is not None:
+        task = _user_task(config)
+    elif is_import_spec(config.recipe):
+        task = _call(load_object(config.recipe, "--recipe"), config, "--recipe")
+        if not isinstance(task, Task):
+            raise TypeError(f"--recipe {config.recipe} returned {type(task).__name__}, not a dptrain.Task")
+    else:
+        task = RECIPES[config.recipe].make(config)
+    if config.optimizer is not None:
+        spec = load_object(config.optimizer, "--optimizer") if is_import_spec(config.optimizer) \
+            else config.optimizer.lower()
+        task = dataclasses.replace(task, optimizer=spec, optimizer_params=None)
+    return task
+
+
+def hyperparameters(task: Task, config: TrainConfig, n_devices: int) -> Tuple[int, int, Optional[float]]:
+    """Return ``(epochs, batch_size, lr)``: the config's values, else the task's.
+
+    A per-device task (resnet18) multiplies its default batch and lr by the device count
     (the linear scaling rule) unless ``scale=False``; values given explicitly are global.
+    ``lr`` None: the optimizer's own.
     """
-    recipe = RECIPES[config.recipe]
-    scale = n_devices if recipe.per_device and config.scale else 1
-    return (config.epochs or recipe.epochs, config.batch_size or recipe.batch_size * scale,
-            config.lr or recipe.lr * scale)
+    if not config.scale and not task.per_device:
+        raise ValueError(f"--no-scale applies to tasks whose batch and lr are per device (resnet18); "
+                         f"{task.name}'s are global already")
+    scale = n_devices if task.per_device and config.scale else 1
+    lr = config.lr if config.lr is not None else (task.lr * scale if task.lr is not None else None)
+    return config.epochs or task.epochs, config.batch_size or task.batch_size * scale, lr

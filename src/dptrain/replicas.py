@@ -7,7 +7,7 @@ their first batch on ``devices[0]`` and only then copied, so every replica start
 from __future__ import annotations
 
 import copy
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,15 @@ class NotInitializedError(RuntimeError):
 
 
 def sum_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy summed over the shard; ``Trainer.step(batch_size)`` divides by the batch."""
+    """Cross-entropy summed over the shard; ``Trainer.step(batch_size)`` divides by the batch.
+
+    Labels must be class indices: float targets (regression values) would be read as class
+    probabilities and give a loss of 0 that trains nothing, so they are an error here."""
+    if y.is_floating_point() or logits.dim() < 2 or logits.shape[1] < 2:
+        raise ValueError(f"the default loss is cross-entropy over class indices; got {y.dtype} targets of shape "
+                         f"{tuple(y.shape)} for outputs of shape {tuple(logits.shape)}: pass integer labels, or "
+                         f"your loss, e.g. forward_backward(Xs, ys, loss=lambda out, y: F.mse_loss(out, y, "
+                         f"reduction='sum'))")
     return F.cross_entropy(logits, y, reduction="sum")
 
 
@@ -92,13 +100,16 @@ class Replicas(Sequence[nn.Module]):
     def initialized(self) -> bool:
         return bool(self._modules)
 
-    def _materialize(self, example: Optional[torch.Tensor] = None) -> None:
+    def _materialize(self, example: Any = None, run: Optional[Callable[[nn.Module, Any], Any]] = None) -> None:
         net = self._net.to(self.devices[0])
         if example is not None:       # lazy layers learn their shapes; BN statistics untouched
             was_training = net.training
             net.eval()
             with torch.no_grad():
-                net(example[:1].to(self.devices[0]))
+                if run is None:
+                    net(example[:1].to(self.devices[0]))
+                else:
+                    run(net, example)
             net.train(was_training)
         if self._init is not None:
             self._init(net)
@@ -178,10 +189,11 @@ class Replicas(Sequence[nn.Module]):
             value.backward()
         return value.detach()
 
-    def initialize(self, example: torch.Tensor) -> None:
-        """Materialise lazy layers with a batch (one sample of it is run on ``devices[0]``)."""
+    def initialize(self, example: Any, run: Optional[Callable[[nn.Module, Any], Any]] = None) -> None:
+        """Materialise lazy layers with a batch: ``run(module, example)`` on ``devices[0]``, by
+        default ``module(example[:1])``. Does nothing once the replicas exist."""
         if not self.initialized:
-            self._materialize(example)
+            self._materialize(example, run)
 
     def _check(self, shards: Sequence[torch.Tensor]) -> None:
         if len(shards) != len(self.devices):

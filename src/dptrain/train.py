@@ -1,4 +1,10 @@
-"""``train(config)``: what ``dptrain train`` runs, in one process or as one of several."""
+"""Run a Task as a config says, in one process or as one of several: what ``fit`` and
+``dptrain train`` share.
+
+Under ``torchrun``, ``dptrain launch`` or ``--processes`` (``WORLD_SIZE`` > 1 in the
+environment) the process joins the process group itself, trains its part of every global
+batch, and only rank 0 logs and writes files.
+"""
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional
@@ -9,11 +15,12 @@ from .config import TrainConfig
 from .devices import cpu, num_gpus, parse_devices
 from .distributed import DistEnv, init_distributed, shutdown_distributed
 from .loop import Run
+from .task import Task
 
 Log = Callable[[str], None]
 
 
-def process_devices(spec: str, env: DistEnv) -> List[torch.device]:
+def process_devices(spec: Any, env: DistEnv) -> List[torch.device]:
     """This process's devices. One process: ``parse_devices(spec)``. Several: ``auto`` is
     ``cuda:LOCAL_RANK`` on a GPU machine, else one virtual CPU device; a list or a count is
     per process."""
@@ -27,22 +34,35 @@ def process_devices(spec: str, env: DistEnv) -> List[torch.device]:
     return [cpu(0)]
 
 
-def train(config: TrainConfig, log: Optional[Log] = print) -> Dict[str, Any]:
-    """Run a recipe as ``config`` says; return the result (the ``--json`` object).
+def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
+             plot: Optional[str] = None) -> Dict[str, Any]:
+    """Train ``task`` as ``config`` says; return the result (the ``--json`` object).
 
-    Under ``torchrun`` or ``--processes`` (RANK/WORLD_SIZE set) this process trains its part
-    of every batch and only rank 0 logs.
-
-    >>> result = train(TrainConfig(recipe="lenet-scratch", devices="2", epochs=1))
-    epoch 1, 8.1 sec, train loss 0.912, test acc 0.712
-    >>> result["test_acc"], result["devices"]
-    (0.712, ['cpu:0', 'cpu:1'])
-    """
+    ``plot``: a .png/.svg/.pdf file rank 0 draws the history into."""
     env = DistEnv.from_environ()
     devices = process_devices(config.devices, env)
     backend = init_distributed(env, config.backend, use_cuda=any(d.type == "cuda" for d in devices))
     try:
-        return Run(config, env, devices, backend, log if env.rank == 0 else None).run()
+        result = Run(task, config, env, devices, backend, log if env.rank == 0 else None).run()
     finally:
         if backend is not None:
             shutdown_distributed()
+    if plot and env.rank == 0:
+        from .plot import describe, plot_runs
+        records = [{**row, "recipe": result["recipe"], "devices": result["devices"],
+                    "world_size": result["world_size"]} for row in result["history"]]
+        plot_runs([(describe(records), records)], plot)
+    return result
+
+
+def train(config: TrainConfig, log: Optional[Log] = print, plot: Optional[str] = None) -> Dict[str, Any]:
+    """Run the recipe (or ``--model``/``--data``) a config names; return the result.
+
+    >>> result = train(TrainConfig(recipe="lenet-scratch", devices="2", epochs=1))
+    epoch 1, 8.1 sec, train loss 0.912, test loss 0.75, test acc 0.712
+    >>> result["test_acc"], result["devices"]
+    (0.712, ['cpu:0', 'cpu:1'])
+    """
+    from .recipes import task_for
+    torch.manual_seed(config.seed)      # before the model is built: its initial weights
+    return run_task(task_for(config), config, log, plot)

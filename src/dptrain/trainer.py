@@ -8,23 +8,24 @@
         trainer.step(len(X))
 
 Every device runs the same optimizer on the same summed gradient, so the replicas stay
-identical. Gradients are cleared after each step; a parameter with no gradient at the next
-step is "stale" and an error, unless ``ignore_stale_grad=True`` (then it is not updated).
+identical. The optimizer is a Gluon name or any ``torch.optim`` optimizer (see ``optim.py``);
+``trainer.optimizer`` takes ``lr_scheduler``s. Frozen parameters (``requires_grad=False``)
+are left alone. Gradients are cleared after each step; a parameter with no gradient at the
+next step is "stale" and an error, unless ``ignore_stale_grad=True`` (then it is not updated).
 """
 from __future__ import annotations
 
-import math
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch import nn
 
 from .devices import DeviceLike, check_devices, cpu
 from .distributed.collective import get_collective
-from .kvstore import DistKVStore, KVStore, create_kvstore
-from .optim import check_optimizer, make_optimizer
+from .kvstore import Denominator, DistKVStore, KVStore, create_kvstore
+from .optim import OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
 from .parallel import get_runner
 from .replicas import Replicas
 
@@ -41,15 +42,19 @@ class Trainer:
 
     ``params_or_replicas``: a ``Replicas``; one ``nn.Module`` or parameter list (one device);
     or one parameter list per device (the from-scratch layout), with ``devices`` naming them.
+    ``optimizer``: a name (``"sgd"``, ``"nag"``, ``"adam"``, ``"adamw"``) with
+    ``optimizer_params``, a ``torch.optim`` class or factory (``torch.optim.AdamW``,
+    ``functools.partial(torch.optim.SGD, lr=0.1)``), or an optimizer built on the model.
     """
 
-    def __init__(self, params_or_replicas: Params, optimizer: str = "sgd",
+    def __init__(self, params_or_replicas: Params, optimizer: OptimizerSpec = "sgd",
                  optimizer_params: Optional[Mapping[str, Any]] = None,
                  kvstore: Optional[str] = "device", devices: Optional[Sequence[DeviceLike]] = None,
                  bucket_cap_mb: float = 25.0):
-        self._optimizer_params = check_optimizer(optimizer, optimizer_params)
-        self._optimizer_name = optimizer.lower()
-        self._source = params_or_replicas
+        if isinstance(optimizer, str):
+            check_optimizer(optimizer, optimizer_params)          # a typo fails here, not at step 1
+        self._spec, self._optimizer_params = optimizer, optimizer_params
+        self._frozen: List[torch.Tensor] = []
         if isinstance(params_or_replicas, Replicas):
             self.devices = params_or_replicas.devices
             self._replicas: Optional[Replicas] = params_or_replicas
@@ -66,114 +71,137 @@ class Trainer:
         self.collective = get_collective()
         self.kvstore: KVStore = create_kvstore(kvstore, self.runner, self.collective, bucket_cap_mb)
         self._optimizers: List[torch.optim.Optimizer] = []
+        self._origins: List[List[int]] = []
+        self.optimizer: Optional[ReplicatedOptimizer] = None
         if self._replicas is None or self._replicas.initialized:
             # Now, before any backward: several processes start from rank 0's parameters.
             self._setup()
 
-    @staticmethod
-    def _parameter_groups(source) -> List[List[torch.Tensor]]:
+    def _parameter_groups(self, source) -> List[List[torch.Tensor]]:
         if isinstance(source, nn.Module):
-            return [list(source.parameters())]
-        items = list(source)
-        if not items:
-            raise ValueError("Trainer got no parameters")
-        if all(isinstance(p, torch.Tensor) for p in items):
-            return [items]
-        groups = [list(g) for g in items]
-        if len({len(g) for g in groups}) != 1:
-            raise ValueError("every device needs the same parameters: got lists of lengths "
-                             f"{[len(g) for g in groups]}")
+            self._frozen = [p for p in source.parameters() if not p.requires_grad]
+            groups = [[p for p in source.parameters() if p.requires_grad]]
+        else:
+            items = list(source)
+            if not items:
+                raise ValueError("Trainer got no parameters")
+            groups = [items] if all(isinstance(p, torch.Tensor) for p in items) else [list(g) for g in items]
+            if len({len(g) for g in groups}) != 1:
+                raise ValueError("every device needs the same parameters: got lists of lengths "
+                                 f"{[len(g) for g in groups]}")
+            for g in groups:                # the from-scratch layout: plain tensors to train
+                for p in g:
+                    if not p.requires_grad:
+                        p.requires_grad_(True)
+        if not groups[0]:
+            raise ValueError("the model has no trainable parameter (every one has requires_grad=False)")
         return groups
 
     def _setup(self) -> None:
         if self._replicas is not None:
-            self._groups = [list(m.parameters()) for m in self._replicas]
-        for g in self._groups:
-            for p in g:
-                if not p.requires_grad:
-                    p.requires_grad_(True)
+            self._frozen = [p for p in self._replicas[0].parameters() if not p.requires_grad]
+            self._groups = [[p for p in m.parameters() if p.requires_grad] for m in self._replicas]
+            if not self._groups[0]:
+                raise ValueError("the model has no trainable parameter (every one has requires_grad=False)")
+        plan = OptimizerPlan.resolve(self._spec, self._optimizer_params, self._groups[0])
+        keep = plan.managed()
+        if len(keep) < len(self._groups[0]):        # trainable, but not given to the optimizer
+            self._groups = [[g[j] for j in keep] for g in self._groups]
+            plan = plan.restricted(keep)
         if isinstance(self.kvstore, DistKVStore):
             buffers = list(self._replicas[0].buffers()) if self._replicas is not None else []
-            self.kvstore.setup_groups(self._groups, buffers)
+            self.kvstore.setup_groups(self._groups, self._frozen + buffers)
             self._broadcast_buffers()
         else:
             self.kvstore.setup(self._groups[0])
-        self._optimizers = []
+        self._optimizers, self._origins = [], []
         for i, g in enumerate(self._groups):
             mine = self.kvstore.optimized(i)
-            tensors = g if mine is None else [g[j] for j in mine]
-            # A device that owns no parameter still gets an optimizer (over none): a dummy.
-            self._optimizers.append(make_optimizer(self._optimizer_name, self._optimizer_params,
-                                                   tensors or [torch.zeros(0, requires_grad=True)]))
+            indices = range(len(g)) if mine is None else mine
+            optimizer, origin = plan.build([g[j] for j in indices], indices)
+            self._optimizers.append(optimizer)
+            self._origins.append(origin)
+        self.optimizer = ReplicatedOptimizer(plan, self._groups[0], self._groups)
+
+    def _ready(self) -> None:
+        if not self._optimizers:
+            self._setup()
 
     @property
     def learning_rate(self) -> float:
-        return float(self._optimizer_params["learning_rate"])
+        """The learning rate of the first parameter group."""
+        self._ready()
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def set_learning_rate(self, lr: float) -> None:
-        """Change the learning rate from the next step on (schedules, warm-up)."""
-        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-            raise ValueError(f"learning rate must be a finite number > 0, got {lr!r}")
-        self._optimizer_params["learning_rate"] = lr
-        for opt in self._optimizers:
-            for group in opt.param_groups:
-                group["lr"] = lr
+        """Set every parameter group's learning rate from the next step on (0 is allowed)."""
+        lr = check_learning_rate(lr)
+        self._ready()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
-    def step(self, batch_size: int, ignore_stale_grad: bool = False, skip_nonfinite: bool = False) -> bool:
+    def step(self, batch_size: Denominator, ignore_stale_grad: bool = False, skip_nonfinite: bool = False) -> bool:
         """Sum gradients over devices, divide by ``batch_size``, update every replica.
 
-        ``skip_nonfinite``: if any gradient, on any device of any process, is NaN or
-        infinite, update nothing, clear the gradients and return False (as AMP's grad
-        scaler skips a step); every process decides alike. Returns whether it updated.
+        ``batch_size``: this process's number of samples (with several processes the
+        processes' numbers are summed), or any divisor of the summed gradient (a float, a
+        0-d tensor, a function giving one once the gradients are computed), or None for no
+        division. ``skip_nonfinite``: if any gradient, on any
+        device of any process, is NaN or infinite, update nothing, clear the gradients and
+        return False (as AMP's grad scaler skips a step); every process decides alike.
+        Returns whether it updated.
         """
-        self._check_batch_size(batch_size)
-        if not self._optimizers:
-            self._setup()
+        self._check_denominator(batch_size)
+        self._ready()
         if skip_nonfinite and self.collective.world_size == 1 and not self._grads_finite():
-            for group in self._groups:
-                for p in group:
-                    p.grad = None
+            self._clear_grads()
             return False
         active = self._active(ignore_stale_grad)
+        self.optimizer.push(zip(self._optimizers, self._origins))
         self.kvstore.ignore_stale_grad = ignore_stale_grad
         self.kvstore.check_finite = skip_nonfinite      # several processes: on the summed gradients
         try:
             self.kvstore.step(self._groups, active, batch_size, self._optimizers)
         finally:
             self.kvstore.check_finite = False
-        self._broadcast_buffers()
-        return not self.kvstore.skipped
+        return self._finish_step()
 
-    def _grads_finite(self) -> bool:
-        grads = [p.grad for group in self._groups for p in group if p.grad is not None]
-        return all(bool(torch.isfinite(g).all()) for g in grads)
-
-    def step_with(self, compute: Callable[[int], T], batch_size: int,
-                  ignore_stale_grad: bool = False, prescaled_total: Optional[int] = None) -> List[T]:
+    def step_with(self, compute: Callable[[int], T], batch_size: Denominator,
+                  ignore_stale_grad: bool = False, skip_nonfinite: bool = False) -> List[T]:
         """Run ``compute(i)`` (forward and backward of shard ``i``) on every device, then ``step``.
 
         The same result as calling ``compute`` on every device and then ``step``, but each
         device thread goes on from its backward straight into the step's phases, meeting
         the others at a barrier, instead of returning to the caller between phases
-        (measured: GluonLeNet steps on 2 CPU devices 7% faster).
-
-        ``prescaled_total``: with several processes, ``compute`` already divided its loss by
-        this global sample count (``global_samples``), so the gradients need no scaling.
+        (measured: GluonLeNet steps on 2 CPU devices 7% faster). With several processes the
+        gradients are sent in buckets while backward runs, and ``batch_size`` (this
+        process's) rides in the last bucket. ``self.stepped`` tells whether it updated.
         """
-        self._check_batch_size(batch_size)
+        self._check_denominator(batch_size)
         if not self._optimizers:      # the first step (lazy modules): the plain way
             out = self.runner.map(lambda i: compute(i))
-            self.step(batch_size, ignore_stale_grad)
+            self.step(batch_size, ignore_stale_grad, skip_nonfinite)
             return out
-        self.kvstore.prepare(batch_size, prescaled_total)
+        self.optimizer.push(zip(self._optimizers, self._origins))
+        self.kvstore.prepare(None if callable(batch_size) else batch_size)
         self.kvstore.ignore_stale_grad = ignore_stale_grad
+        self.kvstore.check_finite = skip_nonfinite
         phases = self.kvstore.phases(self._groups, batch_size, self._optimizers)
         barrier = threading.Barrier(len(self.devices))
+        local_check = skip_nonfinite and self.collective.world_size == 1
+        shared: Dict[str, Any] = {}
 
         def work(i: int):
             try:
                 out = compute(i)
                 barrier.wait()
+                if local_check:       # one process: decide on the local gradients, once
+                    if i == 0:
+                        shared["skip"] = not self._grads_finite()
+                    barrier.wait()
+                    if shared["skip"]:
+                        self._clear_grads(i)
+                        return out, None
                 active = self._active(ignore_stale_grad)   # every device computes the same
                 for phase in phases:
                     phase(i, active)
@@ -184,12 +212,37 @@ class Trainer:
             except BaseException as e:
                 barrier.abort()
                 return None, e
-        results = self.runner.map(work)
+        try:
+            results = self.runner.map(work)
+        finally:
+            self.kvstore.check_finite = False
         errors = [e for _, e in results if e is not None]
         if errors:
             raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
-        self._broadcast_buffers()
+        if shared.get("skip"):
+            self.stepped = False
+        else:
+            self._finish_step()
         return [out for out, _ in results]
+
+    stepped = True      # whether the last step updated the parameters
+
+    def _finish_step(self) -> bool:
+        self.stepped = not self.kvstore.skipped
+        self._broadcast_buffers()
+        if self.stepped:
+            self.optimizer.step()      # marks the step for lr schedulers
+        return self.stepped
+
+    def _grads_finite(self) -> bool:
+        grads = [p.grad for group in self._groups for p in group if p.grad is not None]
+        return all(bool(torch.isfinite(g).all()) for g in grads)
+
+    def _clear_grads(self, device_index: Optional[int] = None) -> None:
+        groups = self._groups if device_index is None else [self._groups[device_index]]
+        for group in groups:
+            for p in group:
+                p.grad = None
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -200,8 +253,7 @@ class Trainer:
         >>> replicas.forward_backward(Xs2, ys2)          # micro-batch 2: sums both, sends
         >>> trainer.step(len1 + len2)
         """
-        if not self._optimizers:
-            self._setup()
+        self._ready()
         reducer = getattr(self.kvstore, "reducer", None)
         if reducer is None:
             yield
@@ -213,17 +265,14 @@ class Trainer:
     def world_size(self) -> int:
         return self.collective.world_size
 
-    def global_samples(self, batch_size: int) -> int:
-        """The number of samples of this step over all processes (``batch_size`` here)."""
-        if self.collective.world_size == 1:
-            return batch_size
-        return int(self.collective.all_reduce(torch.tensor([float(batch_size)])).item())
-
-    def _check_batch_size(self, batch_size: int) -> None:
+    def _check_denominator(self, batch_size: Denominator) -> None:
+        if batch_size is None or isinstance(batch_size, torch.Tensor) or callable(batch_size):
+            return
         # With several processes, one may have no sample in a last, small batch.
         least = 0 if self.collective.world_size > 1 else 1
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < least:
-            raise ValueError(f"step needs the batch size (an integer >= {least}), got {batch_size!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float)) or not batch_size >= least \
+                or batch_size == float("inf"):
+            raise ValueError(f"step needs the batch size (a number >= {least}), got {batch_size!r}")
 
     def _active(self, ignore_stale_grad: bool) -> List[int]:
         """Indices of the parameters with a gradient on every device; stale ones are an error."""
@@ -259,26 +308,29 @@ class Trainer:
         self.runner.map(copy)
 
     def state_dict(self) -> dict:
-        """The optimizers' state (one per device; with kvstore "device" each holds its share)."""
-        if not self._optimizers:
-            self._setup()
-        return {"optimizer": self._optimizer_name, "kvstore": self.kvstore.name,
-                "optimizers": [opt.state_dict() for opt in self._optimizers]}
+        """The optimizers' state (one per device; with kvstore "device" each holds its share)
+        and the parameter groups' hyper-parameters (learning rates set by schedulers)."""
+        self._ready()
+        return {"optimizer": type(self._optimizers[0]).__name__, "kvstore": self.kvstore.name,
+                "optimizers": [opt.state_dict() for opt in self._optimizers],
+                "groups": self.optimizer.state_dict()["param_groups"]}
 
     def load_state_dict(self, state: dict) -> None:
-        if not self._optimizers:
-            self._setup()
+        self._ready()
         saved = state.get("optimizers", [])
-        if state.get("optimizer") != self._optimizer_name or len(saved) != len(self._optimizers) \
+        ours = type(self._optimizers[0]).__name__
+        if state.get("optimizer") != ours or len(saved) != len(self._optimizers) \
                 or state.get("kvstore") != self.kvstore.name:
             raise ValueError(f"the checkpoint's optimizer state is for {state.get('optimizer')!r} on {len(saved)} "
                              f"device(s) with kvstore {state.get('kvstore')!r}; this run uses "
-                             f"{self._optimizer_name!r} on {len(self._optimizers)} with {self.kvstore.name!r}")
+                             f"{ours!r} on {len(self._optimizers)} with {self.kvstore.name!r}")
         for opt, sd in zip(self._optimizers, saved):
             opt.load_state_dict(sd)
+        if "groups" in state:
+            self.optimizer.load_state_dict({"state": {}, "param_groups": state["groups"]})
 
     def _name(self, j: int) -> str:
         if self._replicas is not None:
-            return repr(list(dict(self._replicas[0].named_parameters()))[j])
+            names = [n for n, p in self._replicas[0].named_parameters() if any(p is q for q in self._groups[0])]
+            return repr(names[j])
         return f"#{j} (shape {tuple(self._groups[0][j].shape)})"
-

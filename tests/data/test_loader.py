@@ -42,7 +42,7 @@ def test_max_batches_and_drop_last():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(batch_size=0), "batch_size must be a positive integer"),
-    (dict(batch_size=4, max_batches=0), "max_batches must be at least 1"),
+    (dict(batch_size=4, max_batches=0), "max_batches must be a whole number >= 1"),
 ])
 def test_bad_arguments(kw, message):
     with pytest.raises(ValueError, match=message):

@@ -7,7 +7,7 @@ import torch
 
 import dptrain
 from dptrain.distributed import get_collective
-from dptrain.engines import ModuleDataParallel
+from dptrain.engine import ModelEngine
 from dptrain.models import GluonLeNet, lenet, lenet_params
 from dptrain.stopping import StopRequests
 from tests.distributed.helpers import run_workers
@@ -70,11 +70,12 @@ def skip_scratch(rank, world, poison_rank):
 
 def skip_module(rank, world, poison_rank, n_devices):
     torch.manual_seed(0)
-    dp = ModuleDataParallel(GluonLeNet(), [dptrain.cpu(i) for i in range(n_devices)], "sgd",
-                            {"learning_rate": 0.1, "momentum": 0.9})
+    task = dptrain.Task(GluonLeNet(), train_data=(), optimizer="sgd",
+                        optimizer_params={"learning_rate": 0.1, "momentum": 0.9})
+    dp = ModelEngine(task, [dptrain.cpu(i) for i in range(n_devices)])
     losses, snapshots = [], []
     for X, y in batches(rank, poison_rank):
-        losses.append(dp.train_batch(X, y, 0.1, skip_nonfinite=True).item())
+        losses.append(dp.train_batch((X, y), skip_nonfinite=True)[0].item())
         snapshots.append([p.detach().tolist() for p in dp.replicas[0].parameters()])
     return losses, snapshots
 

@@ -1,60 +1,69 @@
-"""Mini-batches from tensors held in memory, shuffled per epoch by a seeded generator."""
+"""Mini-batches of in-memory tensors, in an order that depends only on ``(seed, epoch)``.
+
+``EpochPlan`` is the order and the cut shared by every loader: the epoch's permutation,
+its global batches, and each process's consecutive part of each global batch. It does not
+depend on the number of processes or devices: a global batch holds the same samples
+whoever computes it (unlike PyTorch's ``DistributedSampler``, whose order changes with the
+world size). ``TensorLoader`` gathers batches from tensors held in memory; ``DatasetLoader``
+(``dataset_loader.py``) reads a ``torch.utils.data.Dataset``, with worker processes.
+"""
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterable, Iterator, Optional, Tuple, TypeVar
+from typing import Any, Iterable, Iterator, Optional, Tuple, TypeVar
 
 import torch
+
+from ..batch import Batch, as_tensors, batch_size as size_of, map_tensors
 
 T = TypeVar("T")
 
 
-class ArrayLoader:
-    """Iterate over ``(X[idx], y[idx])`` batches of in-memory tensors.
+def _part(n: int, rank: int, parts: int) -> Tuple[int, int]:
+    """``(start, size)`` of part ``rank`` of ``n`` items cut in ``parts`` nearly equal parts."""
+    base, extra = divmod(n, parts)
+    return rank * base + min(rank, extra), base + (rank < extra)
 
-    The order of epoch ``e`` depends only on ``(seed, e)``, so a run can be resumed or
-    reproduced from the epoch number alone; ``set_epoch`` picks it, as with PyTorch's
-    ``DistributedSampler``. The last batch is smaller unless ``drop_last``.
 
-    With ``world_size > 1`` every process walks the same global batches (same seed, same
-    order) and yields only its own consecutive part of each: rank ``r`` gets part ``r`` of
-    ``world_size`` parts whose sizes differ by at most one (an empty part when a last
-    batch has fewer samples than processes). Over an epoch every sample is used exactly
-    once, by one process.
+class EpochPlan:
+    """Which samples each batch of an epoch holds, and which of them this process takes.
 
-    >>> loader = ArrayLoader(X, y, batch_size=256, shuffle=True, seed=0)
-    >>> for X_batch, y_batch in loader: ...
+    The order of epoch ``e`` depends only on ``(seed, e)``; ``set_epoch`` picks it, as with
+    PyTorch's ``DistributedSampler``. The last batch is smaller unless ``drop_last``. With
+    ``world_size > 1`` every process walks the same global batches and takes only its own
+    consecutive part of each: rank ``r`` gets part ``r`` of ``world_size`` parts whose sizes
+    differ by at most one (an empty part when a last batch has fewer samples than
+    processes). Over an epoch every sample is used exactly once, by one process.
     """
 
-    def __init__(self, X: torch.Tensor, y: torch.Tensor, batch_size: int, shuffle: bool = False,
-                 seed: int = 0, drop_last: bool = False, max_batches: Optional[int] = None,
-                 rank: int = 0, world_size: int = 1):
-        if len(X) != len(y):
-            raise ValueError(f"X and y must have the same number of samples, got {len(X)} and {len(y)}")
-        if not isinstance(batch_size, int) or batch_size < 1:
+    def __init__(self, num_samples: int, batch_size: int, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, max_batches: Optional[int] = None, rank: int = 0, world_size: int = 1):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if max_batches is not None and max_batches < 1:
-            raise ValueError(f"max_batches must be at least 1, got {max_batches}")
-        self.X, self.y, self.batch_size = X, y, batch_size
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.max_batches, self.epoch = max_batches, 0
+        if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
+            raise ValueError(f"max_batches must be a whole number >= 1, got {max_batches!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+        if num_samples < 1:
+            raise ValueError("the data holds no sample: give at least one")
+        self.size, self.batch_size = num_samples, batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.max_batches, self.epoch = max_batches, 0
         self.rank, self.world_size = rank, world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        n = len(self.X) // self.batch_size if self.drop_last else -(-len(self.X) // self.batch_size)
+        n = self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
         return min(n, self.max_batches) if self.max_batches else n
 
     @property
     def global_num_samples(self) -> int:
         """Samples one epoch yields over all processes (after ``drop_last``, ``max_batches``)."""
         full = len(self) * self.batch_size
-        return min(full, len(self.X)) if not self.drop_last else full
+        return min(full, self.size) if not self.drop_last else full
 
     @property
     def num_samples(self) -> int:
@@ -70,31 +79,66 @@ class ArrayLoader:
 
     def order(self) -> torch.Tensor:
         if not self.shuffle:
-            return torch.arange(len(self.X))
+            return torch.arange(self.size)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return torch.randperm(len(self.X), generator=g)
+        return torch.randperm(self.size, generator=g)
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def parts(self, skip: int = 0) -> Iterator[Tuple[int, slice]]:
+        """``(b, positions)`` for this process's part of each batch from batch ``skip`` on;
+        ``positions`` index ``order()``."""
+        bs = self.batch_size
+        for b in range(skip, len(self)):
+            lo, hi = b * bs, min((b + 1) * bs, self.size)
+            start, size = _part(hi - lo, self.rank, self.world_size)
+            yield b, slice(lo + start, lo + start + size)
+
+
+class TensorLoader(EpochPlan):
+    """Batches gathered from tensors in memory: a tensor, a tuple/list or a dict of them.
+
+    >>> loader = TensorLoader((X, y), batch_size=256, shuffle=True, seed=0)
+    >>> for X_batch, y_batch in loader: ...
+    >>> for batch in TensorLoader({"image": X, "label": y}, 256): batch["image"] ...
+    """
+
+    def __init__(self, data: Batch, batch_size: int, **plan: Any):
+        data = as_tensors(data)
+        n = size_of(data)          # checks every tensor holds the same number of samples
+        super().__init__(n, batch_size, **plan)
+        self.data = data
+
+    def __iter__(self) -> Iterator[Batch]:
         return self.batches()
 
-    def batches(self, skip: int = 0) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def example(self) -> Batch:
+        """A batch of the first sample (to show a lazy model its input)."""
+        return map_tensors(lambda t: t[:1], self.data)
+
+    def batches(self, skip: int = 0) -> Iterator[Batch]:
         """This epoch's batches from batch ``skip`` on (to resume an epoch part-way)."""
-        order, bs = self.order(), self.batch_size
-        for b in range(skip, len(self)):
-            lo, hi = b * bs, min((b + 1) * bs, len(self.X))
-            start, size = _part(hi - lo, self.rank, self.world_size)
-            lo, hi = lo + start, lo + start + size
-            if self.shuffle:
-                idx = order[lo:hi]
-                yield self.X[idx], self.y[idx]
+        order = self.order() if self.shuffle else None
+        for _, part in self.parts(skip):
+            if order is None:
+                yield map_tensors(lambda t: t[part], self.data)
             else:
-                yield self.X[lo:hi], self.y[lo:hi]
+                idx = order[part]
+                yield map_tensors(lambda t: t[idx], self.data)
 
 
-def _part(n: int, rank: int, parts: int) -> Tuple[int, int]:
-    """``(start, size)`` of part ``rank`` of ``n`` items cut in ``parts`` nearly equal parts."""
-    base, extra = divmod(n, parts)
-    return rank * base + min(rank, extra), base + (rank < extra)
+class ArrayLoader(TensorLoader):
+    """Iterate over ``(X[idx], y[idx])`` batches of in-memory tensors (or NumPy arrays).
+
+    >>> loader = ArrayLoader(X, y, batch_size=256, shuffle=True, seed=0)
+    >>> for X_batch, y_batch in loader: ...
+    """
+
+    def __init__(self, X: Any, y: Any, batch_size: int, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, max_batches: Optional[int] = None, rank: int = 0, world_size: int = 1):
+        if len(X) != len(y):
+            raise ValueError(f"X and y must have the same number of samples, got {len(X)} and {len(y)}")
+        super().__init__((X, y), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                         max_batches=max_batches, rank=rank, world_size=world_size)
+        self.X, self.y = self.data
 
 
 class _End:

@@ -1,6 +1,7 @@
 """Start N local worker processes for one job and watch them: ``dptrain train --processes N``.
 
-Every worker is ``python -m dptrain train ...`` with torchrun's variables set (RANK,
+Every worker is ``python -m dptrain train ...`` (or the user's script, for ``dptrain
+launch``) with torchrun's variables set (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=a free port)
 and an equal share of the CPU cores (OMP_NUM_THREADS). Rank 0 writes to the terminal; the
 others' output is kept. If any worker fails or is killed, the others are stopped (SIGTERM,
@@ -77,9 +78,10 @@ def _describe(code: int) -> str:
     return f"exit code {code}"
 
 
-def launch(worker_args: Sequence[str], processes: int, port: Optional[int] = None,
+def launch(command: Sequence[str], processes: int, port: Optional[int] = None,
            env: Optional[dict] = None) -> int:
-    """Run ``python -m dptrain <worker_args>`` as ``processes`` ranks; return the exit code."""
+    """Run ``python <command>`` (``["-m", "dptrain", "train", ...]``, ``["train.py", ...]``) as
+    ``processes`` ranks; return the exit code."""
     if processes < 1:
         raise ValueError(f"--processes must be at least 1, got {processes}")
     port = port or free_port()
@@ -96,7 +98,7 @@ def launch(worker_args: Sequence[str], processes: int, port: Optional[int] = Non
         if sys.platform.startswith("linux"):
             child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dptrain", *worker_args], env=child_env,
+            [sys.executable, *command], env=child_env,
             stdout=None if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             start_new_session=True, preexec_fn=before_exec)
         worker = _Worker(rank, proc)

@@ -10,8 +10,8 @@ collectives whatever order its threads finish in.
 
 Each bucket also carries, per parameter, how many replicas produced a gradient (so a
 parameter unused on *every* process is known to be stale everywhere), and the last bucket
-can carry the number of samples this process contributed, so the global batch size costs
-no extra message.
+can carry this process's denominator (its number of samples, or a loss's weighted count),
+so the global one costs no extra message.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ class BucketReducer:
         self._lock = threading.Lock()
         self._arrived = [0] * len(first)
         self._next = 0
-        self._samples: Optional[int] = None
+        self._denominator = None
         self.enabled = True
         # One replica in this process: its gradients *are* views into the buckets, so
         # backward accumulates straight into them and nothing is copied in or out (as DDP's
@@ -132,12 +132,13 @@ class BucketReducer:
                     self._write(j, arrived=True)
         return hook
 
-    def prepare(self, samples: Optional[int] = None) -> None:
-        """Start a step; ``samples`` (this process's) rides in the last bucket when known."""
+    def prepare(self, denominator=None) -> None:
+        """Start a step; ``denominator`` (this process's: a number or a 0-d tensor) rides in
+        the last bucket when given."""
         with self._lock:
             self._arrived = [0] * len(self._arrived)
             self._next = 0
-            self._samples = samples
+            self._denominator = denominator
             for b in self.buckets:
                 b.pending, b.written, b.work = len(b.params), [False] * len(b.params), None
 
@@ -175,15 +176,15 @@ class BucketReducer:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
             bucket = self.buckets[self._next]
             last = self._next == len(self.buckets) - 1
-            bucket.buffer[-1] = self._samples if (last and self._samples is not None) else 0
+            bucket.buffer[-1] = self._denominator if (last and self._denominator is not None) else 0
             bucket.work = self.collective.all_reduce_async(bucket.buffer)
             self._next += 1
 
-    def finish(self) -> Tuple[List[int], Optional[int]]:
+    def finish(self) -> Tuple[List[int], Optional[torch.Tensor]]:
         """Send what backward did not, wait for every bucket, leave the sums in the buckets.
 
         Returns the parameters some replica of some process produced a gradient for, and the
-        global number of samples if ``prepare`` was given this process's.
+        global denominator (a 0-d tensor) if ``prepare`` was given this process's.
         """
         with self._lock:
             for j in range(len(self._arrived)):
@@ -200,16 +201,17 @@ class BucketReducer:
         for bucket in self.buckets:        # one device-to-host copy per bucket, not per parameter
             counts = bucket.buffer[bucket.numel:bucket.numel + len(bucket.params)].cpu()
             used += [j for j, c in zip(bucket.params, counts.tolist()) if c > 0]
-        samples = int(self.buckets[-1].buffer[-1].item()) if self._samples is not None else None
-        return sorted(used), samples
+        total = self.buckets[-1].buffer[-1] if self._denominator is not None else None
+        return sorted(used), total
 
-    def scatter(self, device_index: int, active: Sequence[int], scale: float) -> None:
-        """Leave ``scale`` times the summed gradients in replica ``device_index``; parameters
-        not in ``active`` get no gradient (the optimizer skips them)."""
+    def scatter(self, device_index: int, active: Sequence[int], scale=None) -> None:
+        """Leave ``scale`` (a float, a 0-d tensor, or None for 1) times the summed gradients in
+        replica ``device_index``; parameters not in ``active`` get no gradient (the optimizer
+        skips them)."""
         g = self.params[device_index]
         is_active = set(active)
         if self.views:
-            if scale != 1.0:
+            if scale is not None:
                 for bucket in self.buckets:
                     bucket.buffer[:bucket.numel].mul_(scale)
             for j, p in enumerate(g):
@@ -217,9 +219,15 @@ class BucketReducer:
             return
         for j in active:
             total = self._views[j]
-            if g[j].grad is None or g[j].grad.device != total.device:
+            if g[j].grad is None or g[j].grad.device != g[j].device:
                 g[j].grad = torch.empty_like(g[j])
-            torch.mul(total, scale, out=g[j].grad)      # copy and scale in one pass
+            if scale is None:
+                g[j].grad.copy_(total, non_blocking=True)
+            elif total.device == g[j].device:
+                torch.mul(total, scale, out=g[j].grad)      # copy and scale in one pass
+            else:       # another GPU than the buckets': copy, then scale there
+                g[j].grad.copy_(total, non_blocking=True).mul_(
+                    scale.to(g[j].device, non_blocking=True) if isinstance(scale, torch.Tensor) else scale)
         for j, p in enumerate(g):
             if j not in is_active:
                 p.grad = None

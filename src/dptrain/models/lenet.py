@@ -54,6 +54,22 @@ def lenet_reference(X: torch.Tensor, params: List[torch.Tensor]) -> torch.Tensor
     return h @ W4 + b4
 
 
+class FunctionalLeNet(nn.Module):
+    """The from-scratch LeNet's function (``lenet``) over its 8 parameters, as an ``nn.Module``.
+
+    >>> net = FunctionalLeNet(lenet_params(generator=torch.Generator().manual_seed(0)))
+    >>> net(X)                       # == lenet(X, params)
+    """
+
+    def __init__(self, params: Optional[List[torch.Tensor]] = None):
+        super().__init__()
+        params = lenet_params() if params is None else params
+        self.params = nn.ParameterList([nn.Parameter(p.detach().clone()) for p in params])
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return lenet(X, list(self.params))
+
+
 class ScratchLeNet(nn.Module):
     """The from-scratch LeNet as an ``nn.Module`` (average pooling, 20/50 channels, 128 hidden)."""
 

@@ -1,0 +1,121 @@
+"""Batches of any structure: a tensor, a tuple or list, or a dict of them, split along axis 0.
+
+A batch is what a loader yields: ``X``, ``(X, y)``, ``(X, mask, y)`` or
+``{"image": X, "label": y}``, nested as deep as needed. Every tensor in it holds the same
+number of samples along its first axis; lists of per-sample items (strings, say) of that
+length are split like tensors, other values are given whole to every shard.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+Batch = Any
+
+#: Keys a dict batch may hold its target under (exactly one of them).
+TARGET_KEYS = ("y", "target", "targets", "label", "labels")
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
+    """Apply ``fn`` to every tensor of ``batch``, keeping its structure."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return {k: map_tensors(fn, v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):          # a namedtuple
+        return type(batch)(*(map_tensors(fn, v) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(fn, v) for v in batch)
+    return batch
+
+
+def as_tensors(batch: Batch) -> Batch:
+    """NumPy arrays become tensors (sharing memory); everything else is kept."""
+    if isinstance(batch, np.ndarray):
+        return torch.from_numpy(batch)
+    if isinstance(batch, Mapping):
+        return {k: as_tensors(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
+        return type(batch)(as_tensors(v) for v in batch)
+    return batch
+
+
+def tensors_of(batch: Batch) -> List[torch.Tensor]:
+    out: List[torch.Tensor] = []
+    map_tensors(out.append, batch)
+    return out
+
+
+def batch_size(batch: Batch) -> int:
+    """The number of samples in ``batch``: the first axis of its tensors, which must agree."""
+    tensors = tensors_of(batch)
+    if not tensors:
+        raise TypeError(f"a batch must hold at least one tensor, got {type(batch).__name__}")
+    sizes = {t.shape[0] if t.dim() else None for t in tensors}
+    if None in sizes:
+        raise ValueError("a batch tensor has no batch axis (a 0-d tensor): every tensor needs the samples "
+                         "along its first axis")
+    if len(sizes) > 1:
+        raise ValueError(f"the tensors of a batch hold different numbers of samples {sorted(sizes)}: every "
+                         f"tensor needs the same first axis")
+    return sizes.pop()
+
+
+def split_structure(batch: Batch, sizes: Sequence[int]) -> List[Batch]:
+    """Cut ``batch`` into consecutive parts of ``sizes`` samples, keeping its structure."""
+    n = sum(sizes)
+
+    def cut(x: Any) -> List[Any]:
+        if isinstance(x, torch.Tensor):
+            return list(torch.split(x, list(sizes)))
+        if isinstance(x, Mapping):
+            parts = {k: cut(v) for k, v in x.items()}
+            return [{k: parts[k][i] for k in parts} for i in range(len(sizes))]
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            parts = [cut(v) for v in x]
+            return [type(x)(*(p[i] for p in parts)) for i in range(len(sizes))]
+        if isinstance(x, (tuple, list)):
+            if len(x) == n and x and not any(isinstance(v, (torch.Tensor, Mapping, tuple, list)) for v in x):
+                out, start = [], 0             # a list of per-sample items (strings...)
+                for s in sizes:
+                    out.append(type(x)(x[start:start + s]))
+                    start += s
+                return out
+            parts = [cut(v) for v in x]
+            return [type(x)(p[i] for p in parts) for i in range(len(sizes))]
+        return [x] * len(sizes)
+    return cut(batch)
+
+
+def to_device(batch: Batch, device: torch.device, memory_format: Optional[torch.memory_format] = None) -> Batch:
+    """Move every tensor to ``device``; virtual CPU devices share host memory (no copy).
+
+    ``memory_format``: 4-d float tensors (images) take it (channels_last, say)."""
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if not (device.type == "cpu" and t.device.type == "cpu"):
+            t = t.to(device, non_blocking=True)
+        if memory_format is not None and t.dim() == 4 and t.is_floating_point():
+            t = t.contiguous(memory_format=memory_format)
+        return t
+    return map_tensors(move, batch)
+
+
+def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
+    """How the default forward reads a batch: ``((args, kwargs), target)``.
+
+    ``(x, y)``: ``model(x)`` against ``y``; ``(x1, x2, ..., y)``: ``model(x1, x2, ...)``;
+    a dict: ``model(**others)`` against its target key (one of ``TARGET_KEYS``).
+    """
+    if isinstance(batch, Mapping):
+        keys = [k for k in TARGET_KEYS if k in batch]
+        if len(keys) != 1:
+            raise ValueError(f"a dict batch needs exactly one target key among {', '.join(TARGET_KEYS)}, got "
+                             f"keys {', '.join(map(str, batch))}: rename it, or pass forward=fn(model, batch) -> "
+                             f"(output, target), or step=fn(model, batch) -> loss")
+        return ((), {k: v for k, v in batch.items() if k != keys[0]}), batch[keys[0]]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return (tuple(batch[:-1]), {}), batch[-1]
+    raise ValueError(f"a batch of one {type(batch).__name__} has no target: give (input, target) pairs, or pass "
+                     f"step=fn(model, batch) -> loss")

@@ -1,0 +1,156 @@
+"""Batches from any map-style ``torch.utils.data.Dataset``, in ``EpochPlan``'s order.
+
+``DatasetLoader`` hands this process's part of each global batch to a PyTorch
+``DataLoader`` as a batch of indices, so ``num_workers`` background processes read and
+collate them while the devices compute, and the order is still ``EpochPlan``'s. Every
+sample is read under a seed of its own, ``(seed, epoch, position in the epoch)``, so random
+transforms draw the same numbers whatever the number of workers, devices or processes, and
+an epoch resumed part-way sees what an unbroken one saw.
+
+``make_loader`` picks the loader for what the user gave: tensors (or a ``TensorDataset``)
+are gathered in memory; a ``Dataset`` (or the dataset of a ``DataLoader``) goes through
+``DatasetLoader``.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Iterator, List, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data._utils.collate import default_collate
+
+from ..batch import Batch, map_tensors
+from .loader import EpochPlan, TensorLoader
+
+
+class _Part(list):
+    """The indices of one process's part of a batch, with what seeds its samples: the run's
+    seed, the epoch, and the position of its first sample in the epoch's order."""
+    seed = None
+
+
+class _Seeded(Dataset):
+    """Reads each sample under its own seed (torch, ``random`` and NumPy), restoring the
+    caller's random state afterwards."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: List[int]) -> List[Any]:
+        where = getattr(indices, "seed", None)
+        if where is None:
+            return [self.dataset[i] for i in indices]
+        seed_, epoch, start = where
+        state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+        try:
+            out = []
+            for k, i in enumerate(indices):
+                seed = hash((seed_, epoch, start + k)) % 2**32      # ints hash alike in every process
+                torch.default_generator.manual_seed(seed)   # 1.3 us; torch.manual_seed: 116 us here
+                random.seed(seed)
+                np.random.seed(seed)
+                out.append(self.dataset[i])
+            return out
+        finally:
+            torch.set_rng_state(state[0])
+            random.setstate(state[1])
+            np.random.set_state(state[2])
+
+
+class _Parts:
+    """The batch sampler: this process's non-empty parts, in order, from batch ``skip``."""
+
+    def __init__(self, plan: EpochPlan):
+        self.plan, self.skip = plan, 0
+
+    def __iter__(self) -> Iterator[_Part]:
+        order = self.plan.order()
+        for b, part in self.plan.parts(self.skip):
+            if part.stop > part.start:
+                indices = _Part(order[part].tolist())
+                indices.seed = (self.plan.seed, self.plan.epoch, part.start)
+                yield indices
+
+    def __len__(self) -> int:
+        return sum(part.stop > part.start for _, part in self.plan.parts(self.skip))
+
+
+class DatasetLoader(EpochPlan):
+    """Iterate over batches of a map-style ``Dataset``, read by ``num_workers`` processes.
+
+    >>> loader = DatasetLoader(dataset, batch_size=256, shuffle=True, seed=0, num_workers=2)
+    >>> loader.set_epoch(3)
+    >>> for batch in loader: ...              # what collate_fn makes of 256 samples
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, num_workers: int = 0,
+                 collate_fn: Optional[Callable[[List[Any]], Batch]] = None, pin_memory: bool = False,
+                 **plan: Any):
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+            raise TypeError(f"{type(dataset).__name__} is not a map-style Dataset (with __len__ and __getitem__): "
+                            f"the order of an epoch must depend only on (seed, epoch); index your data")
+        try:
+            n = len(dataset)
+        except TypeError:
+            raise TypeError(f"{type(dataset).__name__} has no __len__: a map-style Dataset needs one") from None
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")
+        super().__init__(n, batch_size, **plan)
+        self.dataset, self.num_workers = dataset, num_workers
+        self.collate_fn = collate_fn or default_collate
+        self._sampler = _Parts(self)
+        self._loader = DataLoader(_Seeded(dataset), batch_sampler=self._sampler, num_workers=num_workers,
+                                  collate_fn=self.collate_fn, pin_memory=pin_memory,
+                                  persistent_workers=num_workers > 0)
+        self._empty: Optional[Batch] = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.batches()
+
+    def batches(self, skip: int = 0) -> Iterator[Batch]:
+        """This epoch's batches from batch ``skip`` on (to resume an epoch part-way)."""
+        self._sampler.skip = skip
+        parts = [part.stop > part.start for _, part in self.parts(skip)]
+        read = iter(self._loader) if any(parts) else iter(())
+        for has_samples in parts:
+            yield next(read) if has_samples else self.empty_batch()
+
+    def example(self) -> Batch:
+        """A batch of the first sample (to show a lazy model its input)."""
+        return self.collate_fn([self.dataset[0]])
+
+    def empty_batch(self) -> Batch:
+        """A batch of no sample with the structure of the others (a process's part of a last
+        batch smaller than the number of processes)."""
+        if self._empty is None:
+            self._empty = map_tensors(lambda t: t[:0], self.example())
+        return self._empty
+
+
+def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
+                pin_memory: bool = False, **plan: Any) -> EpochPlan:
+    """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
+    ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, or a ``DataLoader``
+    (its dataset, collate function and workers are used; the order and batch size are ours)."""
+    if isinstance(data, DataLoader):
+        collate_fn = collate_fn or data.collate_fn
+        num_workers = num_workers or data.num_workers
+        data = data.dataset
+    if isinstance(data, TensorDataset) and collate_fn is None:
+        data = tuple(data.tensors) if len(data.tensors) > 1 else data.tensors[0]
+    if isinstance(data, (Dataset, IterableDataset)) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
+                                                       and not isinstance(data, (torch.Tensor, np.ndarray, tuple,
+                                                                                 list, dict))):
+        return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
+                             pin_memory=pin_memory, **plan)
+    if num_workers:
+        raise ValueError("num_workers applies to a Dataset; tensors in memory are gathered without workers")
+    return TensorLoader(data, batch_size, **plan)

@@ -1,0 +1,248 @@
+"""A Task's model on the devices of one process: one training step per batch, and evaluation.
+
+Each step splits this process's batch (any structure) over the devices, runs forward and
+backward of every shard at once, and lets the ``Trainer`` sum the gradients over devices
+and processes and divide them once by the global denominator (``losses.py``), so N devices
+and N processes take the step one device takes on the whole global batch.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from .batch import Batch, batch_size, input_and_target, split_structure, to_device
+from .losses import Count, LossAdapter
+from .replicas import replicate
+from .split import shard_sizes
+from .task import Task
+from .trainer import Trainer
+
+Totals = Dict[str, torch.Tensor]
+
+
+def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
+    """``(x, y)`` -> ``(model(x), y)``; see ``batch.input_and_target`` for the other shapes."""
+    (args, kwargs), target = input_and_target(batch)
+    return model(*args, **kwargs), target
+
+
+def _host_number(count: Count) -> Count:
+    # A count computed on the host is a plain number: sending a CPU tensor into a GPU bucket
+    # would wait for the GPU.
+    if isinstance(count, torch.Tensor) and count.device.type == "cpu":
+        value = count.item()
+        return int(value) if float(value).is_integer() else value
+    return count
+
+
+def _add(a: Count, b: Count) -> Count:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device != b.device:
+        b = b.to(a.device, non_blocking=True)
+    return a + b
+
+
+class ModelEngine:
+    """Train and evaluate ``task.model`` data-parallel on ``devices``.
+
+    >>> engine = ModelEngine(task, [cpu(0), cpu(1)])
+    >>> loss_sum, count = engine.train_batch(batch)     # one step on the whole batch
+    >>> totals = engine.evaluate(loader)                # {"loss": ..., "count": ..., ...}
+    """
+
+    def __init__(self, task: Task, devices: Sequence[torch.device], kvstore: Optional[str] = "device",
+                 sync_batchnorm: bool = False, amp: Optional[torch.dtype] = None, channels_last: bool = False,
+                 bucket_cap_mb: float = 25.0):
+        self.task = task
+        self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
+        self.forward = task.forward or default_forward
+        self.memory_format = torch.channels_last if channels_last else None
+        model = task.model
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.replicas = replicate(model, devices, init=task.init, sync_batchnorm=sync_batchnorm)
+        self.devices = self.replicas.devices
+        self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
+                               bucket_cap_mb=bucket_cap_mb)
+        self.amp = amp
+        self.runner = self.trainer.runner
+
+    @property
+    def classification(self) -> bool:
+        return self.adapter is not None and self.adapter.classification
+
+    def prepare(self, example: Batch, lr: Optional[float] = None) -> None:
+        """Materialise lazy layers with a one-sample batch, then set the learning rate."""
+        def run(net: nn.Module, batch: Batch) -> None:
+            self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0])
+        self.replicas.initialize(example, run)
+        if lr is not None:
+            self.trainer.set_learning_rate(lr)
+        else:
+            self.trainer.learning_rate      # builds the optimizers now: their lrs are checked here
+
+    # -- training ----------------------------------------------------------------------
+    def _autocast(self, device: torch.device):
+        return torch.autocast(device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None)
+
+    def _loss(self, net: nn.Module, shard: Batch, device: torch.device) -> Tuple[torch.Tensor, Count]:
+        """The shard's loss as a sum, and its denominator (None: a sum, nothing to divide)."""
+        with self._autocast(device):
+            if self.adapter is not None:
+                output, target = self.forward(net, shard)
+                return self.adapter(output, target), self.adapter.count(target)
+            out = self.task.step(net, shard)
+        if isinstance(out, (tuple, list)):
+            if len(out) != 2:
+                raise ValueError(f"step returned {len(out)} values: return the loss, or (sum, count)")
+            self._step_pairs = True
+            return out[0].reshape(()), out[1]
+        if not isinstance(out, torch.Tensor) or out.numel() != 1:
+            raise ValueError(f"step must return the loss (one number) or (sum, count), got "
+                             f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        self._step_pairs = False
+        if self.task.reduction == "sum":
+            return out.reshape(()), None
+        n = batch_size(shard)
+        return out.reshape(()) * n, n
+
+    _step_pairs: Optional[bool] = None      # whether the step function returns (sum, count)
+
+    def _known_count(self, batch: Batch) -> Tuple[bool, Count]:
+        """This process's denominator before any forward, when the batch alone tells it."""
+        if self.adapter is None:
+            if self.task.reduction == "sum" and self._step_pairs is False:
+                return True, None
+            if self._step_pairs is False:
+                return True, batch_size(batch)
+            return False, None          # not known yet whether the step returns (sum, count)
+        if self.task.forward is not None:
+            return False, None
+        _, target = input_and_target(batch)
+        return True, _host_number(self.adapter.count(target))
+
+    def train_batch(self, batch: Batch, skip_nonfinite: bool = False) -> Tuple[torch.Tensor, Count]:
+        """One step on this process's ``batch``: return its loss sum (on ``devices[0]``; NaN if
+        the step was skipped) and what the loss is divided by (samples for a sum loss).
+
+        ``skip_nonfinite``: if a gradient is NaN or infinite on any device of any process, the
+        model is left as it was.
+        """
+        n = batch_size(batch)
+        # With several processes this is the process's part of the global batch: it may have
+        # fewer samples than devices, or none; devices without samples contribute zeros.
+        k = min(n, len(self.devices))
+        shards = split_structure(batch, shard_sizes(n, k, even_split=False)) if k else []
+        known, denominator = self._known_count(batch) if k else (True, 0)
+        counts: List[Count] = [None] * len(self.devices)
+
+        def compute(i: int) -> torch.Tensor:
+            if i >= k:
+                return self._idle(i)
+            device = self.devices[i]
+            with torch.enable_grad():
+                value, counts[i] = self._loss(self.replicas[i], to_device(shards[i], device, self.memory_format),
+                                              device)
+            value.backward()
+            return value.detach()
+
+        def shard_counts() -> Count:        # once every shard has computed its own
+            total = None
+            for c in counts:
+                total = _add(total, _host_number(c))
+            return total
+        losses = self.trainer.step_with(compute, denominator if known else shard_counts,
+                                        skip_nonfinite=skip_nonfinite)
+        loss = sum(v.double().to(self.devices[0]) for v in losses)
+        if not known:
+            denominator = shard_counts()
+        if not self.trainer.stepped:
+            loss = torch.full_like(loss, math.nan)
+        return loss, (n if denominator is None else denominator)
+
+    def _idle(self, i: int) -> torch.Tensor:
+        for p in self.replicas[i].parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        return torch.zeros((), device=self.devices[i])
+
+    # -- evaluation --------------------------------------------------------------------
+    def evaluate(self, batches) -> Totals:
+        """Sum the loss, its denominator, correct predictions (classification) and every metric's
+        ``(sum, count)`` over ``batches``, split across the devices; in eval mode, without
+        gradients. Sums stay on the devices until the end: one wait, not one per batch."""
+        metrics = self.task.metrics
+        if metrics and self.adapter is None and self.task.forward is None:
+            raise ValueError("metrics need outputs and targets: with a step function, also give "
+                             "forward=fn(model, batch) -> (output, target)")
+        totals: List[Dict[str, Any]] = [{} for _ in self.devices]
+
+        def shard_totals(i: int, shard: Batch) -> None:
+            if shard is None:
+                return
+            net, out, device = self.replicas[i], totals[i], self.devices[i]
+            shard = to_device(shard, device, self.memory_format)
+            if self.adapter is None:
+                value, count = self._loss(net, shard, device)
+                _accumulate(out, "loss", value)
+                _accumulate(out, "count", batch_size(shard) if count is None else count)
+                if self.task.forward is None:
+                    return
+            with self._autocast(device):
+                output, target = self.forward(net, shard)
+            if self.adapter is not None:
+                count = self.adapter.count(target)
+                _accumulate(out, "loss", self.adapter(output, target))
+                _accumulate(out, "count", batch_size(shard) if count is None else count)
+                hits = self.adapter.correct(output, target)
+                if hits is not None:
+                    _accumulate(out, "correct", hits[0])
+                    _accumulate(out, "correct_count", hits[1])
+            for name, fn in metrics.items():
+                value, count = fn(output, target)
+                _accumulate(out, name, value)
+                _accumulate(out, f"{name}_count", count)
+
+        was_training = [m.training for m in self.replicas]
+        self.replicas.eval()
+        try:
+            with torch.no_grad():
+                for batch in batches:
+                    n = batch_size(batch)
+                    k = min(n, len(self.devices))
+                    if k == 0:
+                        continue
+                    shards = split_structure(batch, shard_sizes(n, k, even_split=False))
+                    self.runner.map(shard_totals, shards + [None] * (len(self.devices) - k))
+        finally:
+            for m, mode in zip(self.replicas, was_training):
+                m.train(mode)
+        out: Dict[str, Any] = {}
+        for part in totals:
+            for key, value in part.items():
+                _accumulate(out, key, value.to(self.devices[0]) if isinstance(value, torch.Tensor) else value)
+        return {k: torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]) for k, v in out.items()}
+
+    # -- state -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"model": self.replicas[0].state_dict(), "trainer": self.trainer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        try:
+            for m in self.replicas:
+                m.load_state_dict(state["model"])
+        except (KeyError, RuntimeError) as e:
+            raise ValueError(f"the checkpoint's model does not fit this one: {str(e).splitlines()[0]}") from None
+        self.trainer.load_state_dict(state["trainer"])
+
+
+def _accumulate(out: Dict[str, Any], key: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().double()
+    out[key] = value if key not in out else _add(out[key], value)
