@@ -267,3 +267,108 @@ def test_skip_nonfinite_leaves_every_replica_unchanged(kvstore):
     replicas.forward_backward(Xs[:1] + [Xs[0]], ys[:1] + [ys[0]])  # and training goes on
     assert trainer.step(6, skip_nonfinite=True) is True
     assert not torch.equal(replicas[0].weight, before[0][0])
+
+
+def test_frozen_parameters_stay_frozen_and_are_not_sent():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    net[0].weight.requires_grad_(False)
+    frozen = net[0].weight.detach().clone()
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    replicas = dptrain.replicate(net, devices)
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.5})
+    X, y = torch.randn(6, 4), torch.randint(0, 2, (6,))
+    for _ in range(2):
+        replicas.forward_backward(*dptrain.split_batch(X, y, devices))
+        trainer.step(6)
+    assert not net[0].weight.requires_grad and not replicas[1][0].weight.requires_grad
+    assert torch.equal(net[0].weight, frozen) and torch.equal(replicas[1][0].weight, frozen)
+    assert not torch.equal(net[2].weight, replicas[1][2].weight * 0)      # the rest did train
+    assert len(trainer._groups[0]) == 3
+
+
+def test_learning_rate_zero_is_accepted_and_nan_is_refused():
+    p = torch.ones(1, requires_grad=True)
+    trainer = dptrain.Trainer([p], "sgd", {"learning_rate": 0}, kvstore=None)   # warm-up starts here
+    p.sum().backward()
+    trainer.step(1)
+    assert p.item() == 1.0
+    for bad in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ValueError, match="learning_rate'\\] must be a finite number >= 0"):
+            dptrain.Trainer([torch.ones(1, requires_grad=True)], "sgd", {"learning_rate": bad})
+        with pytest.raises(ValueError, match="learning rate must be a finite number >= 0"):
+            trainer.set_learning_rate(bad)
+    with pytest.raises(ValueError, match="learning rate of parameter group 0 must be a finite number"):
+        q = torch.ones(1, requires_grad=True)
+        opt = torch.optim.SGD([q], lr=0.1)
+        opt.param_groups[0]["lr"] = float("nan")
+        dptrain.Trainer([q], opt, kvstore=None)
+
+
+@pytest.mark.parametrize("n_devices", [1, 2, 3])
+def test_torch_optimizers_with_groups_and_a_scheduler_equal_plain_pytorch(n_devices):
+    """AdamW with two parameter groups (their own lrs) and a cosine schedule on the Trainer's
+    optimizer, over N devices, takes the steps plain PyTorch takes on one."""
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def groups(net):
+        return [{"params": net[0].parameters(), "lr": 0.05}, {"params": net[2].parameters()}]
+    ref, net = make(), make()
+    opt = torch.optim.AdamW(groups(ref), lr=0.01, weight_decay=0.1)
+    ref_sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)
+    devices = [dptrain.cpu(i) for i in range(n_devices)]
+    replicas = dptrain.replicate(net, devices)
+    trainer = dptrain.Trainer(replicas, torch.optim.AdamW(groups(net), lr=0.01, weight_decay=0.1))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(trainer.optimizer, T_max=4)
+    for X, y in batches(n=7, steps=3):
+        X = X.view(7, -1)[:, :4]
+        opt.zero_grad()
+        nn.functional.cross_entropy(ref(X), y % 3).backward()
+        opt.step()
+        ref_sched.step()
+        replicas.forward_backward(*dptrain.split_batch(X, y % 3, devices, even_split=False))
+        trainer.step(7)
+        sched.step()
+    for p, q in zip(ref.parameters(), net.parameters()):
+        torch.testing.assert_close(p, q)
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == [g["lr"] for g in opt.param_groups]
+    state = trainer.state_dict()
+    assert state["optimizer"] == "AdamW" and len(state["groups"]) == 2
+
+
+def test_optimizer_factories_and_classes():
+    net = nn.Linear(2, 1)
+    assert isinstance(dptrain.Trainer(net, torch.optim.AdamW)._optimizers[0], torch.optim.AdamW)
+    from functools import partial
+    trainer = dptrain.Trainer(net, partial(torch.optim.SGD, lr=0.3, momentum=0.5))
+    assert trainer.learning_rate == 0.3 and trainer._optimizers[0].param_groups[0]["momentum"] == 0.5
+    with pytest.raises(ValueError, match="optimizer_params go with an optimizer name"):
+        dptrain.Trainer(net, torch.optim.SGD, {"learning_rate": 0.1})
+    with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
+        dptrain.Trainer(net, lambda params: 3)
+    other = nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="not a trainable parameter of the model"):
+        dptrain.Trainer(net, torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_no_grad_and_inference_mode_reach_every_device(mode):
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    replicas = dptrain.replicate(net, devices)
+    with mode():
+        outs = replicas.forward(dptrain.split_and_load(torch.randn(6, 4), devices))
+    assert [o.requires_grad for o in outs] == [False, False]
+    outs = replicas.forward(dptrain.split_and_load(torch.randn(6, 4), devices))
+    assert [o.requires_grad for o in outs] == [True, True]
+
+
+def test_the_default_loss_refuses_regression_targets():
+    net = nn.Linear(3, 1)
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    replicas = dptrain.replicate(net, devices)
+    X, y = torch.randn(4, 3), torch.randn(4, 1)
+    with pytest.raises(ValueError, match="the default loss is cross-entropy over class indices"):
+        replicas.forward_backward(*dptrain.split_batch(X, y, devices))

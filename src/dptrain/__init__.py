@@ -10,6 +10,7 @@ from .allreduce import allreduce
 from .data import ArrayLoader, DatasetLoader, TensorLoader, load_dataset
 from .devices import (as_device, cpu, format_devices, gpu, num_gpus, parse_devices, try_all_gpus,
                       try_gpu)
+from .distributed.env import rank
 from .evaluate import count_correct, evaluate_accuracy
 from .fit import fit
 from .parallel import DeviceRunner, get_runner
@@ -24,5 +25,5 @@ __version__ = "0.1.0"
 __all__ = ["ArrayLoader", "DatasetLoader", "DeviceRunner", "NotInitializedError", "Replicas",
            "ScratchDataParallel", "Task", "TensorLoader", "Trainer", "allreduce", "as_device", "count_correct",
            "cpu", "evaluate_accuracy", "fit", "format_devices", "get_params", "get_runner", "gpu",
-           "load_dataset", "num_gpus", "parse_devices", "replicate", "sgd", "split_and_load", "split_batch",
+           "load_dataset", "num_gpus", "parse_devices", "rank", "replicate", "sgd", "split_and_load", "split_batch",
            "try_all_gpus", "try_gpu"]

@@ -97,21 +97,50 @@ class Run:
         if config.resume:
             self._resume()
 
+    def close(self) -> None:
+        """Stop the data loaders' worker processes, if any."""
+        for loader in (self.train_loader, self.eval_loader):
+            if hasattr(loader, "close"):
+                loader.close()
+
     # -- checkpoints -------------------------------------------------------------------
     def _identity(self) -> Dict[str, Any]:
         return {"recipe": self.task.name, "dataset": self.task.dataset, "batch_size": self.batch_size,
                 "seed": self.config.seed, "devices": len(self.devices), "world_size": self.env.world_size}
 
+    def _rng_states(self) -> List[torch.Tensor]:
+        """Every process's random state (CPU, and its GPUs'), for dropout and the like."""
+        state = torch.get_rng_state()
+        cuda = [d for d in self.devices if d.type == "cuda"]
+        if cuda:
+            state = torch.cat([state] + [torch.cuda.get_rng_state(d) for d in cuda])
+        return [s.cpu() for s in self.collective.all_gather(state)]
+
+    def _set_rng_state(self, states: List[torch.Tensor]) -> None:
+        state = states[self.env.rank] if self.env.rank < len(states) else states[0]
+        cpu = torch.get_rng_state()
+        torch.set_rng_state(state[:cpu.numel()])
+        rest = state[cpu.numel():]
+        for d in (d for d in self.devices if d.type == "cuda"):
+            n = torch.cuda.get_rng_state(d).numel()
+            if rest.numel() >= n:
+                torch.cuda.set_rng_state(rest[:n], d)
+                rest = rest[n:]
+
     def _save(self, epoch: int, batch: int, partial: List[List[float]], seconds: float) -> None:
-        """Rank 0 writes; ``partial`` holds every process's ``[loss sum, denominator]`` so far."""
-        if not self.config.checkpoint_dir or self.env.rank != 0:
+        """Rank 0 writes; ``partial`` holds every process's ``[loss sum, denominator]`` so far.
+        Every process calls it (they send their random states)."""
+        if not self.config.checkpoint_dir:
+            return
+        rng = self._rng_states()
+        if self.env.rank != 0:
             return
         save_checkpoint(self.config.checkpoint_dir, {
             "identity": json.dumps(self._identity()), "epoch": epoch, "batch": batch,
             "partial": partial, "seconds": seconds, "skipped": self.skipped,
             "history": json.dumps(self.history), "engine": self.engine.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": torch.get_rng_state()})
+            "rng": rng})
 
     def _resume(self) -> None:
         state = load_checkpoint(self.config.checkpoint_dir)
@@ -129,7 +158,7 @@ class Run:
                 self.scheduler.load_state_dict(state["scheduler"])
         except (ValueError, KeyError) as e:
             raise CheckpointError(f"cannot resume from {checkpoint_path(self.config.checkpoint_dir)}: {e}") from None
-        torch.set_rng_state(state["rng"])
+        self._set_rng_state(state["rng"])
         self.history = json.loads(state["history"])
         self.skipped = state["skipped"]
         loss, count = state["partial"][self.env.rank]

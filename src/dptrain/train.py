@@ -39,13 +39,18 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     """Train ``task`` as ``config`` says; return the result (the ``--json`` object).
 
     ``plot``: a .png/.svg/.pdf file rank 0 draws the history into."""
-    env = DistEnv.from_environ()
+    env = DistEnv.current()
     devices = process_devices(config.devices, env)
+    joined = env.distributed and not torch.distributed.is_initialized()
     backend = init_distributed(env, config.backend, use_cuda=any(d.type == "cuda" for d in devices))
     try:
-        result = Run(task, config, env, devices, backend, log if env.rank == 0 else None).run()
+        run = Run(task, config, env, devices, backend, log if env.rank == 0 else None)
+        try:
+            result = run.run()
+        finally:
+            run.close()
     finally:
-        if backend is not None:
+        if joined:              # a process group the caller made is the caller's to end
             shutdown_distributed()
     if plot and env.rank == 0:
         from .plot import describe, plot_runs

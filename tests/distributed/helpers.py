@@ -38,7 +38,7 @@ def run_workers(fn, *args, world_size=2, timeout=TIMEOUT_S):
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, init_file, results, args), daemon=True)
+        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, init_file, results, args), daemon=False)   # DataLoader workers need a non-daemon parent
                  for r in range(world_size)]
         for p in procs:
             p.start()

@@ -156,3 +156,30 @@ def test_two_processes_skip_or_stop_on_nan_together(data_dir):
     stopped = run(base)
     assert stopped.returncode == 1
     assert "the loss became NaN or infinite at epoch 1, batch" in stopped.stderr
+
+
+def test_a_user_task_on_two_processes_stopped_mid_epoch_resumes_bit_identical(tmp_path):
+    """The same for your own Task (AdamW, a per-batch schedule, dropout) on two processes."""
+    base = ["train", "--recipe", "tests/tasks/user_task.py:make", "--processes", "2", "--json", "--epochs", "2",
+            "--max-batches", "600"]
+    whole = run(base + ["--checkpoint-dir", str(tmp_path / "a")])
+    assert whole.returncode == 0, whole.stderr
+    metrics = tmp_path / "b.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", *base, "--checkpoint-dir", str(tmp_path / "b"),
+                             "--metrics", str(metrics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = signal_in_second_epoch(proc, metrics, signal.SIGINT)
+    assert proc.returncode == 130, err
+    resumed = run(base + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
+    assert strip(resumed.stdout) == strip(whole.stdout)
+
+
+def test_dptrain_launch_runs_a_user_script_on_two_processes():
+    """examples/train_your_own.py under `dptrain launch`: one result line, from rank 0."""
+    out = run(["launch", "--processes", "2", "examples/train_your_own.py", "--epochs", "2"])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1].startswith("test mae ") and sum(ln.startswith("test mae") for ln in lines) == 1
+    assert "2 processes x [cpu:0]" in out.stdout

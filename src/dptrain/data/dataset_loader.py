@@ -14,6 +14,7 @@ are gathered in memory; a ``Dataset`` (or the dataset of a ``DataLoader``) goes 
 from __future__ import annotations
 
 import random
+import weakref
 from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
@@ -106,10 +107,14 @@ class DatasetLoader(EpochPlan):
         super().__init__(n, batch_size, **plan)
         self.dataset, self.num_workers = dataset, num_workers
         self.collate_fn = collate_fn or default_collate
-        self._sampler = _Parts(self)
+        # A weak reference: in a reference cycle the garbage collector may close the worker
+        # queues before the DataLoader says goodbye to its workers, which then linger 5 s each.
+        self._sampler = _Parts(weakref.proxy(self))
+        # Its own generator: making an iterator draws a seed, which must not move the caller's RNG.
         self._loader = DataLoader(_Seeded(dataset), batch_sampler=self._sampler, num_workers=num_workers,
                                   collate_fn=self.collate_fn, pin_memory=pin_memory,
-                                  persistent_workers=num_workers > 0)
+                                  persistent_workers=num_workers > 0,
+                                  generator=torch.Generator().manual_seed(self.seed))
         self._empty: Optional[Batch] = None
 
     def __iter__(self) -> Iterator[Batch]:
@@ -122,10 +127,18 @@ class DatasetLoader(EpochPlan):
         read = iter(self._loader) if any(parts) else iter(())
         for has_samples in parts:
             yield next(read) if has_samples else self.empty_batch()
+        next(read, None)        # let the DataLoader see the end of its epoch (its workers then wait)
 
     def example(self) -> Batch:
         """A batch of the first sample (to show a lazy model its input)."""
         return self.collate_fn([self.dataset[0]])
+
+    def close(self) -> None:
+        """Stop the worker processes now (they also stop when the loader is dropped)."""
+        iterator = getattr(self._loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self._loader._iterator = None
 
     def empty_batch(self) -> Batch:
         """A batch of no sample with the structure of the others (a process's part of a last

@@ -82,9 +82,14 @@ class TorchCollective(Collective):
 def get_collective(new_group: bool = False) -> Collective:
     """The collective for this process: torch.distributed's if initialised, else the identity.
 
+    Under torchrun (``WORLD_SIZE`` > 1 in the environment) a process that has not joined the
+    process group joins it here, so a Trainer never trains the ranks independently.
     ``new_group=True`` gives a collective on a process group of its own (every process must
     ask at the same point), for traffic that may run at the same time as the gradients'.
     """
+    if dist.is_available() and not dist.is_initialized():
+        from .env import join_from_environment
+        join_from_environment()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return TorchCollective(dist.new_group() if new_group else None)
     return Collective()

@@ -48,6 +48,23 @@ class DistEnv:
         local_world = read("LOCAL_WORLD_SIZE", 1 if world == 1 else world)
         return cls(rank, world, read("LOCAL_RANK", rank % max(local_world, 1)), local_world)
 
+    @classmethod
+    def current(cls) -> "DistEnv":
+        """The process group this process already joined, if any (however it was started),
+        else the environment's description of the job."""
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if os.environ.get(
+                "LOCAL_WORLD_SIZE", "").isdigit() else world
+            local = os.environ.get("LOCAL_RANK", "")
+            return cls(rank, world, int(local) if local.isdigit() else rank % max(local_world, 1), local_world)
+        return cls.from_environ()
+
+
+def rank() -> int:
+    """This process's rank in its job (0 outside one): ``if dptrain.rank() == 0: print(...)``."""
+    return DistEnv.current().rank
+
 
 def choose_backend(backend: str, use_cuda: bool) -> str:
     """``auto``: NCCL for GPU processes, gloo otherwise; NCCL without a GPU is an error."""
@@ -86,6 +103,15 @@ def init_distributed(env: DistEnv, backend: str = "auto", use_cuda: bool = False
                              f"N), or stop the program holding it") from None
         raise
     return backend
+
+
+def join_from_environment() -> Optional[str]:
+    """Join the job the environment describes (torchrun's variables), if any and not yet."""
+    env = DistEnv.from_environ()
+    if not env.distributed or dist.is_initialized():
+        return None
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > env.local_rank
+    return init_distributed(env, "auto", use_cuda=use_cuda)
 
 
 def shutdown_distributed() -> None:

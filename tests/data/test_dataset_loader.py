@@ -1,0 +1,103 @@
+"""A map-style Dataset read by worker processes: EpochPlan's order, every sample once, and
+random transforms that draw the same numbers whatever the workers, processes or resume."""
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+from dptrain.data import DatasetLoader, TensorLoader, make_loader
+
+
+class Indexed(Dataset):
+    """Sample i is ``{"x": [i, noise], "y": i}``: the noise is a random 'augmentation'."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        noise = torch.rand(()).item() + np.random.rand() + __import__("random").random()
+        return {"x": torch.tensor([float(i), noise]), "y": i}
+
+
+def epoch(loader, e, skip=0):
+    loader.set_epoch(e)
+    return list(loader.batches(skip))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_sample_once_per_epoch_over_all_ranks(workers):
+    n, world = 23, 3
+    seen = []
+    for rank in range(world):
+        loader = DatasetLoader(Indexed(n), 5, num_workers=workers, shuffle=True, seed=3, rank=rank,
+                               world_size=world)
+        for batch in epoch(loader, 1):
+            seen += batch["y"].tolist()
+    assert sorted(seen) == list(range(n))
+
+
+def test_the_order_is_the_in_memory_loaders_and_does_not_depend_on_the_world_size():
+    n = 23
+    ours = [b["y"].tolist() for b in epoch(DatasetLoader(Indexed(n), 5, shuffle=True, seed=3), 2)]
+    memory = [b.tolist() for b in epoch(TensorLoader(torch.arange(n), 5, shuffle=True, seed=3), 2)]
+    assert ours == memory
+    halves = [epoch(DatasetLoader(Indexed(n), 5, shuffle=True, seed=3, rank=r, world_size=2), 2) for r in (0, 1)]
+    assert [a["y"].tolist() + b["y"].tolist() for a, b in zip(*halves)] == ours
+
+
+def test_random_transforms_draw_the_same_numbers_whatever_reads_them():
+    n = 17
+    one = epoch(DatasetLoader(Indexed(n), 4, shuffle=True, seed=1), 0)
+    workers = epoch(DatasetLoader(Indexed(n), 4, num_workers=2, shuffle=True, seed=1), 0)
+    parts = [epoch(DatasetLoader(Indexed(n), 4, shuffle=True, seed=1, rank=r, world_size=2), 0) for r in (0, 1)]
+    resumed = epoch(DatasetLoader(Indexed(n), 4, shuffle=True, seed=1), 0, skip=2)
+    for a, b in zip(one, workers):
+        assert torch.equal(a["x"], b["x"])
+    for a, p, q in zip(one, *parts):
+        assert torch.equal(a["x"], torch.cat([p["x"], q["x"]]))
+    for a, b in zip(one[2:], resumed):
+        assert torch.equal(a["x"], b["x"])
+    other_epoch = epoch(DatasetLoader(Indexed(n), 4, shuffle=False, seed=1), 1)
+    assert not torch.equal(one[0]["x"][:, 1], other_epoch[0]["x"][:, 1])
+
+
+def test_the_callers_random_state_is_left_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    epoch(DatasetLoader(Indexed(9), 4, shuffle=True), 0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_process_with_no_sample_gets_an_empty_batch_of_the_same_structure():
+    loader = DatasetLoader(Indexed(5), 4, rank=2, world_size=3)      # last batch: 1 sample, 3 ranks
+    batches = epoch(loader, 0)
+    assert [len(b["y"]) for b in batches] == [1, 0]
+    assert batches[1]["x"].shape == (0, 2)
+
+
+def test_make_loader_picks_the_loader():
+    X, y = torch.randn(10, 2), torch.arange(10)
+    assert isinstance(make_loader(TensorDataset(X, y), 4), TensorLoader)
+    assert isinstance(make_loader((X.numpy(), y.numpy()), 4), TensorLoader)
+    assert isinstance(make_loader(Indexed(3), 4), DatasetLoader)
+    wrapped = make_loader(DataLoader(Indexed(6), batch_size=99, collate_fn=lambda s: len(s)), 4)
+    assert isinstance(wrapped, DatasetLoader) and list(wrapped) == [4, 2]     # its collate, our batch size
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield 1
+    with pytest.raises(TypeError, match="not a map-style Dataset"):
+        make_loader(Stream(), 4)
+    with pytest.raises(ValueError, match="num_workers applies to a Dataset"):
+        make_loader((X, y), 4, num_workers=2)
+
+
+def test_numpy_arrays_give_batches_of_the_right_shape():
+    X, y = np.arange(10, dtype=np.float32).reshape(5, 2), np.arange(5)
+    batches = list(make_loader((X, y), 2))
+    assert [tuple(b[0].shape) for b in batches] == [(2, 2), (2, 2), (1, 2)]
+    assert isinstance(batches[-1][1], torch.Tensor)

@@ -1,0 +1,61 @@
+"""``dptrain.fit`` in 2 processes: the same training as one device on the global batch, every
+sample once over all ranks and devices, and the same result in every rank."""
+import functools
+
+import torch
+from torch import nn
+
+import dptrain
+from tests.distributed.helpers import run_workers
+from tests.test_engine import OPTIMIZERS, TwoInputs, data, mlp
+from tests.test_fit import Recorded
+
+
+def fit_both(rank, world, devices_per_rank):
+    """Two user models (an MLP with MSE on tensors, a dict-batch model with cross-entropy),
+    SGD with momentum and AdamW, per-batch schedules; returns weights and histories."""
+    out = []
+    g = torch.Generator().manual_seed(5)
+    for make, kind, loss, opt in ((mlp, "regression", nn.MSELoss(), "sgd"),
+                                  (TwoInputs, "dict", nn.CrossEntropyLoss(), "adamw")):
+        torch.manual_seed(rank)                  # rank 0's initial weights must win
+        model = make()
+        train = data(kind, 45, g)
+        result = dptrain.fit(model, train, data(kind, 13, g), loss=loss, optimizer=OPTIMIZERS[opt],
+                             scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2),
+                             scheduler_interval="batch", epochs=2, batch_size=10,
+                             devices=devices_per_rank[rank] if world > 1 else devices_per_rank, log=None)
+        out.append(([p.detach().tolist() for p in model.parameters()],
+                    [{k: v for k, v in h.items() if k != "sec"} for h in result["history"]]))
+    return out
+
+
+def test_two_processes_equal_one_device():
+    want = fit_both(0, 1, 1)
+    for ranks in (run_workers(fit_both, (1, 1)), run_workers(fit_both, (2, 1))):
+        for (params, history), (want_params, want_history) in zip(ranks[0], want):
+            for p, q in zip(params, want_params):
+                torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+            for row, want_row in zip(history, want_history):
+                for k in want_row:
+                    assert abs(row[k] - want_row[k]) <= 1e-5 * max(1.0, abs(want_row[k])), (k, row, want_row)
+        assert ranks[0] == ranks[1]               # every rank ends with the same weights and history
+
+
+def every_sample(rank, world):
+    seen = []
+
+    def step(model, batch):
+        if model.training:                       # not the evaluation's batches
+            seen.append(batch["id"].tolist())
+        return nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+    result = dptrain.fit(nn.Linear(1, 3), Recorded(29), Recorded(11), step=step, epochs=2, batch_size=8,
+                         num_workers=2, devices=2, log=None)
+    return seen, result["test_loss"]
+
+
+def test_every_sample_once_per_epoch_over_all_ranks_and_devices():
+    (a, loss_a), (b, loss_b) = run_workers(every_sample)
+    ids = sorted(i for ids in a + b for i in ids)
+    assert len(ids) == 29 * 2 and sorted(set(ids)) == list(range(29))
+    assert loss_a == loss_b

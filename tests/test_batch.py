@@ -1,0 +1,59 @@
+"""Batches of any structure split along the first axis, every sample exactly once, in order."""
+from collections import namedtuple
+
+import pytest
+import torch
+
+from dptrain.batch import batch_size, input_and_target, split_structure, to_device
+from dptrain.devices import cpu
+
+Pair = namedtuple("Pair", "x y")
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: torch.arange(n),
+    lambda n: (torch.arange(n), torch.arange(n) * 10),
+    lambda n: [torch.arange(n).view(n, 1), torch.arange(n)],
+    lambda n: {"image": torch.arange(n).view(n, 1, 1), "label": torch.arange(n), "meta": {"id": torch.arange(n)}},
+    lambda n: Pair(torch.arange(n), torch.arange(n)),
+    lambda n: (torch.arange(n), [f"s{i}" for i in range(n)]),
+], ids=["tensor", "tuple", "list", "dict", "namedtuple", "strings"])
+@pytest.mark.parametrize("n, sizes", [(7, [3, 2, 2]), (4, [4]), (5, [1, 1, 1, 1, 1])])
+def test_every_sample_lands_once_in_order(make, n, sizes):
+    batch = make(n)
+    parts = split_structure(batch, sizes)
+    assert [batch_size(p) for p in parts] == sizes
+    assert type(parts[0]) is type(batch)
+    first = lambda b: b if isinstance(b, torch.Tensor) else b["image"] if isinstance(b, dict) else b[0]  # noqa: E731
+    assert torch.cat([first(p).flatten() for p in parts]).tolist() == list(range(n))
+    if isinstance(batch, tuple) and isinstance(batch[1], list):
+        assert sum((p[1] for p in parts), []) == batch[1]
+
+
+def test_sizes_must_agree():
+    with pytest.raises(ValueError, match=r"different numbers of samples \[3, 4\]"):
+        batch_size((torch.zeros(3), torch.zeros(4)))
+    with pytest.raises(ValueError, match="no batch axis"):
+        batch_size((torch.zeros(3), torch.tensor(1.0)))
+    with pytest.raises(TypeError, match="at least one tensor"):
+        batch_size(["a", "b"])
+
+
+def test_the_default_forward_reads_pairs_tuples_and_dicts():
+    x, m, y = torch.zeros(2, 3), torch.ones(2, 3), torch.arange(2)
+    assert input_and_target((x, y))[1] is y
+    (args, kwargs), target = input_and_target((x, m, y))
+    assert args == (x, m) and kwargs == {} and target is y
+    (args, kwargs), target = input_and_target({"image": x, "mask": m, "label": y})
+    assert args == () and set(kwargs) == {"image", "mask"} and target is y
+    with pytest.raises(ValueError, match="exactly one target key"):
+        input_and_target({"image": x, "label": y, "y": y})
+    with pytest.raises(ValueError, match="has no target"):
+        input_and_target(x)
+
+
+def test_virtual_cpu_devices_share_memory():
+    x = torch.zeros(4, 1, 2, 2)
+    assert to_device((x,), cpu(1))[0].data_ptr() == x.data_ptr()
+    nhwc = to_device(x, cpu(0), torch.channels_last)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)

@@ -1,0 +1,170 @@
+"""N virtual devices take, step by step, the steps one device takes on the whole global batch,
+for any model, loss (any reduction), batch structure, optimizer and schedule."""
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dptrain
+from dptrain.engine import ModelEngine
+from dptrain.task import Task
+
+
+class TwoInputs(nn.Module):
+    """A model fed dict batches: ``model(image=..., extra=...)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.head = nn.Linear(4 * 6 * 6 + 2, 3)
+
+    def forward(self, image, extra):
+        return self.head(torch.cat([F.relu(self.conv(image)).flatten(1), extra], dim=1))
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def cnn():
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+
+
+def data(kind, n, g):
+    if kind == "regression":
+        X = torch.randn(n, 5, generator=g)
+        return (X, X[:, :2] * 3 + 1)
+    if kind == "classification":
+        return (torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g))
+    return {"image": torch.randn(n, 1, 8, 8, generator=g), "extra": torch.randn(n, 2, generator=g),
+            "label": torch.randint(0, 3, (n,), generator=g)}
+
+
+CASES = {
+    "mlp + mse": (mlp, "regression", nn.MSELoss()),
+    "mlp + sum of l1": (mlp, "regression", nn.L1Loss(reduction="sum")),
+    "cnn + cross-entropy": (cnn, "classification", nn.CrossEntropyLoss()),
+    "dict batches": (TwoInputs, "dict", nn.CrossEntropyLoss(label_smoothing=0.1)),
+}
+
+
+def plain_steps(make, batches, loss, optimizer, scheduler):
+    """What one device does, written the plain PyTorch way."""
+    torch.manual_seed(0)
+    net = make()
+    opt = optimizer(net.parameters())
+    sched = scheduler(opt)
+    snapshots = []
+    for batch in batches:
+        opt.zero_grad()
+        if isinstance(batch, dict):
+            out, y = net(batch["image"], batch["extra"]), batch["label"]
+        else:
+            out, y = net(batch[0]), batch[1]
+        loss(out, y).backward()
+        opt.step()
+        sched.step()
+        snapshots.append([p.detach().clone() for p in net.parameters()])
+    return snapshots
+
+
+OPTIMIZERS = {   # SGD sees a wrongly scaled gradient; Adam would not (it is scale-invariant)
+    "sgd": functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+    "adamw": functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.05),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("n_devices", [2, 3])
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+def test_n_devices_equal_plain_pytorch_on_one_step_by_step(name, n_devices, opt):
+    make, kind, loss = CASES[name]
+    g = torch.Generator().manual_seed(1)
+    batches = [data(kind, n, g) for n in (12, 12, 7)]       # a last, uneven batch
+    optimizer = OPTIMIZERS[opt]
+    scheduler = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    want = plain_steps(make, batches, loss, optimizer, scheduler)
+    torch.manual_seed(0)
+    engine = ModelEngine(Task(make(), (), loss=loss, optimizer=optimizer),
+                         [dptrain.cpu(i) for i in range(n_devices)])
+    sched = scheduler(engine.trainer.optimizer)
+    for step, batch in enumerate(batches):
+        engine.train_batch(batch)
+        sched.step()
+        for p, q in zip(engine.replicas[0].parameters(), want[step]):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        for replica in list(engine.replicas)[1:]:
+            for p, q in zip(replica.parameters(), engine.replicas[0].parameters()):
+                assert torch.equal(p, q)
+
+
+def test_a_step_function_and_a_forward_function():
+    """A model whose forward needs more than model(x): the same steps through ``step``, or
+    through ``forward`` (then metrics work too)."""
+    g = torch.Generator().manual_seed(2)
+    batches = [data("dict", n, g) for n in (10, 9)]
+    loss = nn.CrossEntropyLoss()
+    want = plain_steps(TwoInputs, batches, loss, functools.partial(torch.optim.SGD, lr=0.1),
+                       lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0))
+
+    def step(model, batch):
+        return F.cross_entropy(model(batch["image"], batch["extra"]), batch["label"])
+
+    def forward(model, batch):
+        return model(batch["image"], batch["extra"]), batch["label"]
+    for how in (dict(step=step), dict(forward=forward, loss=loss),
+                dict(step=lambda m, b: (F.cross_entropy(*forward(m, b), reduction="sum"), len(b["label"])))):
+        torch.manual_seed(0)
+        engine = ModelEngine(Task(TwoInputs(), (), optimizer=functools.partial(torch.optim.SGD, lr=0.1), **how),
+                             [dptrain.cpu(0), dptrain.cpu(1)])
+        for batch in batches:
+            engine.train_batch(batch)
+        for p, q in zip(engine.replicas[0].parameters(), want[-1]):
+            torch.testing.assert_close(p, q)
+
+
+def test_frozen_parameters_and_group_learning_rates():
+    torch.manual_seed(0)
+    net = mlp()
+    net[0].bias.requires_grad_(False)
+    frozen = net[0].bias.detach().clone()
+    head_before = net[2].weight.detach().clone()
+    opt = torch.optim.SGD([{"params": [net[0].weight], "lr": 0.0}, {"params": net[2].parameters(), "lr": 0.1}])
+    engine = ModelEngine(Task(net, (), loss=nn.MSELoss(), optimizer=opt), [dptrain.cpu(0), dptrain.cpu(1)])
+    g = torch.Generator().manual_seed(0)
+    w0 = net[0].weight.detach().clone()
+    engine.train_batch(data("regression", 8, g))
+    assert torch.equal(net[0].bias, frozen)               # frozen: untouched
+    assert torch.equal(net[0].weight, w0)                 # its group's lr is 0
+    assert not torch.equal(net[2].weight, head_before)    # the other group's is not
+    assert [grp["lr"] for grp in engine.trainer.optimizer.param_groups] == [0.0, 0.1]
+
+
+def test_evaluation_sums_exactly_on_a_set_that_does_not_divide():
+    torch.manual_seed(0)
+    engine = ModelEngine(Task(cnn(), (), metrics={"mean_label": lambda out, y: (y.sum(), len(y))}),
+                         [dptrain.cpu(i) for i in range(3)])
+    g = torch.Generator().manual_seed(3)
+    X, y = data("classification", 23, g)
+    totals = engine.evaluate(dptrain.TensorLoader((X, y), 5))
+    net = engine.replicas[0].eval()
+    with torch.no_grad():
+        out = net(X)
+    assert totals["count"].item() == 23 and totals["correct_count"].item() == 23
+    assert totals["correct"].item() == (out.argmax(1) == y).sum().item()
+    torch.testing.assert_close(totals["loss"].item() / 23, F.cross_entropy(out, y).item())
+    assert totals["mean_label"].item() == y.sum().item() and totals["mean_label_count"].item() == 23
+
+
+def test_lazy_modules_are_materialised_by_the_first_sample():
+    net = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(2))
+    engine = ModelEngine(Task(net, (), loss=nn.MSELoss(), optimizer=torch.optim.Adam),
+                         [dptrain.cpu(0), dptrain.cpu(1)])
+    g = torch.Generator().manual_seed(0)
+    batch = data("regression", 6, g)
+    engine.prepare(dptrain.TensorLoader(batch, 6).example(), lr=0.01)
+    assert engine.trainer.learning_rate == 0.01 and net[0].weight.shape == (4, 5)
+    engine.train_batch(batch)
+    assert torch.equal(engine.replicas[1][0].weight, net[0].weight)

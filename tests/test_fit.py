@@ -1,0 +1,108 @@
+"""``dptrain.fit`` trains any model on any data: the same result on 1, 2 or 3 devices, every
+sample once per epoch, the weights left in the user's module, the history returned."""
+import functools
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import dptrain
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def regression(n=150, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 4, generator=g)
+    return X, X @ torch.tensor([[1.0], [-2.0], [0.5], [0.0]]) + 0.3
+
+
+def fit_mlp(devices, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    result = dptrain.fit(model, regression(), regression(41, seed=2), loss=nn.MSELoss(),
+                         optimizer=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+                         scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=20),
+                         scheduler_interval="batch", epochs=3, batch_size=32, devices=devices, log=None, **kw)
+    return model, result
+
+
+def test_the_same_training_on_one_two_and_three_devices():
+    (one, r1), (two, r2), (three, r3) = fit_mlp("1"), fit_mlp("2"), fit_mlp("cpu:0,cpu:1,cpu:2")
+    assert r2["devices"] == ["cpu:0", "cpu:1"] and r3["devices"] == ["cpu:0", "cpu:1", "cpu:2"]
+    for model in (two, three):                         # trained in place, in the user's module
+        for p, q in zip(one.parameters(), model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    for r in (r2, r3):
+        for a, b in zip(r1["history"], r["history"]):
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+            assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-5)
+    assert r1["history"][-1]["train_loss"] < r1["history"][0]["train_loss"]
+    assert "test_acc" not in r1 and set(r1["history"][0]) == {"epoch", "sec", "train_loss", "test_loss"}
+
+
+class Recorded(Dataset):
+    """Sample i is ``{"x": [i], "id": i, "y": i % 3}``; steps record the ids they see."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": torch.tensor([float(i)]), "id": i, "y": i % 3}
+
+
+def test_a_dataset_with_workers_gives_every_sample_once_per_epoch_to_the_devices():
+    seen, lock = [], threading.Lock()
+
+    def step(model, batch):
+        with lock:
+            seen.append((threading.current_thread().name, batch["id"].tolist()))
+        return nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+    dptrain.fit(nn.Linear(1, 3), Recorded(53), step=step, epochs=2, batch_size=10, num_workers=2,
+                devices=2, log=None)
+    per_epoch = [sorted(i for _, ids in seen[k:k + 12] for i in ids) for k in (0, 12)]
+    assert len(seen) == 24 and per_epoch == [list(range(53))] * 2
+    assert {name for name, _ in seen} == {"dptrain-cpu:0", "dptrain-cpu:1"}
+
+
+def test_metrics_are_exact_on_an_evaluation_set_that_does_not_divide():
+    X = torch.randn(37, 3)
+    y = torch.randint(0, 4, (37,))
+    torch.manual_seed(0)
+    model = nn.Linear(3, 4)
+    result = dptrain.fit(model, (X, y), (X, y), optimizer="sgd", lr=0.0, epochs=1, batch_size=8, devices=3,
+                         metrics={"mean_label": lambda out, t: (t.sum(), t.numel())}, log=None)
+    with torch.no_grad():
+        out = model(X)
+    assert result["test_acc"] == pytest.approx((out.argmax(1) == y).float().mean().item())
+    assert result["test_loss"] == pytest.approx(nn.functional.cross_entropy(out, y).item(), rel=1e-6)
+    assert result["test_mean_label"] == pytest.approx(y.float().mean().item())   # 5 batches, 15 shards
+
+
+def test_the_example_runs(tmp_path):
+    """examples/train_your_own.py, as the README shows it: it learns."""
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "train_your_own.py"), "--epochs", "3"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    mae = float(out.stdout.strip().splitlines()[-1].split()[2])
+    assert mae < 0.4, out.stdout                     # predicting the mean gives ~0.6
+
+
+def test_errors_name_the_fix():
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        dptrain.fit(lambda x: x, (torch.zeros(2, 1), torch.zeros(2)), log=None)
+    with pytest.raises(ValueError, match="give either loss .* or step"):
+        dptrain.fit(nn.Linear(1, 1), (torch.zeros(2, 1), torch.zeros(2)), loss=nn.MSELoss(), step=lambda m, b: 0)
+    with pytest.raises(ValueError, match="at least 2 classes.*For regression use loss=nn.MSELoss"):
+        dptrain.fit(nn.Linear(1, 1), (torch.zeros(4, 1), torch.zeros(4, 1)), epochs=1, log=None)

@@ -1,0 +1,92 @@
+"""Any loss, split into shards: the shard sums over the summed denominators equal the loss of
+the whole batch, whatever the split (never a mean of means, never a second division)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dptrain.losses import LossAdapter
+from dptrain.split import shard_sizes
+
+g = torch.Generator().manual_seed(0)
+N, C = 11, 5
+LOGITS = torch.randn(N, C, generator=g)
+LABELS = torch.randint(0, C, (N,), generator=g)
+PADDED = LABELS.clone()
+PADDED[[1, 2, 7]] = -100                         # ignored targets, as in padded sequences
+PROBS = torch.softmax(torch.randn(N, C, generator=g), dim=1)
+PRED, TRUE = torch.randn(N, 3, generator=g), torch.randn(N, 3, generator=g)
+BINARY = torch.randint(0, 2, (N, 3), generator=g).float()
+SEQ_LOGITS, SEQ_LABELS = torch.randn(N, C, 4, generator=g), torch.randint(0, C, (N, 4), generator=g)
+
+CASES = [
+    ("cross-entropy", nn.CrossEntropyLoss(), LOGITS, LABELS),
+    ("class weights", nn.CrossEntropyLoss(weight=torch.rand(C, generator=g) + 0.1), LOGITS, LABELS),
+    ("ignored targets", nn.CrossEntropyLoss(), LOGITS, PADDED),
+    ("weights and ignored", nn.CrossEntropyLoss(weight=torch.rand(C, generator=g) + 0.1), LOGITS, PADDED),
+    ("label smoothing", nn.CrossEntropyLoss(label_smoothing=0.1), LOGITS, LABELS),
+    ("class probabilities", nn.CrossEntropyLoss(), LOGITS, PROBS),
+    ("per position", nn.CrossEntropyLoss(), SEQ_LOGITS, SEQ_LABELS),
+    ("nll", nn.NLLLoss(), F.log_softmax(LOGITS, 1), LABELS),
+    ("functional cross-entropy", F.cross_entropy, LOGITS, LABELS),
+    ("mse", nn.MSELoss(), PRED, TRUE),
+    ("mse sum", nn.MSELoss(reduction="sum"), PRED, TRUE),
+    ("l1", nn.L1Loss(), PRED, TRUE),
+    ("huber", nn.HuberLoss(delta=0.5), PRED, TRUE),
+    ("bce with logits", nn.BCEWithLogitsLoss(pos_weight=torch.tensor([1.0, 2.0, 0.5])), PRED, BINARY),
+    ("kl batchmean", nn.KLDivLoss(reduction="batchmean"), F.log_softmax(LOGITS, 1), PROBS),
+    ("a plain function (mean)", lambda out, y: ((out - y) ** 2).mean(), PRED, TRUE),
+]
+
+
+def whole(loss, out, y):
+    return loss(out, y)
+
+
+@pytest.mark.parametrize("name, loss, out, y", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_shards_add_up_to_the_whole_batch(name, loss, out, y, parts):
+    adapter = LossAdapter(loss)
+    sums, counts = 0.0, 0.0
+    for o, t in zip(torch.split(out, shard_sizes(N, parts, even_split=False)),
+                    torch.split(y, shard_sizes(N, parts, even_split=False))):
+        sums += adapter(o, t)
+        count = adapter.count(t)
+        counts = counts + (1 if count is None else count)
+    got = sums if adapter.reduction == "sum" else sums / counts
+    torch.testing.assert_close(got, whole(loss, out, y), rtol=1e-5, atol=1e-6)
+
+
+def test_a_sum_reduction_is_not_divided():
+    adapter = LossAdapter(nn.MSELoss(reduction="sum"))
+    assert adapter.count(TRUE) is None
+    adapter = LossAdapter(lambda o, t: ((o - t) ** 2).sum(), reduction="sum")
+    assert adapter.count(TRUE) is None
+
+
+def test_accuracy_counts_the_targets_that_are_not_ignored():
+    adapter = LossAdapter(nn.CrossEntropyLoss())
+    correct, count = adapter.correct(LOGITS, PADDED)
+    kept = PADDED != -100
+    assert int(count) == int(kept.sum())
+    assert int(correct) == int(((LOGITS.argmax(1) == PADDED) & kept).sum())
+    assert LossAdapter(nn.MSELoss()).correct(PRED, TRUE) is None
+
+
+@pytest.mark.parametrize("out, y, message", [
+    (torch.randn(4, 1), torch.randn(4, 1), "at least 2 classes"),           # a regression net, default loss
+    (torch.randn(4, 3), torch.randn(4), "float targets of shape"),
+    (torch.randn(4, 3), torch.randn(4, 3) * 5, "not class probabilities"),
+])
+def test_cross_entropy_on_targets_it_cannot_fit_is_a_clear_error(out, y, message):
+    with pytest.raises(ValueError, match=message):
+        LossAdapter()(out, y)
+
+
+def test_unsplittable_reductions_are_refused():
+    with pytest.raises(ValueError, match="cannot be split over devices"):
+        LossAdapter(nn.MSELoss(reduction="none"))
+    with pytest.raises(ValueError, match="contradicts the loss's own reduction"):
+        LossAdapter(nn.MSELoss(), reduction="sum")
+    with pytest.raises(ValueError, match="not one number"):
+        LossAdapter(lambda o, t: (o - t) ** 2)(PRED, TRUE)
