@@ -168,3 +168,27 @@ def test_lazy_modules_are_materialised_by_the_first_sample():
     assert engine.trainer.learning_rate == 0.01 and net[0].weight.shape == (4, 5)
     engine.train_batch(batch)
     assert torch.equal(engine.replicas[1][0].weight, net[0].weight)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_sync_batchnorm_makes_n_devices_equal_one(sync):
+    """With sync_batchnorm the statistics cover the whole batch (float64: no rounding to hide
+    behind); without it each device normalises its own shard, as the reference does."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        def make():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(108, 3))
+        g = torch.Generator().manual_seed(4)
+        batches = [(torch.randn(9, 1, 8, 8, generator=g), torch.randint(0, 3, (9,), generator=g)) for _ in range(2)]
+        engines = [ModelEngine(Task(make(), (), optimizer=functools.partial(torch.optim.SGD, lr=0.1)),
+                               [dptrain.cpu(i) for i in range(n)], sync_batchnorm=sync and n > 1) for n in (1, 3)]
+        for engine in engines:
+            for batch in batches:
+                engine.train_batch(batch)
+        one, three = (dict(e.replicas[0].named_parameters()) for e in engines)
+        same = all(torch.allclose(one[k], three[k], rtol=1e-9, atol=1e-12) for k in one)
+        assert same == sync
+    finally:
+        torch.set_default_dtype(before)

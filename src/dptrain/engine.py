@@ -7,6 +7,7 @@ and N processes take the step one device takes on the whole global batch.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -17,6 +18,7 @@ from .batch import Batch, batch_size, input_and_target, split_structure, to_devi
 from .losses import Count, LossAdapter
 from .replicas import replicate
 from .split import shard_sizes
+from .syncbn import synchronized
 from .task import Task
 from .trainer import Trainer
 
@@ -89,14 +91,18 @@ class ModelEngine:
 
     # -- training ----------------------------------------------------------------------
     def _autocast(self, device: torch.device):
-        return torch.autocast(device.type, dtype=self.amp or torch.bfloat16, enabled=self.amp is not None)
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.amp)
 
-    def _loss(self, net: nn.Module, shard: Batch, device: torch.device) -> Tuple[torch.Tensor, Count]:
-        """The shard's loss as a sum, and its denominator (None: a sum, nothing to divide)."""
+    def _loss(self, net: nn.Module, shard: Batch, device: torch.device,
+              count: bool = True) -> Tuple[torch.Tensor, Count]:
+        """The shard's loss as a sum, and its denominator (None: a sum, nothing to divide;
+        not computed unless ``count``)."""
         with self._autocast(device):
             if self.adapter is not None:
                 output, target = self.forward(net, shard)
-                return self.adapter(output, target), self.adapter.count(target)
+                return self.adapter(output, target), self.adapter.count(target) if count else None
             out = self.task.step(net, shard)
         if isinstance(out, (tuple, list)):
             if len(out) != 2:
@@ -138,7 +144,7 @@ class ModelEngine:
         # With several processes this is the process's part of the global batch: it may have
         # fewer samples than devices, or none; devices without samples contribute zeros.
         k = min(n, len(self.devices))
-        shards = split_structure(batch, shard_sizes(n, k, even_split=False)) if k else []
+        shards = split_structure(batch, shard_sizes(n, k, even_split=False)) if k > 1 else [batch] if k else []
         known, denominator = self._known_count(batch) if k else (True, 0)
         counts: List[Count] = [None] * len(self.devices)
 
@@ -146,9 +152,9 @@ class ModelEngine:
             if i >= k:
                 return self._idle(i)
             device = self.devices[i]
-            with torch.enable_grad():
+            with torch.enable_grad(), synchronized():      # synchronized: BatchNorm across devices
                 value, counts[i] = self._loss(self.replicas[i], to_device(shards[i], device, self.memory_format),
-                                              device)
+                                              device, count=not known)
             value.backward()
             return value.detach()
 
@@ -159,7 +165,7 @@ class ModelEngine:
             return total
         losses = self.trainer.step_with(compute, denominator if known else shard_counts,
                                         skip_nonfinite=skip_nonfinite)
-        loss = sum(v.double().to(self.devices[0]) for v in losses)
+        loss = losses[0].double() if len(losses) == 1 else sum(v.double().to(self.devices[0]) for v in losses)
         if not known:
             denominator = shard_counts()
         if not self.trainer.stepped:
