@@ -133,12 +133,14 @@ class ModelEngine:
         _, target = input_and_target(batch)
         return True, _host_number(self.adapter.count(target))
 
-    def train_batch(self, batch: Batch, skip_nonfinite: bool = False) -> Tuple[torch.Tensor, Count]:
+    def train_batch(self, batch: Batch, skip_nonfinite: bool = False,
+                    extras: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Count]:
         """One step on this process's ``batch``: return its loss sum (on ``devices[0]``; NaN if
         the step was skipped) and what the loss is divided by (samples for a sum loss).
 
         ``skip_nonfinite``: if a gradient is NaN or infinite on any device of any process, the
-        model is left as it was.
+        model is left as it was. ``extras``: numbers to sum over the processes with the
+        gradients (the sum is then ``self.trainer.summed_extras``).
         """
         n = batch_size(batch)
         # With several processes this is the process's part of the global batch: it may have
@@ -164,7 +166,7 @@ class ModelEngine:
                 total = _add(total, _host_number(c))
             return total
         losses = self.trainer.step_with(compute, denominator if known else shard_counts,
-                                        skip_nonfinite=skip_nonfinite)
+                                        skip_nonfinite=skip_nonfinite, extras=extras)
         loss = losses[0].double() if len(losses) == 1 else sum(v.double().to(self.devices[0]) for v in losses)
         if not known:
             denominator = shard_counts()

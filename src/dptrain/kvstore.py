@@ -130,15 +130,22 @@ class KVStore:
     check_finite = False    # several processes: skip the update if a summed gradient is not finite
     skipped = False         # ... and whether the last step was skipped so
 
-    def prepare(self, denominator: Denominator = None) -> None:
+    def prepare(self, denominator: Denominator = None, extras: Optional[torch.Tensor] = None) -> None:
         """Called before the backward passes of a step (``Trainer.step_with``) with this
-        process's denominator (several processes send it with the gradients)."""
+        process's denominator and numbers to sum over processes (several processes send them
+        with the gradients; one process sums nothing, so ``summed_extras`` is ``extras``)."""
+        self.summed_extras = extras
+
+    summed_extras: Optional[torch.Tensor] = None
 
     def step(self, params: Params, active: Sequence[int], denominator: Denominator,
              optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """Sum the gradients of ``active`` parameters, divide them, update every replica."""
         for phase in self.phases(params, denominator, optimizers):
             self.runner.map(lambda i: phase(i, active))
+
+    def close(self) -> None:
+        """Take back whatever the store attached to the parameters (hooks)."""
 
 
 class NoKVStore(KVStore):
@@ -250,8 +257,15 @@ class DistKVStore(KVStore):
             else torch.device("cpu")
         self.reducer = BucketReducer(groups, self.collective, self.bucket_cap_mb, comm)
 
-    def prepare(self, denominator: Denominator = None) -> None:
-        self.reducer.prepare(denominator)
+    def prepare(self, denominator: Denominator = None, extras: Optional[torch.Tensor] = None) -> None:
+        self.reducer.prepare(denominator, extras)
+        self.summed_extras = None
+
+
+    def close(self) -> None:
+        if self.reducer is not None:
+            self.reducer.remove()
+            self.reducer = None
 
     def phases(self, params: Params, denominator: Denominator,
                optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
@@ -260,6 +274,7 @@ class DistKVStore(KVStore):
         def reduce(i: int, active: Sequence[int]) -> None:
             if i == 0:
                 used, total = self.reducer.finish()
+                self.summed_extras = self.reducer.summed_extras
                 local = resolve(denominator)
                 if len(used) < len(params[0]) and not self.ignore_stale_grad:
                     missing = sorted(set(range(len(params[0]))) - set(used))

@@ -98,10 +98,11 @@ class Run:
             self._resume()
 
     def close(self) -> None:
-        """Stop the data loaders' worker processes, if any."""
+        """Stop the data loaders' worker processes, if any, and detach from the model."""
         for loader in (self.train_loader, self.eval_loader):
             if hasattr(loader, "close"):
                 loader.close()
+        self.engine.trainer.close()
 
     # -- checkpoints -------------------------------------------------------------------
     def _identity(self) -> Dict[str, Any]:
@@ -243,8 +244,8 @@ class Run:
         with self.runner.coordinating():
             b = skip
             for b, batch in enumerate(batches, start=skip + 1):
-                self.stops.before_batch()
-                loss, n = self.engine.train_batch(batch, skip_nonfinite=skip_nan)
+                flags = self.stops.before_batch()        # they ride with the gradients
+                loss, n = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags)
                 finite = bool(torch.isfinite(loss))
                 if finite:
                     loss_sum += loss
@@ -256,7 +257,8 @@ class Run:
                 images += self.train_loader.global_batch_size(b - 1)
                 if bar.enabled:
                     bar.update(b, images, loss_sum.item() / max(float(count), 1e-12))
-                self._decide(self.stops.after_batch(b, not finite and not skip_nan), bar, epoch, b, so_far)
+                self._decide(self.stops.after_batch(b, not finite and not skip_nan, self.engine.trainer.summed_extras),
+                             bar, epoch, b, so_far)
             self._decide(self.stops.flush(), bar, epoch, b, so_far)
         bar.close()
         synchronize(self.devices)

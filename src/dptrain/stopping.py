@@ -4,10 +4,12 @@ SIGINT and SIGTERM do not stop the run where they land: they are noted, and the 
 stops at a batch boundary, after saving. With several processes the signal may reach one
 process, or all of them a few batches apart, and a non-finite loss may appear in one
 process only; so the processes sum three flags (SIGINT seen, SIGTERM seen, non-finite loss
-seen) and all of them act on the same answer. The flags travel while a batch computes: sent
-before batch b with what was seen up to then, read after it (a 12-byte all_reduce costs
-~1.2 ms of latency with gloo on loopback here, 3% of a LeNet step if it waited). So with
-several processes a stop lands one batch later than with one process, where nothing is sent.
+seen) and all of them act on the same answer. The flags ride with the gradients: those
+seen before batch b go in b's last gradient bucket (``Trainer.step_with(extras=...)``), and
+their sum is read after it, so they cost no message of their own (a separate 12-byte gloo
+all_reduce took ~1.2 ms of latency here, sent asynchronously still 0.1-0.3 ms a step). So
+with several processes a stop lands one batch later than with one process, where nothing
+is sent.
 """
 from __future__ import annotations
 
@@ -30,12 +32,12 @@ class StopRequests:
     >>> stops = StopRequests(get_collective())
     >>> with stops.catching():
     ...     for b, batch in enumerate(batches, 1):
-    ...         stops.before_batch()
-    ...         loss = step(batch)
-    ...         signum, bad_batch = stops.after_batch(b, not torch.isfinite(loss))
+    ...         flags = stops.before_batch()               # None with one process
+    ...         loss = step(batch, extras=flags)           # summed with the gradients
+    ...         signum, bad_batch = stops.after_batch(b, not torch.isfinite(loss), summed_flags)
     ...         if bad_batch is not None: raise ...
     ...         if signum is not None: save(); break
-    ...     signum, bad_batch = stops.flush()           # what the last batch saw
+    ...     signum, bad_batch = stops.flush()              # what the last batch saw
     """
 
     def __init__(self, collective: Collective):
@@ -44,7 +46,7 @@ class StopRequests:
         self.signum: Optional[int] = None
         self._bad = False                                # a non-finite loss here, not yet shared
         self._batch = 0                                  # the last batch done
-        self._sent: Optional[Tuple[torch.Tensor, Any]] = None
+        self._sent: Optional[torch.Tensor] = None        # the flags given to the last batch
 
     @contextmanager
     def catching(self) -> Iterator[None]:
@@ -67,42 +69,46 @@ class StopRequests:
         return self.collective.world_size > 1
 
     def _flags(self) -> torch.Tensor:
-        return torch.tensor([float(self.signum == s) for s in SIGNALS] + [float(self._bad)], device=self.device)
+        flags = torch.tensor([float(self.signum == s) for s in SIGNALS] + [float(self._bad)], device=self.device)
+        self._bad = False
+        return flags
 
-    def before_batch(self) -> None:
-        """Start sending what this process saw so far (several processes; else nothing)."""
-        if self._shared:
-            flags = self._flags()
-            self._sent = (flags, self.collective.all_reduce_async(flags))
-            self._bad = False
+    def before_batch(self) -> Optional[torch.Tensor]:
+        """What this process saw so far, to send with the next batch's gradients (several
+        processes; None with one)."""
+        if not self._shared:
+            return None
+        self._sent = self._flags()
+        return self._sent
 
-    def after_batch(self, batch: int, non_finite: bool) -> Decision:
+    def after_batch(self, batch: int, non_finite: bool, received: Optional[torch.Tensor] = None) -> Decision:
         """The decision every process takes after ``batch``.
 
         One process: about this batch. Several: about what the processes saw up to the batch
-        before (the processes run batches in lockstep, so a non-finite loss flagged now was
-        seen at ``batch - 1``); what is seen now is sent before the next batch, or by ``flush``.
+        before, ``received`` (the sum of the flags every process gave ``before_batch``; None
+        if they could not ride with the gradients: then they are sent now). What is seen now
+        goes with the next batch, or with ``flush``.
         """
         self._batch = batch
         if not self._shared:
             return self.signum, batch if non_finite else None
         self._bad = self._bad or non_finite
-        return self._receive(batch - 1)
+        sent, self._sent = self._sent, None
+        if sent is None:
+            return None, None
+        if received is None:
+            received = self.collective.all_reduce(sent.clone())
+        return self._decide(received, batch - 1)
 
     def flush(self) -> Decision:
         """After the last batch of an epoch: share what it saw and decide (a blocking message)."""
         if not self._shared:
             return self.signum, None
-        self.before_batch()
-        return self._receive(self._batch)
+        return self._decide(self.collective.all_reduce(self._flags()), self._batch)
 
-    def _receive(self, flagged_batch: int) -> Decision:
-        if self._sent is None:            # nothing was sent before this batch
-            return None, None
-        flags, work = self._sent
-        self._sent = None
-        work.wait()
-        seen_int, seen_term, any_bad = flags.tolist()
+    @staticmethod
+    def _decide(flags: torch.Tensor, flagged_batch: int) -> Decision:
+        seen_int, seen_term, any_bad = flags.tolist()[:3]
         signum = signal.SIGTERM if seen_term else signal.SIGINT if seen_int else None
         return signum, flagged_batch if any_bad else None
 

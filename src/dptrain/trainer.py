@@ -178,7 +178,8 @@ class Trainer:
         return self._finish_step()
 
     def step_with(self, compute: Callable[[int], T], batch_size: Denominator,
-                  ignore_stale_grad: bool = False, skip_nonfinite: bool = False) -> List[T]:
+                  ignore_stale_grad: bool = False, skip_nonfinite: bool = False,
+                  extras: Optional[torch.Tensor] = None) -> List[T]:
         """Run ``compute(i)`` (forward and backward of shard ``i``) on every device, then ``step``.
 
         The same result as calling ``compute`` on every device and then ``step``, but each
@@ -186,15 +187,18 @@ class Trainer:
         the others at a barrier, instead of returning to the caller between phases
         (measured: GluonLeNet steps on 2 CPU devices 7% faster). With several processes the
         gradients are sent in buckets while backward runs, and ``batch_size`` (this
-        process's) rides in the last bucket. ``self.stepped`` tells whether it updated.
+        process's) rides in the last bucket, with ``extras`` (a few numbers to sum over the
+        processes: their sum is then ``self.summed_extras``, None if they could not ride).
+        ``self.stepped`` tells whether it updated.
         """
         self._check_denominator(batch_size)
         if not self._optimizers:      # the first step (lazy modules): the plain way
             out = self.runner.map(lambda i: compute(i))
             self.step(batch_size, ignore_stale_grad, skip_nonfinite)
+            self.summed_extras = extras if self.collective.world_size == 1 else None
             return out
         self.optimizer.push(zip(self._optimizers, self._origins))
-        self.kvstore.prepare(None if callable(batch_size) else batch_size)
+        self.kvstore.prepare(None if callable(batch_size) else batch_size, extras)
         self.kvstore.ignore_stale_grad = ignore_stale_grad
         self.kvstore.check_finite = skip_nonfinite
         phases = self.kvstore.phases(self._groups, batch_size, self._optimizers)
@@ -234,9 +238,11 @@ class Trainer:
             self.stepped = False
         else:
             self._finish_step()
+        self.summed_extras = self.kvstore.summed_extras
         return [out for out, _ in results]
 
     stepped = True      # whether the last step updated the parameters
+    summed_extras: Optional[torch.Tensor] = None    # see step_with
 
     def _finish_step(self) -> bool:
         self.stepped = not self.kvstore.skipped
@@ -271,6 +277,11 @@ class Trainer:
             return
         with reducer.no_sync():
             yield
+
+    def close(self) -> None:
+        """Detach from the parameters: the gradient hooks go, so the model trains on its own
+        (or in another Trainer) afterwards. The Trainer cannot step after this."""
+        self.kvstore.close()
 
     @property
     def world_size(self) -> int:

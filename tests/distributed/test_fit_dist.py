@@ -27,6 +27,9 @@ def fit_both(rank, world, devices_per_rank):
                              devices=devices_per_rank[rank] if world > 1 else devices_per_rank, log=None)
         out.append(([p.detach().tolist() for p in model.parameters()],
                     [{k: v for k, v in h.items() if k != "sec"} for h in result["history"]]))
+        # Afterwards the model is the user's again: no hook of ours fires on its own backward.
+        loss(*((model(train[0]), train[1]) if kind != "dict"
+               else (model(train["image"], train["extra"]), train["label"]))).backward()
     return out
 
 

@@ -19,9 +19,10 @@ def grads(rank, world, bucket_mb):
     g = torch.Generator().manual_seed(100 + rank)          # each rank its own, equal-sized shard
     X, y = torch.rand(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g)
     F.cross_entropy(ddp(X), y).backward()                  # DDP: mean per rank, averaged over ranks
-    reducer.prepare(len(X))
+    reducer.prepare(len(X), extras=torch.tensor([float(rank), 1.0, 2.0 * rank]))   # they ride along
     F.cross_entropy(ours(X), y, reduction="sum").backward()   # ours: sums, / global count
     used, total = reducer.finish()
+    assert reducer.summed_extras.tolist() == [1.0, 2.0, 2.0]
     reducer.scatter(0, used, 1.0 / total)
     assert int(total) == 8 * world and used == list(range(len(list(ours.parameters()))))
     return [(a.grad - b.grad).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters())], \

@@ -14,13 +14,16 @@ from tests.distributed.helpers import run_workers
 
 
 def decide(rank, world):
-    stops = StopRequests(get_collective())
+    collective = get_collective()
+    stops = StopRequests(collective)
     answers = []
     for batch in range(1, 5):
-        stops.before_batch()
+        flags = stops.before_batch()
         if batch == 2 and rank == 1:
             stops.signum = signal.SIGINT       # lands in rank 1 only, during batch 2
-        answers.append(stops.after_batch(batch, non_finite=batch == 1 and rank == 0))
+        # The flags ride with the gradients (summed here by hand), or, batch 3, could not ride.
+        received = None if batch == 3 else collective.all_reduce(flags.clone())
+        answers.append(stops.after_batch(batch, non_finite=batch == 1 and rank == 0, received=received))
         if batch == 3 and rank == 0:
             stops.signum = signal.SIGTERM
     answers.append(stops.flush())

@@ -10,8 +10,9 @@ collectives whatever order its threads finish in.
 
 Each bucket also carries, per parameter, how many replicas produced a gradient (so a
 parameter unused on *every* process is known to be stale everywhere), and the last bucket
-can carry this process's denominator (its number of samples, or a loss's weighted count),
-so the global one costs no extra message.
+can carry this process's denominator (its number of samples, or a loss's weighted count)
+and up to ``EXTRA_SLOTS`` more numbers to sum (the stop flags of ``stopping.py``), so
+neither costs a message of its own.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import torch
 from .collective import Collective
 
 DEFAULT_BUCKET_MB = 25.0
+#: Numbers besides the gradients the last bucket can sum (see ``prepare``).
+EXTRA_SLOTS = 4
 
 
 @dataclass
@@ -32,7 +35,7 @@ class _Bucket:
     params: List[int]                       # parameter indices
     offsets: List[int]
     numel: int
-    buffer: Optional[torch.Tensor] = None   # [grads..., one count per parameter, samples]
+    buffer: Optional[torch.Tensor] = None   # [grads..., one count per parameter, denominator, extras...]
     pending: int = 0
     written: List[bool] = field(default_factory=list)
     work: object = None
@@ -88,12 +91,13 @@ class BucketReducer:
                 total += first[j].numel()
                 self.where[j] = (b, slot)
             # The counts ride in the same dtype as the gradients: exact for small integers.
-            buf = torch.zeros(total + len(idx) + 1, dtype=first[idx[0]].dtype, device=self.comm_device)
+            buf = torch.zeros(total + len(idx) + 1 + EXTRA_SLOTS, dtype=first[idx[0]].dtype, device=self.comm_device)
             self.buckets.append(_Bucket(idx, offsets, total, buf))
         self._lock = threading.Lock()
         self._arrived = [0] * len(first)
         self._next = 0
         self._denominator = None
+        self._extras: Optional[torch.Tensor] = None
         self.enabled = True
         # One replica in this process: its gradients *are* views into the buckets, so
         # backward accumulates straight into them and nothing is copied in or out (as DDP's
@@ -132,13 +136,16 @@ class BucketReducer:
                     self._write(j, arrived=True)
         return hook
 
-    def prepare(self, denominator=None) -> None:
-        """Start a step; ``denominator`` (this process's: a number or a 0-d tensor) rides in
-        the last bucket when given."""
+    def prepare(self, denominator=None, extras: Optional[torch.Tensor] = None) -> None:
+        """Start a step; ``denominator`` (this process's: a number or a 0-d tensor) and
+        ``extras`` (at most ``EXTRA_SLOTS`` numbers) ride in the last bucket when given."""
+        if extras is not None and extras.numel() > EXTRA_SLOTS:
+            raise ValueError(f"at most {EXTRA_SLOTS} extra numbers ride with the gradients, got {extras.numel()}")
         with self._lock:
             self._arrived = [0] * len(self._arrived)
             self._next = 0
             self._denominator = denominator
+            self._extras = extras
             for b in self.buckets:
                 b.pending, b.written, b.work = len(b.params), [False] * len(b.params), None
 
@@ -176,7 +183,12 @@ class BucketReducer:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
             bucket = self.buckets[self._next]
             last = self._next == len(self.buckets) - 1
-            bucket.buffer[-1] = self._denominator if (last and self._denominator is not None) else 0
+            tail = bucket.buffer[bucket.numel + len(bucket.params):]
+            tail.zero_()
+            if last and self._denominator is not None:
+                tail[0] = self._denominator
+            if last and self._extras is not None:
+                tail[1:1 + self._extras.numel()] = self._extras.reshape(-1)
             bucket.work = self.collective.all_reduce_async(bucket.buffer)
             self._next += 1
 
@@ -184,7 +196,8 @@ class BucketReducer:
         """Send what backward did not, wait for every bucket, leave the sums in the buckets.
 
         Returns the parameters some replica of some process produced a gradient for, and the
-        global denominator (a 0-d tensor) if ``prepare`` was given this process's.
+        global denominator (a 0-d tensor) if ``prepare`` was given this process's. The sum
+        of the processes' ``extras`` is then ``summed_extras``.
         """
         with self._lock:
             for j in range(len(self._arrived)):
@@ -201,8 +214,13 @@ class BucketReducer:
         for bucket in self.buckets:        # one device-to-host copy per bucket, not per parameter
             counts = bucket.buffer[bucket.numel:bucket.numel + len(bucket.params)].cpu()
             used += [j for j, c in zip(bucket.params, counts.tolist()) if c > 0]
-        total = self.buckets[-1].buffer[-1] if self._denominator is not None else None
+        last = self.buckets[-1]
+        tail = last.buffer[last.numel + len(last.params):]
+        total = tail[0] if self._denominator is not None else None
+        self.summed_extras = tail[1:1 + self._extras.numel()].clone() if self._extras is not None else None
         return sorted(used), total
+
+    summed_extras: Optional[torch.Tensor] = None
 
     def scatter(self, device_index: int, active: Sequence[int], scale=None) -> None:
         """Leave ``scale`` (a float, a 0-d tensor, or None for 1) times the summed gradients in
