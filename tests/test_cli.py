@@ -120,3 +120,32 @@ def test_devices_command():
 def test_no_command_shows_help():
     out = dptrain()
     assert out.returncode == 2 and "train" in out.stdout
+
+
+def test_your_model_and_data_by_name(capsys):
+    """--model/--data/--loss/--optimizer take the user's code by import path."""
+    assert main(["train", "--model", "tests.tasks.user_task:Net", "--data", "tests/tasks/user_task.py:data",
+                 "--optimizer", "torch.optim:AdamW", "--lr", "0.01", "--epochs", "2", "--batch-size", "32",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["recipe"] == "tests.tasks.user_task:Net" and result["optimizer"] == "AdamW"
+    assert result["test_acc"] > 0.5 and set(result["history"][0]) >= {"train_loss", "test_loss", "test_acc"}
+    assert main(["train", "--model", "tests.tasks.user_task:mlp", "--data", "tests.tasks.user_task:flat_data",
+                 "--loss", "cross-entropy", "--epochs", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["history"][0]["train_loss"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "tests.tasks.user_task:Net"], "--model and --data go together"),
+    (["--model", "tests.tasks.user_task:Nope", "--data", "tests.tasks.user_task:data"],
+     "has no 'Nope'"),
+    (["--model", "no_such_pkg.mod:f", "--data", "tests.tasks.user_task:data"], "no module named 'no_such_pkg'"),
+    (["--model", "tests.tasks.user_task:Net", "--data", "tests.tasks.user_task:data", "--loss", "hinge"],
+     "unknown --loss 'hinge'"),
+    (["--recipe", "tests/tasks/missing.py:make"], "no file tests/tasks/missing.py"),
+    (["--recipe", "tests.tasks.user_task:data"], "returned tuple, not a dptrain.Task"),
+])
+def test_bad_user_code_names_are_one_line(args, message, capsys):
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err

@@ -42,3 +42,18 @@ def make(config):
         scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=1000),
         scheduler_interval="batch", metrics={"zeros": lambda out, y: ((y == 0).sum(), y.numel())},
         batch_size=16, epochs=2, name="user-task")
+
+
+def data():
+    """For --data: (train, eval) Datasets of dicts."""
+    return Pairs(320, 1), Pairs(50, 2)
+
+
+def flat_data(config):
+    """For --data with a plain model: tensors (X, y), given the config (its --seed here)."""
+    p = Pairs(320, config.seed)
+    return (p.x, p.y), (p.x[:50], p.y[:50])
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
