@@ -372,3 +372,37 @@ def test_the_default_loss_refuses_regression_targets():
     X, y = torch.randn(4, 3), torch.randn(4, 1)
     with pytest.raises(ValueError, match="the default loss is cross-entropy over class indices"):
         replicas.forward_backward(*dptrain.split_batch(X, y, devices))
+
+
+def test_optimizer_state_moves_between_device_layouts():
+    """Saved with Adam on 3 devices (each owner holds its share), loaded on 1, 2 or 3
+    devices with any kvstore: the next steps are the ones an unbroken run takes."""
+    def make(n, kvstore):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        devices = [dptrain.cpu(i) for i in range(n)]
+        replicas = dptrain.replicate(net, devices)
+        return net, devices, replicas, dptrain.Trainer(replicas, torch.optim.Adam, kvstore=kvstore)
+
+    def steps(devices, replicas, trainer, seed):
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(2):
+            X, y = torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g)
+            replicas.forward_backward(*dptrain.split_batch(X, y, devices))
+            trainer.step(6)
+    net, *rest = make(3, "device")
+    steps(*rest, seed=1)
+    saved, weights = rest[2].state_dict(), {k: v.clone() for k, v in net.state_dict().items()}
+    steps(*rest, seed=2)                                      # the unbroken run
+    for n, kvstore in ((1, None), (2, "local"), (3, "naive"), (2, "device")):
+        other, *more = make(n, kvstore)
+        for m in more[1]:
+            m.load_state_dict(weights)
+        more[2].load_state_dict(saved)
+        steps(*more, seed=2)
+        for k, v in net.state_dict().items():
+            torch.testing.assert_close(other.state_dict()[k], v, msg=f"{n} devices, kvstore {kvstore}: {k}")
+    with pytest.raises(ValueError, match="the checkpoint's optimizer is 'Adam', this run's 'SGD'"):
+        dptrain.Trainer(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), "sgd").load_state_dict(saved)
+    with pytest.raises(ValueError, match="parameters of other shapes"):
+        dptrain.Trainer(nn.Linear(4, 3), torch.optim.Adam).load_state_dict(saved)

@@ -330,26 +330,50 @@ class Trainer:
         self.runner.map(copy)
 
     def state_dict(self) -> dict:
-        """The optimizers' state (one per device; with kvstore "device" each holds its share)
-        and the parameter groups' hyper-parameters (learning rates set by schedulers)."""
+        """The optimizer state per parameter (by its index among the trainable ones) and the
+        parameter groups' hyper-parameters (learning rates set by schedulers).
+
+        The layout does not depend on the devices, the kvstore or the processes: a state
+        saved on 2 processes loads on 1 process with 3 devices, and the other way round."""
         self._ready()
-        return {"optimizer": type(self._optimizers[0]).__name__, "kvstore": self.kvstore.name,
-                "optimizers": [opt.state_dict() for opt in self._optimizers],
-                "groups": self.optimizer.state_dict()["param_groups"]}
+        state: Dict[int, Dict[str, Any]] = {}
+        for i, opt in enumerate(self._optimizers):
+            mine = self.kvstore.optimized(i)
+            for j in (range(len(self._groups[i])) if mine is None else mine):
+                if j not in state and self._groups[i][j] in opt.state:
+                    state[j] = dict(opt.state[self._groups[i][j]])
+            if mine is None:        # every device holds the same full state: one is enough
+                break
+        return {"optimizer": type(self._optimizers[0]).__name__,
+                "shapes": [list(p.shape) for p in self._groups[0]],
+                "state": state, "groups": self.optimizer.state_dict()["param_groups"]}
 
     def load_state_dict(self, state: dict) -> None:
+        """Load a ``state_dict``, whatever devices, kvstore or processes saved it."""
         self._ready()
-        saved = state.get("optimizers", [])
         ours = type(self._optimizers[0]).__name__
-        if state.get("optimizer") != ours or len(saved) != len(self._optimizers) \
-                or state.get("kvstore") != self.kvstore.name:
-            raise ValueError(f"the checkpoint's optimizer state is for {state.get('optimizer')!r} on {len(saved)} "
-                             f"device(s) with kvstore {state.get('kvstore')!r}; this run uses "
-                             f"{ours!r} on {len(self._optimizers)} with {self.kvstore.name!r}")
-        for opt, sd in zip(self._optimizers, saved):
-            opt.load_state_dict(sd)
-        if "groups" in state:
-            self.optimizer.load_state_dict({"state": {}, "param_groups": state["groups"]})
+        if state.get("optimizer") != ours:
+            raise ValueError(f"the checkpoint's optimizer is {state.get('optimizer')!r}, this run's {ours!r}: "
+                             f"resume with the same optimizer")
+        shapes = [list(p.shape) for p in self._groups[0]]
+        if state.get("shapes") != shapes:
+            raise ValueError(f"the checkpoint's optimizer holds {len(state.get('shapes') or [])} parameters of other "
+                             f"shapes than this model's {len(shapes)} trainable ones")
+        saved = state.get("state", {})
+        for i, opt in enumerate(self._optimizers):
+            index = {id(p): j for j, p in enumerate(self._groups[i])}
+            # In torch's own format, so torch places each value (e.g. Adam's 'step' stays on the CPU).
+            mine, position = {}, 0
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    j = index.get(id(p))
+                    if j is not None and j in saved:   # a copy each: torch's .to() may alias them
+                        mine[position] = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                                          for k, v in saved[j].items()}
+                    position += 1
+            opt.load_state_dict({"state": mine, "param_groups": opt.state_dict()["param_groups"]})
+        self.optimizer.load_state_dict({"state": {}, "param_groups": state["groups"]})
+        self.optimizer.push(zip(self._optimizers, self._origins))
 
     def _name(self, j: int) -> str:
         if self._replicas is not None:
