@@ -1,4 +1,6 @@
 """Trainer steps on N devices equal steps on 1 device with the same global batch."""
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -392,7 +394,8 @@ def test_optimizer_state_moves_between_device_layouts():
             trainer.step(6)
     net, *rest = make(3, "device")
     steps(*rest, seed=1)
-    saved, weights = rest[2].state_dict(), {k: v.clone() for k, v in net.state_dict().items()}
+    saved = copy.deepcopy(rest[2].state_dict())             # (a state_dict holds references, as torch's)
+    weights = {k: v.clone() for k, v in net.state_dict().items()}
     steps(*rest, seed=2)                                      # the unbroken run
     for n, kvstore in ((1, None), (2, "local"), (3, "naive"), (2, "device")):
         other, *more = make(n, kvstore)
