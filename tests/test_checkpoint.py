@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from dptrain.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from dptrain.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
 from dptrain.cli import main
 from tests.signals import signal_in_second_epoch
 
@@ -86,7 +86,7 @@ def test_loading_is_weights_only_and_errors_are_one_line(tmp_path):
     assert torch.equal(load_checkpoint(tmp_path)["x"], torch.ones(2))
     path = tmp_path / "checkpoint.pt"
     # A pickle that would run code is refused, not executed.
-    torch.save({"format": "dptrain-checkpoint-1", "evil": os.system}, path)
+    torch.save({"format": FORMAT, "evil": os.system}, path)
     with pytest.raises(CheckpointError, match="corrupt or truncated, or not a dptrain checkpoint"):
         load_checkpoint(tmp_path)
     path.write_bytes(path.read_bytes()[:50])
@@ -139,3 +139,41 @@ def test_a_user_task_stopped_mid_epoch_resumes_bit_identical(tmp_path):
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
     assert a["trainer"]["groups"] == b["trainer"]["groups"]          # the scheduler's learning rates too
+
+
+def test_a_changed_checkpoint_is_refused_by_its_digest(tmp_path):
+    """100 weights bit-flipped after the save: caught on load, not trained on."""
+    save_checkpoint(tmp_path, {"engine": {"w": torch.randn(1000)}, "epoch": 3})
+    path = tmp_path / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    w = state["engine"]["w"]
+    flipped = w.view(torch.int32)
+    flipped[:100] ^= 1 << 30                    # values up to ~1e5 times larger
+    torch.save(state, path)                    # the old digest, new contents
+    with pytest.raises(CheckpointError, match="is corrupt: its contents do not match the digest"):
+        load_checkpoint(tmp_path)
+    state["format"] = "dptrain-checkpoint-1"
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="written by another version of dptrain"):
+        load_checkpoint(tmp_path)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 300 kB tmpfs (needs root, as in CI; skipped otherwise)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(small_disk):
+    save_checkpoint(small_disk, {"x": torch.zeros(10_000)})            # 40 kB: fits
+    with pytest.raises(CheckpointError, match="could not write the checkpoint .*: No space left on device "
+                                              r"\(the previous checkpoint is kept\)"):
+        save_checkpoint(small_disk, {"x": torch.zeros(100_000)})       # 400 kB: does not
+    assert load_checkpoint(small_disk)["x"].numel() == 10_000
+    assert [p.name for p in small_disk.iterdir()] == ["checkpoint.pt"]  # no temp file left

@@ -66,5 +66,5 @@ def test_row(row, places, tmp_path):
                          timeout=300, env=env)
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("dptrain: error: ")]
     assert out.returncode == int(row["code"]), out.stderr
-    assert len(lines) == 1 and row["msg"] in lines[0], out.stderr
+    assert len(lines) == 1 and row["msg"].format(**places) in lines[0], out.stderr
     assert "Traceback" not in out.stderr

@@ -19,8 +19,22 @@ def test_metrics_file_gets_one_record_per_epoch(data_dir, tmp_path, capsys):
     assert [r["epoch"] for r in records] == [1, 2]
     assert {"epoch", "sec", "train_loss", "test_acc", "devices", "world_size", "images_per_sec"} <= set(records[0])
     assert records[1]["test_acc"] == result["history"][1]["test_acc"]
-    assert main(args) == 0                       # appends
-    assert len(read_metrics(path)) == 4
+    assert main(args) == 2                       # never mixed with another run's records
+    assert "already holds 2 record(s) of another run: pass --resume" in capsys.readouterr().err
+    assert main(args + ["--overwrite"]) == 0
+    assert [r["epoch"] for r in read_metrics(path)] == [1, 2]
+
+
+def test_a_resumed_run_continues_its_metrics_file(data_dir, tmp_path, capsys):
+    path, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
+    args = ["train", "--data-dir", data_dir, "--max-batches", "2", "--eval-batches", "1", "--metrics", str(path),
+            "--checkpoint-dir", str(ckpt), "--quiet"]
+    assert main(args + ["--epochs", "2"]) == 0
+    with open(path, "a") as f:                   # as if a crash struck after epoch 3's record, before its save
+        f.write(json.dumps({**read_metrics(path)[-1], "epoch": 3}) + "\n")
+    assert main(args + ["--epochs", "3", "--resume"]) == 0
+    assert [r["epoch"] for r in read_metrics(path)] == [1, 2, 3]
+    capsys.readouterr()
 
 
 def test_unwritable_metrics_path(tmp_path, capsys):

@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-dir", metavar="DIR",
                    help="save a checkpoint after every epoch (and on Ctrl-C/SIGTERM) in DIR")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    t.add_argument("--overwrite", action="store_true", help="start over in a --checkpoint-dir, --metrics file or "
+                   "--tensorboard folder that holds another run's (refused otherwise)")
     t.add_argument("--metrics", metavar="FILE.jsonl", help="write one JSON record per epoch to FILE")
     t.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard scalars per epoch to DIR")
     t.add_argument("--on-nan", default="stop", choices=["stop", "skip"],
@@ -198,22 +200,43 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
                          sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp,
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
                          num_workers=args.num_workers, backend=args.backend, bucket_mb=args.bucket_mb,
-                         checkpoint_dir=args.checkpoint_dir, resume=args.resume, metrics_file=args.metrics,
+                         checkpoint_dir=args.checkpoint_dir, resume=args.resume, overwrite=args.overwrite,
+                         metrics_file=args.metrics,
                          on_nan=args.on_nan, progress=not (args.json or args.quiet),
                          tensorboard=args.tensorboard)
-    if args.plot and os.path.splitext(args.plot)[1].lower() not in (".png", ".svg", ".pdf"):
-        raise ValueError(f"--plot {args.plot}: the file must end in .png, .svg or .pdf")
+    from .preflight import check_outputs
+    rank0 = DistEnv.from_environ().rank == 0
+    if rank0:                   # every file the run writes, tried before any training
+        check_outputs(config, args.plot)
     if args.processes and args.processes > 1 and "WORLD_SIZE" not in os.environ:
         from .distributed.env import choose_backend
         from .distributed.launcher import launch
         choose_backend(config.backend, use_cuda=num_gpus() > 0)     # fail here, not in N workers
+        _check_batch(config, args.processes)
         return launch(["-m", "dptrain", *_without_processes(argv)], args.processes)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
-    result = train(config, log=log, plot=args.plot)
-    if DistEnv.from_environ().rank == 0 and args.json:       # one result for the whole job
-        print(json.dumps(result))
+    result = train(config, log=log)
+    if rank0:                   # one result for the whole job, written before anything that may fail
+        if args.json:
+            print(json.dumps(result), flush=True)
+        if args.plot:
+            from .train import draw
+            draw(result, args.plot)
     return 0
+
+
+def _check_batch(config: TrainConfig, processes: int) -> None:
+    """Every device of every process needs a sample: said here, before N workers start."""
+    from .devices import parse_devices
+    from .recipes import hyperparameters, task_for
+    per_process = 1 if config.devices in (None, "", "auto") else len(parse_devices(config.devices))
+    devices = per_process * processes
+    _, batch, _ = hyperparameters(task_for(config), config, per_process) if config.batch_size is None \
+        else (None, config.batch_size, None)
+    if batch < devices:
+        raise ValueError(f"batch size {batch} is smaller than the {devices} devices of {processes} processes: use "
+                         f"--batch-size {devices} or more, or fewer --processes")
 
 
 def _launch_command(args: argparse.Namespace) -> int:

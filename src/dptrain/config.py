@@ -53,6 +53,7 @@ class TrainConfig:
     bucket_mb: float = 25.0
     checkpoint_dir: Optional[str] = None
     resume: bool = False
+    overwrite: bool = False             # replace another run's checkpoint, metrics, TensorBoard logs
     metrics_file: Optional[str] = None
     progress: bool = True
     on_nan: str = "stop"
@@ -98,6 +99,8 @@ class TrainConfig:
             raise ValueError(f"unknown --on-nan {self.on_nan!r}; choose stop or skip")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir DIR (where the checkpoint is)")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume continues a run and --overwrite replaces it: give one")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):

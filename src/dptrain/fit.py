@@ -38,7 +38,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
         seed: int = 0, max_batches: Optional[int] = None, eval_batches: Optional[int] = None,
         kvstore: Optional[str] = "device", sync_batchnorm: bool = False, amp: Optional[str] = None,
         channels_last: bool = False, bucket_mb: float = 25.0, backend: str = "auto",
-        checkpoint_dir: Optional[str] = None, resume: bool = False, metrics_file: Optional[str] = None,
+        checkpoint_dir: Optional[str] = None, resume: bool = False, overwrite: bool = False,
+        metrics_file: Optional[str] = None,
         tensorboard: Optional[str] = None, plot: Optional[str] = None, on_nan: str = "stop",
         progress: bool = True, log: Optional[Log] = print, name: str = "custom") -> Dict[str, Any]:
     """Train ``model`` on ``train_data`` data-parallel; return the result with its ``history``.
@@ -56,7 +57,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     ``seed`` (initialisation, data order), ``max_batches``/``eval_batches`` (per epoch),
     ``kvstore`` (``device``, ``local``, ``naive``/``ring``: the hand-written allreduce),
     ``sync_batchnorm``, ``amp`` (``"bf16"``/``"fp16"``), ``channels_last``, ``checkpoint_dir``
-    and ``resume`` (atomic saves every epoch and on SIGINT/SIGTERM; exact resume),
+    and ``resume`` (atomic saves every epoch and on SIGINT/SIGTERM; exact resume; a folder
+    holding another run's checkpoint is refused unless ``overwrite``),
     ``metrics_file`` (JSONL), ``tensorboard``, ``plot``, ``on_nan`` (``stop``/``skip``),
     ``progress``, ``log`` (None: quiet).
 
@@ -76,6 +78,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
                 epochs=epochs, batch_size=batch_size, kvstore=kvstore, collate_fn=collate_fn, name=name)
     config = TrainConfig(devices=devices, seed=seed, max_batches=max_batches, eval_batches=eval_batches, num_workers=num_workers,
                          sync_bn=sync_batchnorm, amp=amp, channels_last=channels_last, bucket_mb=bucket_mb, backend=backend,
-                         checkpoint_dir=checkpoint_dir, resume=resume, metrics_file=metrics_file,
+                         checkpoint_dir=checkpoint_dir, resume=resume, overwrite=overwrite,
+                         metrics_file=metrics_file,
                          tensorboard=tensorboard, on_nan=on_nan, progress=progress)
     return run_task(task, config, log, plot)

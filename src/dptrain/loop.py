@@ -26,6 +26,7 @@ from .devices import format_device
 from .distributed import DistEnv, get_collective
 from .engine import ModelEngine, _add
 from .metrics import MetricsLog
+from .preflight import check_space
 from .parallel import get_runner
 from .progress import ProgressBar
 from .recipes import hyperparameters
@@ -70,8 +71,8 @@ class Run:
                              f"use --batch-size {total_devices} or more, or fewer --devices")
         if config.sync_bn and not _has_batchnorm(task.model):
             raise ValueError(f"--sync-bn: {task.name}'s model has no BatchNorm layer; drop --sync-bn")
-        self.metrics = MetricsLog(config.metrics_file) if config.metrics_file and env.rank == 0 else None
-        self.board = TensorBoardLog(config.tensorboard) if config.tensorboard and env.rank == 0 else None
+        self.board = TensorBoardLog(config.tensorboard, fresh=config.overwrite) \
+            if config.tensorboard and env.rank == 0 else None
         self.kvstore = task.kvstore if config.kvstore is None else config.kvstore_kind
         channels_last = config.channels_last if config.channels_last is not None else task.channels_last and (
             all(d.type == "cpu" for d in devices) or config.amp is not None)
@@ -87,15 +88,20 @@ class Run:
             if eval_data is not None else None
         self.engine.prepare(self.train_loader.example(), self.lr)
         self.lr = self.engine.trainer.learning_rate
+        if env.rank == 0:           # room for a checkpoint: model, optimizer state, a margin
+            size = sum(t.numel() * t.element_size() for t in self.engine.state_dict()["model"].values())
+            check_space(config.checkpoint_dir, 3 * size + 2**20)
         self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
         self.runner = get_runner(devices)
         self.history: List[Dict[str, Any]] = []
-        # epoch, batches done in it, loss sum and denominator so far, seconds
-        self.position: Tuple[int, int, float, float, float] = (1, 0, 0.0, 0.0, 0.0)
+        # epoch, batches done in it, loss sum and denominator so far, seconds, batches skipped in it
+        self.position: Tuple[int, int, float, float, float, int] = (1, 0, 0.0, 0.0, 0.0, 0)
         self.skipped = 0
         self.stops = StopRequests(self.collective)
         if config.resume:
             self._resume()
+        self.metrics = MetricsLog(config.metrics_file, [self._record(row) for row in self.history]) \
+            if config.metrics_file and env.rank == 0 else None
 
     def close(self) -> None:
         """Stop the data loaders' worker processes, if any, and detach from the model."""
@@ -107,7 +113,8 @@ class Run:
     # -- checkpoints -------------------------------------------------------------------
     def _identity(self) -> Dict[str, Any]:
         return {"recipe": self.task.name, "dataset": self.task.dataset, "batch_size": self.batch_size,
-                "seed": self.config.seed, "devices": len(self.devices), "world_size": self.env.world_size}
+                "seed": self.config.seed, "devices": self._names(), "world_size": self.env.world_size,
+                "lr": self.lr, "kvstore": self.kvstore}
 
     def _rng_states(self) -> List[torch.Tensor]:
         """Every process's random state (CPU, and its GPUs'), for dropout and the like."""
@@ -128,7 +135,8 @@ class Run:
                 torch.cuda.set_rng_state(rest[:n], d)
                 rest = rest[n:]
 
-    def _save(self, epoch: int, batch: int, partial: List[List[float]], seconds: float) -> None:
+    def _save(self, epoch: int, batch: int, partial: List[List[float]], seconds: float,
+              epoch_skipped: int = 0) -> None:
         """Rank 0 writes; ``partial`` holds every process's ``[loss sum, denominator]`` so far.
         Every process calls it (they send their random states)."""
         if not self.config.checkpoint_dir:
@@ -138,19 +146,26 @@ class Run:
             return
         save_checkpoint(self.config.checkpoint_dir, {
             "identity": json.dumps(self._identity()), "epoch": epoch, "batch": batch,
-            "partial": partial, "seconds": seconds, "skipped": self.skipped,
+            "partial": partial, "seconds": seconds, "skipped": self.skipped, "epoch_skipped": epoch_skipped,
             "history": json.dumps(self.history), "engine": self.engine.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "rng": rng})
 
+    #: What a resumed run must share with the checkpoint's: the task and the global batches.
+    SAME = ("recipe", "dataset", "batch_size", "seed")
+
     def _resume(self) -> None:
         state = load_checkpoint(self.config.checkpoint_dir)
         saved, ours = json.loads(state["identity"]), self._identity()
-        different = {k: (saved.get(k), v) for k, v in ours.items() if saved.get(k) != v}
+        different = {k: (saved.get(k), ours[k]) for k in self.SAME if saved.get(k) != ours[k]}
         if different:
             what = ", ".join(f"{k} {a!r} (this run: {b!r})" for k, (a, b) in different.items())
             raise CheckpointError(f"the checkpoint in {self.config.checkpoint_dir} is of another run: {what}; "
                                   f"resume with the same settings, or use another --checkpoint-dir")
+        if state["batch"] > len(self.train_loader):
+            raise CheckpointError(f"the checkpoint stopped after batch {state['batch']} of epoch {state['epoch']}, but "
+                                  f"this run's epochs have {len(self.train_loader)} batches (--max-batches): resume "
+                                  f"with --max-batches {state['batch']} or more, or without it")
         try:
             self.engine.load_state_dict(state["engine"])
             if self.scheduler is not None:
@@ -162,10 +177,35 @@ class Run:
         self._set_rng_state(state["rng"])
         self.history = json.loads(state["history"])
         self.skipped = state["skipped"]
-        loss, count = state["partial"][self.env.rank]
-        self.position = (state["epoch"], state["batch"], loss, count, state["seconds"])
+        partial = state["partial"]
+        if len(partial) != self.env.world_size:     # another number of processes: rank 0 carries the sums
+            partial = [[sum(p[0] for p in partial), sum(p[1] for p in partial)]] + \
+                [[0.0, 0.0]] * (self.env.world_size - 1)
+        loss, count = partial[self.env.rank]
+        self.position = (state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"])
         self.log(f"resumed from {checkpoint_path(self.config.checkpoint_dir)} at epoch {state['epoch']}, "
                  f"batch {state['batch']}")
+        self._say_what_changed(saved, ours)
+
+    def _say_what_changed(self, saved: Dict[str, Any], ours: Dict[str, Any]) -> None:
+        """One line per setting a resumed run changes; what it changes is honoured."""
+        if self.config.lr is not None and saved.get("lr") != self.config.lr:
+            self.engine.trainer.set_learning_rate(self.config.lr)
+            self.log(f"resuming with --lr {self.config.lr:g} (the checkpoint's run had {saved.get('lr')!r})")
+        else:
+            self.lr = saved.get("lr", self.lr)
+        if saved.get("kvstore") != ours["kvstore"]:
+            self.log(f"resuming with kvstore {ours['kvstore']!r} (the checkpoint's run had {saved.get('kvstore')!r}): "
+                     f"the same gradient sums, up to float rounding")
+        if (saved.get("devices"), saved.get("world_size")) != (ours["devices"], ours["world_size"]):
+            def where(devices, world):
+                devices = devices if isinstance(devices, list) else [f"{devices} device(s)"]
+                return f"{world} process(es) x [{', '.join(devices)}]"
+            bn = "; per-device BatchNorm statistics depend on the device count (--sync-bn does not)" \
+                if _has_batchnorm(self.task.model) and not self.config.sync_bn else ""
+            self.log(f"resuming on {where(ours['devices'], ours['world_size'])} (the checkpoint's run: "
+                     f"{where(saved.get('devices'), saved.get('world_size'))}): the same global batches, so the "
+                     f"same training up to float rounding{bn}")
 
     # -- the loop ----------------------------------------------------------------------
     def _eval_keys(self) -> List[str]:
@@ -180,26 +220,39 @@ class Run:
         keys = self._eval_keys()
         with self.stops.catching():
             for epoch in range(first_epoch, self.epochs + 1):
-                sec, loss_sum, count = self._train_epoch(epoch)
+                sec, loss_sum, count, skipped = self._train_epoch(epoch)
                 evals = self.engine.evaluate(self.eval_loader) if self.eval_loader is not None else {}
                 zero = torch.zeros((), dtype=torch.float64, device=self.devices[0])
                 local = [torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]).reshape(())
                          for v in (loss_sum, count)] + [evals.get(k, zero) for k in keys]
                 totals = self.collective.all_reduce(torch.stack(local)).tolist()
                 row = self._row(epoch, sec, totals[0], totals[1], dict(zip(keys, totals[2:])))
+                if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
+                    row["skipped"] = skipped
                 self.history.append(row)
                 if self.scheduler is not None and self.task.scheduler_interval == "epoch":
                     self._step_scheduler(row)
                 self._save(epoch + 1, 0, [[0.0, 0.0]] * self.env.world_size, 0.0)
-                record = {**row, "recipe": self.task.name, "devices": self._names(),
-                          "world_size": self.env.world_size,
-                          "images_per_sec": self.train_loader.global_num_samples / sec}
+                record = self._record(row)
                 for log in (self.metrics, self.board):
                     if log:
                         log.append(record)
-                self.log(f"epoch {epoch}, {sec:.1f} sec, " + ", ".join(
-                    f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items() if k not in ("epoch", "sec")))
+                self.log(self._line(row))
         return self._result()
+
+    def _line(self, row: Dict[str, Any]) -> str:
+        """``epoch 3, 7.9 sec, train loss 0.512, test loss 0.498, test acc 0.822[, 2 of 235
+        batches skipped (loss not finite)]``."""
+        line = f"epoch {row['epoch']}, {row['sec']:.1f} sec, " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items() if k not in ("epoch", "sec", "skipped"))
+        if row.get("skipped"):
+            line += f", {row['skipped']} of {len(self.train_loader)} batches skipped (loss not finite)"
+        return line
+
+    def _record(self, row: Dict[str, Any]) -> Dict[str, Any]:
+        """An epoch's line in the metrics file and TensorBoard."""
+        return {**row, "recipe": self.task.name, "devices": self._names(), "world_size": self.env.world_size,
+                "images_per_sec": self.train_loader.global_num_samples / row["sec"] if row["sec"] else 0.0}
 
     def _row(self, epoch: int, sec: float, loss: float, count: float, evals: Dict[str, float]) -> Dict[str, Any]:
         row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
@@ -218,11 +271,12 @@ class Run:
             return
         self.scheduler.step()
 
-    def _train_epoch(self, epoch: int) -> Tuple[float, Any, Any]:
-        resume_epoch, done, loss_before, count_before, sec_before = self.position
+    def _train_epoch(self, epoch: int) -> Tuple[float, Any, Any, int]:
+        resume_epoch, done, loss_before, count_before, sec_before, skipped_before = self.position
         skip = done if epoch == resume_epoch else 0
         if epoch != resume_epoch:
-            loss_before, count_before, sec_before = 0.0, 0.0, 0.0
+            loss_before, count_before, sec_before, skipped_before = 0.0, 0.0, 0.0, 0
+        skipped_at_start = self.skipped - skipped_before
         self.train_loader.set_epoch(epoch - 1)
         bar = ProgressBar(len(self.train_loader), epoch, enabled=self.config.progress and self.env.rank == 0)
         synchronize(self.devices)
@@ -238,9 +292,9 @@ class Run:
         skip_nan = self.config.on_nan == "skip"
         per_batch = self.scheduler is not None and self.task.scheduler_interval == "batch"
 
-        def so_far() -> Tuple[float, float, float]:    # loss sum, denominator and seconds, for a save
+        def so_far() -> Tuple[float, float, float, int]:    # what a save mid-epoch keeps
             return (loss_before + loss_sum.item(), count_before + float(count),
-                    sec_before + time.perf_counter() - start)
+                    sec_before + time.perf_counter() - start, self.skipped - skipped_at_start)
         with self.runner.coordinating():
             b = skip
             for b, batch in enumerate(batches, start=skip + 1):
@@ -262,10 +316,11 @@ class Run:
             self._decide(self.stops.flush(), bar, epoch, b, so_far)
         bar.close()
         synchronize(self.devices)
-        return sec_before + time.perf_counter() - start, loss_before + loss_sum, _add(count_before, count)
+        return (sec_before + time.perf_counter() - start, loss_before + loss_sum, _add(count_before, count),
+                self.skipped - skipped_at_start)
 
     def _decide(self, decision: Tuple[Optional[int], Optional[int]], bar: ProgressBar, epoch: int,
-                batch: int, so_far: Callable[[], Tuple[float, float, float]]) -> None:
+                batch: int, so_far: Callable[[], Tuple[float, float, float, int]]) -> None:
         """Act on what every process decided after ``batch``: go on, stop for NaN, or save and stop."""
         signum, bad_batch = decision
         if bad_batch is None and signum is None:
@@ -278,10 +333,11 @@ class Run:
                                 f"--lr, or pass --on-nan skip to skip such batches{kept}")
         self._interrupt(signum, epoch, batch, *so_far())
 
-    def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, count: float, seconds: float) -> None:
+    def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, count: float, seconds: float,
+                   skipped: int) -> None:
         # Every process stops after the same batch; each keeps its own partial sums.
         sums = self.collective.all_gather(torch.tensor([loss_sum, count], dtype=torch.float64))
-        self._save(epoch, batch, [t.tolist() for t in sums], seconds)
+        self._save(epoch, batch, [t.tolist() for t in sums], seconds, skipped)
         self.stops.barrier()            # nobody leaves (and gets the others stopped) before the save
         name = signal.Signals(signum).name
         where = (f"; saved to {checkpoint_path(self.config.checkpoint_dir)}: continue with --resume"

@@ -1,44 +1,76 @@
-"""``--metrics FILE.jsonl``: one JSON record per epoch, appended and flushed to disk."""
+"""``--metrics FILE.jsonl``: one JSON record per epoch, written and flushed to disk as it ends.
+
+A file holds one run: a new run starts it (``--overwrite`` replaces another run's records,
+which are otherwise refused before training, see ``preflight.py``); a resumed run rewrites
+it with the checkpoint's epochs, then goes on, so a crash between a record and a checkpoint
+never leaves an epoch twice or missing.
+"""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, Iterable, List, Union
+
+REQUIRED = ("epoch", "train_loss")
 
 
 class MetricsLog:
-    """Append one line per record; each line is complete on disk before the next epoch starts."""
+    """Append one line per record; each line is complete on disk before the next epoch starts.
 
-    def __init__(self, path: Union[str, Path]):
+    ``start``: the records the file begins with (a resumed run's history), replacing what
+    it held."""
+
+    def __init__(self, path: Union[str, Path], start: Iterable[Dict[str, Any]] = ()):
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a"):
-                pass
+            with open(self.path, "w") as f:
+                for record in start:
+                    f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         except OSError as e:
             raise ValueError(f"cannot write the metrics file {self.path}: {e.strerror}; "
                              f"pick a writable path for --metrics") from None
 
     def append(self, record: Dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise ValueError(f"could not write to the metrics file {self.path}: {e.strerror} (the records before "
+                             f"this epoch are kept); free some space or pick another --metrics file") from None
 
 
 def read_metrics(path: Union[str, Path]) -> List[Dict[str, Any]]:
-    """The records of a metrics file; a line cut short by a crash is skipped."""
-    records = []
+    """The records of a metrics file; a last line cut short by a crash is skipped, anything
+    else that is not a record is a one-line error naming the line."""
     try:
-        lines = Path(path).read_text().splitlines()
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as e:
         raise ValueError(f"cannot read metrics file {path}: {e.strerror}") from None
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a metrics file (binary content; --metrics writes JSON lines)") from None
+    lines = text.splitlines()
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
             continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):          # the last line, cut short by a crash
+                continue
+            raise ValueError(f"{path}, line {n}: not JSON; a metrics file holds one JSON object per line") from None
+        missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
+        if missing:
+            what = type(record).__name__ if not isinstance(record, dict) else f"a record without {', '.join(missing)}"
+            raise ValueError(f"{path}, line {n}: {what}, not an epoch record (--metrics writes objects with "
+                             f"{', '.join(REQUIRED)}, ...)")
+        records.append(record)
     if not records:
         raise ValueError(f"{path} holds no metrics records (one JSON object per line expected)")
     return records

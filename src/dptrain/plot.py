@@ -21,7 +21,8 @@ def describe(records: Records) -> str:
 
 
 def plot_runs(runs: Sequence[Tuple[str, Records]], path: Union[str, Path], title: str = "") -> Path:
-    """Draw every run's test accuracy and train loss against the epoch into ``path`` (.png/.svg/.pdf)."""
+    """Draw every run's test accuracy (or test loss) and train loss against the epoch into
+    ``path`` (.png/.svg/.pdf)."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
@@ -31,13 +32,18 @@ def plot_runs(runs: Sequence[Tuple[str, Records]], path: Union[str, Path], title
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("plotting needs matplotlib: pip install matplotlib (or dptrain[plot])") from None
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    # Test accuracy where every run has it (classification), else the test loss if they have it.
+    left = next((key for key in ("test_acc", "test_loss")
+                 if all(key in r for _, records in runs for r in records)), None)
+    fig, axes = plt.subplots(1, 2 if left else 1, figsize=(10 if left else 5.5, 4), squeeze=False)
+    panels = ([(axes[0][0], left, left.replace("test_acc", "test accuracy").replace("_", " "))] if left else []) + \
+        [(axes[0][-1], "train_loss", "train loss")]
     for label, records in runs:
         epochs = [r["epoch"] for r in records]
-        acc_ax.plot(epochs, [r["test_acc"] for r in records], marker="o", label=label)
-        loss_ax.plot(epochs, [r["train_loss"] for r in records], marker="o", label=label)
+        for ax, key, _ in panels:
+            ax.plot(epochs, [r[key] for r in records], marker="o", label=label)
     from matplotlib.ticker import MaxNLocator
-    for ax, name in ((acc_ax, "test accuracy"), (loss_ax, "train loss")):
+    for ax, _, name in panels:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # epochs are whole numbers
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_xlabel("epoch")

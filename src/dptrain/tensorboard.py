@@ -1,19 +1,24 @@
 """``--tensorboard DIR``: the per-epoch metrics as TensorBoard scalars (when it is installed)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict
 
 
 class TensorBoardLog:
     """Write ``train_loss``, ``test_acc``, ``images_per_sec`` and ``sec`` per epoch to DIR."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, fresh: bool = False):
+        """``fresh``: remove the event files another run left in ``directory`` (``--overwrite``)."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard "
                              "(or drop --tensorboard; --metrics FILE.jsonl needs nothing)") from None
         try:
+            if fresh:
+                for old in Path(directory).glob("events.out.tfevents.*"):
+                    old.unlink()
             self.writer = SummaryWriter(log_dir=directory)
         except OSError as e:
             raise ValueError(f"cannot write TensorBoard logs to {directory}: {e.strerror}") from None

@@ -16,6 +16,7 @@ from .config import TrainConfig
 from .devices import cpu, num_gpus, parse_devices
 from .distributed import DistEnv, init_distributed, shutdown_distributed
 from .loop import Run
+from .preflight import check_outputs
 from .task import Task
 
 Log = Callable[[str], None]
@@ -35,12 +36,24 @@ def process_devices(spec: Any, env: DistEnv) -> List[torch.device]:
     return [cpu(0)]
 
 
+def draw(result: Dict[str, Any], path: str) -> None:
+    """Plot a run's history (test accuracy or loss, train loss per epoch) into ``path``."""
+    from .plot import describe, plot_runs
+    records = [{**row, "recipe": result["recipe"], "devices": result["devices"],
+                "world_size": result["world_size"]} for row in result["history"]]
+    plot_runs([(describe(records), records)], path)
+
+
 def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
              plot: Optional[str] = None) -> Dict[str, Any]:
     """Train ``task`` as ``config`` says; return the result (the ``--json`` object).
 
-    ``plot``: a .png/.svg/.pdf file rank 0 draws the history into."""
+    Every file the run will write is checked first (``preflight.py``). ``plot``: a
+    .png/.svg/.pdf file rank 0 draws the history into once training is over (a failure then
+    is logged, and the result still returned)."""
     env = DistEnv.current()
+    if env.rank == 0:
+        check_outputs(config, plot)
     devices = process_devices(config.devices, env)
     joined = env.distributed and not torch.distributed.is_initialized()
     backend = init_distributed(env, config.backend, use_cuda=any(d.type == "cuda" for d in devices))
@@ -58,14 +71,14 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
         if joined:              # a process group the caller made is the caller's to end
             shutdown_distributed()
     if plot and env.rank == 0:
-        from .plot import describe, plot_runs
-        records = [{**row, "recipe": result["recipe"], "devices": result["devices"],
-                    "world_size": result["world_size"]} for row in result["history"]]
-        plot_runs([(describe(records), records)], plot)
+        try:
+            draw(result, plot)
+        except ValueError as e:
+            (log or print)(f"dptrain: could not draw the plot: {e}")
     return result
 
 
-def train(config: TrainConfig, log: Optional[Log] = print, plot: Optional[str] = None) -> Dict[str, Any]:
+def train(config: TrainConfig, log: Optional[Log] = print) -> Dict[str, Any]:
     """Run the recipe (or ``--model``/``--data``) a config names; return the result.
 
     >>> result = train(TrainConfig(recipe="lenet-scratch", devices="2", epochs=1))
@@ -75,4 +88,4 @@ def train(config: TrainConfig, log: Optional[Log] = print, plot: Optional[str] =
     """
     from .recipes import task_for
     torch.manual_seed(config.seed)      # before the model is built: its initial weights
-    return run_task(task_for(config), config, log, plot)
+    return run_task(task_for(config), config, log)
