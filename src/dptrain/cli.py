@@ -35,6 +35,7 @@ from .data import DataNotFoundError, IDXError
 from .loop import Interrupted, NonFiniteLoss
 from .devices import device_info, num_gpus, parse_devices
 from .distributed.env import DistEnv
+from .distributed.rendezvous import RendezvousError
 from .recipes import RECIPES
 
 USAGE_ERROR, DATA_ERROR = 2, 1
@@ -140,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.distributed backend (default: nccl on GPUs, gloo on CPUs)")
     t.add_argument("--bucket-mb", type=_positive_float, default=25.0, metavar="MB",
                    help="gradient bucket size for multi-process runs (default: 25)")
+    t.add_argument("--timeout", type=_positive_float, default=60.0, metavar="S",
+                   help="several processes: how long to wait for peers to join, or for a silent one, before "
+                        "naming it and ending the job (default: 60)")
     t.add_argument("--checkpoint-dir", metavar="DIR",
                    help="save a checkpoint after every epoch (and on Ctrl-C/SIGTERM) in DIR")
     t.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
@@ -200,6 +204,7 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
                          sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp,
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
                          num_workers=args.num_workers, backend=args.backend, bucket_mb=args.bucket_mb,
+                         timeout=args.timeout,
                          checkpoint_dir=args.checkpoint_dir, resume=args.resume, overwrite=args.overwrite,
                          metrics_file=args.metrics,
                          on_nan=args.on_nan, progress=not (args.json or args.quiet),
@@ -273,7 +278,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Interrupted as e:
         print(f"dptrain: {e}", file=sys.stderr)
         return 130
-    except (DataNotFoundError, IDXError, CheckpointError, NonFiniteLoss) as e:
+    except (DataNotFoundError, IDXError, CheckpointError, NonFiniteLoss, RendezvousError) as e:
         code = DATA_ERROR
         if args.debug:
             raise

@@ -51,6 +51,7 @@ class TrainConfig:
     num_workers: int = 0
     backend: str = "auto"
     bucket_mb: float = 25.0
+    timeout: float = 60.0               # seconds to wait for peers to join, or for a silent peer
     checkpoint_dir: Optional[str] = None
     resume: bool = False
     overwrite: bool = False             # replace another run's checkpoint, metrics, TensorBoard logs
@@ -103,6 +104,8 @@ class TrainConfig:
             raise ValueError("--resume continues a run and --overwrite replaces it: give one")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout) and self.timeout > 0):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {self.timeout!r}")
         if not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
             raise ValueError(f"bucket-mb must be a number > 0, got {self.bucket_mb!r}")
         if self.dataset is not None and self.dataset not in SOURCES:

@@ -8,6 +8,7 @@ batch, and only rank 0 logs and writes files.
 from __future__ import annotations
 
 import gc
+import os
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -15,6 +16,8 @@ import torch
 from .config import TrainConfig
 from .devices import cpu, num_gpus, parse_devices
 from .distributed import DistEnv, init_distributed, shutdown_distributed
+from .distributed.env import choose_backend
+from .distributed.heartbeat import Heartbeat
 from .loop import Run
 from .preflight import check_outputs
 from .task import Task
@@ -55,8 +58,13 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     if env.rank == 0:
         check_outputs(config, plot)
     devices = process_devices(config.devices, env)
+    # Checked even for one process, where it is not used: --backend nccl without GPUs is an error.
+    choose_backend(config.backend, use_cuda=any(d.type == "cuda" for d in devices))
     joined = env.distributed and not torch.distributed.is_initialized()
-    backend = init_distributed(env, config.backend, use_cuda=any(d.type == "cuda" for d in devices))
+    backend = init_distributed(env, config.backend, use_cuda=any(d.type == "cuda" for d in devices),
+                               timeout_s=config.timeout)
+    beat = Heartbeat(env.rank, env.world_size, config.timeout).start() \
+        if env.distributed and "MASTER_PORT" in os.environ else None
     try:
         run = Run(task, config, env, devices, backend, log if env.rank == 0 else None)
         try:
@@ -68,6 +76,8 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
         # Collected now, while the process group exists: gloo objects left to the collector at
         # interpreter exit aborted 2-4 runs in 10 ("terminate called without an active exception").
         gc.collect()
+        if beat is not None:
+            beat.stop()
         if joined:              # a process group the caller made is the caller's to end
             shutdown_distributed()
     if plot and env.rank == 0:

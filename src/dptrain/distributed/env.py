@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Optional
 
 import torch
@@ -16,8 +15,11 @@ import torch.distributed as dist
 
 BACKENDS = ("auto", "gloo", "nccl")
 
-#: Collectives give up after this long, so a dead peer ends the job instead of hanging it.
-DEFAULT_TIMEOUT_S = 120.0
+#: How long a process waits for its peers to join, or for a silent peer, before it says which
+#: rank did not answer and ends (``--timeout``). Collectives get this plus ``COLLECTIVE_MARGIN_S``,
+#: so the heartbeat (which names the right rank) always speaks first.
+DEFAULT_TIMEOUT_S = 60.0
+COLLECTIVE_MARGIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -92,16 +94,10 @@ def init_distributed(env: DistEnv, backend: str = "auto", use_cuda: bool = False
                              f"dptrain train --processes N, or torchrun")
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank)
-    try:
-        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=timeout_s))
-    except RuntimeError as e:     # DistNetworkError and DistStoreError are RuntimeErrors
-        text = str(e).lower()
-        if "address already in use" in text or "eaddrinuse" in text:
-            raise ValueError(f"MASTER_PORT {os.environ['MASTER_PORT']} is already in use on "
-                             f"{os.environ['MASTER_ADDR']}: pick another port (torchrun --master-port "
-                             f"N), or stop the program holding it") from None
-        raise
+    if not os.environ["MASTER_PORT"].isdigit() or not 0 < int(os.environ["MASTER_PORT"]) < 65536:
+        raise ValueError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number (1-65535)")
+    from .rendezvous import join
+    join(backend, env.rank, env.world_size, timeout_s, timeout_s + COLLECTIVE_MARGIN_S)
     return backend
 
 

@@ -163,7 +163,19 @@ def _watch(workers: List[_Worker]) -> int:
         return INTERRUPTED if any(w.proc.returncode == INTERRUPTED for w in workers) else 0
     _stop([w for w in workers if w is not failed])
     failed.reader.join(timeout=5)
-    detail = "\n".join(f"  [rank {failed.rank}] {line}" for line in failed.tail) if failed.rank else ""
-    print(f"dptrain: error: rank {failed.rank} of {len(workers)} failed ({_describe(failed.proc.returncode)}); "
-          f"stopped the other workers" + (f". Its last output:\n{detail}" if detail else ""), file=sys.stderr)
+    print(_report(failed, len(workers)), file=sys.stderr)
     return 1
+
+
+def _report(failed: _Worker, world: int) -> str:
+    """One line for a failed worker: its own error line if it wrote one (rank 0's is on the
+    terminal already), else its exit and the end of its output."""
+    how = f"rank {failed.rank} of {world}, {_describe(failed.proc.returncode)}"
+    said = [line for line in failed.tail if line.startswith("dptrain: error: ")]
+    if said and failed.rank == 0:
+        return f"dptrain: stopped the other workers ({how})"
+    if said:
+        return f"{said[-1]} ({how}); stopped the other workers"
+    detail = "\n".join(f"  [rank {failed.rank}] {line}" for line in failed.tail) if failed.rank else ""
+    return (f"dptrain: error: rank {failed.rank} of {world} failed ({_describe(failed.proc.returncode)}); "
+            f"stopped the other workers" + (f". Its last output:\n{detail}" if detail else ""))

@@ -1,0 +1,84 @@
+"""Every process of a job beats once a second; one that stops is named, and the job ends.
+
+A worker stopped (SIGSTOP), frozen or killed leaves the others waiting in a collective until
+its timeout, and the healthy process that times out first gets the blame. Here each process
+runs a thread that adds 1 to its own counter in the rendezvous store every second and reads
+everyone's: a counter that has not moved for ``timeout_s`` means that process is not
+running, and every process that sees it prints one line naming it and exits (code 1), well
+before the collectives' own, longer timeout. A process that finishes marks itself done.
+The threads beat whatever the main thread does, so a slow step or a long save is not a hang.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Dict, Optional
+
+import torch.distributed as dist
+
+BEAT = "dptrain/beat/"
+INTERVAL_S = 1.0
+HUNG_EXIT = 1
+
+
+class Heartbeat(threading.Thread):
+    """Beat for ``rank`` and watch the other ``world - 1`` ranks; see the module docstring.
+
+    >>> beat = Heartbeat(rank, world, timeout_s=60).start()
+    >>> ...                                  # train
+    >>> beat.stop()                          # done: the others stop watching this rank
+    """
+
+    def __init__(self, rank: int, world: int, timeout_s: float, on_hang=None):
+        super().__init__(name="dptrain-heartbeat", daemon=True)
+        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.on_hang = on_hang or _exit_naming
+        self._stop_event = threading.Event()
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        # A connection of its own: the main thread's store traffic never waits behind it.
+        self.store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+    def start(self) -> "Heartbeat":
+        super().start()
+        return self
+
+    def run(self) -> None:
+        seen: Dict[int, int] = {}
+        moved: Dict[int, float] = {r: time.monotonic() for r in range(self.world) if r != self.rank}
+        while not self._stop_event.wait(INTERVAL_S):
+            try:
+                self.store.add(f"{BEAT}{self.rank}", 1)
+                now = time.monotonic()
+                for r in list(moved):
+                    count = int(self.store.add(f"{BEAT}{r}", 0))
+                    if count < 0:           # done (see stop)
+                        del moved[r]
+                    elif count != seen.get(r):
+                        seen[r], moved[r] = count, now
+                    elif now - moved[r] > self.timeout_s:
+                        return self.on_hang(r, self.world, f"no heartbeat for {self.timeout_s:g} s")
+            except RuntimeError:        # the store itself does not answer: rank 0 (its host) is gone
+                if self._stop_event.is_set():
+                    return
+                host = "the torchrun agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "rank 0"
+                return self.on_hang(0, self.world, f"the rendezvous store {host} hosts did not answer within "
+                                                   f"{self.timeout_s:g} s")
+
+    def stop(self) -> None:
+        """This process is done: say so, and stop beating."""
+        self._stop_event.set()
+        try:
+            self.store.add(f"{BEAT}{self.rank}", -(10**12))     # far below zero: done, whatever it counted
+        except RuntimeError:
+            pass
+        self.join(timeout=2 * INTERVAL_S)
+
+
+def _exit_naming(rank: int, world: int, why: str) -> None:
+    sys.stderr.write(f"dptrain: error: rank {rank} of {world} stopped answering ({why}): it is stopped, frozen "
+                     f"or dead; ending this process too (--timeout sets the wait)\n")
+    sys.stderr.flush()
+    os._exit(HUNG_EXIT)
