@@ -177,3 +177,29 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(small_disk):
         save_checkpoint(small_disk, {"x": torch.zeros(100_000)})       # 400 kB: does not
     assert load_checkpoint(small_disk)["x"].numel() == 10_000
     assert [p.name for p in small_disk.iterdir()] == ["checkpoint.pt"]  # no temp file left
+
+
+def test_ctrl_c_is_answered_at_once_and_a_second_one_stops_now(tmp_path):
+    """In a one-second batch: the first Ctrl-C is acknowledged before the batch ends; a second
+    one stops the run at once, saving nothing."""
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--recipe", "tests/tasks/user_task.py:make_slow",
+                             "--devices", "1", "--max-batches", "30", "--checkpoint-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = []
+    reader = __import__("threading").Thread(target=lambda: lines.extend((time.monotonic(), ln) for ln in proc.stderr),
+                                            daemon=True)
+    reader.start()
+    time.sleep(4)                                  # inside a batch, well before the first epoch ends
+    first = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    second = time.monotonic()
+    assert proc.wait(timeout=30) == 130
+    reader.join(timeout=5)
+    acks = [t for t, ln in lines if "SIGINT: stopping after this batch and saving to" in ln]
+    assert acks and acks[0] - first < 0.5, lines
+    assert any("stopped now, without saving" in ln for _, ln in lines), lines
+    assert time.monotonic() - second < 5
+    assert not (tmp_path / "checkpoint.pt").exists()

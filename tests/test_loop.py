@@ -89,3 +89,48 @@ def test_tensorboard_missing_is_a_clear_message(monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     assert main(["train", "--tensorboard", "/tmp/x"]) == 2
     assert "--tensorboard needs the tensorboard package: pip install tensorboard" in capsys.readouterr().err
+
+
+def test_skipped_batches_are_counted_and_the_loss_covers_the_others(data_dir, capsys):
+    """lr 1e30: batch 1 trains (loss ~2.3), then every loss is NaN and skipped; the epoch's
+    train loss is batch 1's, not the sum divided by all 20 batches (0.115)."""
+    assert main(["train", "--data-dir", data_dir, "--epochs", "1", "--max-batches", "20", "--eval-batches", "1",
+                 "--lr", "1e30", "--on-nan", "skip", "--json"]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    row = result["history"][0]
+    assert row["skipped"] == result["skipped_batches"] == 19
+    assert 2.0 < row["train_loss"] < 2.6
+    assert "19 of 20 batches skipped (loss not finite)" in out.err
+
+
+def test_plot_without_matplotlib_is_found_before_training(monkeypatch, capsys, tmp_path):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert main(["train", "--plot", str(tmp_path / "p.png"), "--data-dir", str(tmp_path)]) == 2   # no data needed
+    assert "--plot needs matplotlib: pip install matplotlib" in capsys.readouterr().err
+
+
+def test_a_full_disk_for_metrics_is_one_line(tmp_path):
+    import os
+    import subprocess
+    from dptrain.metrics import MetricsLog
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        log = MetricsLog(disk / "m.jsonl")
+        with pytest.raises(ValueError, match="could not write to the metrics file .*: No space left on device "
+                                             r"\(the records before this epoch are kept\)"):
+            for epoch in range(1000):
+                log.append({"epoch": epoch, "train_loss": 1.0, "padding": "x" * 200})
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

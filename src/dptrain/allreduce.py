@@ -25,6 +25,12 @@ def _check(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"allreduce needs tensors, got {type(t).__name__}")
+        if t.is_meta:
+            raise ValueError("allreduce needs tensors that hold data, got a meta tensor: materialise it first "
+                             "(e.g. torch.empty_like(t, device='cpu'))")
+        if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
+            raise ValueError("allreduce sums in place, and a leaf tensor that requires grad cannot change in place: "
+                             "pass the gradients (p.grad), or call it under torch.no_grad()")
     first = tensors[0]
     for i, t in enumerate(tensors[1:], 1):
         if t.shape != first.shape or t.dtype != first.dtype:

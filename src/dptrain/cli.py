@@ -288,8 +288,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.debug:
             raise
         print(f"dptrain: error: {e}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("dptrain: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"dptrain: {e or 'interrupted'}", file=sys.stderr)
         return 130
     return code
 
@@ -303,7 +303,11 @@ def entry() -> None:
     called without an active exception", 1 run in ~10) after a successful run.
     """
     code = main()
-    if DistEnv.from_environ().distributed:
+    try:
+        distributed = DistEnv.from_environ().distributed
+    except ValueError:          # garbage RANK/WORLD_SIZE: main() said so already
+        distributed = False
+    if distributed:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -64,6 +64,8 @@ def _describe_available(n: int) -> str:
 
 def try_gpu(i: int = 0) -> torch.device:
     """Return ``cuda:i`` if it exists, else ``cpu:0`` with a one-line notice."""
+    if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+        raise ValueError(f"try_gpu(i) needs an integer i >= 0, got {i!r}")
     if i < num_gpus():
         return torch.device("cuda", i)
     _notice(f"cuda:{i} not found, using cpu:0")
@@ -138,6 +140,9 @@ def check_devices(devices: Sequence[DeviceLike]) -> List[torch.device]:
     """Validate a device list: non-empty, no device twice; return it as ``torch.device``s."""
     if isinstance(devices, (str, torch.device)):
         devices = [devices]
+    if devices is None or isinstance(devices, (int, float)):
+        raise TypeError(f"expected a list of devices, got {devices!r}: e.g. dptrain.try_all_gpus(), "
+                        f"dptrain.parse_devices({devices!r}) or [dptrain.cpu(0), dptrain.cpu(1)]")
     devices = [as_device(d) for d in devices]
     if not devices:
         raise ValueError("the device list is empty: pass at least one device, e.g. [dptrain.cpu(0)]")

@@ -28,7 +28,16 @@ Totals = Dict[str, torch.Tensor]
 def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
     """``(x, y)`` -> ``(model(x), y)``; see ``batch.input_and_target`` for the other shapes."""
     (args, kwargs), target = input_and_target(batch)
-    return model(*args, **kwargs), target
+    if not kwargs:
+        return model(*args), target
+    try:
+        return model(**kwargs), target
+    except TypeError as e:
+        if "keyword argument" not in str(e):
+            raise
+        raise TypeError(f"a dict batch goes to model(**batch) without its target, so its keys must be the "
+                        f"arguments of {type(model).__name__}.forward ({e}); rename them, or pass "
+                        f"forward=fn(model, batch) -> (output, target)") from None
 
 
 def _host_number(count: Count) -> Count:
@@ -213,7 +222,11 @@ class ModelEngine:
                     _accumulate(out, "correct", hits[0])
                     _accumulate(out, "correct_count", hits[1])
             for name, fn in metrics.items():
-                value, count = fn(output, target)
+                pair = fn(output, target)
+                if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                    raise TypeError(f"metric {name!r} returned {type(pair).__name__}; a metric returns (sum, count), "
+                                    f"e.g. ((output - target).abs().sum(), target.numel())")
+                value, count = pair
                 _accumulate(out, name, value)
                 _accumulate(out, f"{name}_count", count)
 

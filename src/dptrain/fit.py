@@ -73,6 +73,9 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     >>> result["test_acc"], result["devices"]
     (0.834, ['cpu:0', 'cpu:1'])
     """
+    if metrics is not None and not isinstance(metrics, dict):
+        raise TypeError(f"metrics must be a dict {{name: fn(output, target) -> (sum, count)}}, got "
+                        f"{type(metrics).__name__}")
     torch.manual_seed(seed)
     task = Task(model, train_data, eval_data, loss=loss, reduction=reduction, forward=forward, step=step,
                 optimizer=optimizer, optimizer_params=optimizer_params, lr=lr, scheduler=scheduler,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -97,7 +99,10 @@ class Run:
         # epoch, batches done in it, loss sum and denominator so far, seconds, batches skipped in it
         self.position: Tuple[int, int, float, float, float, int] = (1, 0, 0.0, 0.0, 0.0, 0)
         self.skipped = 0
-        self.stops = StopRequests(self.collective)
+        # Said at once, by the process that owns the terminal (the launcher speaks for its workers).
+        announce = (lambda line: print(line, file=sys.stderr, flush=True)) \
+            if env.rank == 0 and not os.environ.get("DPTRAIN_LAUNCHED") else None
+        self.stops = StopRequests(self.collective, announce, config.checkpoint_dir)
         if config.resume:
             self._resume()
         self.metrics = MetricsLog(config.metrics_file, [self._record(row) for row in self.history]) \

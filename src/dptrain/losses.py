@@ -134,6 +134,14 @@ def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> N
         raise ValueError(f"{name} needs one score per class in dimension 1 (at least 2 classes); the model gave "
                          f"shape {tuple(output.shape)}, for which the loss is always 0. For regression use "
                          f"loss=nn.MSELoss()")
+    if not target.is_floating_point():
+        ignore = getattr(loss, "ignore_index", -100)
+        kept = target[target != ignore]
+        if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= output.shape[1]):
+            bad = int(kept.max()) if int(kept.max()) >= output.shape[1] else int(kept.min())
+            raise ValueError(f"{name} got label {bad} for {output.shape[1]} classes (the model gives {output.shape[1]} "
+                             f"scores per sample): labels must be in [0, {output.shape[1]}); give the model more "
+                             f"outputs, or fix the labels")
     if target.is_floating_point():
         if target.shape != output.shape:
             raise ValueError(f"{name} got float targets of shape {tuple(target.shape)} for outputs of shape "

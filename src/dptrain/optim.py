@@ -55,6 +55,9 @@ def check_optimizer(name: str, params: Optional[Mapping[str, Any]] = None) -> Di
         raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}, or pass a "
                          f"torch.optim class such as torch.optim.AdamW")
     _, keys, _, defaults = _OPTIMIZERS[name.lower()]
+    if params is not None and not isinstance(params, Mapping):
+        raise TypeError(f"optimizer_params must be a dict such as {{'learning_rate': 0.1}}, got "
+                        f"{type(params).__name__}")
     params = dict(params or {})
     unknown = sorted(set(params) - set(keys))
     if unknown:

@@ -89,6 +89,9 @@ class Replicas(Sequence[nn.Module]):
                  sync_batchnorm: bool = False):
         if not isinstance(net, nn.Module):
             raise TypeError(f"replicate needs an nn.Module, got {type(net).__name__}")
+        if init is not None and not callable(init):
+            raise TypeError(f"init must be a function of the module (e.g. dptrain.models.init_normal), got "
+                            f"{type(init).__name__}")
         self.devices = check_devices(devices)
         self.runner = get_runner(self.devices)
         self._net, self._init, self.sync_batchnorm = net, init, sync_batchnorm

@@ -103,6 +103,8 @@ class ScratchDataParallel:
         are left as they were (in every process) and the result is NaN. ``global_size`` is
         accepted for the Engine protocol and not needed: the count rides with the gradients.
         """
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
+            raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
         k = min(len(X), len(self.devices))
         Xs, ys = split_batch(X, y, self.devices[:k], even_split=False) if k else ([], [])
         idle = [None] * (len(self.devices) - k)

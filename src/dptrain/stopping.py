@@ -16,7 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 
@@ -40,8 +40,11 @@ class StopRequests:
     ...     signum, bad_batch = stops.flush()              # what the last batch saw
     """
 
-    def __init__(self, collective: Collective):
-        self.collective = collective
+    def __init__(self, collective: Collective, announce: Optional[Callable[[str], None]] = None,
+                 saving: Optional[str] = None):
+        """``announce``: where to say at once that a signal was heard (None: say nothing);
+        ``saving``: the checkpoint folder a stop saves to, if any."""
+        self.collective, self.announce, self.saving = collective, announce, saving
         self.device = getattr(collective, "device", torch.device("cpu"))   # where its messages live
         self.signum: Optional[int] = None
         self._bad = False                                # a non-finite loss here, not yet shared
@@ -50,13 +53,24 @@ class StopRequests:
 
     @contextmanager
     def catching(self) -> Iterator[None]:
-        """Note SIGINT/SIGTERM instead of dying (main thread only; elsewhere a no-op)."""
+        """Note SIGINT/SIGTERM instead of dying (main thread only; elsewhere a no-op).
+
+        The first is answered at once and acted on after the batch; a second stops now,
+        without saving (``KeyboardInterrupt``)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
 
         def note(signum, _frame):
+            if self.signum is not None:
+                raise KeyboardInterrupt("stopped now, without saving")
             self.signum = signum
+            if self.announce is not None:
+                name = signal.Signals(signum).name
+                where = f" and saving to {self.saving}" if self.saving else " (no --checkpoint-dir: nothing is saved)"
+                again = "Ctrl-C" if signum == signal.SIGINT else name
+                self.announce(f"dptrain: {name}: stopping after this batch{where}; {again} again to stop now "
+                              f"without saving")
         before = {s: signal.signal(s, note) for s in SIGNALS}
         try:
             yield

@@ -183,3 +183,28 @@ def test_dptrain_launch_runs_a_user_script_on_two_processes():
     lines = out.stdout.strip().splitlines()
     assert lines[-1].startswith("test mae ") and sum(ln.startswith("test mae") for ln in lines) == 1
     assert "2 processes x [cpu:0]" in out.stdout
+
+
+def test_a_stopped_worker_is_named_within_the_timeout_and_leaves_nothing(data_dir):
+    """SIGSTOP on rank 1: its heartbeat stops; rank 0 names it and ends within --timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--processes", "2",
+                             "--epochs", "1000", "--max-batches", "3", "--eval-batches", "1", "--timeout", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert proc.stdout.readline().startswith("epoch 1,")
+        workers = children(proc.pid)
+        rank1 = next(p for p in workers if b"RANK=1\0" in Path(f"/proc/{p}/environ").read_bytes())
+        os.kill(rank1, signal.SIGSTOP)
+        start = time.monotonic()
+        code = proc.wait(timeout=60)
+        assert time.monotonic() - start < 30
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 1
+    assert "rank 1 of 2 stopped answering (no heartbeat for 4 s)" in err
+    assert err.count("dptrain: error: ") == 1, err
+    time.sleep(0.5)
+    assert not [p for p in workers if alive(p)]

@@ -57,3 +57,15 @@ def flat_data(config):
 
 def mlp():
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def make_slow(config):
+    """The same task with a step that takes a second: a signal lands inside a batch."""
+    import time
+
+    def step(model, batch):
+        time.sleep(1.0)
+        return nn.functional.cross_entropy(model(batch["features"]), batch["label"])
+    task = make(config)
+    return dptrain.Task(task.model, task.train_data, step=step, optimizer=task.optimizer, batch_size=16,
+                        epochs=1, name="user-task-slow")

@@ -149,10 +149,17 @@ def _watch(workers: List[_Worker]) -> int:
                 break
             time.sleep(0.05)
     except _Signalled as e:
-        for s, handler in before.items():     # a second Ctrl-C ends the wait (and the workers)
-            signal.signal(s, handler)
-        _stop(workers, e.signum, INTERRUPT_GRACE_S)
-        print(f"dptrain: {signal.Signals(e.signum).name}: all workers stopped", file=sys.stderr)
+        name = signal.Signals(e.signum).name
+        print(f"dptrain: {name}: the workers stop after this batch (saving, with --checkpoint-dir); "
+              f"{'Ctrl-C' if e.signum == signal.SIGINT else name} again to stop now without saving",
+              file=sys.stderr, flush=True)
+        try:
+            _stop(workers, e.signum, INTERRUPT_GRACE_S)
+        except _Signalled as again:      # the second one: the workers stop at once
+            _stop(workers, again.signum, GRACE_S)
+            print("dptrain: stopped now, without saving", file=sys.stderr)
+            return INTERRUPTED
+        print(f"dptrain: {name}: all workers stopped", file=sys.stderr)
         return INTERRUPTED
     finally:
         for s, handler in before.items():
