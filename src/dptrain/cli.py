@@ -35,6 +35,7 @@ from .data import DataNotFoundError, IDXError
 from .loop import Interrupted, NonFiniteLoss
 from .devices import device_info, num_gpus, parse_devices
 from .distributed.env import DistEnv
+from .distributed.launcher import parse_nnodes, record_error
 from .distributed.rendezvous import RendezvousError
 from .recipes import RECIPES
 
@@ -76,6 +77,18 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _job_flags(p: argparse.ArgumentParser) -> None:
+    """The elastic agent's settings, shared by ``train`` and ``launch``."""
+    p.add_argument("--max-restarts", type=_natural, default=0, metavar="K",
+                   help="restart all workers up to K times after a failure; with --checkpoint-dir they resume "
+                        "from the last checkpoint (default: 0)")
+    p.add_argument("--nnodes", default="1", metavar="N|MIN:MAX",
+                   help="machines in the job, each running this command (default: 1)")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="several machines: where they meet (a port on one of them)")
+    p.add_argument("--rdzv-id", metavar="ID", help="several machines: the job's name, the same on each")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dptrain", description="Data-parallel training on GPUs, virtual CPU "
                      "devices and processes.")
@@ -91,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(RANK, WORLD_SIZE, MASTER_ADDR...); dptrain.fit in the script joins them.")
     la.add_argument("--processes", type=_positive_int, required=True, metavar="N",
                     help="processes on this machine (one per GPU, or the CPU cores shared among them)")
+    _job_flags(la)
     la.add_argument("script", metavar="SCRIPT", help="a Python file, or -m MODULE")
     la.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
     t = sub.add_parser("train", help="train a recipe, or your model and data, on several devices",
@@ -137,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--processes", type=_positive_int, metavar="N",
                    help="start N worker processes on this machine (one per GPU, or the CPU cores "
                         "shared among them) joined by torch.distributed")
+    _job_flags(t)
+    t.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                   help="also save a checkpoint every N batches (bounds what a failure costs)")
     t.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                    help="torch.distributed backend (default: nccl on GPUs, gloo on CPUs)")
     t.add_argument("--bucket-mb", type=_positive_float, default=25.0, metavar="MB",
@@ -181,19 +198,6 @@ def _devices_command() -> int:
     return 0
 
 
-def _without_processes(argv: List[str]) -> List[str]:
-    """The worker's command line: the launcher's, less ``--processes N``."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--processes":
-            skip = True
-        elif not arg.startswith("--processes="):
-            out.append(arg)
-    return out
-
-
 def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
     from .train import train   # keeps `dptrain devices` and --help fast
     config = TrainConfig(recipe=args.recipe, model=args.model, data=args.data, loss=args.loss,
@@ -205,24 +209,22 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
                          num_workers=args.num_workers, backend=args.backend, bucket_mb=args.bucket_mb,
                          timeout=args.timeout,
-                         checkpoint_dir=args.checkpoint_dir, resume=args.resume, overwrite=args.overwrite,
+                         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                         resume=args.resume, overwrite=args.overwrite,
                          metrics_file=args.metrics,
                          on_nan=args.on_nan, progress=not (args.json or args.quiet),
                          tensorboard=args.tensorboard)
-    from .preflight import check_outputs
-    rank0 = DistEnv.from_environ().rank == 0
-    if rank0:                   # every file the run writes, tried before any training
-        check_outputs(config, args.plot)
-    if args.processes and args.processes > 1 and "WORLD_SIZE" not in os.environ:
+    if _launches(args):
         from .distributed.env import choose_backend
-        from .distributed.launcher import launch
-        choose_backend(config.backend, use_cuda=num_gpus() > 0)     # fail here, not in N workers
-        _check_batch(config, args.processes)
-        return launch(["-m", "dptrain", *_without_processes(argv)], args.processes)
+        from .preflight import check_outputs
+        check_outputs(config, args.plot)        # every file the run writes, tried before any worker starts
+        choose_backend(config.backend, use_cuda=num_gpus() > 0)
+        _check_batch(config, (args.processes or 1) * parse_nnodes(args.nnodes)[0])
+        return _launch(["-m", "dptrain", *argv], args.processes or 1, args)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
-    result = train(config, log=log)
-    if rank0:                   # one result for the whole job, written before anything that may fail
+    result = train(config, log=log, plot=args.plot)
+    if DistEnv.current().rank == 0:     # one result for the whole job, before anything that may still fail
         if args.json:
             print(json.dumps(result), flush=True)
         if args.plot:
@@ -244,8 +246,20 @@ def _check_batch(config: TrainConfig, processes: int) -> None:
                          f"--batch-size {devices} or more, or fewer --processes")
 
 
-def _launch_command(args: argparse.Namespace) -> int:
+def _launches(args: argparse.Namespace) -> bool:
+    """Whether this command starts workers (rather than being one)."""
+    return "WORLD_SIZE" not in os.environ and ((args.processes or 1) > 1 or args.max_restarts > 0
+                                               or parse_nnodes(args.nnodes)[1] > 1 or bool(args.rdzv_endpoint))
+
+
+def _launch(command: List[str], processes: int, args: argparse.Namespace) -> int:
     from .distributed.launcher import launch
+    return launch(command, processes, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                  max_restarts=args.max_restarts, timeout_s=getattr(args, "timeout", 60.0))
+
+
+def _launch_command(args: argparse.Namespace) -> int:
+    parse_nnodes(args.nnodes)
     if "WORLD_SIZE" in os.environ and int(os.environ.get("WORLD_SIZE") or 1) > 1:
         raise ValueError("dptrain launch is already inside a multi-process job (WORLD_SIZE is set): run the "
                          "script directly")
@@ -257,7 +271,7 @@ def _launch_command(args: argparse.Namespace) -> int:
         if not os.path.isfile(args.script):
             raise ValueError(f"no script {args.script!r}: give a Python file (or -m MODULE)")
         command = [args.script, *args.args]
-    return launch(command, args.processes)
+    return _launch(command, args.processes, args)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -282,17 +296,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         code = DATA_ERROR
         if args.debug:
             raise
-        print(f"dptrain: error: {e}", file=sys.stderr)
+        _error(e)
     except (ValueError, TypeError) as e:
         code = USAGE_ERROR
         if args.debug:
             raise
-        print(f"dptrain: error: {e}", file=sys.stderr)
+        _error(e)
     except KeyboardInterrupt as e:
         print(f"dptrain: {e or 'interrupted'}", file=sys.stderr)
         return 130
     return code
 
+
+
+def _error(e: BaseException) -> None:
+    """The one line, on stderr and, in a worker of the elastic agent, where it reads a cause."""
+    line = f"dptrain: error: {e}"
+    print(line, file=sys.stderr)
+    record_error(line)
 
 
 def entry() -> None:

@@ -53,6 +53,7 @@ class TrainConfig:
     bucket_mb: float = 25.0
     timeout: float = 60.0               # seconds to wait for peers to join, or for a silent peer
     checkpoint_dir: Optional[str] = None
+    checkpoint_every: Optional[int] = None   # batches between saves within an epoch
     resume: bool = False
     overwrite: bool = False             # replace another run's checkpoint, metrics, TensorBoard logs
     metrics_file: Optional[str] = None
@@ -69,7 +70,9 @@ class TrainConfig:
             raise ValueError("--model and --data go together (your model on your data); give both")
         if self.loss is not None and self.model is None:
             raise ValueError("--loss goes with --model and --data; a recipe brings its own loss")
-        for name in ("epochs", "batch_size", "max_batches", "eval_batches"):
+        if self.checkpoint_every is not None and not self.checkpoint_dir:
+            raise ValueError("--checkpoint-every needs --checkpoint-dir DIR (where to save)")
+        for name in ("epochs", "batch_size", "max_batches", "eval_batches", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")

@@ -24,7 +24,8 @@ from torch import nn
 from .config import TrainConfig
 from .optim import OptimizerSpec
 from .task import Metric, Task
-from .train import Log, run_task
+from .distributed.env import rank
+from .train import Log, draw, run_task
 
 
 def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
@@ -38,7 +39,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
         seed: int = 0, max_batches: Optional[int] = None, eval_batches: Optional[int] = None,
         kvstore: Optional[str] = "device", sync_batchnorm: bool = False, amp: Optional[str] = None,
         channels_last: bool = False, bucket_mb: float = 25.0, backend: str = "auto", timeout: float = 60.0,
-        checkpoint_dir: Optional[str] = None, resume: bool = False, overwrite: bool = False,
+        checkpoint_dir: Optional[str] = None, checkpoint_every: Optional[int] = None, resume: bool = False,
+        overwrite: bool = False,
         metrics_file: Optional[str] = None,
         tensorboard: Optional[str] = None, plot: Optional[str] = None, on_nan: str = "stop",
         progress: bool = True, log: Optional[Log] = print, name: str = "custom") -> Dict[str, Any]:
@@ -60,7 +62,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     several processes wait for a peer to join, or for a silent one, before naming it and
     ending), ``checkpoint_dir``
     and ``resume`` (atomic saves every epoch and on SIGINT/SIGTERM; exact resume; a folder
-    holding another run's checkpoint is refused unless ``overwrite``),
+    holding another run's checkpoint is refused unless ``overwrite``; ``checkpoint_every=N``
+    saves every N batches too),
     ``metrics_file`` (JSONL), ``tensorboard``, ``plot``, ``on_nan`` (``stop``/``skip``),
     ``progress``, ``log`` (None: quiet).
 
@@ -84,6 +87,13 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     config = TrainConfig(devices=devices, seed=seed, max_batches=max_batches, eval_batches=eval_batches,
                          num_workers=num_workers, sync_bn=sync_batchnorm, amp=amp, channels_last=channels_last,
                          bucket_mb=bucket_mb, backend=backend, timeout=timeout, checkpoint_dir=checkpoint_dir,
+                         checkpoint_every=checkpoint_every,
                          resume=resume, overwrite=overwrite, metrics_file=metrics_file, tensorboard=tensorboard,
                          on_nan=on_nan, progress=progress)
-    return run_task(task, config, log, plot)
+    result = run_task(task, config, log, plot)
+    if plot and rank() == 0:
+        try:
+            draw(result, plot)
+        except ValueError as e:         # the training is done: say so, and return it all the same
+            (log or print)(f"dptrain: could not draw the plot: {e}")
+    return result

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import sys
 import time
@@ -99,9 +98,8 @@ class Run:
         # epoch, batches done in it, loss sum and denominator so far, seconds, batches skipped in it
         self.position: Tuple[int, int, float, float, float, int] = (1, 0, 0.0, 0.0, 0.0, 0)
         self.skipped = 0
-        # Said at once, by the process that owns the terminal (the launcher speaks for its workers).
-        announce = (lambda line: print(line, file=sys.stderr, flush=True)) \
-            if env.rank == 0 and not os.environ.get("DPTRAIN_LAUNCHED") else None
+        # Said at once, by rank 0 (the elastic agent passes a signal on, and says nothing).
+        announce = (lambda line: print(line, file=sys.stderr, flush=True)) if env.rank == 0 else None
         self.stops = StopRequests(self.collective, announce, config.checkpoint_dir)
         if config.resume:
             self._resume()
@@ -296,6 +294,7 @@ class Run:
             batches = prefetch(batches)
         skip_nan = self.config.on_nan == "skip"
         per_batch = self.scheduler is not None and self.task.scheduler_interval == "batch"
+        every = self.config.checkpoint_every
 
         def so_far() -> Tuple[float, float, float, int]:    # what a save mid-epoch keeps
             return (loss_before + loss_sum.item(), count_before + float(count),
@@ -318,6 +317,8 @@ class Run:
                     bar.update(b, images, loss_sum.item() / max(float(count), 1e-12))
                 self._decide(self.stops.after_batch(b, not finite and not skip_nan, self.engine.trainer.summed_extras),
                              bar, epoch, b, so_far)
+                if every and b % every == 0 and b < len(self.train_loader):
+                    self._save_mid_epoch(epoch, b, *so_far())
             self._decide(self.stops.flush(), bar, epoch, b, so_far)
         bar.close()
         synchronize(self.devices)
@@ -338,11 +339,16 @@ class Run:
                                 f"--lr, or pass --on-nan skip to skip such batches{kept}")
         self._interrupt(signum, epoch, batch, *so_far())
 
-    def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, count: float, seconds: float,
-                   skipped: int) -> None:
-        # Every process stops after the same batch; each keeps its own partial sums.
+    def _save_mid_epoch(self, epoch: int, batch: int, loss_sum: float, count: float, seconds: float,
+                        skipped: int) -> None:
+        """Save after ``batch`` of ``epoch``; every process keeps its own partial sums."""
         sums = self.collective.all_gather(torch.tensor([loss_sum, count], dtype=torch.float64))
         self._save(epoch, batch, [t.tolist() for t in sums], seconds, skipped)
+
+    def _interrupt(self, signum: int, epoch: int, batch: int, loss_sum: float, count: float, seconds: float,
+                   skipped: int) -> None:
+        # Every process stops after the same batch.
+        self._save_mid_epoch(epoch, batch, loss_sum, count, seconds, skipped)
         self.stops.barrier()            # nobody leaves (and gets the others stopped) before the save
         name = signal.Signals(signum).name
         where = (f"; saved to {checkpoint_path(self.config.checkpoint_dir)}: continue with --resume"

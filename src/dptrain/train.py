@@ -7,8 +7,10 @@ batch, and only rank 0 logs and writes files.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -16,7 +18,9 @@ import torch
 from .config import TrainConfig
 from .devices import cpu, num_gpus, parse_devices
 from .distributed import DistEnv, init_distributed, shutdown_distributed
-from .distributed.env import choose_backend
+from .checkpoint import FILENAME
+from .distributed.env import attempt, choose_backend
+from .distributed.launcher import die_with_launcher
 from .distributed.heartbeat import Heartbeat
 from .loop import Run
 from .preflight import check_outputs
@@ -39,6 +43,20 @@ def process_devices(spec: Any, env: DistEnv) -> List[torch.device]:
     return [cpu(0)]
 
 
+def after_restart(config: TrainConfig, log: Optional[Log]) -> TrainConfig:
+    """After the elastic agent restarted the job: resume from the last checkpoint if there is
+    one (the command is the same as the first time, without --resume), else start over."""
+    n = attempt()
+    if n == 0:
+        return config
+    saved = bool(config.checkpoint_dir) and (Path(config.checkpoint_dir) / FILENAME).exists()
+    if log:
+        limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
+        log(f"dptrain: restart {n} of {limit} after a failure: "
+            + ("resuming from the last checkpoint" if saved else "starting over (no checkpoint yet)"))
+    return dataclasses.replace(config, resume=saved, overwrite=not saved)
+
+
 def draw(result: Dict[str, Any], path: str) -> None:
     """Plot a run's history (test accuracy or loss, train loss per epoch) into ``path``."""
     from .plot import describe, plot_runs
@@ -51,10 +69,11 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
              plot: Optional[str] = None) -> Dict[str, Any]:
     """Train ``task`` as ``config`` says; return the result (the ``--json`` object).
 
-    Every file the run will write is checked first (``preflight.py``). ``plot``: a
-    .png/.svg/.pdf file rank 0 draws the history into once training is over (a failure then
-    is logged, and the result still returned)."""
+    Every file the run will write is checked first (``preflight.py``), ``plot`` too (the
+    caller draws it, with ``draw``, once it has what it must not lose)."""
     env = DistEnv.current()
+    die_with_launcher()
+    config = after_restart(config, log if env.rank == 0 else None)
     if env.rank == 0:
         check_outputs(config, plot)
     devices = process_devices(config.devices, env)
@@ -80,15 +99,10 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
             beat.stop()
         if joined:              # a process group the caller made is the caller's to end
             shutdown_distributed()
-    if plot and env.rank == 0:
-        try:
-            draw(result, plot)
-        except ValueError as e:
-            (log or print)(f"dptrain: could not draw the plot: {e}")
     return result
 
 
-def train(config: TrainConfig, log: Optional[Log] = print) -> Dict[str, Any]:
+def train(config: TrainConfig, log: Optional[Log] = print, plot: Optional[str] = None) -> Dict[str, Any]:
     """Run the recipe (or ``--model``/``--data``) a config names; return the result.
 
     >>> result = train(TrainConfig(recipe="lenet-scratch", devices="2", epochs=1))
@@ -98,4 +112,4 @@ def train(config: TrainConfig, log: Optional[Log] = print) -> Dict[str, Any]:
     """
     from .recipes import task_for
     torch.manual_seed(config.seed)      # before the model is built: its initial weights
-    return run_task(task_for(config), config, log)
+    return run_task(task_for(config), config, log, plot)

@@ -63,6 +63,18 @@ class DistEnv:
         return cls.from_environ()
 
 
+def attempt() -> int:
+    """Which start of the job this is: 0, then 1, 2... after the elastic agent restarted it."""
+    text = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(text) if text.isdigit() else 0
+
+
+def store_key(name: str) -> str:
+    """A rendezvous-store key of this attempt: the agent's store outlives a restart, and with
+    it the keys of the attempt before."""
+    return f"dptrain/attempt{attempt()}/{name}"
+
+
 def rank() -> int:
     """This process's rank in its job (0 outside one): ``if dptrain.rank() == 0: print(...)``."""
     return DistEnv.current().rank

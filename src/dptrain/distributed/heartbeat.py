@@ -7,10 +7,16 @@ everyone's: a counter that has not moved for ``timeout_s`` means that process is
 running, and every process that sees it prints one line naming it and exits (code 1), well
 before the collectives' own, longer timeout. A process that finishes marks itself done.
 The threads beat whatever the main thread does, so a slow step or a long save is not a hang.
+
+A silent process on the same machine is also killed (SIGKILL) by the one that names it: it is
+stopped or frozen, the job cannot go on with it, and the elastic agent waits for a process
+that ignores its SIGTERM (a stopped one does) a long grace period before it restarts the group.
 """
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -19,9 +25,12 @@ from typing import Dict, Optional
 
 import torch.distributed as dist
 
-BEAT = "dptrain/beat/"
+from .env import store_key
+
 INTERVAL_S = 1.0
 HUNG_EXIT = 1
+
+
 
 
 class Heartbeat(threading.Thread):
@@ -40,6 +49,7 @@ class Heartbeat(threading.Thread):
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         # A connection of its own: the main thread's store traffic never waits behind it.
         self.store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
+        self.store.set(store_key(f"pid/{rank}"), f"{socket.gethostname()} {os.getpid()}")
 
     def start(self) -> "Heartbeat":
         super().start()
@@ -50,15 +60,16 @@ class Heartbeat(threading.Thread):
         moved: Dict[int, float] = {r: time.monotonic() for r in range(self.world) if r != self.rank}
         while not self._stop_event.wait(INTERVAL_S):
             try:
-                self.store.add(f"{BEAT}{self.rank}", 1)
+                self.store.add(store_key(f"beat/{self.rank}"), 1)
                 now = time.monotonic()
                 for r in list(moved):
-                    count = int(self.store.add(f"{BEAT}{r}", 0))
+                    count = int(self.store.add(store_key(f"beat/{r}"), 0))
                     if count < 0:           # done (see stop)
                         del moved[r]
                     elif count != seen.get(r):
                         seen[r], moved[r] = count, now
                     elif now - moved[r] > self.timeout_s:
+                        self._kill_if_here(r)
                         return self.on_hang(r, self.world, f"no heartbeat for {self.timeout_s:g} s")
             except RuntimeError:        # the store itself does not answer: rank 0 (its host) is gone
                 if self._stop_event.is_set():
@@ -67,18 +78,29 @@ class Heartbeat(threading.Thread):
                 return self.on_hang(0, self.world, f"the rendezvous store {host} hosts did not answer within "
                                                    f"{self.timeout_s:g} s")
 
+    def _kill_if_here(self, rank: int) -> None:
+        try:
+            host, pid = self.store.get(store_key(f"pid/{rank}")).decode().split()
+            if host == socket.gethostname():
+                os.kill(int(pid), signal.SIGKILL)
+        except (RuntimeError, ValueError, OSError):
+            pass
+
     def stop(self) -> None:
         """This process is done: say so, and stop beating."""
         self._stop_event.set()
         try:
-            self.store.add(f"{BEAT}{self.rank}", -(10**12))     # far below zero: done, whatever it counted
+            self.store.add(store_key(f"beat/{self.rank}"), -(10**12))     # far below zero: done, whatever it counted
         except RuntimeError:
             pass
         self.join(timeout=2 * INTERVAL_S)
 
 
 def _exit_naming(rank: int, world: int, why: str) -> None:
-    sys.stderr.write(f"dptrain: error: rank {rank} of {world} stopped answering ({why}): it is stopped, frozen "
-                     f"or dead; ending this process too (--timeout sets the wait)\n")
+    from .launcher import record_error
+    line = (f"dptrain: error: rank {rank} of {world} stopped answering ({why}): it is stopped, frozen or dead; "
+            f"ending this process too (--timeout sets the wait)")
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
+    record_error(line, blames=rank)
     os._exit(HUNG_EXIT)

@@ -1,36 +1,41 @@
-"""Start N local worker processes for one job and watch them: ``dptrain train --processes N``.
+"""Start a job's workers on torchrun's elastic agent, and say in one line how it ended.
 
-Every worker is ``python -m dptrain train ...`` (or the user's script, for ``dptrain
-launch``) with torchrun's variables set (RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=a free port)
-and an equal share of the CPU cores (OMP_NUM_THREADS). Rank 0 writes to the terminal; the
-others' output is kept. If any worker fails or is killed, the others are stopped (SIGTERM,
-then SIGKILL after a grace period), the failed rank and the end of its error are reported,
-and the launcher exits non-zero. Workers die with the launcher (PR_SET_PDEATHSIG) and run in
-their own process groups, so no process is left behind.
+``dptrain train --processes N`` and ``dptrain launch --processes N script.py`` hand the work
+to ``torch.distributed.launcher.api.elastic_launch``, the agent behind ``torchrun``: it
+rendezvouses (c10d, on a free port, or ``--rdzv-endpoint`` for several machines), starts
+and watches the workers, passes SIGINT/SIGTERM on to them, and on a failure stops the group
+and, with ``--max-restarts K``, starts it again (the workers then resume from the last
+checkpoint by themselves, see ``train.py``). What stays here is the glue: the settings
+(every ``LaunchConfig`` field we rely on is set, since its defaults differ between torch
+versions and from torchrun's command line), the cores per worker, and one line for a failed
+job naming the rank, its exit code or signal, and its last error line.
 
-SIGINT (Ctrl-C) or SIGTERM to the launcher is passed on to every worker, and the workers get
-time to finish their batch and save (they agree to stop at the same batch, see
-``stopping.py``); a worker that exits with 130 (interrupted) is not a failure.
+Workers write their one-line error to the file the agent gives them (``TORCHELASTIC_ERROR_
+FILE``, where ``@record`` would put a traceback) and die with the agent (``PR_SET_PDEATHSIG``),
+so nothing is left behind. Local rank 0 writes to the terminal; the others to log files,
+whose last lines are shown when such a worker fails without saying why.
 """
 from __future__ import annotations
 
-import collections
+import dataclasses
+import glob
+import json
+import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
+import tempfile
 import time
-from typing import Deque, List, Optional, Sequence
+import uuid
+from typing import Any, Dict, Optional, Sequence
 
 from ..devices import host_cores
 
-GRACE_S = 5.0
-INTERRUPT_GRACE_S = 120.0     # workers finish the batch and write the checkpoint
 INTERRUPTED = 130
-TAIL_LINES = 30
+#: How long the agent lets workers finish their batch and save after SIGINT/SIGTERM.
+INTERRUPT_GRACE_S = 120
+TAIL_LINES = 20
 
 
 def free_port() -> int:
@@ -40,33 +45,79 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _death_signal():
-    """A function for the child to run before exec: die with SIGKILL if the launcher dies.
-
-    libc is loaded here, in the parent: the child may only make the system call (importing
-    in a child forked from a threaded parent can deadlock)."""
-    if not sys.platform.startswith("linux"):
-        return None
+def parse_nnodes(text: str):
+    """``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4) (an elastic job: it goes on with fewer machines)."""
     try:
-        import ctypes
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGKILL)       # 1 = PR_SET_PDEATHSIG
+        low, _, high = str(text).partition(":")
+        low, high = int(low), int(high or low)
+    except ValueError:
+        raise ValueError(f"--nnodes {text!r}: give a number of machines N, or MIN:MAX") from None
+    if not 1 <= low <= high:
+        raise ValueError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+    return low, high
 
 
-class _Worker:
-    def __init__(self, rank: int, proc: subprocess.Popen):
-        self.rank, self.proc = rank, proc
-        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.reader: Optional[threading.Thread] = None
+def _launch_config(processes: int, nnodes: str, rdzv_endpoint: Optional[str], rdzv_id: Optional[str],
+                   max_restarts: int, timeout_s: float, log_dir: str):
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+    low, high = parse_nnodes(nnodes)
+    single = high == 1 and rdzv_endpoint is None
+    wanted: Dict[str, Any] = dict(
+        min_nodes=low, max_nodes=high, nproc_per_node=processes,
+        run_id=rdzv_id or (uuid.uuid4().hex if single else "dptrain"),
+        role="dptrain",
+        rdzv_backend="c10d",
+        rdzv_endpoint=rdzv_endpoint or "localhost:0",       # one machine: a free port, as torchrun --standalone
+        rdzv_configs={"timeout": int(timeout_s), "join_timeout": int(timeout_s)},
+        max_restarts=max_restarts,
+        monitor_interval=0.1,                               # a failure is seen within 0.1 s (old defaults: 5)
+        start_method="spawn",
+        log_line_prefix_template=None,
+        metrics_cfg={},
+        local_addr=None,
+        # Local rank 0 keeps the terminal; the others write to files, read when one fails.
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, redirects={r: Std.ALL for r in range(1, processes)}, tee={}),
+        shutdown_timeout=INTERRUPT_GRACE_S,                 # time to save after Ctrl-C (torch >= 2.9)
+        signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        event_log_handler="null",
+    )
+    fields = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return LaunchConfig(**{k: v for k, v in wanted.items() if k in fields}), single
 
-    def read(self, echo: bool) -> None:
-        for line in self.proc.stderr:
-            self.tail.append(line.rstrip("\n"))
-            if echo:
-                sys.stderr.write(line)
-                sys.stderr.flush()
+
+def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpoint: Optional[str] = None,
+           rdzv_id: Optional[str] = None, max_restarts: int = 0, timeout_s: float = 60.0) -> int:
+    """Run ``python <command>`` (``["-m", "dptrain", "train", ...]``, ``["train.py", ...]``) as
+    ``processes`` workers on this machine (times ``nnodes`` machines); return the exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+    if processes < 1:
+        raise ValueError(f"--processes must be at least 1, got {processes}")
+    if max_restarts < 0:
+        raise ValueError(f"--max-restarts must be at least 0, got {max_restarts}")
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, host_cores() // processes)))
+    os.environ["DPTRAIN_LAUNCHED"] = "1"
+    os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(INTERRUPT_GRACE_S)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)   # we say what matters
+    with tempfile.TemporaryDirectory(prefix="dptrain-workers-") as log_dir:
+        config, single = _launch_config(processes, nnodes, rdzv_endpoint, rdzv_id, max_restarts, timeout_s,
+                                        log_dir)
+        if single and sys.platform.startswith("linux"):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        try:
+            elastic_launch(config, entrypoint=sys.executable)(*command)
+            return 0
+        except ChildFailedError as e:
+            codes = {f.exitcode for f in e.failures.values()}
+            if codes == {INTERRUPTED}:                      # a signal to a worker: it saved and stopped
+                return INTERRUPTED
+            print(_report(e.failures, log_dir, processes * parse_nnodes(nnodes)[1]), file=sys.stderr)
+            return 1
+        except SignalException as e:
+            print(f"dptrain: {signal.Signals(e.sigval).name}: all workers stopped", file=sys.stderr)
+            return INTERRUPTED
 
 
 def _describe(code: int) -> str:
@@ -78,111 +129,74 @@ def _describe(code: int) -> str:
     return f"exit code {code}"
 
 
-def launch(command: Sequence[str], processes: int, port: Optional[int] = None,
-           env: Optional[dict] = None) -> int:
-    """Run ``python <command>`` (``["-m", "dptrain", "train", ...]``, ``["train.py", ...]``) as
-    ``processes`` ranks; return the exit code."""
-    if processes < 1:
-        raise ValueError(f"--processes must be at least 1, got {processes}")
-    port = port or free_port()
-    threads = max(1, host_cores() // processes)
-    workers: List[_Worker] = []
-    before_exec = _death_signal()
-    for rank in range(processes):
-        child_env = dict(os.environ if env is None else env)
-        child_env.update({
-            "RANK": str(rank), "WORLD_SIZE": str(processes), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": str(threads), "DPTRAIN_LAUNCHED": "1",
-        })
-        if sys.platform.startswith("linux"):
-            child_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        proc = subprocess.Popen(
-            [sys.executable, *command], env=child_env,
-            stdout=None if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            start_new_session=True, preexec_fn=before_exec)
-        worker = _Worker(rank, proc)
-        worker.reader = threading.Thread(target=worker.read, args=(rank == 0,), daemon=True)
-        worker.reader.start()
-        workers.append(worker)
-    return _watch(workers)
+def _tail(log_dir: str, local_rank: int) -> Sequence[str]:
+    """The last lines a local rank wrote, in its most recent attempt's log file."""
+    files = sorted(glob.glob(os.path.join(log_dir, "**", str(local_rank), "stderr.log"), recursive=True),
+                   key=os.path.getmtime)
+    if not files:
+        return []
+    with open(files[-1], errors="replace") as f:
+        return [line.rstrip("\n") for line in f.readlines()[-TAIL_LINES:]]
 
 
-class _Signalled(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
+def _cause(item) -> tuple:
+    """Root cause first: a worker that named the one that stopped answering (it may have killed
+    it), a worker killed from outside (not by the agent's SIGTERM/SIGINT), then the earliest
+    that said why, then the rest."""
+    rank, failure = item
+    stopped = -failure.exitcode in (signal.SIGTERM, signal.SIGINT)
+    said = isinstance(failure.message, str) and failure.message.startswith("dptrain: ")
+    blames = isinstance(failure.error_file_data, dict) and "blames" in failure.error_file_data
+    order = 0 if blames else 1 if failure.exitcode < 0 and not stopped else 2 if said else 3
+    return order, failure.timestamp, rank
 
 
-def _raise_on(signum, _frame):
-    raise _Signalled(signum)
-
-
-def _stop(workers: Sequence[_Worker], sig: int = signal.SIGTERM, grace: float = GRACE_S) -> None:
-    for w in workers:
-        if w.proc.poll() is None:
-            try:
-                os.killpg(w.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-    deadline = time.monotonic() + grace
-    for w in workers:
-        try:
-            w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(w.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            w.proc.wait()
-
-
-def _watch(workers: List[_Worker]) -> int:
-    failed: Optional[_Worker] = None
-    main = threading.current_thread() is threading.main_thread()
-    before = {s: signal.signal(s, _raise_on) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-    try:
-        while True:
-            codes = [w.proc.poll() for w in workers]
-            failed = next((w for w, c in zip(workers, codes) if c not in (None, 0, INTERRUPTED)), None)
-            if failed is not None or all(c is not None for c in codes):
-                break
-            time.sleep(0.05)
-    except _Signalled as e:
-        name = signal.Signals(e.signum).name
-        print(f"dptrain: {name}: the workers stop after this batch (saving, with --checkpoint-dir); "
-              f"{'Ctrl-C' if e.signum == signal.SIGINT else name} again to stop now without saving",
-              file=sys.stderr, flush=True)
-        try:
-            _stop(workers, e.signum, INTERRUPT_GRACE_S)
-        except _Signalled as again:      # the second one: the workers stop at once
-            _stop(workers, again.signum, GRACE_S)
-            print("dptrain: stopped now, without saving", file=sys.stderr)
-            return INTERRUPTED
-        print(f"dptrain: {name}: all workers stopped", file=sys.stderr)
-        return INTERRUPTED
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
-    if failed is None:
-        for w in workers:
-            w.reader.join(timeout=5)
-        return INTERRUPTED if any(w.proc.returncode == INTERRUPTED for w in workers) else 0
-    _stop([w for w in workers if w is not failed])
-    failed.reader.join(timeout=5)
-    print(_report(failed, len(workers)), file=sys.stderr)
-    return 1
-
-
-def _report(failed: _Worker, world: int) -> str:
-    """One line for a failed worker: its own error line if it wrote one (rank 0's is on the
-    terminal already), else its exit and the end of its output."""
-    how = f"rank {failed.rank} of {world}, {_describe(failed.proc.returncode)}"
-    said = [line for line in failed.tail if line.startswith("dptrain: error: ")]
-    if said and failed.rank == 0:
-        return f"dptrain: stopped the other workers ({how})"
+def _report(failures: Dict[int, Any], log_dir: str, world: int) -> str:
+    """One line for a failed job: the root cause (see ``_cause``), in its own words when it
+    wrote some."""
+    rank, failure = min(failures.items(), key=_cause)
+    how = _describe(failure.exitcode)
+    said = failure.message if isinstance(failure.message, str) and failure.message.startswith("dptrain: ") else ""
+    if not said:
+        tail = _tail(log_dir, failure.local_rank)
+        said = next((ln for ln in reversed(tail) if ln.startswith("dptrain: error: ")), "")
+    others = "; stopped the other workers"
+    if said and rank == 0 and failure.local_rank == 0:      # on the terminal already
+        return f"dptrain: stopped the other workers (rank {rank} of {world}, {how})"
     if said:
-        return f"{said[-1]} ({how}); stopped the other workers"
-    detail = "\n".join(f"  [rank {failed.rank}] {line}" for line in failed.tail) if failed.rank else ""
-    return (f"dptrain: error: rank {failed.rank} of {world} failed ({_describe(failed.proc.returncode)}); "
-            f"stopped the other workers" + (f". Its last output:\n{detail}" if detail else ""))
+        return f"{said} (rank {rank} of {world}, {how}){others}"
+    tail = _tail(log_dir, failure.local_rank) if failure.local_rank else []
+    detail = "\n".join(f"  [rank {rank}] {line}" for line in tail)
+    return (f"dptrain: error: rank {rank} of {world} failed ({how}){others}"
+            + (f". Its last output:\n{detail}" if detail else ""))
+
+
+# -- in the workers ---------------------------------------------------------------------
+def die_with_launcher() -> None:
+    """In a worker the launcher started: be killed (SIGKILL) when the launcher dies, so no
+    worker outlives a killed launcher."""
+    if not os.environ.get("DPTRAIN_LAUNCHED") or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:               # the launcher died before the call above
+        os._exit(1)
+
+
+def record_error(line: str, blames: Optional[int] = None) -> None:
+    """Leave this worker's one-line error where the agent reads a failure's cause; ``blames``:
+    the rank it names as the one that failed first."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    record: Dict[str, Any] = {"message": line, "timestamp": int(time.time())}
+    if blames is not None:
+        record["blames"] = blames
+    try:
+        with open(path, "w") as f:
+            json.dump(record, f)
+    except OSError:
+        pass

@@ -21,7 +21,8 @@ from typing import List, Optional
 
 import torch.distributed as dist
 
-JOINED = "dptrain/joined/"
+from .env import store_key
+
 
 
 class RendezvousError(RuntimeError):
@@ -56,10 +57,10 @@ class _Join(threading.Thread):
                                   timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False,
                                   multi_tenant=True)
             self.store = store
-            store.set(f"{JOINED}{self.rank}", "1")
-            while not store.check([f"{JOINED}{r}" for r in range(self.world)]):
+            store.set(store_key(f"joined/{self.rank}"), "1")
+            while not store.check([store_key(f"joined/{r}") for r in range(self.world)]):
                 time.sleep(0.05)
-            dist.init_process_group(self.backend, store=dist.PrefixStore("dptrain/pg", store), rank=self.rank,
+            dist.init_process_group(self.backend, store=dist.PrefixStore(store_key("pg"), store), rank=self.rank,
                                     world_size=self.world, timeout=timedelta(seconds=self.collective_timeout_s))
         except BaseException as e:      # handed to the waiting thread
             self.error = e
@@ -71,7 +72,7 @@ class _Join(threading.Thread):
         if self.store is None:
             return None
         try:
-            return [r for r in range(self.world) if not self.store.check([f"{JOINED}{r}"])]
+            return [r for r in range(self.world) if not self.store.check([store_key(f"joined/{r}")])]
         except RuntimeError:
             return None
 
