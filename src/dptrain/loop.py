@@ -9,12 +9,14 @@ bit on a CPU, as a run that was never stopped.
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
+import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -98,6 +100,10 @@ class Run:
         # epoch, batches done in it, loss sum and denominator so far, seconds, batches skipped in it
         self.position: Tuple[int, int, float, float, float, int] = (1, 0, 0.0, 0.0, 0.0, 0)
         self.skipped = 0
+        # Steps the host runs ahead of what it has read back (see _train_epoch): 1 on GPUs.
+        # DPTRAIN_RUN_AHEAD=0|1 overrides it (the tests run the GPU bookkeeping on CPUs).
+        ahead = os.environ.get("DPTRAIN_RUN_AHEAD", "")
+        self.run_ahead = int(ahead) if ahead.isdigit() else int(any(d.type == "cuda" for d in devices))
         # Said at once, by rank 0 (the elastic agent passes a signal on, and says nothing).
         announce = (lambda line: print(line, file=sys.stderr, flush=True)) if env.rank == 0 else None
         self.stops = StopRequests(self.collective, announce, config.checkpoint_dir)
@@ -299,14 +305,24 @@ class Run:
         def so_far() -> Tuple[float, float, float, int]:    # what a save mid-epoch keeps
             return (loss_before + loss_sum.item(), count_before + float(count),
                     sec_before + time.perf_counter() - start, self.skipped - skipped_at_start)
+        # On GPUs the host runs one step ahead: what a step says about itself (a NaN loss, the
+        # processes' summed stop flags) is read once the next step is queued, so the host never
+        # waits for the device inside a step. On CPU devices there is nothing to wait for.
+        pending: Deque[Tuple[int, torch.Tensor, Optional[torch.Tensor]]] = collections.deque()
+        ahead = self.run_ahead
+
+        def resolve(keep: int, latest: int) -> None:
+            while len(pending) > keep:
+                done, loss, received = pending.popleft()
+                bad = not skip_nan and not bool(torch.isfinite(loss))
+                self._decide(self.stops.after_batch(done, bad, received), bar, epoch, latest, so_far, resolve)
         with self.runner.coordinating():
             b = skip
             for b, batch in enumerate(batches, start=skip + 1):
                 flags = self.stops.before_batch()        # they ride with the gradients
                 loss, n = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags)
-                finite = bool(torch.isfinite(loss))
-                if finite:
-                    loss_sum += loss
+                if self.engine.trainer.stepped:
+                    loss_sum += loss                     # stays on the device: no wait
                     count = _add(count, n)
                     if per_batch:
                         self._step_scheduler()
@@ -315,23 +331,29 @@ class Run:
                 images += self.train_loader.global_batch_size(b - 1)
                 if bar.enabled:
                     bar.update(b, images, loss_sum.item() / max(float(count), 1e-12))
-                self._decide(self.stops.after_batch(b, not finite and not skip_nan, self.engine.trainer.summed_extras),
-                             bar, epoch, b, so_far)
+                pending.append((b, loss, self.engine.trainer.summed_extras))
+                resolve(ahead, b)
                 if every and b % every == 0 and b < len(self.train_loader):
+                    resolve(0, b)
                     self._save_mid_epoch(epoch, b, *so_far())
-            self._decide(self.stops.flush(), bar, epoch, b, so_far)
+            resolve(0, b)
+            self._decide(self.stops.flush(), bar, epoch, b, so_far, resolve)
         bar.close()
         synchronize(self.devices)
         return (sec_before + time.perf_counter() - start, loss_before + loss_sum, _add(count_before, count),
                 self.skipped - skipped_at_start)
 
     def _decide(self, decision: Tuple[Optional[int], Optional[int]], bar: ProgressBar, epoch: int,
-                batch: int, so_far: Callable[[], Tuple[float, float, float, int]]) -> None:
-        """Act on what every process decided after ``batch``: go on, stop for NaN, or save and stop."""
+                batch: int, so_far: Callable[[], Tuple[float, float, float, int]],
+                resolve: Callable[[int, int], None]) -> None:
+        """Act on what every process decided: go on, stop for NaN, or save after ``batch`` (the
+        last batch done) and stop."""
         signum, bad_batch = decision
         if bad_batch is None and signum is None:
             return
         bar.close()
+        if bad_batch is None:
+            resolve(0, batch)           # what the steps still in flight say, before a save
         if bad_batch is not None:
             kept = f"; the last good checkpoint is kept in {self.config.checkpoint_dir}" \
                 if self.config.checkpoint_dir else ""

@@ -13,10 +13,11 @@ is sent.
 """
 from __future__ import annotations
 
+import collections
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Deque, Iterator, Optional, Tuple
 
 import torch
 
@@ -49,7 +50,7 @@ class StopRequests:
         self.signum: Optional[int] = None
         self._bad = False                                # a non-finite loss here, not yet shared
         self._batch = 0                                  # the last batch done
-        self._sent: Optional[torch.Tensor] = None        # the flags given to the last batch
+        self._sent: Deque[torch.Tensor] = collections.deque()   # flags given to batches not yet decided on
 
     @contextmanager
     def catching(self) -> Iterator[None]:
@@ -92,8 +93,8 @@ class StopRequests:
         processes; None with one)."""
         if not self._shared:
             return None
-        self._sent = self._flags()
-        return self._sent
+        self._sent.append(self._flags())
+        return self._sent[-1]
 
     def after_batch(self, batch: int, non_finite: bool, received: Optional[torch.Tensor] = None) -> Decision:
         """The decision every process takes after ``batch``.
@@ -107,9 +108,9 @@ class StopRequests:
         if not self._shared:
             return self.signum, batch if non_finite else None
         self._bad = self._bad or non_finite
-        sent, self._sent = self._sent, None
-        if sent is None:
+        if not self._sent:
             return None, None
+        sent = self._sent.popleft()
         if received is None:
             received = self.collective.all_reduce(sent.clone())
         return self._decide(received, batch - 1)

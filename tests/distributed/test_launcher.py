@@ -125,9 +125,11 @@ def test_two_processes_resume_bit_identical(data_dir, tmp_path):
     assert strip(resumed.stdout) == strip(whole.stdout)
 
 
-def test_two_processes_stopped_mid_epoch_resume_bit_identical(data_dir, tmp_path):
+@pytest.mark.parametrize("ahead", ["0", "1"])
+def test_two_processes_stopped_mid_epoch_resume_bit_identical(data_dir, tmp_path, ahead, monkeypatch):
     """SIGINT to the launcher: both ranks stop after the same batch, rank 0 saves, both exit 130;
-    the resumed run's history equals an unbroken run's."""
+    the resumed run's history equals an unbroken run's. Also with the host a step ahead."""
+    monkeypatch.setenv("DPTRAIN_RUN_AHEAD", ahead)
     base = ["train", "--data-dir", data_dir, "--processes", "2", "--json", "--epochs", "2",
             "--max-batches", "150", "--eval-batches", "2", "--batch-size", "64"]
     whole = run(base + ["--checkpoint-dir", str(tmp_path / "a")])
@@ -147,7 +149,9 @@ def test_two_processes_stopped_mid_epoch_resume_bit_identical(data_dir, tmp_path
     assert strip(resumed.stdout) == strip(whole.stdout)
 
 
-def test_two_processes_skip_or_stop_on_nan_together(data_dir):
+@pytest.mark.parametrize("ahead", ["0", "1"])
+def test_two_processes_skip_or_stop_on_nan_together(data_dir, ahead, monkeypatch):
+    monkeypatch.setenv("DPTRAIN_RUN_AHEAD", ahead)
     base = ["train", "--data-dir", data_dir, "--processes", "2", "--epochs", "1", "--max-batches", "6",
             "--eval-batches", "1", "--batch-size", "64", "--lr", "1e30"]
     skipped = run(base + ["--on-nan", "skip", "--json"])
