@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-batches", type=_positive_int, metavar="N",
                    help="evaluate on the first N test batches only")
     t.add_argument("--amp", choices=["bf16", "fp16"], help="mixed precision (autocast) for the forward")
+    t.add_argument("--compile", nargs="?", const="default", metavar="MODE",
+                   help="torch.compile every replica (MODE: default, reduce-overhead for CUDA graphs, max-autotune)")
     t.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                    help="NHWC memory format (default: on for CPU devices and with --amp)")
     t.add_argument("--no-scale", dest="scale", action="store_false",
@@ -205,7 +207,7 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
                          batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                          data_dir=args.data_dir, max_batches=args.max_batches,
                          allreduce=args.allreduce, optimizer=args.optimizer, kvstore=args.kvstore,
-                         sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp,
+                         sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp, compile=args.compile,
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
                          num_workers=args.num_workers, backend=args.backend, bucket_mb=args.bucket_mb,
                          timeout=args.timeout,

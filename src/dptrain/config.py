@@ -45,6 +45,7 @@ class TrainConfig:
     sync_bn: bool = False
     eval_batches: Optional[int] = None
     amp: Optional[str] = None
+    compile: Optional[str] = None       # a torch.compile mode ("default", "reduce-overhead", ...), None: eager
     channels_last: Optional[bool] = None     # None: where the task's model gains (CPU devices, --amp)
     scale: bool = True
     dataset: Optional[str] = None
@@ -97,6 +98,8 @@ class TrainConfig:
             if not is_import_spec(self.optimizer) and self.optimizer.lower() not in OPTIMIZERS:
                 raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}, or "
                                  f"a class such as torch.optim:AdamW")
+        from .compiled import check_mode
+        self.compile = check_mode(self.compile)
         if self.amp not in AMP_DTYPES:
             raise ValueError(f"unknown --amp {self.amp!r}; choose one of {', '.join(k for k in AMP_DTYPES if k)}")
         if self.on_nan not in ("stop", "skip"):

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .batch import Batch, batch_size, input_and_target, split_structure, to_device
+from .compiled import check_mode, compile_replicas, warm_up, without_prefix
 from .losses import Count, LossAdapter
 from .replicas import replicate
 from .split import shard_sizes
@@ -69,7 +70,7 @@ class ModelEngine:
 
     def __init__(self, task: Task, devices: Sequence[torch.device], kvstore: Optional[str] = "device",
                  sync_batchnorm: bool = False, amp: Optional[torch.dtype] = None, channels_last: bool = False,
-                 bucket_cap_mb: float = 25.0):
+                 bucket_cap_mb: float = 25.0, compile: Optional[str] = None):
         self.task = task
         self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
         self.forward = task.forward or default_forward
@@ -83,6 +84,56 @@ class ModelEngine:
                                bucket_cap_mb=bucket_cap_mb)
         self.amp = amp
         self.runner = self.trainer.runner
+        self.compile_mode = check_mode(compile)
+        if self.compile_mode and sync_batchnorm:
+            raise ValueError("--compile and --sync-bn do not go together: the synchronised BatchNorm waits for "
+                             "every device inside the graph; drop one of them")
+        self._nets: Optional[List[nn.Module]] = None
+        self.compile_seconds = 0.0
+
+    def _net(self, i: int) -> nn.Module:
+        """Replica ``i``, through its ``torch.compile`` wrapper with ``--compile``."""
+        return self._nets[i] if self._nets is not None else self.replicas[i]
+
+    def compile(self, example: Batch) -> None:
+        """With ``--compile``: compile every replica on ``example`` (a batch of this process,
+        with the sizes of an epoch's shards), before training; see ``compiled.py``."""
+        if not self.compile_mode:
+            return
+        if self._nets is None:
+            self._nets = compile_replicas(list(self.replicas), self.compile_mode)
+        n = batch_size(example)
+        k = min(n, len(self.devices))
+        shards = split_structure(example, shard_sizes(n, k, even_split=False)) if k > 1 else [example]
+
+        def train(i: int, shard: Batch) -> None:
+            with torch.enable_grad():
+                value, _ = self._loss(self._net(i), to_device(shard, self.devices[i], self.memory_format),
+                                      self.devices[i], count=False)
+            value.backward()
+
+        def evaluate(i: int, shard: Batch) -> None:
+            self.replicas[i].eval()
+            try:
+                with torch.no_grad():
+                    self._loss(self._net(i), to_device(shard, self.devices[i], self.memory_format), self.devices[i])
+            finally:
+                self.replicas[i].train()
+        # On each device's own thread, as training runs them (dynamo's guards include the
+        # thread's intra-op thread count), one device after another.
+        calls = [lambda i=i, s=s, f=f: self.runner.run(i, f, i, s)
+                 for f in (train, evaluate) for i, s in enumerate(shards)]
+        # Left as they were: BatchNorm statistics, the random state (dropout), the gradients.
+        buffers = [[b.clone() for b in m.buffers()] for m in self.replicas]
+        rng = torch.get_rng_state()
+        with self.trainer.no_sync():                # nothing sent: these gradients are thrown away
+            self.compile_seconds += warm_up(calls)
+        self.trainer.discard_gradients()
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            for m, saved in zip(self.replicas, buffers):
+                for b, v in zip(m.buffers(), saved):
+                    b.copy_(v)
 
     @property
     def classification(self) -> bool:
@@ -164,7 +215,7 @@ class ModelEngine:
                 return self._idle(i)
             device = self.devices[i]
             with torch.enable_grad(), synchronized():      # synchronized: BatchNorm across devices
-                value, counts[i] = self._loss(self.replicas[i], to_device(shards[i], device, self.memory_format),
+                value, counts[i] = self._loss(self._net(i), to_device(shards[i], device, self.memory_format),
                                               device, count=not known)
             value.backward()
             return value.detach()
@@ -203,7 +254,7 @@ class ModelEngine:
         def shard_totals(i: int, shard: Batch) -> None:
             if shard is None:
                 return
-            net, out, device = self.replicas[i], totals[i], self.devices[i]
+            net, out, device = self._net(i), totals[i], self.devices[i]
             shard = to_device(shard, device, self.memory_format)
             if self.adapter is None:
                 value, count = self._loss(net, shard, device)
@@ -257,7 +308,7 @@ class ModelEngine:
     def load_state_dict(self, state: dict) -> None:
         try:
             for m in self.replicas:
-                m.load_state_dict(state["model"])
+                m.load_state_dict(without_prefix(state["model"]))
         except (KeyError, RuntimeError) as e:
             raise ValueError(f"the checkpoint's model does not fit this one: {str(e).splitlines()[0]}") from None
         self.trainer.load_state_dict(state["trainer"])

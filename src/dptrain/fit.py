@@ -38,7 +38,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
         epochs: int = 10, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
         seed: int = 0, max_batches: Optional[int] = None, eval_batches: Optional[int] = None,
         kvstore: Optional[str] = "device", sync_batchnorm: bool = False, amp: Optional[str] = None,
-        channels_last: bool = False, bucket_mb: float = 25.0, backend: str = "auto", timeout: float = 60.0,
+        channels_last: bool = False, compile: Any = None, bucket_mb: float = 25.0, backend: str = "auto",
+        timeout: float = 60.0,
         checkpoint_dir: Optional[str] = None, checkpoint_every: Optional[int] = None, resume: bool = False,
         overwrite: bool = False,
         metrics_file: Optional[str] = None,
@@ -58,7 +59,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     ``devices`` (``"auto"``: all GPUs, else 2 virtual CPU devices; a count; a list),
     ``seed`` (initialisation, data order), ``max_batches``/``eval_batches`` (per epoch),
     ``kvstore`` (``device``, ``local``, ``naive``/``ring``: the hand-written allreduce),
-    ``sync_batchnorm``, ``amp`` (``"bf16"``/``"fp16"``), ``channels_last``, ``timeout`` (seconds
+    ``sync_batchnorm``, ``amp`` (``"bf16"``/``"fp16"``), ``channels_last``, ``compile`` (True or a
+    ``torch.compile`` mode: every replica compiled before the first epoch), ``timeout`` (seconds
     several processes wait for a peer to join, or for a silent one, before naming it and
     ending), ``checkpoint_dir``
     and ``resume`` (atomic saves every epoch and on SIGINT/SIGTERM; exact resume; a folder
@@ -86,6 +88,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
                 epochs=epochs, batch_size=batch_size, kvstore=kvstore, collate_fn=collate_fn, name=name)
     config = TrainConfig(devices=devices, seed=seed, max_batches=max_batches, eval_batches=eval_batches,
                          num_workers=num_workers, sync_bn=sync_batchnorm, amp=amp, channels_last=channels_last,
+                         compile=compile,
                          bucket_mb=bucket_mb, backend=backend, timeout=timeout, checkpoint_dir=checkpoint_dir,
                          checkpoint_every=checkpoint_every,
                          resume=resume, overwrite=overwrite, metrics_file=metrics_file, tensorboard=tensorboard,

@@ -81,7 +81,7 @@ class Run:
             all(d.type == "cpu" for d in devices) or config.amp is not None)
         self.engine = ModelEngine(task, devices, kvstore=self.kvstore, sync_batchnorm=config.sync_bn,
                                   amp=config.amp_dtype, channels_last=channels_last,
-                                  bucket_cap_mb=config.bucket_mb)
+                                  bucket_cap_mb=config.bucket_mb, compile=config.compile)
         shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
                      collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices))
         self.train_loader = make_loader(task.load("train_data"), self.batch_size, shuffle=True, seed=config.seed,
@@ -91,6 +91,10 @@ class Run:
             if eval_data is not None else None
         self.engine.prepare(self.train_loader.example(), self.lr)
         self.lr = self.engine.trainer.learning_rate
+        if self.engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one
+            for first in {0, len(self.train_loader) - 1}:
+                self.engine.compile(next(iter(self.train_loader.batches(first))))
+            self.log(f"compiled in {self.engine.compile_seconds:.1f} sec (--compile {self.engine.compile_mode})")
         if env.rank == 0:           # room for a checkpoint: model, optimizer state, a margin
             size = sum(t.numel() * t.element_size() for t in self.engine.state_dict()["model"].values())
             check_space(config.checkpoint_dir, 3 * size + 2**20)
@@ -392,6 +396,8 @@ class Run:
             "dataset": task.dataset, "optimizer": optimizer,
             "kvstore": "dist" if self.env.distributed else self.kvstore,
             "sync_bn": config.sync_bn, "amp": config.amp,
+            **({"compile": self.engine.compile_mode, "compile_sec": self.engine.compile_seconds}
+               if self.engine.compile_mode else {}),
             **({"backend": self.backend} if self.backend else {}),
             **({"skipped_batches": self.skipped} if config.on_nan == "skip" else {}),
             **({k: v for k, v in history[-1].items() if k.startswith("test_")} if history else {}),

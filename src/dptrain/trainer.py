@@ -278,6 +278,15 @@ class Trainer:
         with reducer.no_sync():
             yield
 
+    def discard_gradients(self) -> None:
+        """Forget the gradients accumulated since the last step (e.g. by a warm-up)."""
+        self._ready()
+        reducer = getattr(self.kvstore, "reducer", None)
+        if reducer is not None and reducer.views:
+            reducer.reset()             # the gradients are the buckets: zero them in place
+            return
+        self._clear_grads()
+
     def close(self) -> None:
         """Detach from the parameters: the gradient hooks go, so the model trains on its own
         (or in another Trainer) afterwards. The Trainer cannot step after this."""

@@ -62,3 +62,20 @@ def test_every_sample_once_per_epoch_over_all_ranks_and_devices():
     ids = sorted(i for ids in a + b for i in ids)
     assert len(ids) == 29 * 2 and sorted(set(ids)) == list(range(29))
     assert loss_a == loss_b
+
+
+def fit_compiled(rank, world, compile):
+    torch.manual_seed(0)
+    model = mlp()
+    g = torch.Generator().manual_seed(5)
+    dptrain.fit(model, data("regression", 40, g), loss=nn.MSELoss(), optimizer=OPTIMIZERS["sgd"], epochs=2,
+                batch_size=10, devices=1, compile=compile, log=None)
+    return [p.detach().tolist() for p in model.parameters()]
+
+
+def test_compiled_in_two_processes_equals_eager_in_one():
+    want = fit_compiled(0, 1, None)
+    ranks = run_workers(fit_compiled, True)
+    for got in ranks:
+        for p, q in zip(got, want):
+            torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
