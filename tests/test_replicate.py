@@ -70,3 +70,29 @@ def test_the_users_model_keeps_working():
 def test_replicate_needs_a_module():
     with pytest.raises(TypeError, match="needs an nn.Module, got function"):
         dptrain.replicate(lambda x: x, DEVICES)
+
+
+def test_a_device_listed_twice_is_two_replicas_on_it():
+    """The Gluon tutorial's [mx.cpu(), mx.cpu()] on a machine without GPU: two replicas on
+    cpu:0, each with its thread; they train as one device does on the whole batch."""
+    import torch.nn.functional as F
+    devices = [dptrain.cpu(0), dptrain.cpu(0)]
+    X, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    parts = dptrain.split_and_load(X, devices)
+    assert [p.shape[0] for p in parts] == [3, 3]
+    torch.manual_seed(0)
+    one = nn.Linear(4, 3)
+    torch.manual_seed(0)
+    net = nn.Linear(4, 3)
+    replicas = dptrain.replicate(net, devices)
+    assert replicas[0] is not replicas[1] and len(dptrain.get_runner(devices)._workers) == 2
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.5})
+    replicas.forward_backward(*dptrain.split_batch(X, y, devices))
+    trainer.step(6)
+    F.cross_entropy(one(X), y).backward()
+    with torch.no_grad():
+        for p in one.parameters():
+            p -= 0.5 * p.grad
+    for p, q in zip(one.parameters(), net.parameters()):
+        torch.testing.assert_close(p, q)
+    torch.testing.assert_close(replicas.param("weight").data(dptrain.cpu(0)), net.weight.detach())

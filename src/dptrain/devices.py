@@ -137,7 +137,11 @@ def parse_devices(spec: Union[None, str, int, Iterable[DeviceLike]] = "auto") ->
 
 
 def check_devices(devices: Sequence[DeviceLike]) -> List[torch.device]:
-    """Validate a device list: non-empty, no device twice; return it as ``torch.device``s."""
+    """Validate a device list (not empty, each device real); return it as ``torch.device``s.
+
+    A device may appear more than once: ``[cuda:0, cuda:0]`` is two replicas on one GPU, as
+    the Gluon tutorial's ``[mx.gpu(), mx.gpu()]`` on a machine with one GPU (each has its
+    own worker thread; they share the GPU's default stream)."""
     if isinstance(devices, (str, torch.device)):
         devices = [devices]
     if devices is None or isinstance(devices, (int, float)):
@@ -146,12 +150,6 @@ def check_devices(devices: Sequence[DeviceLike]) -> List[torch.device]:
     devices = [as_device(d) for d in devices]
     if not devices:
         raise ValueError("the device list is empty: pass at least one device, e.g. [dptrain.cpu(0)]")
-    seen = set()
-    for d in devices:
-        if d in seen:
-            raise ValueError(f"device {format_device(d)} appears twice in "
-                             f"{format_devices(devices)}: list each device once")
-        seen.add(d)
     return devices
 
 

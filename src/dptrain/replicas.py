@@ -72,7 +72,8 @@ class ReplicatedParameter:
         return dict(owner[devices.index(device)].named_parameters())[self.name]
 
     def data(self, device: Optional[DeviceLike] = None) -> torch.Tensor:
-        """The value on ``device`` (which may be left out with a single device)."""
+        """The value on ``device`` (which may be left out with a single device; a device listed
+        twice gives its first replica's: they are equal)."""
         return self._on(device).detach()
 
     def grad(self, device: Optional[DeviceLike] = None) -> Optional[torch.Tensor]:
