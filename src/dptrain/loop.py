@@ -24,7 +24,7 @@ from torch import nn
 from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data.dataset_loader import make_loader
-from .data.loader import prefetch
+from .data.loader import TensorLoader, prefetch
 from .devices import format_device
 from .distributed import DistEnv, get_collective
 from .engine import ModelEngine, _add
@@ -89,6 +89,7 @@ class Run:
         eval_data = task.load("eval_data")
         self.eval_loader = make_loader(eval_data, self.batch_size, max_batches=config.eval_batches, **shard) \
             if eval_data is not None else None
+        self._keep_on_device(devices[0])
         self.engine.prepare(self.train_loader.example(), self.lr)
         self.lr = self.engine.trainer.learning_rate
         if self.engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one
@@ -115,6 +116,17 @@ class Run:
             self._resume()
         self.metrics = MetricsLog(config.metrics_file, [self._record(row) for row in self.history]) \
             if config.metrics_file and env.rank == 0 else None
+
+    def _keep_on_device(self, device: torch.device) -> None:
+        """On a GPU, tensors held in memory move there once (if they take at most a quarter
+        of its free memory): each batch is then gathered on the GPU, with no host copy."""
+        if device.type != "cuda":
+            return
+        free = torch.cuda.mem_get_info(device)[0]
+        for loader in (self.train_loader, self.eval_loader):
+            if isinstance(loader, TensorLoader) and loader.nbytes <= free // 4:
+                loader.to(device)
+                free -= loader.nbytes
 
     def close(self) -> None:
         """Stop the data loaders' worker processes, if any, and detach from the model."""

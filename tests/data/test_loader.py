@@ -87,3 +87,15 @@ def test_sharding_covers_every_sample_exactly_once(n, batch_size, world):
 def test_rank_outside_the_world():
     with pytest.raises(ValueError, match="rank must be in"):
         loader(10, batch_size=2, rank=2, world_size=2)
+
+
+def test_data_held_on_a_device_gives_the_same_batches_there():
+    """What a GPU run does (data moved once, batches gathered on the device), on the meta device."""
+    import torch
+    from dptrain.data import TensorLoader
+    X, y = torch.arange(20).view(10, 2).to(torch.uint8), torch.arange(10)
+    host = TensorLoader((X, y), 4, shuffle=True, seed=2)
+    device = TensorLoader((X, y), 4, shuffle=True, seed=2).to(torch.device("meta"))
+    assert device.nbytes == 20 + 80
+    for (a, b), (c, d) in zip(host, device):
+        assert c.device.type == "meta" and c.dtype == torch.uint8 and c.shape == a.shape and d.shape == b.shape

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Optional, Tuple, TypeVar
 
 import torch
 
-from ..batch import Batch, as_tensors, batch_size as size_of, map_tensors
+from ..batch import Batch, as_tensors, batch_size as size_of, map_tensors, tensors_of
 
 T = TypeVar("T")
 
@@ -106,6 +106,18 @@ class TensorLoader(EpochPlan):
         n = size_of(data)          # checks every tensor holds the same number of samples
         super().__init__(n, batch_size, **plan)
         self.data = data
+        self.device: Optional[torch.device] = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors_of(self.data))
+
+    def to(self, device: torch.device) -> "TensorLoader":
+        """Hold the data on ``device`` (a GPU): batches are then gathered there, with no copy
+        from the host per batch. Each tensor keeps its dtype (uint8 images stay uint8)."""
+        self.data = map_tensors(lambda t: t.to(device), self.data)
+        self.device = torch.device(device)
+        return self
 
     def __iter__(self) -> Iterator[Batch]:
         return self.batches()
@@ -117,6 +129,8 @@ class TensorLoader(EpochPlan):
     def batches(self, skip: int = 0) -> Iterator[Batch]:
         """This epoch's batches from batch ``skip`` on (to resume an epoch part-way)."""
         order = self.order() if self.shuffle else None
+        if order is not None and self.device is not None:
+            order = order.to(self.device)       # once an epoch: the gathers then stay on the device
         for _, part in self.parts(skip):
             if order is None:
                 yield map_tensors(lambda t: t[part], self.data)

@@ -1,0 +1,97 @@
+"""What only a GPU can show: run by ``bash benchmarks/gpu_suite.sh`` (``pytest -m cuda``), skipped
+on machines without CUDA."""
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.data import TensorLoader
+from dptrain.engine import ModelEngine
+from dptrain.models import GluonLeNet, resnet18
+from dptrain.task import Task
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def regression(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 5, generator=g)
+    return X, X[:, :2] * 3 + 1
+
+
+def fit_mlp(devices):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 2))
+    dptrain.fit(model, regression(), loss=nn.MSELoss(), optimizer=functools.partial(torch.optim.SGD, lr=0.05),
+                epochs=2, batch_size=16, devices=devices, log=None)
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def test_devices_are_the_gpus():
+    devices = dptrain.parse_devices("auto")
+    assert devices and all(d.type == "cuda" for d in devices)
+    assert dptrain.try_gpu(0) == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("devices", ["cuda:0", "cuda:0,cuda:0"])
+def test_a_gpu_and_two_replicas_of_it_train_as_the_cpu_does(devices):
+    for p, q in zip(fit_mlp(devices), fit_mlp("cpu:0")):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local", "naive"])
+def test_replicas_on_one_gpu_sum_like_one_device(kvstore):
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.rand(12, 1, 28, 28, generator=g), torch.randint(0, 10, (12,), generator=g)) for _ in range(2)]
+    params = []
+    for devices in (["cuda:0"], ["cuda:0", "cuda:0", "cuda:0"]):
+        torch.manual_seed(0)
+        engine = ModelEngine(Task(GluonLeNet(), (), optimizer=functools.partial(torch.optim.SGD, lr=0.1)),
+                             [torch.device(d) for d in devices], kvstore=kvstore if len(devices) > 1 else None)
+        for batch in batches:
+            engine.train_batch(batch)
+        params.append([p.detach().cpu() for p in engine.replicas[0].parameters()])
+    for p, q in zip(*params):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_data_held_on_the_gpu_gives_the_host_batches():
+    X, y = torch.arange(40, dtype=torch.uint8).view(20, 2), torch.arange(20)
+    host = TensorLoader((X, y), 8, shuffle=True, seed=3)
+    gpu = TensorLoader((X, y), 8, shuffle=True, seed=3).to(torch.device("cuda", 0))
+    for (a, b), (c, d) in zip(host, gpu):
+        assert c.is_cuda and c.dtype == torch.uint8
+        assert torch.equal(a, c.cpu()) and torch.equal(b, d.cpu())
+
+
+def test_bf16_channels_last_resnet_trains():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(2)
+    X, y = torch.rand(64, 1, 28, 28, generator=g), torch.randint(0, 10, (64,), generator=g)
+    result = dptrain.fit(resnet18(10, in_channels=1), (X, y), lr=0.05, batch_size=32, epochs=3, devices="cuda:0",
+                         amp="bf16", channels_last=True, log=None)
+    losses = [h["train_loss"] for h in result["history"]]
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+def test_a_nan_loss_stops_on_the_gpu_a_step_later_at_most():
+    X, y = regression(256)
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="the loss became NaN or infinite at epoch 1, batch"):
+        dptrain.fit(nn.Linear(5, 2), (X, y), loss=nn.MSELoss(), lr=1e30, batch_size=16, epochs=1,
+                    devices="cuda:0", log=None)
+
+
+def test_cuda_graphs_train_as_eager():
+    def run(compile):
+        torch.manual_seed(0)
+        model = GluonLeNet()
+        g = torch.Generator().manual_seed(3)
+        data = (torch.rand(96, 1, 28, 28, generator=g), torch.randint(0, 10, (96,), generator=g))
+        dptrain.fit(model, data, lr=0.05, batch_size=32, epochs=2, devices="cuda:0", compile=compile, log=None)
+        return [p.detach().cpu() for p in model.parameters()]
+    for p, q in zip(run("reduce-overhead"), run(None)):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
