@@ -95,8 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     sub.add_parser("devices", help="list the devices found (kind, name, memory, cores)")
     pl = sub.add_parser("plot", help="overlay runs saved with --metrics: accuracy and loss per epoch")
-    pl.add_argument("runs", nargs="+", metavar="RUN.jsonl")
+    pl.add_argument("runs", nargs="*", metavar="RUN.jsonl")
     pl.add_argument("-o", "--output", required=True, metavar="FILE", help="a .png, .svg or .pdf file")
+    pl.add_argument("--timeline", metavar="TRACE.json", help="draw a --trace file instead: one row per device, "
+                    "coloured phases")
     pl.add_argument("--title", default="")
     la = sub.add_parser("launch", help="run your script (or -m module) as N processes joined by "
                         "torch.distributed, as torchrun does",
@@ -154,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start N worker processes on this machine (one per GPU, or the CPU cores "
                         "shared among them) joined by torch.distributed")
     _job_flags(t)
+    t.add_argument("--balance", default="even", metavar="even|auto|W,W,...",
+                   help="split each batch over the devices (of every process) evenly, by measured speed, or by "
+                        "fixed weights, one per device (default: even)")
+    t.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of a few steps: each "
+                   "device's forward, backward, gradient sum, update, and the data wait")
+    t.add_argument("--trace-steps", type=_positive_int, default=10, metavar="N", help="steps to trace (default: 10)")
     t.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                    help="also save a checkpoint every N batches (bounds what a failure costs)")
     t.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
@@ -183,7 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plot_command(args: argparse.Namespace) -> int:
     from .metrics import read_metrics
-    from .plot import describe, plot_runs
+    from .plot import describe, plot_runs, plot_timeline
+    if args.timeline:
+        if args.runs:
+            raise ValueError("give either runs (RUN.jsonl) or --timeline TRACE.json, not both")
+        print(plot_timeline(args.timeline, args.output, args.title))
+        return 0
+    if not args.runs:
+        raise ValueError("give the runs to plot (RUN.jsonl files written with --metrics), or --timeline TRACE.json")
     runs = []
     for path in args.runs:
         records = read_metrics(path)
@@ -210,7 +225,8 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
                          sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp, compile=args.compile,
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
                          num_workers=args.num_workers, backend=args.backend, bucket_mb=args.bucket_mb,
-                         timeout=args.timeout,
+                         timeout=args.timeout, balance=args.balance, trace=args.trace,
+                         trace_steps=args.trace_steps,
                          checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                          resume=args.resume, overwrite=args.overwrite,
                          metrics_file=args.metrics,

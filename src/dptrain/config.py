@@ -53,6 +53,9 @@ class TrainConfig:
     backend: str = "auto"
     bucket_mb: float = 25.0
     timeout: float = 60.0               # seconds to wait for peers to join, or for a silent peer
+    balance: Any = "even"               # "even", "auto", or one weight per device: who computes what
+    trace: Optional[str] = None         # a Chrome trace of a few steps, to this file
+    trace_steps: int = 10
     checkpoint_dir: Optional[str] = None
     checkpoint_every: Optional[int] = None   # batches between saves within an epoch
     resume: bool = False
@@ -98,6 +101,10 @@ class TrainConfig:
             if not is_import_spec(self.optimizer) and self.optimizer.lower() not in OPTIMIZERS:
                 raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}, or "
                                  f"a class such as torch.optim:AdamW")
+        from .balance import parse_balance
+        self.balance = parse_balance(self.balance)
+        if isinstance(self.trace_steps, bool) or not isinstance(self.trace_steps, int) or self.trace_steps < 1:
+            raise ValueError(f"trace-steps must be a whole number >= 1, got {self.trace_steps!r}")
         from .compiled import check_mode
         self.compile = check_mode(self.compile)
         if self.amp not in AMP_DTYPES:

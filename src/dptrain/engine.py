@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -20,6 +21,7 @@ from .losses import Count, LossAdapter
 from .replicas import replicate
 from .split import shard_sizes
 from .syncbn import synchronized
+from . import trace
 from .task import Task
 from .trainer import Trainer
 
@@ -193,31 +195,47 @@ class ModelEngine:
         _, target = input_and_target(batch)
         return True, _host_number(self.adapter.count(target))
 
-    def train_batch(self, batch: Batch, skip_nonfinite: bool = False,
-                    extras: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Count]:
+    def train_batch(self, batch: Batch, skip_nonfinite: bool = False, extras: Optional[torch.Tensor] = None,
+                    sizes: Optional[Sequence[int]] = None, timed: bool = False) -> Tuple[torch.Tensor, Count]:
         """One step on this process's ``batch``: return its loss sum (on ``devices[0]``; NaN if
         the step was skipped) and what the loss is divided by (samples for a sum loss).
 
         ``skip_nonfinite``: if a gradient is NaN or infinite on any device of any process, the
         model is left as it was. ``extras``: numbers to sum over the processes with the
-        gradients (the sum is then ``self.trainer.summed_extras``).
+        gradients (the sum is then ``self.trainer.summed_extras``). ``sizes``: each device's
+        part of the batch (``--balance``; default: as equal as can be). ``timed``: leave each
+        device's forward and backward seconds in ``self.seconds`` (on a GPU it then waits).
         """
         n = batch_size(batch)
         # With several processes this is the process's part of the global batch: it may have
         # fewer samples than devices, or none; devices without samples contribute zeros.
-        k = min(n, len(self.devices))
-        shards = split_structure(batch, shard_sizes(n, k, even_split=False)) if k > 1 else [batch] if k else []
-        known, denominator = self._known_count(batch) if k else (True, 0)
+        if sizes is None:
+            k = min(n, len(self.devices))
+            sizes = shard_sizes(n, k, even_split=False) + [0] * (len(self.devices) - k) if k else [0] * len(self.devices)
+        if sum(sizes) != n or len(sizes) != len(self.devices):
+            raise ValueError(f"the parts {list(sizes)} do not cut a batch of {n} samples over {len(self.devices)} "
+                             f"devices")
+        used = [s for s in sizes if s]
+        parts = split_structure(batch, used) if len(used) > 1 else [batch] * len(used)
+        shards: List[Optional[Batch]] = [parts.pop(0) if s else None for s in sizes]
+        known, denominator = self._known_count(batch) if n else (True, 0)
         counts: List[Count] = [None] * len(self.devices)
+        self.seconds = [0.0] * len(self.devices)
 
         def compute(i: int) -> torch.Tensor:
-            if i >= k:
+            if shards[i] is None:
                 return self._idle(i)
             device = self.devices[i]
-            with torch.enable_grad(), synchronized():      # synchronized: BatchNorm across devices
+            start = time.perf_counter()
+            with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
                 value, counts[i] = self._loss(self._net(i), to_device(shards[i], device, self.memory_format),
                                               device, count=not known)
-            value.backward()
+            with trace.span("backward", i):
+                value.backward()
+            if timed:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                self.seconds[i] = time.perf_counter() - start
             return value.detach()
 
         def shard_counts() -> Count:        # once every shard has computed its own

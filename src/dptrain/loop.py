@@ -33,6 +33,8 @@ from .preflight import check_space
 from .parallel import get_runner
 from .progress import ProgressBar
 from .recipes import hyperparameters
+from . import trace
+from .balance import Balancer
 from .stopping import StopRequests
 from .task import Task
 from .tensorboard import TensorBoardLog
@@ -112,6 +114,15 @@ class Run:
         # Said at once, by rank 0 (the elastic agent passes a signal on, and says nothing).
         announce = (lambda line: print(line, file=sys.stderr, flush=True)) if env.rank == 0 else None
         self.stops = StopRequests(self.collective, announce, config.checkpoint_dir)
+        self.balancer: Optional[Balancer] = None
+        if config.balance != "even":
+            per_rank = [int(t.item()) for t in self.collective.all_gather(torch.tensor([len(devices)]))]
+            # New sizes take effect a few steps on: past what a loader prepared ahead.
+            self.balancer = Balancer(config.balance, per_rank, env.rank, lag=max(3, 2 * config.num_workers + 2),
+                                     gpu=any(d.type == "cuda" for d in devices))
+            self.train_loader.balancer = self.balancer
+        self._tracer: Optional[trace.Tracer] = None
+        self._trace_done, self._trace_until = False, 0
         if config.resume:
             self._resume()
         self.metrics = MetricsLog(config.metrics_file, [self._record(row) for row in self.history]) \
@@ -174,6 +185,7 @@ class Run:
             "partial": partial, "seconds": seconds, "skipped": self.skipped, "epoch_skipped": epoch_skipped,
             "history": json.dumps(self.history), "engine": self.engine.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "balance": self.balancer.state_dict() if self.balancer is not None else None,
             "rng": rng})
 
     #: What a resumed run must share with the checkpoint's: the task and the global batches.
@@ -200,6 +212,10 @@ class Run:
         except (ValueError, KeyError) as e:
             raise CheckpointError(f"cannot resume from {checkpoint_path(self.config.checkpoint_dir)}: {e}") from None
         self._set_rng_state(state["rng"])
+        if self.balancer is not None and state.get("balance"):
+            notice = self.balancer.load_state_dict(state["balance"])
+            if notice:
+                self.log(f"resuming with {notice}")
         self.history = json.loads(state["history"])
         self.skipped = state["skipped"]
         partial = state["partial"]
@@ -263,13 +279,17 @@ class Run:
                     if log:
                         log.append(record)
                 self.log(self._line(row))
+        if self._tracer is not None and not self._trace_done:        # the run was shorter than the trace
+            self._write_trace()
         return self._result()
 
     def _line(self, row: Dict[str, Any]) -> str:
         """``epoch 3, 7.9 sec, train loss 0.512, test loss 0.498, test acc 0.822[, 2 of 235
         batches skipped (loss not finite)]``."""
         line = f"epoch {row['epoch']}, {row['sec']:.1f} sec, " + ", ".join(
-            f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items() if k not in ("epoch", "sec", "skipped"))
+            f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items() if k not in ("epoch", "sec", "skipped", "split"))
+        if "split" in row:
+            line += f", split {'/'.join(map(str, row['split']))}"
         if row.get("skipped"):
             line += f", {row['skipped']} of {len(self.train_loader)} batches skipped (loss not finite)"
         return line
@@ -281,6 +301,8 @@ class Run:
 
     def _row(self, epoch: int, sec: float, loss: float, count: float, evals: Dict[str, float]) -> Dict[str, Any]:
         row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
+        if self.balancer is not None:    # each device's part of a full batch, now
+            row["split"] = self.balancer.sizes(epoch * len(self.train_loader), self.batch_size)
         if evals:
             row["test_loss"] = evals["loss"] / evals["count"] if evals["count"] else math.nan
         if "correct" in evals:
@@ -332,11 +354,24 @@ class Run:
                 done, loss, received = pending.popleft()
                 bad = not skip_nan and not bool(torch.isfinite(loss))
                 self._decide(self.stops.after_batch(done, bad, received), bar, epoch, latest, so_far, resolve)
+        batches = self._timed(batches)
+        first_step = (epoch - 1) * len(self.train_loader)
         with self.runner.coordinating():
             b = skip
             for b, batch in enumerate(batches, start=skip + 1):
+                step = first_step + b - 1
+                self._tracing(step)
                 flags = self.stops.before_batch()        # they ride with the gradients
-                loss, n = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags)
+                sizes = timed = None
+                if self.balancer is not None:
+                    sizes = self.balancer.local_sizes(step, self.train_loader.global_batch_size(b - 1))
+                    timed = self.balancer.measuring(step)
+                loss, n = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
+                                                  timed=bool(timed))
+                if self.balancer is not None:
+                    if timed:
+                        self.balancer.observe(self.engine.seconds, sizes)
+                    self.balancer.after_step(step, self.collective)
                 if self.engine.trainer.stepped:
                     loss_sum += loss                     # stays on the device: no wait
                     count = _add(count, n)
@@ -358,6 +393,40 @@ class Run:
         synchronize(self.devices)
         return (sec_before + time.perf_counter() - start, loss_before + loss_sum, _add(count_before, count),
                 self.skipped - skipped_at_start)
+
+    def _timed(self, batches):
+        """The batches, with the wait for each recorded as ``data`` on the main track (--trace)."""
+        it = iter(batches)
+        while True:
+            start = trace.now_us()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            trace.event("data", "main", start, trace.now_us())
+            yield batch
+
+    def _tracing(self, step: int) -> None:
+        """Trace steps ``[first, first + --trace-steps)``, then write the file (every process
+        takes part: rank 0 gathers the events)."""
+        if not self.config.trace or self._trace_done:
+            return
+        first = min(2, max(0, self.epochs * len(self.train_loader) - 1))
+        if step == first or (self._tracer is None and step > first):
+            self._tracer = trace.start(self.env.rank, self._names())
+            self._tracer.active = True
+            self._trace_until = step + self.config.trace_steps
+        elif self._tracer is not None and step >= self._trace_until:
+            self._write_trace()
+
+    def _write_trace(self) -> None:
+        tracer = trace.stop()
+        self._trace_done = True
+        events = self.collective.all_gather_object(tracer.metadata() + tracer.events)
+        if self.env.rank == 0:
+            path = trace.write(self.config.trace, events)
+            self.log(f"trace of {self.config.trace_steps} steps written to {path} (open it in ui.perfetto.dev, or: "
+                     f"dptrain plot --timeline {path} -o timeline.png)")
 
     def _decide(self, decision: Tuple[Optional[int], Optional[int]], bar: ProgressBar, epoch: int,
                 batch: int, so_far: Callable[[], Tuple[float, float, float, int]],

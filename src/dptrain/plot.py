@@ -60,3 +60,60 @@ def plot_runs(runs: Sequence[Tuple[str, Records]], path: Union[str, Path], title
     finally:
         plt.close(fig)
     return path
+
+
+#: Phase colours of a timeline (a trace's event names, the first word of each).
+PHASES = {"forward": "#4c72b0", "backward": "#dd8452", "all_reduce": "#c44e52", "reduce": "#937860",
+          "sum_and_update": "#8172b3", "update": "#55a868", "fetch": "#da8bc3", "clear_stale": "#cccccc",
+          "data": "#8c8c8c"}
+
+
+def plot_timeline(trace_path: Union[str, Path], path: Union[str, Path], title: str = "") -> Path:
+    """Draw a ``--trace`` file: one row per device (and per process's data and comm tracks),
+    its phases as coloured bars, time in ms from the first event."""
+    import json
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(f"plot file {path} must end in .png, .svg or .pdf")
+    try:
+        events = json.loads(Path(trace_path).read_text())["traceEvents"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{trace_path} is not a --trace file ({type(e).__name__}): write one with "
+                         f"dptrain train --trace FILE.json") from None
+    spans = [e for e in events if e.get("ph") == "X"]
+    if not spans:
+        raise ValueError(f"{trace_path} holds no events")
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    tracks = sorted({(e["pid"], e["tid"]) for e in spans})
+    t0 = min(e["ts"] for e in spans)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("plotting needs matplotlib: pip install matplotlib (or dptrain[plot])") from None
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * len(tracks)))
+    seen = set()
+    for row, track in enumerate(tracks):
+        for e in (e for e in spans if (e["pid"], e["tid"]) == track):
+            phase = e["name"].split(" ")[0]
+            label = phase if phase not in seen else None
+            seen.add(phase)
+            ax.broken_barh([((e["ts"] - t0) / 1000, max(e["dur"], 1) / 1000)], (row - 0.4, 0.8),
+                           color=PHASES.get(phase, "#999999"), label=label)
+    ax.set_yticks(range(len(tracks)))
+    ax.set_yticklabels([f"rank {p}: {names.get((p, t), t)}" for p, t in tracks], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+    ax.set_title(title or f"{len(tracks)} tracks, {len(spans)} events")
+    fig.tight_layout()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise ValueError(f"cannot write the plot {path}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+    return path

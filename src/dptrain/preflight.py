@@ -117,6 +117,8 @@ def check_plot(path: Optional[PathLike]) -> None:
 
 def check_outputs(config, plot: Optional[PathLike] = None) -> None:
     """Every output of a run described by ``config`` (a ``TrainConfig``), before it starts."""
+    if config.trace:
+        _writable(Path(config.trace).parent, f"the trace {config.trace}")
     check_checkpoint_dir(config.checkpoint_dir, config.resume, config.overwrite)
     check_metrics_file(config.metrics_file, config.resume, config.overwrite)
     check_tensorboard(config.tensorboard, config.resume, config.overwrite)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import torch
 from torch import nn
 
+from . import trace
 from .devices import DeviceLike, check_devices, cpu
 from .distributed.collective import get_collective
 from .kvstore import Denominator, DistKVStore, KVStore, create_kvstore
@@ -219,7 +220,8 @@ class Trainer:
                         return out, None
                 active = self._active(ignore_stale_grad)   # every device computes the same
                 for phase in phases:
-                    phase(i, active)
+                    with trace.span(getattr(phase, "__name__", "phase"), i):
+                        phase(i, active)
                     barrier.wait()
                 return out, None
             except threading.BrokenBarrierError as e:      # another device failed first

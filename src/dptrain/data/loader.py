@@ -51,6 +51,7 @@ class EpochPlan:
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.max_batches, self.epoch = max_batches, 0
         self.rank, self.world_size = rank, world_size
+        self.balancer = None            # --balance: who reads which part (see balance.py)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -70,7 +71,7 @@ class EpochPlan:
         """Samples one epoch yields to this process."""
         if self.world_size == 1:
             return self.global_num_samples
-        return sum(_part(self.global_batch_size(b), self.rank, self.world_size)[1] for b in range(len(self)))
+        return sum(part.stop - part.start for _, part in self.parts())
 
     def global_batch_size(self, b: int) -> int:
         """The size of batch ``b`` (from 0) of an epoch over all processes: every process
@@ -89,7 +90,10 @@ class EpochPlan:
         bs = self.batch_size
         for b in range(skip, len(self)):
             lo, hi = b * bs, min((b + 1) * bs, self.size)
-            start, size = _part(hi - lo, self.rank, self.world_size)
+            if self.balancer is not None:
+                start, size = self.balancer.process_part(self.epoch * len(self) + b, hi - lo, self.rank)
+            else:
+                start, size = _part(hi - lo, self.rank, self.world_size)
             yield b, slice(lo + start, lo + start + size)
 
 

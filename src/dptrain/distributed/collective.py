@@ -31,6 +31,10 @@ class Collective:
     def all_gather(self, tensor: torch.Tensor) -> List[torch.Tensor]:
         return [tensor]
 
+    def all_gather_object(self, obj: Any) -> List[Any]:
+        """Every process's ``obj`` (picklable), in rank order."""
+        return [obj]
+
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Give every process rank ``src``'s values, packed into one message."""
 
@@ -63,6 +67,11 @@ class TorchCollective(Collective):
         out = [torch.empty_like(t) for _ in range(self.world_size)]
         dist.all_gather(out, t, group=self.group)
         return [o.to(tensor.device) for o in out]
+
+    def all_gather_object(self, obj: Any) -> List[Any]:
+        out: List[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}

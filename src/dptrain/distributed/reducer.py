@@ -23,6 +23,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import trace
 from .collective import Collective
 
 DEFAULT_BUCKET_MB = 25.0
@@ -39,6 +40,7 @@ class _Bucket:
     pending: int = 0
     written: List[bool] = field(default_factory=list)
     work: object = None
+    launched_us: int = 0                    # when its all_reduce was launched (for --trace)
 
 
 def plan_buckets(sizes: Sequence[Tuple[int, torch.dtype]], cap_bytes: int) -> List[List[int]]:
@@ -189,6 +191,7 @@ class BucketReducer:
                 tail[0] = self._denominator
             if last and self._extras is not None:
                 tail[1:1 + self._extras.numel()] = self._extras.reshape(-1)
+            bucket.launched_us = trace.now_us()
             bucket.work = self.collective.all_reduce_async(bucket.buffer)
             self._next += 1
 
@@ -204,9 +207,10 @@ class BucketReducer:
                 b_index, slot = self.where[j]
                 if not self.buckets[b_index].written[slot]:
                     self._write(j, arrived=False)
-        for bucket in self.buckets:
+        for k, bucket in enumerate(self.buckets):
             if bucket.work is not None:
                 bucket.work.wait()
+                trace.event(f"all_reduce bucket {k}", "comm", bucket.launched_us, trace.now_us())
                 # Drop the handle now: a gloo work object still alive when the interpreter
                 # exits can abort the process ("terminate called without an active exception").
                 bucket.work = None

@@ -1,0 +1,101 @@
+"""--balance: unequal parts train as one device does on the whole batch; auto follows speed;
+--trace writes a valid Chrome trace with a track per device."""
+import json
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+from torch import nn
+
+import dptrain
+from dptrain.balance import Balancer, cut, parse_balance
+from dptrain.distributed.collective import Collective
+
+
+@given(st.integers(0, 500), st.lists(st.floats(0, 100), min_size=1, max_size=6).filter(lambda w: sum(w) > 0.01),
+       st.sampled_from([0, 1]))
+def test_cut_gives_every_sample_once_in_proportion(n, weights, least):
+    sizes = cut(n, weights, least)
+    assert sum(sizes) == n and len(sizes) == len(weights) and min(sizes) >= 0
+    if n >= least * len(weights):
+        assert min(sizes) >= least
+    spare = n - (least * len(weights) if n >= least * len(weights) else 0)
+    for s, w in zip(sizes, weights):          # within one sample of the exact share
+        floor = least if n >= least * len(weights) else 0
+        assert abs((s - floor) - spare * w / sum(weights)) < 1 + 1e-9
+
+
+def test_weights_and_modes_are_read_or_refused():
+    assert parse_balance("3,1") == [3.0, 1.0] and parse_balance("AUTO") == "auto"
+    for bad in ("fast", "1,-1", "0,0", "1,inf"):
+        with pytest.raises(ValueError, match="--balance"):
+            parse_balance(bad)
+    with pytest.raises(ValueError, match="gives 3 weights for 2 devices"):
+        Balancer("1,2,3", [1, 1])
+
+
+def test_auto_follows_the_measured_speed_a_few_steps_later():
+    b = Balancer("auto", [2], every=4, lag=2)
+    assert b.sizes(0, 100) == [50, 50]
+    for step in range(4):
+        b.observe([0.1, 0.4], [50, 50])        # device 1 is 4x slower
+        b.after_step(step, Collective())
+    assert b.sizes(4, 100) == b.sizes(5, 100) == [50, 50]     # in force from step 3 + 1 + lag
+    assert b.sizes(6, 100) == [79, 21]          # a sample each kept aside (to keep measuring), 98 as 4:1
+    state = b.state_dict()
+    again = Balancer("auto", [2], every=4, lag=2)
+    assert again.load_state_dict(state) is None and again.sizes(6, 100) == [79, 21]
+    assert "cut evenly again" in Balancer("auto", [1, 1]).load_state_dict(state)
+
+
+def fit(devices, balance, step=None, epochs=2, batch_size=32, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 3))
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(90, 6, generator=g), torch.randint(0, 3, (90,), generator=g)
+    result = dptrain.fit(model, (X, y), step=step, optimizer="sgd", optimizer_params={"momentum": 0.9}, lr=0.1,
+                         batch_size=batch_size, epochs=epochs, devices=devices, balance=balance, log=None, **kw)
+    return model, result
+
+
+@pytest.mark.parametrize("devices, balance", [(2, "3,1"), (3, "1,0,5"), (2, "auto"), (2, "1,31")],
+                         ids=["3:1", "a device with none", "auto", "a device with one sample"])
+def test_unequal_parts_train_as_one_device(devices, balance):
+    one, _ = fit(1, "even")
+    many, result = fit(devices, balance)
+    for p, q in zip(one.parameters(), many.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    if balance == "1,31":
+        assert result["history"][0]["split"] == [1, 31]
+
+
+def test_a_slow_device_gets_a_smaller_share():
+    """A delay of 2 ms a sample injected into device 1's steps: auto moves its samples to device 0."""
+    def step(model, batch):
+        if threading.current_thread().name.endswith(":1"):
+            time.sleep(0.002 * len(batch[0]))
+        return F.cross_entropy(model(batch[0]), batch[1])
+    _, result = fit(2, "auto", step=step, epochs=3, batch_size=8)        # 12 steps an epoch; rebalanced every 10
+    first, last = result["history"][0]["split"], result["history"][-1]["split"]
+    assert last[1] < 0.5 * last[0], result["history"]
+    assert sum(last) == sum(first) == 8
+
+
+def test_the_trace_is_chrome_json_with_a_track_per_device(tmp_path):
+    path = tmp_path / "trace.json"
+    fit(3, "even", trace=str(path), trace_steps=4)
+    trace = json.loads(path.read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert all({"name", "ts", "dur", "pid", "tid"} <= set(e) and e["dur"] >= 0 for e in spans)
+    threads = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert [threads[t] for t in range(3)] == ["cpu:0", "cpu:1", "cpu:2"]
+    for device in range(3):
+        names = {e["name"] for e in spans if e["tid"] == device}
+        assert {"forward", "backward", "sum_and_update", "fetch"} <= names, names     # kvstore "device"
+    assert sum(e["name"] == "forward" and e["tid"] == 0 for e in spans) == 4
+    assert any(e["name"] == "data" for e in spans)
+    from dptrain.plot import plot_timeline
+    assert plot_timeline(path, tmp_path / "timeline.png").stat().st_size > 1000
