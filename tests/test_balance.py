@@ -99,3 +99,30 @@ def test_the_trace_is_chrome_json_with_a_track_per_device(tmp_path):
     assert any(e["name"] == "data" for e in spans)
     from dptrain.plot import plot_timeline
     assert plot_timeline(path, tmp_path / "timeline.png").stat().st_size > 1000
+
+
+def test_a_resumed_run_cuts_its_batches_as_the_unbroken_run(tmp_path, monkeypatch):
+    """auto made deterministic (device 1 costs 4x a sample): a run stopped by SIGTERM in epoch 2,
+    after a rebalance, and resumed, ends bit-identical to the run never stopped."""
+    import signal
+
+    from dptrain.loop import Interrupted
+    observe = Balancer.observe
+    monkeypatch.setattr(Balancer, "observe", lambda self, seconds, samples: observe(
+        self, [n * c for n, c in zip(samples, (1e-3, 4e-3))], samples))
+    calls = [0]
+
+    def step(model, batch, stop_at=None):
+        calls[0] += 1                    # two device threads: stop at about step 17 of 36
+        if stop_at is not None and calls[0] == stop_at:
+            signal.raise_signal(signal.SIGTERM)
+        return F.cross_entropy(model(batch[0]), batch[1])
+    unbroken, want = fit(2, "auto", step=step, epochs=3, batch_size=8)
+    calls[0] = 0
+    with pytest.raises(Interrupted, match="epoch 2"):
+        fit(2, "auto", step=lambda m, b: step(m, b, stop_at=34), epochs=3, batch_size=8,
+            checkpoint_dir=str(tmp_path))
+    resumed, got = fit(2, "auto", step=step, epochs=3, batch_size=8, checkpoint_dir=str(tmp_path), resume=True)
+    assert [h["split"] for h in got["history"]] == [h["split"] for h in want["history"]] != [[4, 4]] * 3
+    for p, q in zip(unbroken.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
