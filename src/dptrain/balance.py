@@ -73,8 +73,10 @@ class Balancer:
         self.first = sum(self.slots_per_rank[:rank])          # this process's first slot
         self.mode = spec if isinstance(spec, str) else "fixed"
         if isinstance(spec, list) and len(spec) != self.n_slots:
-            raise ValueError(f"--balance gives {len(spec)} weights for {self.n_slots} devices "
-                             f"({' + '.join(map(str, self.slots_per_rank))} over the processes): give one per device")
+            over = f" ({' + '.join(map(str, self.slots_per_rank))} over the processes)" \
+                if len(self.slots_per_rank) > 1 else ""
+            raise ValueError(f"--balance gives {len(spec)} weights for {self.n_slots} devices{over}: "
+                             f"give one per device")
         weights = list(spec) if isinstance(spec, list) else [1.0] * self.n_slots
         self.schedule: List[Tuple[int, List[float]]] = [(0, weights)]    # (from step, weights)
         self.every, self.lag, self.smoothing, self.gpu = every, lag, smoothing, gpu

@@ -252,11 +252,14 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
 
 
 def _check_batch(config: TrainConfig, processes: int) -> None:
-    """Every device of every process needs a sample: said here, before N workers start."""
+    """Every device of every process needs a sample, and --balance weights one weight per
+    device: said here, before N workers start."""
+    from .balance import Balancer
     from .devices import parse_devices
     from .recipes import hyperparameters, task_for
     per_process = 1 if config.devices in (None, "", "auto") else len(parse_devices(config.devices))
     devices = per_process * processes
+    Balancer(config.balance, [per_process] * processes)
     _, batch, _ = hyperparameters(task_for(config), config, per_process) if config.batch_size is None \
         else (None, config.batch_size, None)
     if batch < devices:

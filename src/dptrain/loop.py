@@ -122,7 +122,7 @@ class Run:
                                      gpu=any(d.type == "cuda" for d in devices))
             self.train_loader.balancer = self.balancer
         self._tracer: Optional[trace.Tracer] = None
-        self._trace_done, self._trace_until = False, 0
+        self._trace_done, self._trace_until, self._traced = False, 0, 0
         if config.resume:
             self._resume()
         self.metrics = MetricsLog(config.metrics_file, [self._record(row) for row in self.history]) \
@@ -418,6 +418,8 @@ class Run:
             self._trace_until = step + self.config.trace_steps
         elif self._tracer is not None and step >= self._trace_until:
             self._write_trace()
+        if self._tracer is not None and not self._trace_done:
+            self._traced += 1
 
     def _write_trace(self) -> None:
         tracer = trace.stop()
@@ -425,7 +427,7 @@ class Run:
         events = self.collective.all_gather_object(tracer.metadata() + tracer.events)
         if self.env.rank == 0:
             path = trace.write(self.config.trace, events)
-            self.log(f"trace of {self.config.trace_steps} steps written to {path} (open it in ui.perfetto.dev, or: "
+            self.log(f"trace of {self._traced} step{'s' if self._traced != 1 else ''} written to {path} (open it in ui.perfetto.dev, or: "
                      f"dptrain plot --timeline {path} -o timeline.png)")
 
     def _decide(self, decision: Tuple[Optional[int], Optional[int]], bar: ProgressBar, epoch: int,
