@@ -7,8 +7,6 @@ ResNet-18 (batch 32), on the same batches:
 - ``dptrain 2 proc x 1 thread``: two worker processes (gloo, loopback), each one CPU device;
 - ``dptrain 1 proc x 1 thread`` and ``1 proc x 2 threads``;
 - ``DDP 2 proc x 1 thread``: torch.nn.parallel.DistributedDataParallel on the same model;
-- Trainer models also ``dptrain 2 proc, count sent``: the global sample count summed in its
-  own message each step instead of given by the caller (what ``dptrain train`` did before).
 Per-core scaling efficiency = (2 proc x 1 thread) / (2 x (1 proc x 1 thread)).
 Then the bus bandwidth, 2(N-1)/N x bytes / time, of dptrain's bucketed gradient sync of
 ResNet-18's gradients against one ``dist.all_reduce`` of a flat buffer of the same size.
@@ -33,10 +31,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import dptrain
+from common import ModuleEngine
 from dptrain.data import ArrayLoader, load_dataset
 from dptrain.distributed.collective import get_collective
 from dptrain.distributed.reducer import BucketReducer
-from dptrain.engines import ModuleDataParallel
 from dptrain.models import GluonLeNet, init_normal, lenet, lenet_params, resnet18
 from dptrain.stopping import StopRequests
 
@@ -64,8 +62,7 @@ def engine_for(model):
     if model == "lenet-scratch":
         return dptrain.ScratchDataParallel(lenet, lenet_params(), [dptrain.cpu(0)]), 0.2
     net = GluonLeNet() if model == "gluon-lenet" else resnet18(10, 1)
-    return ModuleDataParallel(net, [dptrain.cpu(0)], "sgd", {"learning_rate": 0.1},
-                              init=None if model == "gluon-lenet" else init_normal, channels_last=True), 0.1
+    return ModuleEngine(net, [dptrain.cpu(0)], 0.1, init=None if model == "gluon-lenet" else init_normal), 0.1
 
 
 def ddp_step_fn(model):
@@ -114,12 +111,11 @@ def worker(rank, world, init_file, data_dir, model, kind, n, batch_size, repeats
         engine, lr = engine_for(model)
         runner = dptrain.get_runner(engine.devices)
         stops = StopRequests(get_collective())
-        known = None if kind == "count-sent" else batch_size     # every batch here is full
 
         def step(X, y):
             stops.before_batch()                      # as the training loop does around every batch
             with runner.coordinating():
-                loss = engine.train_batch(X, y, lr, global_size=known)
+                loss = engine.train_batch(X, y, lr)
             stops.after_batch(1, not torch.isfinite(loss))
     seconds = timed(step, bs, repeats)
     if rank == 0:
@@ -141,7 +137,7 @@ def bus_bandwidth(rank, world, init_file, repeats, bucket_mb, out):
     flat = torch.randn(nbytes // 4)
 
     def bucketed():
-        reducer.prepare(samples=1)
+        reducer.prepare(denominator=1)
         for j in reversed(range(len(params))):   # the order backward's hooks would arrive in
             with reducer._lock:
                 reducer._arrived[j] = 1
@@ -204,8 +200,6 @@ def main():
         rates = {}
         variants = [("dptrain 2 proc x 1 thread", 2, "dptrain"), ("dptrain 1 proc x 1 thread", 1, "1x1"),
                     ("dptrain 1 proc x 2 threads", 1, "1x2"), ("DDP 2 proc x 1 thread", 2, "ddp")]
-        if model != "lenet-scratch":
-            variants.insert(1, ("dptrain 2 proc, count sent", 2, "count-sent"))
         for label, world, kind in variants:
             rates[label] = spawn(worker, world, args.data_dir, model, kind, n, bs, args.repeats)
             print(f"{model:14s} {label:28s} {rates[label]:9.1f} img/s", flush=True)

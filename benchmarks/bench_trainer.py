@@ -5,7 +5,7 @@
 
 All variants train on the same batches; they take turns within each repetition and the
 median over repetitions (after one warm-up) is reported.
-- ``trainer-Ndev``: ``ModuleDataParallel`` (replicate + Trainer, kvstore "device"), as
+- ``trainer-Ndev``: ``ModelEngine`` (replicate + Trainer, kvstore "device"), as
   ``dptrain train --recipe lenet-mnist --dataset fashion-mnist --batch-size 256`` runs it.
 - ``scratch-2dev``: ``ScratchDataParallel`` on the *same* module through
   ``torch.func.functional_call``: the from-scratch path the Trainer must stay within 5% of.
@@ -19,14 +19,13 @@ import json
 import platform
 
 import torch
-from common import measure, paired
+from common import ModuleEngine, measure, paired
 import torch.nn.functional as F
 from torch.func import functional_call
 
 import dptrain
 from dptrain.config import TrainConfig
 from dptrain.data import ArrayLoader, load_dataset
-from dptrain.engines import ModuleDataParallel
 from dptrain.models import GluonLeNet, init_normal, resnet18
 from dptrain.recipes import init_xavier
 from dptrain.train import train
@@ -50,8 +49,7 @@ def looped(engine, n, lr):
 
 def trainer_variant(make, init, n, lr):
     torch.manual_seed(0)
-    return looped(ModuleDataParallel(make(), devices(n), "sgd", {"learning_rate": lr}, init=init,
-                                     channels_last=True), n, lr)
+    return looped(ModuleEngine(make(), devices(n), lr, init=init), n, lr)
 
 
 def scratch_variant(make, init, n, lr):

@@ -29,3 +29,25 @@ def measure(variants, loader, repeats):
 def paired(raw, a, b):
     """Median over repetitions of rate(a) / rate(b), each pair measured back to back."""
     return statistics.median(x / y for x, y in zip(raw[a], raw[b]))
+
+
+class ModuleEngine:
+    """A module trained through the public engine (replicas + Trainer + kvstore "device", as
+    ``dptrain train --recipe lenet-mnist`` runs it), with the ``train_batch(X, y, lr)`` of
+    ``ScratchDataParallel`` so the two take the same loop."""
+
+    def __init__(self, net, devices, lr, init=None, channels_last=True):
+        import torch
+
+        from dptrain import Task
+        from dptrain.engine import ModelEngine
+        empty = (torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long))
+        self.engine = ModelEngine(Task(net, empty, optimizer="sgd", init=init), devices, channels_last=channels_last)
+        self.engine.prepare((torch.zeros(1, 1, 28, 28), torch.zeros(1, dtype=torch.long)), lr)
+
+    @property
+    def devices(self):
+        return self.engine.devices
+
+    def train_batch(self, X, y, lr=None):
+        return self.engine.train_batch((X, y))[0]     # the loss sum, as ScratchDataParallel returns
