@@ -4,7 +4,7 @@
         --out benchmarks/results/launcher.json
 
 ``--baseline-src``: the ``src`` folder of a dptrain checkout from before the agent (commit
-e0b1e3a, ``git worktree add /tmp/prelaunch e0b1e3a``), whose ``dptrain launch`` started and
+bcc131d, ``git worktree add /tmp/prelaunch bcc131d``), whose ``dptrain launch`` started and
 watched its own worker processes. Both run this file as the worker script, 2 processes x 1
 thread, the Gluon tutorial's LeNet on Fashion-MNIST through ``dptrain.fit``; they take turns.
 

@@ -8,15 +8,16 @@ set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu_suite.sh OUTDIR --data-dir DIR [--smoke]}
 shift
 cd "$(dirname "$0")/.."
+py=${PYTHON:-python}       # the interpreter with torch (PYTHON=... to choose another)
 mkdir -p "$out"
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())" | tee "$out/env.txt"
+"$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())" | tee "$out/env.txt"
 nvidia-smi >> "$out/env.txt" 2>&1 || true
-python -m pytest -q -m cuda tests 2>&1 | tee "$out/tests.txt"
+"$py" -m pytest -q -m cuda tests 2>&1 | tee "$out/tests.txt"
 tests=${PIPESTATUS[0]}
 if [ "$tests" -ne 0 ] && [ "$tests" -ne 5 ]; then     # 5: no test ran (no GPU here)
     echo "gpu_suite: the CUDA tests failed (see $out/tests.txt); measuring all the same" >&2
 fi
-python benchmarks/gpu_bench.py --out "$out/gpu.json" --md "$out/gpu.md" "$@" 2>&1 | tee "$out/bench.txt"
+"$py" benchmarks/gpu_bench.py --out "$out/gpu.json" --md "$out/gpu.md" "$@" 2>&1 | tee "$out/bench.txt"
 bench=${PIPESTATUS[0]}
 if [ "$bench" -ne 0 ]; then exit "$bench"; fi
 if [ "$tests" -ne 0 ] && [ "$tests" -ne 5 ]; then exit "$tests"; fi

@@ -1,6 +1,8 @@
 """The GPU suite runs, in its CPU smoke mode, so it is ready the day a GPU is lent."""
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -8,7 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_the_gpu_suite_runs_in_smoke_mode(data_dir, tmp_path):
     out = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_suite.sh"), str(tmp_path), "--data-dir", data_dir,
-                          "--smoke"], capture_output=True, text=True, timeout=600, cwd=REPO)
+                          "--smoke"], capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env={**os.environ, "PYTHON": sys.executable})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads((tmp_path / "gpu.json").read_text())
     variants = {(r["model"], r["variant"]) for r in result["rows"]}

@@ -109,8 +109,8 @@ class Balancer:
     def measuring(self, step: int) -> bool:
         """Whether ``step`` is timed: every step on CPUs; on GPUs (where timing a step waits for
         the device) the last 3 of every ``every``."""
-        return self.mode == "auto" and (not self.gpu or (step + 1) % self.every >= self.every - 3 or
-                                        (step + 1) % self.every == 0)
+        last = (step + 1) % self.every
+        return self.mode == "auto" and (not self.gpu or last == 0 or last > self.every - 3)
 
     def observe(self, seconds: Sequence[float], samples: Sequence[int]) -> None:
         """What this process's devices took for a step: compute seconds and samples each."""

@@ -34,7 +34,7 @@ from .checkpoint import CheckpointError
 from .data import DataNotFoundError, IDXError
 from .loop import Interrupted, NonFiniteLoss
 from .devices import device_info, num_gpus, parse_devices
-from .distributed.env import DistEnv
+from .distributed.env import DistEnv, lost_peer
 from .distributed.launcher import parse_nnodes, record_error
 from .distributed.rendezvous import RendezvousError
 from .recipes import RECIPES
@@ -326,11 +326,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt as e:
         print(f"dptrain: {e or 'interrupted'}", file=sys.stderr)
         return 130
+    except RuntimeError as e:       # a collective whose peer went away: one line, not gloo's traceback
+        line = lost_peer(e)
+        if line is None or args.debug:
+            raise
+        code = DATA_ERROR
+        _error(line)
     return code
 
 
 
-def _error(e: BaseException) -> None:
+def _error(e) -> None:
     """The one line, on stderr and, in a worker of the elastic agent, where it reads a cause."""
     line = f"dptrain: error: {e}"
     print(line, file=sys.stderr)

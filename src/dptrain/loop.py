@@ -10,7 +10,6 @@ bit on a CPU, as a run that was never stopped.
 from __future__ import annotations
 
 import collections
-import json
 import math
 import os
 import signal
@@ -19,9 +18,8 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from torch import nn
 
-from .checkpoint import CheckpointError, checkpoint_path, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_path
 from .config import TrainConfig
 from .data.dataset_loader import make_loader
 from .data.loader import TensorLoader, prefetch
@@ -33,6 +31,7 @@ from .preflight import check_space
 from .parallel import get_runner
 from .progress import ProgressBar
 from .recipes import hyperparameters
+from .resume import Resumable, has_batchnorm
 from . import trace
 from .balance import Balancer
 from .stopping import StopRequests
@@ -57,11 +56,7 @@ def synchronize(devices: Sequence[torch.device]) -> None:
             torch.cuda.synchronize(d)
 
 
-def _has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
-class Run:
+class Run(Resumable):
     """One training run of a Task: built from the config, then ``run()`` epoch by epoch."""
 
     def __init__(self, task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
@@ -74,7 +69,7 @@ class Run:
         if self.batch_size < total_devices:
             raise ValueError(f"batch size {self.batch_size} is smaller than the {total_devices} devices: "
                              f"use --batch-size {total_devices} or more, or fewer --devices")
-        if config.sync_bn and not _has_batchnorm(task.model):
+        if config.sync_bn and not has_batchnorm(task.model):
             raise ValueError(f"--sync-bn: {task.name}'s model has no BatchNorm layer; drop --sync-bn")
         self.board = TensorBoardLog(config.tensorboard, fresh=config.overwrite) \
             if config.tensorboard and env.rank == 0 else None
@@ -121,8 +116,8 @@ class Run:
             self.balancer = Balancer(config.balance, per_rank, env.rank, lag=max(3, 2 * config.num_workers + 2),
                                      gpu=any(d.type == "cuda" for d in devices))
             self.train_loader.balancer = self.balancer
-        self._tracer: Optional[trace.Tracer] = None
-        self._trace_done, self._trace_until, self._traced = False, 0, 0
+        self.trace = trace.Window(config.trace, config.trace_steps, self.epochs * len(self.train_loader), env.rank,
+                                  self._names(), self.collective, self.log) if config.trace else None
         if config.resume:
             self._resume()
         self.metrics = MetricsLog(config.metrics_file, [self._record(row) for row in self.history]) \
@@ -145,108 +140,6 @@ class Run:
             if hasattr(loader, "close"):
                 loader.close()
         self.engine.trainer.close()
-
-    # -- checkpoints -------------------------------------------------------------------
-    def _identity(self) -> Dict[str, Any]:
-        return {"recipe": self.task.name, "dataset": self.task.dataset, "batch_size": self.batch_size,
-                "seed": self.config.seed, "devices": self._names(), "world_size": self.env.world_size,
-                "lr": self.lr, "kvstore": self.kvstore}
-
-    def _rng_states(self) -> List[torch.Tensor]:
-        """Every process's random state (CPU, and its GPUs'), for dropout and the like."""
-        state = torch.get_rng_state()
-        cuda = [d for d in self.devices if d.type == "cuda"]
-        if cuda:
-            state = torch.cat([state] + [torch.cuda.get_rng_state(d) for d in cuda])
-        return [s.cpu() for s in self.collective.all_gather(state)]
-
-    def _set_rng_state(self, states: List[torch.Tensor]) -> None:
-        state = states[self.env.rank] if self.env.rank < len(states) else states[0]
-        cpu = torch.get_rng_state()
-        torch.set_rng_state(state[:cpu.numel()])
-        rest = state[cpu.numel():]
-        for d in (d for d in self.devices if d.type == "cuda"):
-            n = torch.cuda.get_rng_state(d).numel()
-            if rest.numel() >= n:
-                torch.cuda.set_rng_state(rest[:n], d)
-                rest = rest[n:]
-
-    def _save(self, epoch: int, batch: int, partial: List[List[float]], seconds: float,
-              epoch_skipped: int = 0) -> None:
-        """Rank 0 writes; ``partial`` holds every process's ``[loss sum, denominator]`` so far.
-        Every process calls it (they send their random states)."""
-        if not self.config.checkpoint_dir:
-            return
-        rng = self._rng_states()
-        if self.env.rank != 0:
-            return
-        save_checkpoint(self.config.checkpoint_dir, {
-            "identity": json.dumps(self._identity()), "epoch": epoch, "batch": batch,
-            "partial": partial, "seconds": seconds, "skipped": self.skipped, "epoch_skipped": epoch_skipped,
-            "history": json.dumps(self.history), "engine": self.engine.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "balance": self.balancer.state_dict() if self.balancer is not None else None,
-            "rng": rng})
-
-    #: What a resumed run must share with the checkpoint's: the task and the global batches.
-    SAME = ("recipe", "dataset", "batch_size", "seed")
-
-    def _resume(self) -> None:
-        state = load_checkpoint(self.config.checkpoint_dir)
-        saved, ours = json.loads(state["identity"]), self._identity()
-        different = {k: (saved.get(k), ours[k]) for k in self.SAME if saved.get(k) != ours[k]}
-        if different:
-            what = ", ".join(f"{k} {a!r} (this run: {b!r})" for k, (a, b) in different.items())
-            raise CheckpointError(f"the checkpoint in {self.config.checkpoint_dir} is of another run: {what}; "
-                                  f"resume with the same settings, or use another --checkpoint-dir")
-        if state["batch"] > len(self.train_loader):
-            raise CheckpointError(f"the checkpoint stopped after batch {state['batch']} of epoch {state['epoch']}, but "
-                                  f"this run's epochs have {len(self.train_loader)} batches (--max-batches): resume "
-                                  f"with --max-batches {state['batch']} or more, or without it")
-        try:
-            self.engine.load_state_dict(state["engine"])
-            if self.scheduler is not None:
-                if state.get("scheduler") is None:
-                    raise ValueError("it has no learning-rate scheduler state, and this run has a scheduler")
-                self.scheduler.load_state_dict(state["scheduler"])
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(f"cannot resume from {checkpoint_path(self.config.checkpoint_dir)}: {e}") from None
-        self._set_rng_state(state["rng"])
-        if self.balancer is not None and state.get("balance"):
-            notice = self.balancer.load_state_dict(state["balance"])
-            if notice:
-                self.log(f"resuming with {notice}")
-        self.history = json.loads(state["history"])
-        self.skipped = state["skipped"]
-        partial = state["partial"]
-        if len(partial) != self.env.world_size:     # another number of processes: rank 0 carries the sums
-            partial = [[sum(p[0] for p in partial), sum(p[1] for p in partial)]] + \
-                [[0.0, 0.0]] * (self.env.world_size - 1)
-        loss, count = partial[self.env.rank]
-        self.position = (state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"])
-        self.log(f"resumed from {checkpoint_path(self.config.checkpoint_dir)} at epoch {state['epoch']}, "
-                 f"batch {state['batch']}")
-        self._say_what_changed(saved, ours)
-
-    def _say_what_changed(self, saved: Dict[str, Any], ours: Dict[str, Any]) -> None:
-        """One line per setting a resumed run changes; what it changes is honoured."""
-        if self.config.lr is not None and saved.get("lr") != self.config.lr:
-            self.engine.trainer.set_learning_rate(self.config.lr)
-            self.log(f"resuming with --lr {self.config.lr:g} (the checkpoint's run had {saved.get('lr')!r})")
-        else:
-            self.lr = saved.get("lr", self.lr)
-        if saved.get("kvstore") != ours["kvstore"]:
-            self.log(f"resuming with kvstore {ours['kvstore']!r} (the checkpoint's run had {saved.get('kvstore')!r}): "
-                     f"the same gradient sums, up to float rounding")
-        if (saved.get("devices"), saved.get("world_size")) != (ours["devices"], ours["world_size"]):
-            def where(devices, world):
-                devices = devices if isinstance(devices, list) else [f"{devices} device(s)"]
-                return f"{world} process(es) x [{', '.join(devices)}]"
-            bn = "; per-device BatchNorm statistics depend on the device count (--sync-bn does not)" \
-                if _has_batchnorm(self.task.model) and not self.config.sync_bn else ""
-            self.log(f"resuming on {where(ours['devices'], ours['world_size'])} (the checkpoint's run: "
-                     f"{where(saved.get('devices'), saved.get('world_size'))}): the same global batches, so the "
-                     f"same training up to float rounding{bn}")
 
     # -- the loop ----------------------------------------------------------------------
     def _eval_keys(self) -> List[str]:
@@ -279,8 +172,8 @@ class Run:
                     if log:
                         log.append(record)
                 self.log(self._line(row))
-        if self._tracer is not None and not self._trace_done:        # the run was shorter than the trace
-            self._write_trace()
+        if self.trace is not None:        # the run was shorter than the trace
+            self.trace.finish()
         return self._result()
 
     def _line(self, row: Dict[str, Any]) -> str:
@@ -360,7 +253,8 @@ class Run:
             b = skip
             for b, batch in enumerate(batches, start=skip + 1):
                 step = first_step + b - 1
-                self._tracing(step)
+                if self.trace is not None:
+                    self.trace.step(step)
                 flags = self.stops.before_batch()        # they ride with the gradients
                 sizes = timed = None
                 if self.balancer is not None:
@@ -405,30 +299,6 @@ class Run:
                 return
             trace.event("data", "main", start, trace.now_us())
             yield batch
-
-    def _tracing(self, step: int) -> None:
-        """Trace steps ``[first, first + --trace-steps)``, then write the file (every process
-        takes part: rank 0 gathers the events)."""
-        if not self.config.trace or self._trace_done:
-            return
-        first = min(2, max(0, self.epochs * len(self.train_loader) - 1))
-        if step == first or (self._tracer is None and step > first):
-            self._tracer = trace.start(self.env.rank, self._names())
-            self._tracer.active = True
-            self._trace_until = step + self.config.trace_steps
-        elif self._tracer is not None and step >= self._trace_until:
-            self._write_trace()
-        if self._tracer is not None and not self._trace_done:
-            self._traced += 1
-
-    def _write_trace(self) -> None:
-        tracer = trace.stop()
-        self._trace_done = True
-        events = self.collective.all_gather_object(tracer.metadata() + tracer.events)
-        if self.env.rank == 0:
-            path = trace.write(self.config.trace, events)
-            self.log(f"trace of {self._traced} step{'s' if self._traced != 1 else ''} written to {path} (open it in ui.perfetto.dev, or: "
-                     f"dptrain plot --timeline {path} -o timeline.png)")
 
     def _decide(self, decision: Tuple[Optional[int], Optional[int]], bar: ProgressBar, epoch: int,
                 batch: int, so_far: Callable[[], Tuple[float, float, float, int]],

@@ -107,3 +107,46 @@ def write(path: Union[str, Path], tracers_events: Sequence[List[Dict[str, Any]]]
         f.write(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
                             "otherData": {"writer": "dptrain", "pid": os.getpid()}}).encode())
     return path
+
+
+class Window:
+    """The steps a run traces: ``[first, first + steps)`` (``first``: the third step, past
+    the first steps' warm-up, or the last if there are fewer), then the file is written;
+    every process takes part (rank 0 gathers the events and writes).
+
+    >>> window = Window("trace.json", 10, total_steps, rank, names, collective, log)
+    >>> for step ...: window.step(step); ...
+    >>> window.finish()            # a run shorter than the window: write what there is
+    """
+
+    def __init__(self, path: str, steps: int, total_steps: int, rank: int, names: Sequence[str],
+                 collective, log) -> None:
+        self.path, self.steps, self.rank, self.names = path, steps, rank, list(names)
+        self.collective, self.log = collective, log
+        self.first = min(2, max(0, total_steps - 1))
+        self.tracer: Optional[Tracer] = None
+        self.until, self.traced, self.done = 0, 0, False
+
+    def step(self, step: int) -> None:
+        """Called before every step (resumed runs start past ``first``: they trace at once)."""
+        if self.done:
+            return
+        if self.tracer is None and step >= self.first:
+            self.tracer = start(self.rank, self.names)
+            self.tracer.active = True
+            self.until = step + self.steps
+        elif self.tracer is not None and step >= self.until:
+            self.finish()
+        if self.tracer is not None and not self.done:
+            self.traced += 1
+
+    def finish(self) -> None:
+        if self.tracer is None or self.done:
+            return
+        tracer = stop()
+        self.done = True
+        events = self.collective.all_gather_object(tracer.metadata() + tracer.events)
+        if self.rank == 0:
+            path = write(self.path, events)
+            self.log(f"trace of {self.traced} step{'s' if self.traced != 1 else ''} written to {path} (open it in "
+                     f"ui.perfetto.dev, or: dptrain plot --timeline {path} -o timeline.png)")

@@ -25,7 +25,8 @@ from torch import nn
 from . import trace
 from .devices import DeviceLike, check_devices, cpu
 from .distributed.collective import get_collective
-from .kvstore import Denominator, DistKVStore, KVStore, create_kvstore
+from .distributed.dist_kvstore import DistKVStore
+from .kvstore import Denominator, KVStore, create_kvstore
 from .optim import OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
 from .parallel import get_runner
 from .replicas import Replicas

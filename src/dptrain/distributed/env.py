@@ -125,3 +125,20 @@ def join_from_environment() -> Optional[str]:
 def shutdown_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+#: What gloo and NCCL say when the process at the other end of a connection went away.
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
+              "NCCL communicator was aborted", "remote process exited")
+
+
+def lost_peer(e: BaseException) -> Optional[str]:
+    """The one line for a collective that failed because another process ended (killed, or
+    failed with its own error), or None if ``e`` is something else."""
+    text = str(e)
+    hit = next((s for s in _PEER_GONE if s in text), None)
+    env = DistEnv.from_environ()
+    if hit is None or not env.distributed:
+        return None
+    return (f"rank {env.rank} of {env.world_size} lost its connection to another process "
+            f"({hit}): that process ended or was killed, and its own output says why")

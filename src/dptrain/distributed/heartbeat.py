@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Dict, Optional
+from typing import Dict
 
 import torch.distributed as dist
 

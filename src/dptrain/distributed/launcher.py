@@ -92,6 +92,7 @@ def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpo
     ``processes`` workers on this machine (times ``nnodes`` machines); return the exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
     if processes < 1:
         raise ValueError(f"--processes must be at least 1, got {processes}")
@@ -118,6 +119,14 @@ def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpo
         except SignalException as e:
             print(f"dptrain: {signal.Signals(e.sigval).name}: all workers stopped", file=sys.stderr)
             return INTERRUPTED
+        except RendezvousError as e:
+            # Several machines: the agent hosting the rendezvous ended (say, after a worker of
+            # its failed), and this agent lost it while watching its own workers.
+            where = rdzv_endpoint or "this machine"
+            print(f"dptrain: error: lost the job's rendezvous at {where} ({type(e).__name__}): the machine "
+                  f"hosting it ended or cannot be reached; its output says why. Stopped the workers here",
+                  file=sys.stderr)
+            return 1
 
 
 def _describe(code: int) -> str:
