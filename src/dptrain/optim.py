@@ -221,3 +221,52 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                 for key, value in self.param_groups[g].items():
                     if key != "params":
                         group[key] = value
+
+
+# -- checkpoints -------------------------------------------------------------------------
+def optimizer_state(optimizers: Sequence[torch.optim.Optimizer], groups: Sequence[Sequence[torch.Tensor]],
+                    owned: Callable[[int], Optional[List[int]]], replicated: "ReplicatedOptimizer") -> Dict[str, Any]:
+    """A Trainer's optimizer state: per parameter, by its index among the trainable ones, and
+    the parameter groups' hyper-parameters (learning rates set by schedulers).
+
+    ``optimizers[i]`` updates ``groups[i]`` (device ``i``'s parameters), or only the indices
+    ``owned(i)`` (kvstore "device": each parameter has one owner). The layout does not depend
+    on the devices, the kvstore or the processes: a state saved on 2 processes loads on 1
+    process with 3 devices, and the other way round."""
+    state: Dict[int, Dict[str, Any]] = {}
+    for i, opt in enumerate(optimizers):
+        mine = owned(i)
+        for j in (range(len(groups[i])) if mine is None else mine):
+            if j not in state and groups[i][j] in opt.state:
+                state[j] = dict(opt.state[groups[i][j]])
+        if mine is None:        # every device holds the same full state: one is enough
+            break
+    return {"optimizer": type(optimizers[0]).__name__, "shapes": [list(p.shape) for p in groups[0]],
+            "state": state, "groups": replicated.state_dict()["param_groups"]}
+
+
+def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.optim.Optimizer],
+                         groups: Sequence[Sequence[torch.Tensor]], replicated: "ReplicatedOptimizer") -> None:
+    """Load what ``optimizer_state`` gave into ``optimizers`` (over ``groups``), whatever
+    devices, kvstore or processes saved it; a ValueError names what does not match."""
+    ours = type(optimizers[0]).__name__
+    if state.get("optimizer") != ours:
+        raise ValueError(f"the checkpoint's optimizer is {state.get('optimizer')!r}, this run's {ours!r}: "
+                         f"resume with the same optimizer")
+    shapes = [list(p.shape) for p in groups[0]]
+    if state.get("shapes") != shapes:
+        raise ValueError(f"the checkpoint's optimizer holds {len(state.get('shapes') or [])} parameters of other "
+                         f"shapes than this model's {len(shapes)} trainable ones")
+    saved = state.get("state", {})
+    for i, opt in enumerate(optimizers):
+        index = {id(p): j for j, p in enumerate(groups[i])}
+        # In torch's own format, so torch places each value (e.g. Adam's 'step' stays on the CPU).
+        mine, position = {}, 0
+        for group in opt.param_groups:
+            for p in group["params"]:
+                j = index.get(id(p))
+                if j is not None and j in saved:   # a copy each: torch's .to() may alias them
+                    mine[position] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in saved[j].items()}
+                position += 1
+        opt.load_state_dict({"state": mine, "param_groups": opt.state_dict()["param_groups"]})
+    replicated.load_state_dict({"state": {}, "param_groups": state["groups"]})

@@ -27,7 +27,8 @@ from .devices import DeviceLike, check_devices, cpu
 from .distributed.collective import get_collective
 from .distributed.dist_kvstore import DistKVStore
 from .kvstore import Denominator, KVStore, create_kvstore
-from .optim import OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
+from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer,
+                    load_optimizer_state, optimizer_state)
 from .parallel import get_runner
 from .replicas import Replicas
 
@@ -343,48 +344,15 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """The optimizer state per parameter (by its index among the trainable ones) and the
-        parameter groups' hyper-parameters (learning rates set by schedulers).
-
-        The layout does not depend on the devices, the kvstore or the processes: a state
-        saved on 2 processes loads on 1 process with 3 devices, and the other way round."""
+        parameter groups' hyper-parameters; the same layout whatever the devices, kvstore or
+        processes (see ``optim.optimizer_state``)."""
         self._ready()
-        state: Dict[int, Dict[str, Any]] = {}
-        for i, opt in enumerate(self._optimizers):
-            mine = self.kvstore.optimized(i)
-            for j in (range(len(self._groups[i])) if mine is None else mine):
-                if j not in state and self._groups[i][j] in opt.state:
-                    state[j] = dict(opt.state[self._groups[i][j]])
-            if mine is None:        # every device holds the same full state: one is enough
-                break
-        return {"optimizer": type(self._optimizers[0]).__name__,
-                "shapes": [list(p.shape) for p in self._groups[0]],
-                "state": state, "groups": self.optimizer.state_dict()["param_groups"]}
+        return optimizer_state(self._optimizers, self._groups, self.kvstore.optimized, self.optimizer)
 
     def load_state_dict(self, state: dict) -> None:
         """Load a ``state_dict``, whatever devices, kvstore or processes saved it."""
         self._ready()
-        ours = type(self._optimizers[0]).__name__
-        if state.get("optimizer") != ours:
-            raise ValueError(f"the checkpoint's optimizer is {state.get('optimizer')!r}, this run's {ours!r}: "
-                             f"resume with the same optimizer")
-        shapes = [list(p.shape) for p in self._groups[0]]
-        if state.get("shapes") != shapes:
-            raise ValueError(f"the checkpoint's optimizer holds {len(state.get('shapes') or [])} parameters of other "
-                             f"shapes than this model's {len(shapes)} trainable ones")
-        saved = state.get("state", {})
-        for i, opt in enumerate(self._optimizers):
-            index = {id(p): j for j, p in enumerate(self._groups[i])}
-            # In torch's own format, so torch places each value (e.g. Adam's 'step' stays on the CPU).
-            mine, position = {}, 0
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    j = index.get(id(p))
-                    if j is not None and j in saved:   # a copy each: torch's .to() may alias them
-                        mine[position] = {k: v.clone() if isinstance(v, torch.Tensor) else v
-                                          for k, v in saved[j].items()}
-                    position += 1
-            opt.load_state_dict({"state": mine, "param_groups": opt.state_dict()["param_groups"]})
-        self.optimizer.load_state_dict({"state": {}, "param_groups": state["groups"]})
+        load_optimizer_state(state, self._optimizers, self._groups, self.optimizer)
         self.optimizer.push(zip(self._optimizers, self._origins))
 
     def _name(self, j: int) -> str:
