@@ -80,16 +80,22 @@ def save_checkpoint(directory: Union[str, Path], state: Dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(directory: Union[str, Path]) -> Dict[str, Any]:
-    """Read ``directory/checkpoint.pt``; a missing, truncated or foreign file is a one-line error."""
+def existing_checkpoint(directory: Union[str, Path]) -> Path:
+    """``directory/checkpoint.pt``, or a one-line error saying it is not there to resume from."""
     directory = Path(directory)
-    path = directory / FILENAME
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist; run once with "
                               f"--checkpoint-dir {directory} before --resume")
+    path = directory / FILENAME
     if not path.is_file():
         raise CheckpointError(f"no checkpoint in {directory} (expected {FILENAME}); run with "
                               f"--checkpoint-dir {directory} first, or drop --resume")
+    return path
+
+
+def load_checkpoint(directory: Union[str, Path]) -> Dict[str, Any]:
+    """Read ``directory/checkpoint.pt``; a missing, truncated or foreign file is a one-line error."""
+    path = existing_checkpoint(directory)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, OSError) as e:

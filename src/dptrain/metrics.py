@@ -25,24 +25,25 @@ class MetricsLog:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "w") as f:
-                for record in start:
-                    f.write(json.dumps(record) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            self._write("w", start)
         except OSError as e:
             raise ValueError(f"cannot write the metrics file {self.path}: {e.strerror}; "
                              f"pick a writable path for --metrics") from None
 
     def append(self, record: Dict[str, Any]) -> None:
         try:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            self._write("a", [record])
         except OSError as e:
             raise ValueError(f"could not write to the metrics file {self.path}: {e.strerror} (the records before "
                              f"this epoch are kept); free some space or pick another --metrics file") from None
+
+    def _write(self, mode: str, records) -> None:
+        """The records, one JSON line each, on the disk before this returns."""
+        with open(self.path, mode) as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def read_metrics(path: Union[str, Path]) -> List[Dict[str, Any]]:

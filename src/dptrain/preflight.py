@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
-from .checkpoint import FILENAME, CheckpointError
+from .checkpoint import FILENAME, CheckpointError, existing_checkpoint
 
 PathLike = Union[str, Path]
 
@@ -47,15 +47,9 @@ def check_checkpoint_dir(directory: Optional[PathLike], resume: bool, overwrite:
     if not directory:
         return
     directory = Path(directory)
-    checkpoint = directory / FILENAME
     if resume:
-        if not directory.is_dir():
-            raise CheckpointError(f"checkpoint directory {directory} does not exist; run once with "
-                                  f"--checkpoint-dir {directory} before --resume")
-        if not checkpoint.is_file():
-            raise CheckpointError(f"no checkpoint in {directory} (expected {FILENAME}); run with "
-                                  f"--checkpoint-dir {directory} first, or drop --resume")
-    elif checkpoint.exists() and not overwrite:
+        existing_checkpoint(directory)
+    elif (directory / FILENAME).exists() and not overwrite:
         raise CheckpointError(f"{directory} already holds a checkpoint: continue that run with --resume, or pass "
                               f"--overwrite to replace it (or pick another --checkpoint-dir)")
     _writable(directory, f"checkpoints to {directory}", CheckpointError)

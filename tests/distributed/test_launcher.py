@@ -37,6 +37,31 @@ def alive(pid):
     return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+def worker_of_rank(launcher_pid: int, rank: int) -> int:
+    return next(p for p in children(launcher_pid) if f"RANK={rank}\0".encode() in Path(f"/proc/{p}/environ").read_bytes())
+
+
+def signal_a_worker(data_dir, rank, sig, *extra):
+    """``dptrain train --processes 2`` for long; once epoch 1 is reported, ``sig`` to the worker
+    of ``rank``. Returns the exit code (which must come within 30 s), stderr and the workers."""
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--processes", "2",
+                             "--epochs", "1000", "--max-batches", "3", "--eval-batches", "1", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert proc.stdout.readline().startswith("epoch 1,")       # training is under way
+        workers = children(proc.pid)
+        assert len(workers) == 2
+        os.kill(worker_of_rank(proc.pid, rank), sig)
+        start = time.monotonic()
+        code = proc.wait(timeout=60)
+        assert time.monotonic() - start < 30
+        return code, proc.stderr.read(), workers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 @pytest.mark.parametrize("recipe", ["lenet-scratch", "lenet-mnist"])
 def test_two_processes_print_like_one_and_train_the_same(data_dir, recipe):
     one = run(["train", "--recipe", recipe, "--data-dir", data_dir, "--devices", "1", "--json", *QUICK])
@@ -53,23 +78,7 @@ def test_two_processes_print_like_one_and_train_the_same(data_dir, recipe):
 
 
 def test_a_killed_worker_ends_the_job_and_leaves_nothing(data_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--processes", "2",
-                             "--epochs", "1000", "--max-batches", "3", "--eval-batches", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        assert proc.stdout.readline().startswith("epoch 1,")       # training is under way
-        workers = children(proc.pid)
-        assert len(workers) == 2
-        rank1 = next(p for p in workers if b"RANK=1\0" in Path(f"/proc/{p}/environ").read_bytes())
-        os.kill(rank1, signal.SIGKILL)
-        start = time.monotonic()
-        code = proc.wait(timeout=60)
-        assert time.monotonic() - start < 30
-        err = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code, err, workers = signal_a_worker(data_dir, 1, signal.SIGKILL)
     assert code == 1
     assert "rank 1 of 2 failed (killed by SIGKILL); stopped the other workers" in err
     time.sleep(0.5)
@@ -191,22 +200,7 @@ def test_dptrain_launch_runs_a_user_script_on_two_processes():
 
 def test_a_stopped_worker_is_named_within_the_timeout_and_leaves_nothing(data_dir):
     """SIGSTOP on rank 1: its heartbeat stops; rank 0 names it and ends within --timeout."""
-    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--processes", "2",
-                             "--epochs", "1000", "--max-batches", "3", "--eval-batches", "1", "--timeout", "4"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        assert proc.stdout.readline().startswith("epoch 1,")
-        workers = children(proc.pid)
-        rank1 = next(p for p in workers if b"RANK=1\0" in Path(f"/proc/{p}/environ").read_bytes())
-        os.kill(rank1, signal.SIGSTOP)
-        start = time.monotonic()
-        code = proc.wait(timeout=60)
-        assert time.monotonic() - start < 30
-        err = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code, err, workers = signal_a_worker(data_dir, 1, signal.SIGSTOP, "--timeout", "4")
     assert code == 1
     assert "rank 1 of 2 stopped answering (no heartbeat for 4 s)" in err
     assert err.count("dptrain: error: ") == 1, err

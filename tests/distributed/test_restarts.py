@@ -13,7 +13,7 @@ import torch
 
 from dptrain.checkpoint import load_checkpoint
 from dptrain.distributed.launcher import free_port
-from tests.distributed.test_launcher import alive, children, run
+from tests.distributed.test_launcher import alive, children, run, signal_a_worker, worker_of_rank
 
 QUICK = ["--max-batches", "40", "--eval-batches", "2", "--batch-size", "64", "--json", "--quiet"]
 
@@ -32,10 +32,6 @@ def wait_for_epoch_1(metrics: Path, proc) -> None:
         assert proc.poll() is None and time.monotonic() < deadline, "epoch 1 did not end"
         time.sleep(0.05)
     time.sleep(0.5)
-
-
-def worker_of_rank(launcher_pid: int, rank: int) -> int:
-    return next(p for p in children(launcher_pid) if f"RANK={rank}\0".encode() in Path(f"/proc/{p}/environ").read_bytes())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
@@ -67,21 +63,8 @@ def test_a_failed_worker_is_restarted_and_the_run_ends_as_an_unbroken_one(data_d
 
 
 def test_without_restarts_the_job_ends_naming_the_rank_and_leaves_nothing(data_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--processes", "2",
-                             "--epochs", "1000", "--max-batches", "3", "--eval-batches", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        assert proc.stdout.readline().startswith("epoch 1,")
-        workers = children(proc.pid)
-        os.kill(worker_of_rank(proc.pid, 0), signal.SIGKILL)
-        start = time.monotonic()
-        assert proc.wait(timeout=60) == 1
-        assert time.monotonic() - start < 30
-        err = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code, err, workers = signal_a_worker(data_dir, 0, signal.SIGKILL)
+    assert code == 1
     assert "dptrain: error: rank 0 of 2 failed (killed by SIGKILL); stopped the other workers" in err
     assert "Traceback" not in err
     time.sleep(0.5)
