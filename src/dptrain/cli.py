@@ -77,7 +77,7 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
                          channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
                          num_workers=args.num_workers, backend=args.backend, bucket_mb=args.bucket_mb,
                          timeout=args.timeout, balance=args.balance, trace=args.trace,
-                         trace_steps=args.trace_steps,
+                         trace_steps=args.trace_steps, trace_from=args.trace_from,
                          checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                          resume=args.resume, overwrite=args.overwrite,
                          metrics_file=args.metrics,

@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of a few steps: each "
                    "device's forward, backward, gradient sum, update, and the data wait")
     t.add_argument("--trace-steps", type=_positive_int, default=10, metavar="N", help="steps to trace (default: 10)")
+    t.add_argument("--trace-from", type=_positive_int, default=3, metavar="STEP",
+                   help="the first step traced, counted from 1 over the whole run (default: 3, past the warm-up; "
+                        "later to see the split --balance auto settles on)")
     t.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                    help="also save a checkpoint every N batches (bounds what a failure costs)")
     t.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],

@@ -56,6 +56,7 @@ class TrainConfig:
     balance: Any = "even"               # "even", "auto", or one weight per device: who computes what
     trace: Optional[str] = None         # a Chrome trace of a few steps, to this file
     trace_steps: int = 10
+    trace_from: int = 3                 # the first step traced, counted from 1 over the run
     checkpoint_dir: Optional[str] = None
     checkpoint_every: Optional[int] = None   # batches between saves within an epoch
     resume: bool = False
@@ -103,8 +104,10 @@ class TrainConfig:
                                  f"a class such as torch.optim:AdamW")
         from .balance import parse_balance
         self.balance = parse_balance(self.balance)
-        if isinstance(self.trace_steps, bool) or not isinstance(self.trace_steps, int) or self.trace_steps < 1:
-            raise ValueError(f"trace-steps must be a whole number >= 1, got {self.trace_steps!r}")
+        for name in ("trace_steps", "trace_from"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
         from .compiled import check_mode
         self.compile = check_mode(self.compile)
         if self.amp not in AMP_DTYPES:

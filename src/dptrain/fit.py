@@ -40,6 +40,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
         kvstore: Optional[str] = "device", sync_batchnorm: bool = False, amp: Optional[str] = None,
         channels_last: bool = False, compile: Any = None, bucket_mb: float = 25.0, backend: str = "auto",
         timeout: float = 60.0, balance: Any = "even", trace: Optional[str] = None, trace_steps: int = 10,
+        trace_from: int = 3,
         checkpoint_dir: Optional[str] = None, checkpoint_every: Optional[int] = None, resume: bool = False,
         overwrite: bool = False,
         metrics_file: Optional[str] = None,
@@ -63,7 +64,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     ``torch.compile`` mode: every replica compiled before the first epoch), ``timeout`` (seconds
     several processes wait for a peer to join, or for a silent one, before naming it and
     ending), ``balance`` (``"even"``, ``"auto"``: by measured speed, or one weight per device),
-    ``trace`` (a Chrome trace of ``trace_steps`` steps), ``checkpoint_dir``
+    ``trace`` (a Chrome trace of ``trace_steps`` steps from step ``trace_from``), ``checkpoint_dir``
     and ``resume`` (atomic saves every epoch and on SIGINT/SIGTERM; exact resume; a folder
     holding another run's checkpoint is refused unless ``overwrite``; ``checkpoint_every=N``
     saves every N batches too),
@@ -91,7 +92,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
                          num_workers=num_workers, sync_bn=sync_batchnorm, amp=amp, channels_last=channels_last,
                          compile=compile,
                          bucket_mb=bucket_mb, backend=backend, timeout=timeout, balance=balance, trace=trace,
-                         trace_steps=trace_steps, checkpoint_dir=checkpoint_dir,
+                         trace_steps=trace_steps, trace_from=trace_from, checkpoint_dir=checkpoint_dir,
                          checkpoint_every=checkpoint_every,
                          resume=resume, overwrite=overwrite, metrics_file=metrics_file, tensorboard=tensorboard,
                          on_nan=on_nan, progress=progress)

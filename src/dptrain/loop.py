@@ -116,7 +116,8 @@ class Run(Resumable, Reporting):
                                      gpu=any(d.type == "cuda" for d in devices))
             self.train_loader.balancer = self.balancer
         self.trace = trace.Window(config.trace, config.trace_steps, self.epochs * len(self.train_loader), env.rank,
-                                  self._names(), self.collective, self.log) if config.trace else None
+                                  self._names(), self.collective, self.log, from_step=config.trace_from) \
+            if config.trace else None
         if config.resume:
             self._resume()
         self.metrics = MetricsLog(config.metrics_file, [self._record(row) for row in self.history]) \

@@ -110,20 +110,20 @@ def write(path: Union[str, Path], tracers_events: Sequence[List[Dict[str, Any]]]
 
 
 class Window:
-    """The steps a run traces: ``[first, first + steps)`` (``first``: the third step, past
-    the first steps' warm-up, or the last if there are fewer), then the file is written;
-    every process takes part (rank 0 gathers the events and writes).
+    """The steps a run traces: ``steps`` of them from step ``from_step`` (counted from 1; by
+    default the third, past the first steps' warm-up; the last step if the run has fewer),
+    then the file is written; every process takes part (rank 0 gathers the events and writes).
 
-    >>> window = Window("trace.json", 10, total_steps, rank, names, collective, log)
+    >>> window = Window("trace.json", 10, total_steps, rank, names, collective, log, from_step=3)
     >>> for step ...: window.step(step); ...
     >>> window.finish()            # a run shorter than the window: write what there is
     """
 
     def __init__(self, path: str, steps: int, total_steps: int, rank: int, names: Sequence[str],
-                 collective, log) -> None:
+                 collective, log, from_step: int = 3) -> None:
         self.path, self.steps, self.rank, self.names = path, steps, rank, list(names)
         self.collective, self.log = collective, log
-        self.first = min(2, max(0, total_steps - 1))
+        self.first = min(from_step - 1, max(0, total_steps - 1))      # counted from 0
         self.tracer: Optional[Tracer] = None
         self.until, self.traced, self.done = 0, 0, False
 
@@ -134,7 +134,7 @@ class Window:
         if self.tracer is None and step >= self.first:
             self.tracer = start(self.rank, self.names)
             self.tracer.active = True
-            self.until = step + self.steps
+            self.until, self.began = step + self.steps, step
         elif self.tracer is not None and step >= self.until:
             self.finish()
         if self.tracer is not None and not self.done:
@@ -148,5 +148,7 @@ class Window:
         events = self.collective.all_gather_object(tracer.metadata() + tracer.events)
         if self.rank == 0:
             path = write(self.path, events)
-            self.log(f"trace of {self.traced} step{'s' if self.traced != 1 else ''} written to {path} (open it in "
+            first, last = self.began + 1, self.began + self.traced
+            which = f"step {first}" if first == last else f"steps {first}-{last}"
+            self.log(f"trace of {which} written to {path} (open it in "
                      f"ui.perfetto.dev, or: dptrain plot --timeline {path} -o timeline.png)")
