@@ -38,20 +38,27 @@ def test_weights_and_modes_are_read_or_refused():
 
 
 def test_auto_follows_the_measured_speed_a_few_steps_later():
-    b = Balancer("auto", [2], every=4, lag=2)
+    b = Balancer("auto", [2], every=8, lag=2)
     assert b.sizes(0, 100) == [50, 50]
-    for step in range(4):
-        b.observe([0.1, 0.4], [50, 50])        # device 1 is 4x slower
-        b.after_step(step, Collective())
-    assert b.sizes(4, 100) == b.sizes(5, 100) == [50, 50]     # in force from step 3 + 1 + lag
-    assert b.sizes(6, 100) == [79, 21]          # a sample each kept aside (to keep measuring), 98 as 4:1
+    shared = []
+    for step in range(8):
+        if b.measuring(step):
+            b.observe([0.1, 0.4] if step < 4 else [0.1, 0.1], [50, 50])   # device 1: 4x slower, then as fast
+        shared.append(b.after_step(step, Collective()))
+    assert shared == [False, False, True, False, False, False, False, True]   # a first guess, then every 8
+    assert b.sizes(4, 100) == [50, 50]
+    assert b.sizes(5, 100) == [79, 21]          # from step 2 + 1 + lag: a sample each kept aside (to keep
+                                                # measuring), 98 as 4:1
+    # Steps 3-7: 1 of 5 at 4x slower: speeds 500 and 312.5 a second, smoothed with the first guess's 500 and 125.
+    assert b.sizes(10, 100) == cut(100, [500, (125 + 312.5) / 2], least=1) == [69, 31]
     state = b.state_dict()
-    again = Balancer("auto", [2], every=4, lag=2)
-    assert again.load_state_dict(state) is None and again.sizes(6, 100) == [79, 21]
+    again = Balancer("auto", [2], every=8, lag=2)
+    assert again.load_state_dict(state) is None and again.sizes(10, 100) == [69, 31]
     assert "cut evenly again" in Balancer("auto", [1, 1]).load_state_dict(state)
-    # On GPUs, where timing a step waits for the device, the last 3 steps of every 10 are timed.
-    assert [s for s in range(20) if Balancer("auto", [2], gpu=True).measuring(s)] == [7, 8, 9, 17, 18, 19]
-    assert all(Balancer("auto", [2]).measuring(s) for s in range(20))
+    # The first step warms up, unmeasured; on GPUs, where timing a step waits for the device,
+    # the steps of the first guess and the last 3 of every 10 are timed.
+    assert [s for s in range(20) if Balancer("auto", [2], gpu=True).measuring(s)] == [1, 2, 7, 8, 9, 17, 18, 19]
+    assert [s for s in range(20) if Balancer("auto", [2]).measuring(s)] == list(range(1, 20))
 
 
 def fit(devices, balance, step=None, epochs=2, batch_size=32, **kw):
@@ -59,8 +66,9 @@ def fit(devices, balance, step=None, epochs=2, batch_size=32, **kw):
     model = nn.Sequential(nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 3))
     g = torch.Generator().manual_seed(1)
     X, y = torch.randn(90, 6, generator=g), torch.randint(0, 3, (90,), generator=g)
+    kw.setdefault("log", None)
     result = dptrain.fit(model, (X, y), step=step, optimizer="sgd", optimizer_params={"momentum": 0.9}, lr=0.1,
-                         batch_size=batch_size, epochs=epochs, devices=devices, balance=balance, log=None, **kw)
+                         batch_size=batch_size, epochs=epochs, devices=devices, balance=balance, **kw)
     return model, result
 
 
@@ -102,6 +110,18 @@ def test_the_trace_is_chrome_json_with_a_track_per_device(tmp_path):
     assert any(e["name"] == "data" for e in spans)
     from dptrain.plot import plot_timeline
     assert plot_timeline(path, tmp_path / "timeline.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("trace_from, said, traced", [(5, "steps 5-6", 2), (100, "step 6", 1)],
+                         ids=["from step 5", "past the end: the last step"])
+def test_the_trace_starts_at_the_step_asked(tmp_path, trace_from, said, traced):
+    path, lines = tmp_path / "trace.json", []
+    fit(2, "even", trace=str(path), trace_steps=2, trace_from=trace_from, log=lines.append)   # 6 steps
+    assert any(line.startswith(f"trace of {said} written to {path}") for line in lines), lines
+    spans = json.loads(path.read_text())["traceEvents"]
+    assert sum(e["name"] == "forward" and e["tid"] == 0 for e in spans) == traced
+    with pytest.raises(ValueError, match="trace-from must be a whole number >= 1, got 0"):
+        fit(2, "even", trace=str(path), trace_from=0)
 
 
 def test_a_resumed_run_cuts_its_batches_as_the_unbroken_run(tmp_path, monkeypatch):

@@ -9,10 +9,12 @@ only who computes which samples changes.
 
 - ``even``: equal weights (today's split);
 - ``3,1`` (one weight per slot): fixed weights;
-- ``auto``: every ``every`` steps the processes share how long each slot took per sample
+- ``auto``: after the third step (a first guess, from steps 2 and 3: the first warms up)
+  and then every ``every`` steps the processes share how long each slot took per sample
   (one small all_gather), and the weights follow the throughput, smoothed; the new sizes
   take effect ``lag`` steps later, in every process at the same step, so batches a loader
-  prepared ahead were cut with the sizes in force for them.
+  prepared ahead were cut with the sizes in force for them. (The early guess matters when
+  devices differ a lot, a GPU beside a CPU: each step with even parts waits for the CPU.)
 
 The sizes in force, and the weights to come, are saved in checkpoints: a resumed run cuts
 every batch as the unbroken run did.
@@ -24,6 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 MODES = ("even", "auto")
+#: auto's first guess is shared after this step (counted from 0; step 0 warms up, unmeasured).
+FIRST_GUESS = 2
 
 
 def cut(n: int, weights: Sequence[float], least: int = 0) -> List[int]:
@@ -107,10 +111,16 @@ class Balancer:
 
     # -- auto --------------------------------------------------------------------------
     def measuring(self, step: int) -> bool:
-        """Whether ``step`` is timed: every step on CPUs; on GPUs (where timing a step waits for
-        the device) the last 3 of every ``every``."""
+        """Whether ``step`` is timed: every step but the first (it warms up) on CPUs; on GPUs
+        (where timing a step waits for the device) those before the first guess and the last 3
+        of every ``every``."""
         last = (step + 1) % self.every
-        return self.mode == "auto" and (not self.gpu or last == 0 or last > self.every - 3)
+        return self.mode == "auto" and step > 0 and (
+            not self.gpu or step <= FIRST_GUESS or last == 0 or last > self.every - 3)
+
+    def sharing(self, step: int) -> bool:
+        """Whether the measurements are shared (and new weights scheduled) after ``step``."""
+        return self.mode == "auto" and (step == FIRST_GUESS or (step + 1) % self.every == 0)
 
     def observe(self, seconds: Sequence[float], samples: Sequence[int]) -> None:
         """What this process's devices took for a step: compute seconds and samples each."""
@@ -119,9 +129,10 @@ class Balancer:
             self._samples[i] += n
 
     def after_step(self, step: int, collective) -> bool:
-        """Every ``every`` steps (auto): share the measurements and schedule new weights for
-        ``step + lag``; every process calls it at every step. Returns whether it rebalanced."""
-        if self.mode != "auto" or (step + 1) % self.every:
+        """After the first guess's steps and every ``every`` steps (auto): share the measurements
+        and schedule new weights for ``step + 1 + lag``; every process calls it at every step.
+        Returns whether it rebalanced."""
+        if not self.sharing(step):
             return False
         local = torch.tensor(self._seconds + [float(n) for n in self._samples], dtype=torch.float64)
         self._seconds, self._samples = [0.0] * self.local, [0] * self.local
