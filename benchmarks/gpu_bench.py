@@ -10,7 +10,9 @@ On one GPU (``cuda:0``):
   DataParallel); the LeNet also with the host waiting on the device each step
   (``DPTRAIN_RUN_AHEAD=0``) and compiled with CUDA graphs (``--compile reduce-overhead``);
 - ResNet-18: fp32, bf16 + channels-last, bf16 + channels-last compiled, and the plain loop;
-  then 10 epochs of bf16 + channels-last for the test accuracy.
+  then 10 epochs of bf16 + channels-last for the test accuracy;
+- the GPU with the CPU beside it (``cuda:0,cpu:0 --balance auto``, issue 13) against the GPU
+  alone, for the LeNet and ResNet-18 (fp32): whether adding the CPU is worth it.
 Each speed is the last of ``--epochs`` epochs (the first warms up), in images/s and
 seconds per epoch. ``--smoke`` runs every variant for a few batches on the CPU (CI runs it,
 so the suite cannot rot); its figures mean nothing.
@@ -57,7 +59,8 @@ def dptrain_run(recipe: str, args, devices: str, epochs: int, env: Dict[str, str
     last = result["history"][-1]
     return {"sec_per_epoch": last["sec"], "images_per_sec": len_epoch(args, result["batch_size"]) / last["sec"],
             "test_acc": result.get("test_acc"), **({"compile_sec": result["compile_sec"]}
-                                                   if "compile_sec" in result else {})}
+                                                   if "compile_sec" in result else {}),
+            **({"split": last["split"]} if last.get("split") else {})}
 
 
 def len_epoch(args, batch_size: int) -> int:
@@ -135,7 +138,7 @@ def main():
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda and not args.smoke:
         raise SystemExit("no GPU here: run with --smoke (CPU, a few batches) to check the suite itself")
-    gpu, twice = ("cuda:0", "cuda:0,cuda:0") if cuda else ("cpu:0", "cpu:0,cpu:0")
+    gpu, twice, mixed = ("cuda:0", "cuda:0,cuda:0", "cuda:0,cpu:0") if cuda else ("cpu:0", "cpu:0,cpu:0", "cpu:0,cpu:1")
     device = torch.device(gpu)
     args.max_batches = 2 if args.smoke else None
     args.eval_batches = 1 if args.smoke else None
@@ -163,10 +166,14 @@ def main():
             "plain loop, 1 GPU")
     add("tutorial LeNet", "dptrain, 2 replicas of 1 GPU", dptrain_run("lenet-mnist", args, twice, quick),
         "plain loop, 1 GPU")
+    add("tutorial LeNet", "dptrain, GPU + CPU, balance auto", dptrain_run("lenet-mnist", args, mixed, quick,
+                                                                          balance="auto"), "dptrain, 1 GPU")
     make, step = plain_module(lambda: _init(resnet18(10, in_channels=1), init_normal), 0.1, device)
     add("ResNet-18", "plain loop, fp32", plain_loop(make, step, args, device, 256, quick))
     add("ResNet-18", "dptrain, fp32", dptrain_run("resnet18", args, gpu, quick, channels_last=False),
         "plain loop, fp32")
+    add("ResNet-18", "dptrain, fp32, GPU + CPU, balance auto",
+        dptrain_run("resnet18", args, mixed, quick, channels_last=False, balance="auto"), "dptrain, fp32")
     add("ResNet-18", "dptrain, bf16 + channels-last", dptrain_run("resnet18", args, gpu, quick, amp="bf16"),
         "plain loop, fp32")
     if cuda:        # (compiling ResNet-18 for the CPU takes minutes: the smoke run leaves it out)
@@ -177,7 +184,7 @@ def main():
     by = {(r["model"], r["variant"]): r for r in rows}
     for r in rows:
         if r["peer"]:
-            r["x_plain"] = round(r["images_per_sec"] / by[(r["model"], r["peer"])]["images_per_sec"], 2)
+            r["x_peer"] = round(r["images_per_sec"] / by[(r["model"], r["peer"])]["images_per_sec"], 2)
     out = {"machine": torch.cuda.get_device_name(0) if cuda else f"CPU smoke run ({platform.machine()})",
            "torch": torch.__version__, "smoke": args.smoke, "seconds": round(time.time() - start, 1), "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=1))
@@ -194,11 +201,13 @@ def _init(net, init):
 def markdown(out: Dict[str, Any]) -> str:
     lines = [f"{out['machine']}, torch {out['torch']}, {out['seconds']} s in all" +
              (" (smoke run: the figures mean nothing)" if out["smoke"] else ""), "",
-             "| model | variant | s/epoch | images/s | x plain loop | test acc |", "| --- | --- | --- | --- | --- | --- |"]
+             "| model | variant | s/epoch | images/s | x peer | peer | test acc |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in out["rows"]:
         acc = f"{r['test_acc']:.4f}" if r.get("test_acc") is not None else ""
-        lines.append(f"| {r['model']} | {r['variant']} | {r['sec_per_epoch']:.3f} | {r['images_per_sec']:,.0f} | "
-                     f"{r.get('x_plain', '')} | {acc} |")
+        split = f" (split {'/'.join(map(str, r['split']))})" if r.get("split") else ""
+        lines.append(f"| {r['model']} | {r['variant']}{split} | {r['sec_per_epoch']:.3f} | {r['images_per_sec']:,.0f} | "
+                     f"{r.get('x_peer', '')} | {r['peer'] or ''} | {acc} |")
     return "\n".join(lines) + "\n"
 
 

@@ -17,5 +17,7 @@ def test_the_gpu_suite_runs_in_smoke_mode(data_dir, tmp_path):
     variants = {(r["model"], r["variant"]) for r in result["rows"]}
     assert ("ResNet-18", "dptrain, bf16 + channels-last") in variants
     assert ("tutorial LeNet", "dptrain, 2 replicas of 1 GPU") in variants
+    mixed = [r for r in result["rows"] if "GPU + CPU" in r["variant"]]      # issue 13's cuda:0,cpu:0 case
+    assert [r["model"] for r in mixed] == ["tutorial LeNet", "ResNet-18"] and all(sum(r["split"]) > 0 for r in mixed)
     assert all(r["images_per_sec"] > 0 for r in result["rows"])
     assert "| model | variant | s/epoch |" in (tmp_path / "gpu.md").read_text()
