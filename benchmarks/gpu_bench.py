@@ -14,8 +14,12 @@ On one GPU (``cuda:0``):
 - the GPU with the CPU beside it (``cuda:0,cpu:0 --balance auto``, issue 13) against the GPU
   alone, for the LeNet and ResNet-18 (fp32): whether adding the CPU is worth it.
 Each speed is the last of ``--epochs`` epochs (the first warms up), in images/s and
-seconds per epoch. ``--smoke`` runs every variant for a few batches on the CPU (CI runs it,
-so the suite cannot rot); its figures mean nothing.
+seconds per epoch. The variants run most wanted first (the issue's goals), each on its own:
+one that fails is listed with its error and the others go on (the script then exits 1);
+the JSON and Markdown files are rewritten after every row, and rows not started within
+``--budget`` seconds are listed as skipped, so a first run on a GPU, in a lease of minutes,
+keeps whatever it measured. ``--smoke`` runs every variant for a few batches on the CPU (CI
+runs it, so the suite cannot rot); its figures mean nothing.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import json
 import os
 import platform
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
@@ -134,6 +139,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--md")
     parser.add_argument("--smoke", action="store_true", help="a few batches on the CPU: checks the suite runs")
+    parser.add_argument("--budget", type=float, default=360.0,
+                        help="seconds: rows not started by then are listed as skipped (default: 360)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     if not cuda and not args.smoke:
@@ -144,53 +151,75 @@ def main():
     args.eval_batches = 1 if args.smoke else None
     args.smoke_batch = 4 if args.smoke else None     # ResNet-18 in bf16 on a CPU: about 0.35 s an image
     quick, full = (2, 2) if args.smoke else (3, 10)
-    rows: List[Dict[str, Any]] = []
-
-    def add(model: str, variant: str, figures: Dict[str, Any], peer: str = None):
-        rows.append({"model": model, "variant": variant, **figures, "peer": peer})
-        print(json.dumps(rows[-1]), flush=True)
-
-    start = time.time()
-    make, step = plain_lenet_scratch(device)
-    add("lenet-scratch", "plain loop, 1 GPU", plain_loop(make, step, args, device, 256, quick))
-    add("lenet-scratch", "dptrain, 1 GPU", dptrain_run("lenet-scratch", args, gpu, quick), "plain loop, 1 GPU")
-    add("lenet-scratch", "dptrain, 2 replicas of 1 GPU", dptrain_run("lenet-scratch", args, twice, quick),
-        "plain loop, 1 GPU")
-    make, step = plain_module(lambda: _init(GluonLeNet(), init_xavier), 0.04, device)
-    add("tutorial LeNet", "plain loop, 1 GPU", plain_loop(make, step, args, device, 128, quick))
-    for variant, env, extra in (("dptrain, 1 GPU", {}, {}),
-                                ("dptrain, 1 GPU, host waits each step", {"DPTRAIN_RUN_AHEAD": "0"}, {}),
-                                ("dptrain, 1 GPU, CUDA graphs (compile reduce-overhead)", {},
-                                 {"compile": "reduce-overhead" if cuda else "default"})):
-        add("tutorial LeNet", variant, dptrain_run("lenet-mnist", args, gpu, quick, env=env, **extra),
-            "plain loop, 1 GPU")
-    add("tutorial LeNet", "dptrain, 2 replicas of 1 GPU", dptrain_run("lenet-mnist", args, twice, quick),
-        "plain loop, 1 GPU")
-    add("tutorial LeNet", "dptrain, GPU + CPU, balance auto", dptrain_run("lenet-mnist", args, mixed, quick,
-                                                                          balance="auto"), "dptrain, 1 GPU")
-    make, step = plain_module(lambda: _init(resnet18(10, in_channels=1), init_normal), 0.1, device)
-    add("ResNet-18", "plain loop, fp32", plain_loop(make, step, args, device, 256, quick))
-    add("ResNet-18", "dptrain, fp32", dptrain_run("resnet18", args, gpu, quick, channels_last=False),
-        "plain loop, fp32")
-    add("ResNet-18", "dptrain, fp32, GPU + CPU, balance auto",
-        dptrain_run("resnet18", args, mixed, quick, channels_last=False, balance="auto"), "dptrain, fp32")
-    add("ResNet-18", "dptrain, bf16 + channels-last", dptrain_run("resnet18", args, gpu, quick, amp="bf16"),
-        "plain loop, fp32")
+    lenet_scratch = plain_lenet_scratch(device)
+    tutorial_lenet = plain_module(lambda: _init(GluonLeNet(), init_xavier), 0.04, device)
+    resnet = plain_module(lambda: _init(resnet18(10, in_channels=1), init_normal), 0.1, device)
+    # (model, variant, measure, peer), most wanted first: the issue's goals, then the variants.
+    plan = [
+        ("lenet-scratch", "plain loop, 1 GPU", lambda: plain_loop(*lenet_scratch, args, device, 256, quick), None),
+        ("lenet-scratch", "dptrain, 1 GPU", lambda: dptrain_run("lenet-scratch", args, gpu, quick),
+         "plain loop, 1 GPU"),
+        ("tutorial LeNet", "plain loop, 1 GPU", lambda: plain_loop(*tutorial_lenet, args, device, 128, quick), None),
+        ("tutorial LeNet", "dptrain, 1 GPU", lambda: dptrain_run("lenet-mnist", args, gpu, quick),
+         "plain loop, 1 GPU"),
+        ("ResNet-18", "plain loop, fp32", lambda: plain_loop(*resnet, args, device, 256, quick), None),
+        ("ResNet-18", "dptrain, bf16 + channels-last", lambda: dptrain_run("resnet18", args, gpu, quick, amp="bf16"),
+         "plain loop, fp32"),
+        ("ResNet-18", f"dptrain, bf16 + channels-last, {full} epochs (accuracy)",
+         lambda: dptrain_run("resnet18", args, gpu, full, amp="bf16"), "plain loop, fp32"),
+        ("ResNet-18", "dptrain, fp32", lambda: dptrain_run("resnet18", args, gpu, quick, channels_last=False),
+         "plain loop, fp32"),
+        ("tutorial LeNet", "dptrain, 1 GPU, host waits each step",
+         lambda: dptrain_run("lenet-mnist", args, gpu, quick, env={"DPTRAIN_RUN_AHEAD": "0"}), "plain loop, 1 GPU"),
+        ("tutorial LeNet", "dptrain, 1 GPU, CUDA graphs (compile reduce-overhead)",
+         lambda: dptrain_run("lenet-mnist", args, gpu, quick, compile="reduce-overhead" if cuda else "default"),
+         "plain loop, 1 GPU"),
+        ("lenet-scratch", "dptrain, 2 replicas of 1 GPU", lambda: dptrain_run("lenet-scratch", args, twice, quick),
+         "plain loop, 1 GPU"),
+        ("tutorial LeNet", "dptrain, 2 replicas of 1 GPU", lambda: dptrain_run("lenet-mnist", args, twice, quick),
+         "plain loop, 1 GPU"),
+        ("tutorial LeNet", "dptrain, GPU + CPU, balance auto",
+         lambda: dptrain_run("lenet-mnist", args, mixed, quick, balance="auto"), "dptrain, 1 GPU"),
+        ("ResNet-18", "dptrain, fp32, GPU + CPU, balance auto",
+         lambda: dptrain_run("resnet18", args, mixed, quick, channels_last=False, balance="auto"), "dptrain, fp32"),
+    ]
     if cuda:        # (compiling ResNet-18 for the CPU takes minutes: the smoke run leaves it out)
-        add("ResNet-18", "dptrain, bf16 + channels-last, compiled",
-            dptrain_run("resnet18", args, gpu, quick, amp="bf16", compile="default"), "plain loop, fp32")
-    add("ResNet-18", f"dptrain, bf16 + channels-last, {full} epochs (accuracy)",
-        dptrain_run("resnet18", args, gpu, full, amp="bf16"), "plain loop, fp32")
+        plan.insert(7, ("ResNet-18", "dptrain, bf16 + channels-last, compiled",
+                        lambda: dptrain_run("resnet18", args, gpu, quick, amp="bf16", compile="default"),
+                        "plain loop, fp32"))
+    start, rows = time.time(), []
+    for model, variant, measure, peer in plan:
+        row = {"model": model, "variant": variant, "peer": peer}
+        if time.time() - start > args.budget:
+            row["skipped"] = f"over the {args.budget:.0f} s budget"
+        else:
+            try:        # one failing variant (a CUDA path never run before) must not cost the others
+                row.update(measure())
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        write(args, cuda, start, rows)          # after every row: a run killed later keeps what it measured
+    print(markdown(write(args, cuda, start, rows)))
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        raise SystemExit(f"{len(failed)} variant(s) failed: " + "; ".join(f"{r['model']}, {r['variant']}: {r['error']}"
+                                                                        for r in failed))
+
+
+def write(args, cuda: bool, start: float, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     by = {(r["model"], r["variant"]): r for r in rows}
     for r in rows:
-        if r["peer"]:
-            r["x_peer"] = round(r["images_per_sec"] / by[(r["model"], r["peer"])]["images_per_sec"], 2)
+        peer = by.get((r["model"], r["peer"]), {})
+        if "images_per_sec" in r and "images_per_sec" in peer:
+            r["x_peer"] = round(r["images_per_sec"] / peer["images_per_sec"], 2)
     out = {"machine": torch.cuda.get_device_name(0) if cuda else f"CPU smoke run ({platform.machine()})",
            "torch": torch.__version__, "smoke": args.smoke, "seconds": round(time.time() - start, 1), "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=1))
     if args.md:
         Path(args.md).write_text(markdown(out))
-    print(markdown(out))
+    return out
 
 
 def _init(net, init):
@@ -204,6 +233,9 @@ def markdown(out: Dict[str, Any]) -> str:
              "| model | variant | s/epoch | images/s | x peer | peer | test acc |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in out["rows"]:
+        if "images_per_sec" not in r:
+            lines.append(f"| {r['model']} | {r['variant']} | {r.get('error') or r.get('skipped')} | | | | |")
+            continue
         acc = f"{r['test_acc']:.4f}" if r.get("test_acc") is not None else ""
         split = f" (split {'/'.join(map(str, r['split']))})" if r.get("split") else ""
         lines.append(f"| {r['model']} | {r['variant']}{split} | {r['sec_per_epoch']:.3f} | {r['images_per_sec']:,.0f} | "

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU suite, in one call, for the day a GPU is lent (see benchmarks/RESULTS.md):
 #   bash benchmarks/gpu_suite.sh OUTDIR --data-dir DIR [--smoke]
-# 1. the tests that need CUDA (pytest -m cuda), 2. benchmarks/gpu_bench.py: dptrain against
-# plain PyTorch loops on one GPU, into OUTDIR/gpu.json and OUTDIR/gpu.md. Under 10 minutes on
-# one H100. --smoke runs it all on the CPU for a few batches (CI does, so it cannot rot).
+# 1. the tests that need CUDA (pytest -m cuda; stopped after 180 s, so a hang cannot eat the
+# lease), 2. benchmarks/gpu_bench.py: dptrain against plain PyTorch loops on one GPU, into
+# OUTDIR/gpu.json and OUTDIR/gpu.md (rewritten after every variant; variants not started
+# within 360 s are skipped). Under 10 minutes on one H100. --smoke runs it all on the CPU for
+# a few batches (CI does, so it cannot rot).
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu_suite.sh OUTDIR --data-dir DIR [--smoke]}
 shift
@@ -12,8 +14,8 @@ py=${PYTHON:-python}       # the interpreter with torch (PYTHON=... to choose an
 mkdir -p "$out"
 "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())" | tee "$out/env.txt"
 nvidia-smi >> "$out/env.txt" 2>&1 || true
-"$py" -m pytest -q -m cuda tests 2>&1 | tee "$out/tests.txt"
-tests=${PIPESTATUS[0]}
+timeout 180 "$py" -m pytest -q -m cuda tests 2>&1 | tee "$out/tests.txt"
+tests=${PIPESTATUS[0]}        # 124: stopped after 180 s
 if [ "$tests" -ne 0 ] && [ "$tests" -ne 5 ]; then     # 5: no test ran (no GPU here)
     echo "gpu_suite: the CUDA tests failed (see $out/tests.txt); measuring all the same" >&2
 fi

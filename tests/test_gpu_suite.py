@@ -1,9 +1,12 @@
 """The GPU suite runs, in its CPU smoke mode, so it is ready the day a GPU is lent."""
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,3 +24,39 @@ def test_the_gpu_suite_runs_in_smoke_mode(data_dir, tmp_path):
     assert [r["model"] for r in mixed] == ["tutorial LeNet", "ResNet-18"] and all(sum(r["split"]) > 0 for r in mixed)
     assert all(r["images_per_sec"] > 0 for r in result["rows"])
     assert "| model | variant | s/epoch |" in (tmp_path / "gpu.md").read_text()
+
+
+def load_gpu_bench():
+    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failing_variant_costs_only_itself_and_the_budget_skips_the_rest(tmp_path, monkeypatch):
+    """The first run on a GPU is short and precious: a variant that breaks is listed with its
+    error, the others are measured; past the budget the rest are listed as skipped."""
+    bench = load_gpu_bench()
+    clock = [0.0]
+
+    def measured(*args, **kwargs):
+        clock[0] += 10.0
+        return {"sec_per_epoch": 1.0, "images_per_sec": 100.0}
+
+    def dptrain_run(recipe, args, devices, epochs, **config):
+        if (recipe, devices) == ("lenet-mnist", "cpu:0,cpu:0"):
+            raise RuntimeError("replicas broke")
+        return measured()
+    monkeypatch.setattr(bench, "plain_loop", measured)
+    monkeypatch.setattr(bench, "dptrain_run", dptrain_run)
+    monkeypatch.setattr(bench.time, "time", lambda: clock[0])
+    out = tmp_path / "gpu.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_bench.py", "--data-dir", "unused", "--out", str(out), "--md",
+                                      str(tmp_path / "gpu.md"), "--smoke", "--budget", "115"])
+    with pytest.raises(SystemExit, match="1 variant.s. failed: tutorial LeNet, dptrain, 2 replicas of 1 GPU: "
+                                         "RuntimeError: replicas broke"):
+        bench.main()
+    rows = json.loads(out.read_text())["rows"]
+    status = ["error" if "error" in r else "skipped" if "skipped" in r else "measured" for r in rows]
+    assert status == ["measured"] * 11 + ["error", "measured", "skipped"], status
+    assert rows[1]["x_peer"] == 1.0 and "replicas broke" in (tmp_path / "gpu.md").read_text()
