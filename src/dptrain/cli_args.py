@@ -16,24 +16,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"dptrain: error: {message} (see dptrain {self.prog.split()[-1]} --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+def _whole_number(least: int):
+    """An argparse type: a whole number >= ``least``, or a one-line error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {value}")
+        return value
+    return parse
 
 
-def _natural(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
-    return value
+_positive_int = _whole_number(1)
+_natural = _whole_number(0)
 
 
 def _positive_float(text: str) -> float:

@@ -125,7 +125,7 @@ class Window:
         self.collective, self.log = collective, log
         self.first = min(from_step - 1, max(0, total_steps - 1))      # counted from 0
         self.tracer: Optional[Tracer] = None
-        self.until, self.traced, self.done = 0, 0, False
+        self.until, self.began, self.traced, self.done = 0, 0, 0, False
 
     def step(self, step: int) -> None:
         """Called before every step (resumed runs start past ``first``: they trace at once)."""
