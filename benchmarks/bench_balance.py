@@ -12,7 +12,9 @@ busy loop pinned to core 1, so rank 1 gets about half its core.
 - ``alone core 0`` / ``alone core 1``: one process of the same work on its core, neighbour
   running; their sum is the ideal for two processes (what perfect balance and free
   communication would give);
-- ``quiet even`` / ``quiet auto``: no neighbour (auto must cost nothing).
+- ``quiet even`` / ``quiet auto``: no neighbour (auto must cost nothing);
+- ``... ring``: the same with gloo's all_reduce for the gradients instead of dptrain's
+  exchange (distributed/exchange.py), i.e. dptrain before the exchange.
 
 Variants take turns in every repetition; medians and paired ratios over ``--repeats``.
 """
@@ -41,6 +43,9 @@ def worker(args) -> dict:
     from dptrain.models import GluonLeNet
     from dptrain.recipes import init_xavier
     torch.set_num_threads(1)
+    if args.ring:
+        from dptrain.distributed import exchange
+        exchange.MAX_BYTES = 0
     data = dptrain.load_dataset("fashion-mnist", args.data_dir)
     n = args.batches * 256
     torch.manual_seed(0)
@@ -62,10 +67,10 @@ def neighbour(busy: bool):
             proc.wait()
 
 
-def run(args, processes: int, balance: str, core: int = 0) -> dict:
+def run(args, processes: int, balance: str, core: int = 0, ring: bool = False) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     worker_args = [str(HERE), "--worker", "--data-dir", args.data_dir, "--batches", str(args.batches),
-                   "--balance", balance, "--core", str(core)]
+                   "--balance", balance, "--core", str(core)] + ["--ring"] * ring
     command = [sys.executable, "-m", "dptrain", "launch", "--processes", "2", *worker_args] if processes == 2 \
         else [sys.executable, *worker_args]
     out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
@@ -74,10 +79,11 @@ def run(args, processes: int, balance: str, core: int = 0) -> dict:
     return json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
 
 
-VARIANTS = {    # name: (neighbour, processes, balance, core)
-    "busy even": (True, 2, "even", 0), "busy auto": (True, 2, "auto", 0),
-    "alone core 0": (True, 1, "even", 0), "alone core 1": (True, 1, "even", 1),
-    "quiet even": (False, 2, "even", 0), "quiet auto": (False, 2, "auto", 0),
+VARIANTS = {    # name: (neighbour, processes, balance, core, gloo's ring)
+    "busy even": (True, 2, "even", 0, False), "busy auto": (True, 2, "auto", 0, False),
+    "alone core 0": (True, 1, "even", 0, False), "alone core 1": (True, 1, "even", 1, False),
+    "quiet even": (False, 2, "even", 0, False), "quiet auto": (False, 2, "auto", 0, False),
+    "busy even ring": (True, 2, "even", 0, True), "busy auto ring": (True, 2, "auto", 0, True),
 }
 
 
@@ -89,7 +95,9 @@ def main():
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--balance", default="even")
     parser.add_argument("--core", type=int, default=0)
+    parser.add_argument("--ring", action="store_true", help="(with --worker) gloo's all_reduce, no exchange")
     parser.add_argument("--trace", help="(with --worker) write a --trace of steps 2-5 there")
+    parser.add_argument("--variants", help="comma-separated names to run (default: all; the ratios need theirs)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.worker:
@@ -99,36 +107,43 @@ def main():
         return
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs 2 cores")
-    names = list(VARIANTS)
+    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
     raw = {k: [] for k in names}
     splits = {k: [] for k in names}
     for rep in range(args.repeats + 1):          # repetition 0 warms up
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:
-            busy, processes, balance, core = VARIANTS[name]
+            busy, processes, balance, core, ring = VARIANTS[name]
             with neighbour(busy):
-                result = run(args, processes, balance, core)
+                result = run(args, processes, balance, core, ring)
             if rep:
                 raw[name].append(result["images_per_sec"])
                 splits[name].append(result["split"])
             print(rep, name, round(result["images_per_sec"]), result["split"], file=sys.stderr, flush=True)
     med = {k: round(statistics.median(v)) for k, v in raw.items()}
-    ideal = [a + b for a, b in zip(raw["alone core 0"], raw["alone core 1"])]
+    ideal = [a + b for a, b in zip(raw.get("alone core 0", []), raw.get("alone core 1", []))]
 
     def ratio(a, b):
-        return round(statistics.median(x / y for x, y in zip(a, b)), 3)
+        pairs = [x / y for x, y in zip(a, b)]
+        return round(statistics.median(pairs), 3) if pairs else None
     out = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                    f"2 processes x 1 thread pinned to cores 0 and 1, gloo on loopback",
         "command": f"python benchmarks/bench_balance.py --data-dir {args.data_dir} --batches {args.batches} "
-                   f"--repeats {args.repeats}",
+                   f"--repeats {args.repeats}" + (f" --variants '{args.variants}'" if args.variants else ""),
         "images_per_sec_median": med,
-        "ideal_images_per_sec_median": round(statistics.median(ideal)),
-        "busy_auto_over_even": ratio(raw["busy auto"], raw["busy even"]),
-        "busy_auto_over_ideal": ratio(raw["busy auto"], ideal),
-        "busy_even_over_ideal": ratio(raw["busy even"], ideal),
-        "quiet_auto_over_even": ratio(raw["quiet auto"], raw["quiet even"]),
-        "split_busy_auto": splits["busy auto"], "raw": raw}
+        "ideal_images_per_sec_median": round(statistics.median(ideal)) if ideal else None,
+        "busy_auto_over_even": ratio(raw.get("busy auto", []), raw.get("busy even", [])),
+        "busy_auto_over_ideal": ratio(raw.get("busy auto", []), ideal),
+        "busy_even_over_ideal": ratio(raw.get("busy even", []), ideal),
+        "quiet_auto_over_even": ratio(raw.get("quiet auto", []), raw.get("quiet even", [])),
+        "busy_auto_over_auto_ring": ratio(raw.get("busy auto", []), raw.get("busy auto ring", [])),
+        "busy_even_over_even_ring": ratio(raw.get("busy even", []), raw.get("busy even ring", [])),
+        "busy_auto_ring_over_even_ring": ratio(raw.get("busy auto ring", []), raw.get("busy even ring", [])),
+        "split_busy_auto": splits.get("busy auto"), "raw": raw}
     print(json.dumps(out, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))

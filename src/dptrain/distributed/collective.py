@@ -10,6 +10,8 @@ from typing import Any, Dict, List, Sequence
 import torch
 import torch.distributed as dist
 
+from .exchange import ExchangeWork, worth_exchanging
+
 
 class _Done:
     def wait(self) -> bool:
@@ -48,18 +50,27 @@ class TorchCollective(Collective):
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.device = torch.device("cuda", torch.cuda.current_device()) \
             if dist.get_backend(group) == "nccl" else torch.device("cpu")
+        self.gloo = dist.get_backend(group) == "gloo"    # small tensors: summed by exchange.py
+
+    def _exchanging(self, tensor: torch.Tensor) -> bool:
+        return self.gloo and worth_exchanging(tensor, self.world_size)
 
     def _on(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor if tensor.device == self.device else tensor.to(self.device)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         t = self._on(tensor)
-        dist.all_reduce(t, group=self.group)
+        if self._exchanging(t):
+            ExchangeWork(t, self.group).wait()
+        else:
+            dist.all_reduce(t, group=self.group)
         if t is not tensor:
             tensor.copy_(t)
         return tensor
 
     def all_reduce_async(self, tensor: torch.Tensor):
+        if self._exchanging(tensor):
+            return ExchangeWork(tensor, self.group)
         return dist.all_reduce(tensor, group=self.group, async_op=True)
 
     def all_gather(self, tensor: torch.Tensor) -> List[torch.Tensor]:
