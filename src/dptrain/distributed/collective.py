@@ -48,9 +48,9 @@ class TorchCollective(Collective):
     def __init__(self, group=None):
         self.group = group
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        self.device = torch.device("cuda", torch.cuda.current_device()) \
-            if dist.get_backend(group) == "nccl" else torch.device("cpu")
-        self.gloo = dist.get_backend(group) == "gloo"    # small tensors: summed by exchange.py
+        backend = dist.get_backend(group)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.gloo = backend == "gloo"    # small tensors: summed by exchange.py
 
     def _exchanging(self, tensor: torch.Tensor) -> bool:
         return self.gloo and worth_exchanging(tensor, self.world_size)

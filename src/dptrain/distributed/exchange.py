@@ -57,16 +57,13 @@ class ExchangeWork:
             return True
         for request in self.requests:
             request.wait()
-        self.requests = []
-        if len(self.parts) == 1:
-            self.done = True
-            return True
-        first, second = self.parts[0], self.parts[1]
-        # a + b == b + a: rank 0 and rank 1 add straight into their own tensor.
-        total = second.add_(first) if self.rank == 1 else first.add_(second)
-        for part in self.parts[2:]:
+        parts = self.parts
+        if self.rank == 1:       # a + b == b + a: rank 1, like rank 0, adds into its own tensor
+            parts = [parts[1], parts[0]] + parts[2:]
+        total = parts[0]
+        for part in parts[1:]:
             total.add_(part)
         if total is not self.tensor:
             self.tensor.copy_(total)
-        self.parts, self.done = [], True
+        self.requests, self.parts, self.done = [], [], True
         return True
