@@ -29,10 +29,10 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 import dptrain
-from dptrain.config import TrainConfig
+from dptrain.run.config import TrainConfig
 from dptrain.data.dataset_loader import _Part, _Seeded
 from dptrain.recipes import RECIPES
-from dptrain.train import run_task
+from dptrain.run.session import run_task
 
 
 class MyLeNet(nn.Module):

@@ -41,7 +41,7 @@ def worker(args) -> dict:
 
     import dptrain
     from dptrain.models import GluonLeNet
-    from dptrain.recipes import init_xavier
+    from dptrain.recipes.builtin import init_xavier
     torch.set_num_threads(1)
     if args.ring:
         from dptrain.distributed import exchange

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from dptrain.config import TrainConfig
+from dptrain.run.config import TrainConfig
 from dptrain.recipes import RECIPES
-from dptrain.train import run_task
+from dptrain.run.session import run_task
 
 LENET_MFLOP = 13.5
 

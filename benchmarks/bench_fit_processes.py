@@ -38,7 +38,7 @@ def ddp_worker(args) -> dict:
 
     import dptrain
     from dptrain.models import GluonLeNet
-    from dptrain.recipes import init_xavier
+    from dptrain.recipes.builtin import init_xavier
     dist.init_process_group("gloo")
     data = dptrain.load_dataset("fashion-mnist", args.data_dir)
     n = args.batches * 256
@@ -71,7 +71,7 @@ def dptrain_worker(args) -> dict:
 
     import dptrain
     from dptrain.models import GluonLeNet
-    from dptrain.recipes import init_xavier
+    from dptrain.recipes.builtin import init_xavier
     data = dptrain.load_dataset("fashion-mnist", args.data_dir)
     n = args.batches * 256
     torch.manual_seed(0)

@@ -22,11 +22,11 @@ from common import measure, paired
 import torch.nn.functional as F
 
 import dptrain
-from dptrain.config import TrainConfig
+from dptrain.run.config import TrainConfig
 from dptrain.data import ArrayLoader, load_dataset
 from dptrain.models import ScratchLeNet, lenet, lenet_params
-from dptrain.parallel import get_runner
-from dptrain.train import train
+from dptrain.core.runner import get_runner
+from dptrain.recipes import train
 
 
 def dptrain_variant(n_devices):
@@ -83,7 +83,7 @@ def main():
     args = ap.parse_args()
     data = load_dataset("fashion-mnist", args.data_dir)
     medians, raw = step_timings(data, args.batches, args.repeats)
-    result = {"machine": f"{platform.processor() or platform.machine()}, {dptrain.devices.host_cores()} cores, "
+    result = {"machine": f"{platform.processor() or platform.machine()}, {dptrain.core.devices.host_cores()} cores, "
                          f"torch {torch.__version__}",
               "images_per_sec_median": medians, "images_per_sec_all": raw}
     result["paired"] = {"2dev/1dev": paired(raw, "dptrain-2dev", "dptrain-1dev"),

@@ -34,9 +34,9 @@ import dptrain
 from common import ModuleEngine
 from dptrain.data import ArrayLoader, load_dataset
 from dptrain.distributed.collective import get_collective
-from dptrain.distributed.reducer import BucketReducer
+from dptrain.parallel.sync.buckets import BucketReducer
 from dptrain.models import GluonLeNet, init_normal, lenet, lenet_params, resnet18
-from dptrain.stopping import StopRequests
+from dptrain.run.stopping import StopRequests
 
 
 class FunctionalLeNet(nn.Module):
@@ -192,7 +192,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    result = {"machine": f"{platform.machine()}, {dptrain.devices.host_cores()} cores, torch {torch.__version__}"}
+    result = {"machine": f"{platform.machine()}, {dptrain.core.devices.host_cores()} cores, torch {torch.__version__}"}
     plans = {"lenet-scratch": (args.lenet_batches, 256), "gluon-lenet": (args.lenet_batches, 256),
              "resnet18": (args.resnet_batches, args.resnet_batch_size)}
     for model in ([] if args.only_bandwidth else args.models):

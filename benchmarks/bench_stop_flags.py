@@ -34,7 +34,7 @@ def worker(rank, world, data_dir, repeats):
     from dptrain.data import ArrayLoader, load_dataset
     from dptrain.distributed import get_collective
     from dptrain.models import lenet, lenet_params
-    from dptrain.stopping import StopRequests
+    from dptrain.run.stopping import StopRequests
     data = load_dataset("fashion-mnist", data_dir)
     loader = ArrayLoader(data.train_X, data.train_y, 256, shuffle=True, max_batches=40, rank=rank, world_size=world)
     batches = list(loader)

@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import dptrain
-from dptrain.config import TrainConfig
+from dptrain.run.config import TrainConfig
 from dptrain.data import ArrayLoader, load_dataset
 from dptrain.models import GluonLeNet, init_normal, resnet18
-from dptrain.recipes import init_xavier
-from dptrain.train import train
+from dptrain.recipes.builtin import init_xavier
+from dptrain.recipes import train
 
 CL = torch.channels_last
 
@@ -96,7 +96,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     data = load_dataset("fashion-mnist", args.data_dir)
-    result = {"machine": f"{platform.machine()}, {dptrain.devices.host_cores()} cores, torch {torch.__version__}"}
+    result = {"machine": f"{platform.machine()}, {dptrain.core.devices.host_cores()} cores, torch {torch.__version__}"}
 
     lenet_loader = ArrayLoader(data.train_X, data.train_y, 256, shuffle=True, max_batches=args.lenet_batches)
     lenet = {"trainer-2dev": trainer_variant(GluonLeNet, init_xavier, 2, 0.1),

@@ -40,7 +40,7 @@ class ModuleEngine:
         import torch
 
         from dptrain import Task
-        from dptrain.engine import ModelEngine
+        from dptrain.engine.model_engine import ModelEngine
         empty = (torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long))
         self.engine = ModelEngine(Task(net, empty, optimizer="sgd", init=init), devices, channels_last=channels_last)
         self.engine.prepare((torch.zeros(1, 1, 28, 28), torch.zeros(1, dtype=torch.long)), lr)
@@ -50,4 +50,4 @@ class ModuleEngine:
         return self.engine.devices
 
     def train_batch(self, X, y, lr=None):
-        return self.engine.train_batch((X, y))[0]     # the loss sum, as ScratchDataParallel returns
+        return self.engine.train_batch((X, y)).loss     # the loss sum, as ScratchDataParallel returns

@@ -37,10 +37,11 @@ import torch
 import torch.nn.functional as F
 
 import dptrain
-from dptrain.config import TrainConfig
+from dptrain.run.config import TrainConfig
 from dptrain.models import GluonLeNet, init_normal, lenet, lenet_params, resnet18
-from dptrain.recipes import RECIPES, init_xavier
-from dptrain.train import run_task
+from dptrain.recipes import RECIPES
+from dptrain.recipes.builtin import init_xavier
+from dptrain.run.session import run_task
 
 
 def dptrain_run(recipe: str, args, devices: str, epochs: int, env: Dict[str, str] = None, **config) -> Dict[str, Any]:

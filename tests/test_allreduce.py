@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import dptrain
-from dptrain.allreduce import ALGORITHMS
+from dptrain.scratch.allreduce import ALGORITHMS
 
 
 def make(n, shape, seed=0):

@@ -1,6 +1,6 @@
 import pytest
 
-from dptrain.atomic import atomic_file
+from dptrain.core.atomic import atomic_file
 
 
 def test_replaces_only_when_the_block_succeeds(tmp_path):

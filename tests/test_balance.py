@@ -11,14 +11,15 @@ from hypothesis import given, strategies as st
 from torch import nn
 
 import dptrain
-from dptrain.balance import Balancer, cut, parse_balance
+from dptrain.core.parts import weighted_parts
+from dptrain.engine.balance import Balancer, parse_balance
 from dptrain.distributed.collective import Collective
 
 
 @given(st.integers(0, 500), st.lists(st.floats(0, 100), min_size=1, max_size=6).filter(lambda w: sum(w) > 0.01),
        st.sampled_from([0, 1]))
 def test_cut_gives_every_sample_once_in_proportion(n, weights, least):
-    sizes = cut(n, weights, least)
+    sizes = weighted_parts(n, weights, least)
     assert sum(sizes) == n and len(sizes) == len(weights) and min(sizes) >= 0
     if n >= least * len(weights):
         assert min(sizes) >= least
@@ -50,7 +51,7 @@ def test_auto_follows_the_measured_speed_a_few_steps_later():
     assert b.sizes(5, 100) == [79, 21]          # from step 2 + 1 + lag: a sample each kept aside (to keep
                                                 # measuring), 98 as 4:1
     # Steps 3-7: 1 of 5 at 4x slower: speeds 500 and 312.5 a second, smoothed with the first guess's 500 and 125.
-    assert b.sizes(10, 100) == cut(100, [500, (125 + 312.5) / 2], least=1) == [69, 31]
+    assert b.sizes(10, 100) == weighted_parts(100, [500, (125 + 312.5) / 2], least=1) == [69, 31]
     state = b.state_dict()
     again = Balancer("auto", [2], every=8, lag=2)
     assert again.load_state_dict(state) is None and again.sizes(10, 100) == [69, 31]
@@ -108,7 +109,7 @@ def test_the_trace_is_chrome_json_with_a_track_per_device(tmp_path):
         assert {"forward", "backward", "sum_and_update", "fetch"} <= names, names     # kvstore "device"
     assert sum(e["name"] == "forward" and e["tid"] == 0 for e in spans) == 4
     assert any(e["name"] == "data" for e in spans)
-    from dptrain.plot import plot_timeline
+    from dptrain.outputs.plot import plot_timeline
     assert plot_timeline(path, tmp_path / "timeline.png").stat().st_size > 1000
 
 
@@ -129,7 +130,7 @@ def test_a_resumed_run_cuts_its_batches_as_the_unbroken_run(tmp_path, monkeypatc
     after a rebalance, and resumed, ends bit-identical to the run never stopped."""
     import signal
 
-    from dptrain.loop import Interrupted
+    from dptrain.core.errors import Interrupted
     observe = Balancer.observe
     monkeypatch.setattr(Balancer, "observe", lambda self, seconds, samples: observe(
         self, [n * c for n, c in zip(samples, (1e-3, 4e-3))], samples))

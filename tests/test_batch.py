@@ -4,8 +4,8 @@ from collections import namedtuple
 import pytest
 import torch
 
-from dptrain.batch import batch_size, input_and_target, split_structure, to_device
-from dptrain.devices import cpu
+from dptrain.data.batch import batch_size, input_and_target, split_structure, to_device
+from dptrain.core.devices import cpu
 
 Pair = namedtuple("Pair", "x y")
 

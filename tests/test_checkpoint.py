@@ -9,8 +9,9 @@ import time
 import pytest
 import torch
 
-from dptrain.checkpoint import FORMAT, CheckpointError, load_checkpoint, save_checkpoint
-from dptrain.cli import main
+from dptrain.outputs.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from dptrain.core.errors import CheckpointError
+from dptrain.cli.main import main
 from tests.signals import signal_in_second_epoch
 
 QUICK = ["--epochs", "3", "--max-batches", "4", "--eval-batches", "2", "--batch-size", "64", "--json"]
@@ -58,7 +59,7 @@ def test_a_signal_saves_mid_epoch_and_resume_matches(data_dir, tmp_path, sig, ah
 
 WRITER = """
 import sys, torch
-from dptrain.checkpoint import save_checkpoint
+from dptrain.outputs.checkpoint import save_checkpoint
 big = torch.randn(8_000_000)
 i = 0
 while True:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dptrain.cli import main
+from dptrain.cli.main import main
 
 
 def dptrain(*args, env=None, timeout=300):

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 import dptrain
-from dptrain.checkpoint import load_checkpoint
-from dptrain.compiled import check_mode, without_prefix
+from dptrain.outputs.checkpoint import load_checkpoint
+from dptrain.engine.compiled import check_mode, without_prefix
 
 
 def net():

@@ -1,6 +1,6 @@
 import pytest
 
-from dptrain.config import TrainConfig
+from dptrain.run.config import TrainConfig
 
 
 def test_defaults_are_valid():
@@ -8,7 +8,6 @@ def test_defaults_are_valid():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(recipe="vgg"), "unknown recipe 'vgg'; choose one of lenet-scratch"),
     (dict(epochs=0), "epochs must be a whole number >= 1, got 0"),
     (dict(batch_size=-3), "batch-size must be a whole number >= 1, got -3"),
     (dict(max_batches=1.5), "max-batches must be a whole number >= 1, got 1.5"),

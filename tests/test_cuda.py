@@ -8,9 +8,9 @@ from torch import nn
 
 import dptrain
 from dptrain.data import TensorLoader
-from dptrain.engine import ModelEngine
+from dptrain.engine.model_engine import ModelEngine
 from dptrain.models import GluonLeNet, resnet18
-from dptrain.task import Task
+from dptrain.engine.task import Task
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import dptrain
-from dptrain.devices import check_devices, device_info, format_devices, parse_devices
+from dptrain.core.devices import check_devices, device_info, format_devices, parse_devices
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
 

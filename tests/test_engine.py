@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dptrain
-from dptrain.engine import ModelEngine
-from dptrain.task import Task
+from dptrain.engine.model_engine import ModelEngine
+from dptrain.engine.task import Task
 
 
 class TwoInputs(nn.Module):

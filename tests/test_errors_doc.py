@@ -42,7 +42,7 @@ def _small_disk(path: Path):
 def _copy(source: Path, target: Path, change, digest: bool = True, fmt: str = "") -> None:
     """A copy of a checkpoint with ``change(state)`` applied, its digest redone (or the old one
     kept: the file then changed after its save), in another format if ``fmt``."""
-    from dptrain.checkpoint import FORMAT, digest as digest_of, load_checkpoint
+    from dptrain.outputs.checkpoint import FORMAT, digest as digest_of, load_checkpoint
     state = load_checkpoint(source)
     before = digest_of(state)
     change(state)

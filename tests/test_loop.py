@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from dptrain.cli import main
-from dptrain.metrics import read_metrics
-from dptrain.progress import ProgressBar
+from dptrain.cli.main import main
+from dptrain.outputs.metrics_file import read_metrics
+from dptrain.outputs.progress import ProgressBar
 
 
 def test_metrics_file_gets_one_record_per_epoch(data_dir, tmp_path, capsys):
@@ -121,7 +121,7 @@ def test_plot_without_matplotlib_is_found_before_training(monkeypatch, capsys, t
 def test_a_full_disk_for_metrics_is_one_line(tmp_path):
     import os
     import subprocess
-    from dptrain.metrics import MetricsLog
+    from dptrain.outputs.metrics_file import MetricsLog
     disk = tmp_path / "disk"
     disk.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(disk)],

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dptrain.losses import LossAdapter
-from dptrain.split import shard_sizes
+from dptrain.engine.losses import LossAdapter
+from dptrain.scratch.split import shard_sizes
 
 g = torch.Generator().manual_seed(0)
 N, C = 11, 5

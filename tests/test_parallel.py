@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import dptrain
-from dptrain.parallel import DeviceRunner, get_runner
+from dptrain.core.runner import DeviceRunner, get_runner
 
 
 def test_map_returns_results_in_device_order():

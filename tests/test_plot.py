@@ -1,4 +1,4 @@
-from dptrain.cli import main
+from dptrain.cli.main import main
 
 
 def test_train_plot_and_overlay(data_dir, tmp_path, capsys):

@@ -3,8 +3,8 @@ import pytest
 from torch import nn
 
 from dptrain import Task
-from dptrain.config import TrainConfig
-from dptrain.recipes import RECIPES, hyperparameters, task_for
+from dptrain.recipes import RECIPES, task_for
+from dptrain.run.config import TrainConfig, hyperparameters
 
 
 def hp(recipe, n_devices, **config):
@@ -37,3 +37,8 @@ def test_the_optimizer_flag_replaces_the_recipes():
     task = task_for(TrainConfig(recipe="lenet-mnist", optimizer="torch.optim:AdamW"))
     import torch
     assert task.optimizer is torch.optim.AdamW and task.optimizer_params is None
+
+
+def test_an_unknown_recipe_names_the_built_in_ones():
+    with pytest.raises(ValueError, match="unknown recipe 'vgg'; choose one of lenet-scratch, resnet18, lenet-mnist"):
+        task_for(TrainConfig(recipe="vgg"))

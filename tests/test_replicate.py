@@ -4,7 +4,7 @@ from torch import nn
 
 import dptrain
 from dptrain.models import GluonLeNet, init_normal
-from dptrain.replicas import NotInitializedError
+from dptrain.parallel.replicas import NotInitializedError
 
 DEVICES = [dptrain.cpu(0), dptrain.cpu(1)]
 

@@ -4,7 +4,7 @@ import torch
 
 import dptrain
 from dptrain.models import lenet, lenet_params
-from dptrain.scratch import ScratchDataParallel, get_params
+from dptrain.scratch.data_parallel import ScratchDataParallel, get_params
 
 
 def batch(n=24, seed=0):

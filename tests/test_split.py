@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dptrain
-from dptrain.split import shard_sizes
+from dptrain.scratch.split import shard_sizes
 
 
 def devices(k):

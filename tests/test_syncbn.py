@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import dptrain
-from dptrain.syncbn import SyncBatchNorm, ThreadGroup, convert_sync_batchnorm, synchronized
+from dptrain.parallel.syncbn import SyncBatchNorm, ThreadGroup, convert_sync_batchnorm, synchronized
 
 
 @pytest.mark.parametrize("n_devices", [2, 3])

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import dptrain
-from dptrain.kvstore import balanced_placement
+from dptrain.parallel.sync.device import balanced_placement
 from dptrain.models import GluonLeNet, resnet18
 
 

@@ -6,19 +6,18 @@
 >>> Xs = dptrain.split_and_load(torch.arange(8), [dptrain.cpu(0), dptrain.cpu(1)])
 >>> dptrain.allreduce([torch.ones(2), torch.ones(2)], algorithm="ring")
 """
-from .allreduce import allreduce
+from .scratch.allreduce import allreduce
 from .data import ArrayLoader, DatasetLoader, TensorLoader, load_dataset
-from .devices import (as_device, cpu, format_devices, gpu, num_gpus, parse_devices, try_all_gpus,
-                      try_gpu)
+from .core.devices import as_device, cpu, format_devices, gpu, num_gpus, parse_devices, try_all_gpus, try_gpu
 from .distributed.env import rank
-from .evaluate import count_correct, evaluate_accuracy
-from .fit import fit
-from .parallel import DeviceRunner, get_runner
-from .replicas import NotInitializedError, Replicas, replicate
-from .scratch import ScratchDataParallel, get_params, sgd
-from .split import split_and_load, split_batch
-from .task import Task
-from .trainer import Trainer
+from .scratch.evaluate import count_correct, evaluate_accuracy
+from .run.fit import fit
+from .core.runner import DeviceRunner, get_runner
+from .parallel.replicas import NotInitializedError, Replicas, replicate
+from .scratch.data_parallel import ScratchDataParallel, get_params, sgd
+from .scratch.split import split_and_load, split_batch
+from .engine.task import Task
+from .parallel.trainer import Trainer
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
 """``python -m dptrain``: the command line (what ``--processes`` and ``torchrun -m dptrain`` run)."""
-from .cli import entry
+from .cli.main import entry
 
 entry()

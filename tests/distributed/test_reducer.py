@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from dptrain.distributed.collective import get_collective
-from dptrain.distributed.reducer import BucketReducer, plan_buckets
+from dptrain.parallel.sync.buckets import BucketReducer, plan_buckets
 from dptrain.models import GluonLeNet
 from tests.distributed.helpers import run_workers
 

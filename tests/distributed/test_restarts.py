@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dptrain.checkpoint import load_checkpoint
+from dptrain.outputs.checkpoint import load_checkpoint
 from dptrain.distributed.launcher import free_port
 from tests.distributed.test_launcher import alive, children, run, signal_a_worker, worker_of_rank
 

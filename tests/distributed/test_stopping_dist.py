@@ -7,9 +7,9 @@ import torch
 
 import dptrain
 from dptrain.distributed import get_collective
-from dptrain.engine import ModelEngine
+from dptrain.engine.model_engine import ModelEngine
 from dptrain.models import GluonLeNet, lenet, lenet_params
-from dptrain.stopping import StopRequests
+from dptrain.run.stopping import StopRequests
 from tests.distributed.helpers import run_workers
 
 
@@ -63,7 +63,7 @@ def batches(rank, poison_rank):
 
 def skip_scratch(rank, world, poison_rank):
     torch.manual_seed(0)
-    dp = dptrain.ScratchDataParallel(lenet, lenet_params(), [dptrain.cpu(0)])
+    dp = dptrain.ScratchDataParallel(lenet, lenet_params(), [dptrain.cpu(0)], collective=get_collective())
     losses, snapshots = [], []
     for X, y in batches(rank, poison_rank):
         losses.append(dp.train_batch(X, y, 0.1, skip_nonfinite=True).item())
@@ -78,7 +78,7 @@ def skip_module(rank, world, poison_rank, n_devices):
     dp = ModelEngine(task, [dptrain.cpu(i) for i in range(n_devices)])
     losses, snapshots = [], []
     for X, y in batches(rank, poison_rank):
-        losses.append(dp.train_batch((X, y), skip_nonfinite=True)[0].item())
+        losses.append(dp.train_batch((X, y), skip_nonfinite=True).loss.item())
         snapshots.append([p.detach().tolist() for p in dp.replicas[0].parameters()])
     return losses, snapshots
 

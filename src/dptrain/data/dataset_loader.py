@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
-from ..batch import Batch, map_tensors
+from .batch import Batch, map_tensors
 from .loader import EpochPlan, TensorLoader
 
 

@@ -15,15 +15,14 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from ..core.errors import IDXError
+
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
            0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
-
-class IDXError(ValueError):
-    """An IDX file is corrupt, truncated or not the kind expected."""
 
 
 def decompress(raw: bytes, name: str = "data") -> bytes:

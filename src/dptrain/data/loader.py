@@ -15,15 +15,10 @@ from typing import Any, Iterable, Iterator, Optional, Tuple, TypeVar
 
 import torch
 
-from ..batch import Batch, as_tensors, batch_size as size_of, map_tensors, tensors_of
+from ..core.parts import even_parts, part as part_of
+from .batch import Batch, as_tensors, batch_size as size_of, map_tensors, tensors_of
 
 T = TypeVar("T")
-
-
-def _part(n: int, rank: int, parts: int) -> Tuple[int, int]:
-    """``(start, size)`` of part ``rank`` of ``n`` items cut in ``parts`` nearly equal parts."""
-    base, extra = divmod(n, parts)
-    return rank * base + min(rank, extra), base + (rank < extra)
 
 
 class EpochPlan:
@@ -93,7 +88,7 @@ class EpochPlan:
             if self.balancer is not None:
                 start, size = self.balancer.process_part(self.epoch * len(self) + b, hi - lo, self.rank)
             else:
-                start, size = _part(hi - lo, self.rank, self.world_size)
+                start, size = part_of(even_parts(hi - lo, self.world_size), self.rank)
             yield b, slice(lo + start, lo + start + size)
 
 

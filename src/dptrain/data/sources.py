@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..atomic import atomic_file
-from .idx import IDXError, decompress
+from ..core.atomic import atomic_file
+from ..core.errors import DataNotFoundError, IDXError
+from .idx import decompress
 
 FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
          "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
@@ -48,9 +49,6 @@ SOURCES = {
          "t10k-labels-idx1-ubyte.gz": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"}),
 }
 
-
-class DataNotFoundError(FileNotFoundError):
-    """The dataset is on none of the places looked and could not be downloaded."""
 
 
 def cache_dir() -> Path:

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .exchange import ExchangeWork, worth_exchanging
+from .join import join_from_environment
 
 
 class _Done:
@@ -108,7 +109,6 @@ def get_collective(new_group: bool = False) -> Collective:
     ask at the same point), for traffic that may run at the same time as the gradients'.
     """
     if dist.is_available() and not dist.is_initialized():
-        from .env import join_from_environment
         join_from_environment()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return TorchCollective(dist.new_group() if new_group else None)

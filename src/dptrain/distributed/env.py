@@ -92,41 +92,6 @@ def choose_backend(backend: str, use_cuda: bool) -> str:
     return backend
 
 
-def init_distributed(env: DistEnv, backend: str = "auto", use_cuda: bool = False,
-                     timeout_s: float = DEFAULT_TIMEOUT_S) -> Optional[str]:
-    """Join the process group described by ``env``; return the backend (None for one process)."""
-    if not env.distributed:
-        return None
-    backend = choose_backend(backend, use_cuda)
-    if dist.is_initialized():
-        return dist.get_backend()
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        if name not in os.environ:
-            raise ValueError(f"WORLD_SIZE={env.world_size} but {name} is not set: launch with "
-                             f"dptrain train --processes N, or torchrun")
-    if backend == "nccl":
-        torch.cuda.set_device(env.local_rank)
-    if not os.environ["MASTER_PORT"].isdigit() or not 0 < int(os.environ["MASTER_PORT"]) < 65536:
-        raise ValueError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number (1-65535)")
-    from .rendezvous import join
-    join(backend, env.rank, env.world_size, timeout_s, timeout_s + COLLECTIVE_MARGIN_S)
-    return backend
-
-
-def join_from_environment() -> Optional[str]:
-    """Join the job the environment describes (torchrun's variables), if any and not yet."""
-    env = DistEnv.from_environ()
-    if not env.distributed or dist.is_initialized():
-        return None
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > env.local_rank
-    return init_distributed(env, "auto", use_cuda=use_cuda)
-
-
-def shutdown_distributed() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 #: What gloo and NCCL say when the process at the other end of a connection went away.
 _PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
               "NCCL communicator was aborted", "remote process exited")

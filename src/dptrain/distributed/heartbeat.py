@@ -26,6 +26,7 @@ from typing import Dict
 import torch.distributed as dist
 
 from .env import store_key
+from .worker import record_error
 
 INTERVAL_S = 1.0
 HUNG_EXIT = 1
@@ -97,7 +98,6 @@ class Heartbeat(threading.Thread):
 
 
 def _exit_naming(rank: int, world: int, why: str) -> None:
-    from .launcher import record_error
     line = (f"dptrain: error: rank {rank} of {world} stopped answering ({why}): it is stopped, frozen or dead; "
             f"ending this process too (--timeout sets the wait)")
     sys.stderr.write(line + "\n")

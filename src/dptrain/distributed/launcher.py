@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import logging
 import os
 import signal
 import socket
 import sys
 import tempfile
-import time
 import uuid
 from typing import Any, Dict, Optional, Sequence
 
-from ..devices import host_cores
+from ..core.devices import host_cores
 
 INTERRUPTED = 130
 #: How long the agent lets workers finish their batch and save after SIGINT/SIGTERM.
@@ -178,34 +176,3 @@ def _report(failures: Dict[int, Any], log_dir: str, world: int) -> str:
     detail = "\n".join(f"  [rank {rank}] {line}" for line in tail)
     return (f"dptrain: error: rank {rank} of {world} failed ({how}){others}"
             + (f". Its last output:\n{detail}" if detail else ""))
-
-
-# -- in the workers ---------------------------------------------------------------------
-def die_with_launcher() -> None:
-    """In a worker the launcher started: be killed (SIGKILL) when the launcher dies, so no
-    worker outlives a killed launcher."""
-    if not os.environ.get("DPTRAIN_LAUNCHED") or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:               # the launcher died before the call above
-        os._exit(1)
-
-
-def record_error(line: str, blames: Optional[int] = None) -> None:
-    """Leave this worker's one-line error where the agent reads a failure's cause; ``blames``:
-    the rank it names as the one that failed first."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    record: Dict[str, Any] = {"message": line, "timestamp": int(time.time())}
-    if blames is not None:
-        record["blames"] = blames
-    try:
-        with open(path, "w") as f:
-            json.dump(record, f)
-    except OSError:
-        pass

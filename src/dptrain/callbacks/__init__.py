@@ -1,0 +1,1 @@
+"""Callbacks: hooks into a run (see base.py)."""

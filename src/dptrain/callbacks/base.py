@@ -1,0 +1,174 @@
+"""The callback protocol: hooks into a run, for the user's code and dptrain's own outputs.
+
+The progress bar, the epoch lines, the metrics file, TensorBoard and the trace are callbacks
+in the same list as a user's (``fit(..., callbacks=[...])``, or a recipe's
+``Task(callbacks=[...])``); whatever they need, a user's callback can have too.
+
+Every process calls every callback at the same points, with the same epoch rows (they are
+summed over processes), so a callback that decides from them decides alike everywhere; one
+that prints checks ``run.is_main``. ``run.stop(reason)`` ends the run in step on every
+process: asked during an epoch, after the batch where all processes have heard it (the
+next one with several processes: the request rides with its gradients), and that epoch is
+evaluated and saved; asked at an epoch's end, after that epoch. ``state_dict`` and
+``load_state_dict`` put a callback's state in checkpoints, so it survives a resume.
+
+    class StopWhenFlat(dptrain.Callback):
+        def __init__(self, patience=3):
+            self.best, self.wait, self.patience = float("inf"), 0, patience
+
+        def on_epoch_end(self, run, epoch, row):
+            if row["test_loss"] < self.best:
+                self.best, self.wait = row["test_loss"], 0
+            else:
+                self.wait += 1
+                if self.wait >= self.patience:
+                    run.stop(f"test loss not better for {self.patience} epochs")
+
+        def state_dict(self):
+            return {"best": self.best, "wait": self.wait}
+
+        def load_state_dict(self, state):
+            self.best, self.wait = state["best"], state["wait"]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from ..engine.model_engine import StepResult
+
+Row = Dict[str, Any]
+
+
+@dataclass
+class BatchEnd:
+    """One training batch, as ``on_batch_end`` sees it.
+
+    ``epoch`` and ``batch`` count from 1 (``batch`` within the epoch, of ``batches``);
+    ``step`` counts the run's batches from 1; ``samples``: the global batch's samples (every
+    process's); ``result``: this process's ``StepResult`` (loss sum, denominator, stepped).
+    """
+    epoch: int
+    batch: int
+    batches: int
+    step: int
+    samples: int
+    result: StepResult
+    _epoch_loss: torch.Tensor
+    _epoch_count: Any
+
+    @property
+    def loss(self) -> float:
+        """This process's mean loss on the batch (NaN if the step was skipped); waits for the device."""
+        count = float(self.result.count)
+        return float(self.result.loss) / count if count else math.nan
+
+    @property
+    def epoch_loss(self) -> float:
+        """This process's mean loss over the epoch so far; waits for the device."""
+        count = float(self._epoch_count)
+        return float(self._epoch_loss) / count if count else math.nan
+
+
+class Callback:
+    """Hooks into a run; override the ones you need (each is a no-op here).
+
+    ``run`` gives: ``rank``, ``world_size``, ``is_main`` (rank 0), ``epoch``, ``epochs``,
+    ``step`` (batches done in the run), ``model`` (the module being trained), ``optimizer``
+    (its ``param_groups`` hold the learning rates), ``scheduler``, ``history`` (the epoch
+    rows so far), ``devices``, ``log(line)`` (rank 0 prints) and ``stop(reason)``.
+    """
+
+    def on_fit_start(self, run: Any) -> None:
+        """Before the first batch (after a resume: before the first batch left to do)."""
+
+    def on_epoch_start(self, run: Any, epoch: int) -> None:
+        """Before an epoch's first batch."""
+
+    def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
+        """After every training step."""
+
+    def on_evaluate_end(self, run: Any, epoch: int, metrics: Dict[str, float]) -> None:
+        """After an epoch's evaluation: ``metrics`` are the ``test_*`` figures over every process."""
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        """After an epoch: ``row`` is its history row (train loss, seconds, test figures)."""
+
+    def on_checkpoint(self, run: Any, path: str) -> None:
+        """After a checkpoint was written to ``path`` (every process is told)."""
+
+    def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
+        """After the last epoch (or a stop), with the run's result."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What a checkpoint keeps of this callback (default: nothing)."""
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Take back what ``state_dict`` gave, when a run resumes."""
+
+
+HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_end", "on_evaluate_end", "on_epoch_end", "on_checkpoint",
+         "on_fit_end")
+
+
+class CallbackList:
+    """Calls every callback's hook in order; each hook is called only on the callbacks that
+    define it (a run of 10,000 batches with no ``on_batch_end`` makes no call for it)."""
+
+    def __init__(self, callbacks: Sequence[Any] = ()):
+        self.callbacks: List[Any] = list(callbacks)
+        for cb in self.callbacks:
+            if not any(callable(getattr(cb, h, None)) for h in HOOKS):
+                raise TypeError(f"callbacks must have at least one of the hooks {', '.join(HOOKS)} (subclass "
+                                f"dptrain.Callback); got {type(cb).__name__}")
+        self._bound = {h: [getattr(cb, h) for cb in self.callbacks if _overrides(cb, h)] for h in HOOKS}
+
+    def __getattr__(self, hook: str):
+        if hook not in HOOKS:
+            raise AttributeError(hook)
+        bound = self._bound[hook]
+
+        def call(*args: Any) -> None:
+            for fn in bound:
+                fn(*args)
+        return call
+
+    def wants(self, hook: str) -> bool:
+        return bool(self._bound[hook])
+
+    def keys(self) -> List[str]:
+        """Each callback's name in checkpoints: its class, numbered if the class comes twice."""
+        names = [getattr(cb, "state_key", None) or type(cb).__qualname__ for cb in self.callbacks]
+        return [n if names.count(n) == 1 else f"{n}#{names[:i].count(n) + 1}" for i, n in enumerate(names)]
+
+    def state_dict(self) -> Dict[str, Dict[str, Any]]:
+        out = {}
+        for key, cb in zip(self.keys(), self.callbacks):
+            state = cb.state_dict() if callable(getattr(cb, "state_dict", None)) else {}
+            if state:
+                out[key] = state
+        return out
+
+    def load_state_dict(self, states: Optional[Dict[str, Dict[str, Any]]]) -> List[str]:
+        """Give each callback its saved state; return the names of those the checkpoint had
+        none for (they start afresh)."""
+        states = states or {}
+        fresh = []
+        for key, cb in zip(self.keys(), self.callbacks):
+            if key in states and callable(getattr(cb, "load_state_dict", None)):
+                cb.load_state_dict(states[key])
+            elif callable(getattr(cb, "state_dict", None)) and cb.state_dict():
+                fresh.append(key)
+        return fresh
+
+
+def _overrides(cb: Any, hook: str) -> bool:
+    """Whether ``cb`` does something at ``hook`` (not the base class's no-op)."""
+    fn = getattr(type(cb), hook, None)
+    if fn is None:
+        return callable(getattr(cb, hook, None))        # set on the instance
+    return fn is not getattr(Callback, hook, None)

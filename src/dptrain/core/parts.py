@@ -1,0 +1,41 @@
+"""Cutting ``n`` samples into consecutive parts: the one place it is done.
+
+Every split of a batch (over devices, over processes, by ``--balance`` weights) and every
+loader's share of a batch is cut here, so a batch cut over processes and then over devices
+gives the same parts as one cut over all devices.
+
+>>> even_parts(10, 3)
+[4, 3, 3]
+>>> weighted_parts(10, [3, 1])
+[8, 2]
+>>> part(even_parts(10, 3), 1)
+(4, 3)
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+
+def even_parts(n: int, k: int) -> List[int]:
+    """``n`` in ``k`` parts as equal as can be: the first ``n % k`` get one more."""
+    base, extra = divmod(n, k)
+    return [base + (i < extra) for i in range(k)]
+
+
+def weighted_parts(n: int, weights: Sequence[float], least: int = 0) -> List[int]:
+    """``n`` in parts proportional to ``weights`` (largest remainders first), each at least
+    ``least`` when there are enough samples."""
+    k = len(weights)
+    floor = least if n >= least * k else 0
+    rest = n - floor * k
+    total = float(sum(weights)) or 1.0
+    exact = [rest * w / total for w in weights]
+    sizes = [int(e) for e in exact]
+    for j in sorted(range(k), key=lambda j: (-(exact[j] - sizes[j]), j))[:rest - sum(sizes)]:
+        sizes[j] += 1
+    return [s + floor for s in sizes]
+
+
+def part(sizes: Sequence[int], i: int) -> Tuple[int, int]:
+    """``(start, size)`` of part ``i`` of consecutive parts of ``sizes``."""
+    return sum(sizes[:i]), sizes[i]

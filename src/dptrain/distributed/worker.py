@@ -1,0 +1,43 @@
+"""The worker side of a launched job: die with the launcher, leave a one-line error for it.
+
+``launcher.py`` is the other side (it starts the workers through torchrun's agent and reads
+what they leave); the two share only the environment variables and the error file's format.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, Optional
+
+
+def die_with_launcher() -> None:
+    """In a worker the launcher started: be killed (SIGKILL) when the launcher dies, so no
+    worker outlives a killed launcher."""
+    if not os.environ.get("DPTRAIN_LAUNCHED") or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:               # the launcher died before the call above
+        os._exit(1)
+
+
+def record_error(line: str, blames: Optional[int] = None) -> None:
+    """Leave this worker's one-line error where the agent reads a failure's cause; ``blames``:
+    the rank it names as the one that failed first."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    record: Dict[str, Any] = {"message": line, "timestamp": int(time.time())}
+    if blames is not None:
+        record["blames"] = blames
+    try:
+        with open(path, "w") as f:
+            json.dump(record, f)
+    except OSError:
+        pass

@@ -1,0 +1,276 @@
+"""A Task's model on the devices of one process: one training step per batch, and evaluation.
+
+Each step splits this process's batch (any structure) over the devices, runs forward and
+backward of every shard at once, and lets the ``Trainer`` sum the gradients over devices
+and processes and divide them once by the global denominator (``losses.py``), so N devices
+and N processes take the step one device takes on the whole global batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..core import tracing as trace
+from ..core.parts import even_parts
+from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
+from ..parallel.replicas import replicate
+from ..parallel.syncbn import synchronized
+from ..parallel.trainer import Trainer
+from .compiled import check_mode, compile_replicas, warm_up, without_prefix
+from .evaluation import Totals, evaluate
+from .losses import Count, LossAdapter, add_counts, host_number
+from .task import Task
+
+
+
+def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
+    """``(x, y)`` -> ``(model(x), y)``; see ``batch.input_and_target`` for the other shapes."""
+    (args, kwargs), target = input_and_target(batch)
+    if not kwargs:
+        return model(*args), target
+    try:
+        return model(**kwargs), target
+    except TypeError as e:
+        if "keyword argument" not in str(e):
+            raise
+        raise TypeError(f"a dict batch goes to model(**batch) without its target, so its keys must be the "
+                        f"arguments of {type(model).__name__}.forward ({e}); rename them, or pass "
+                        f"forward=fn(model, batch) -> (output, target)") from None
+
+
+@dataclass
+class StepResult:
+    """What one training step did (``ModelEngine.train_batch``).
+
+    ``loss``: this process's loss sum, a float64 0-d tensor on the first device (NaN if the
+    step was skipped); ``count``: what it is divided by (samples for a sum loss; a tensor for
+    a weighted loss); ``stepped``: whether the parameters were updated; ``flags``: the
+    processes' sum of the ``extras`` sent with the gradients (None if none rode); ``seconds``:
+    each device's forward and backward time when the step was ``timed``.
+    """
+    loss: torch.Tensor
+    count: Count
+    stepped: bool = True
+    flags: Optional[torch.Tensor] = None
+    seconds: Optional[List[float]] = None
+
+
+class ModelEngine:
+    """Train and evaluate ``task.model`` data-parallel on ``devices``.
+
+    >>> engine = ModelEngine(task, [cpu(0), cpu(1)])
+    >>> result = engine.train_batch(batch)     # one step on the whole batch: a StepResult
+    >>> totals = engine.evaluate(loader)                # {"loss": ..., "count": ..., ...}
+    """
+
+    def __init__(self, task: Task, devices: Sequence[torch.device], kvstore: Optional[str] = "device",
+                 sync_batchnorm: bool = False, amp: Optional[torch.dtype] = None, channels_last: bool = False,
+                 bucket_cap_mb: float = 25.0, compile: Optional[str] = None):
+        self.task = task
+        self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
+        self.forward = task.forward or default_forward
+        self.memory_format = torch.channels_last if channels_last else None
+        model = task.model
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.replicas = replicate(model, devices, init=task.init, sync_batchnorm=sync_batchnorm)
+        self.devices = self.replicas.devices
+        self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
+                               bucket_cap_mb=bucket_cap_mb)
+        self.amp = amp
+        self.runner = self.trainer.runner
+        self.compile_mode = check_mode(compile)
+        if self.compile_mode and sync_batchnorm:
+            raise ValueError("--compile and --sync-bn do not go together: the synchronised BatchNorm waits for "
+                             "every device inside the graph; drop one of them")
+        self._nets: Optional[List[nn.Module]] = None
+        self.compile_seconds = 0.0
+
+    def _net(self, i: int) -> nn.Module:
+        """Replica ``i``, through its ``torch.compile`` wrapper with ``--compile``."""
+        return self._nets[i] if self._nets is not None else self.replicas[i]
+
+    def compile(self, example: Batch) -> None:
+        """With ``--compile``: compile every replica on ``example`` (a batch of this process,
+        with the sizes of an epoch's shards), before training; see ``compiled.py``."""
+        if not self.compile_mode:
+            return
+        if self._nets is None:
+            self._nets = compile_replicas(list(self.replicas), self.compile_mode)
+        n = batch_size(example)
+        k = min(n, len(self.devices))
+        shards = split_structure(example, even_parts(n, k)) if k > 1 else [example]
+
+        def train(i: int, shard: Batch) -> None:
+            with torch.enable_grad():
+                value, _ = self._loss(self._net(i), to_device(shard, self.devices[i], self.memory_format),
+                                      self.devices[i], count=False)
+            value.backward()
+
+        def evaluate(i: int, shard: Batch) -> None:
+            self.replicas[i].eval()
+            try:
+                with torch.no_grad():
+                    self._loss(self._net(i), to_device(shard, self.devices[i], self.memory_format), self.devices[i])
+            finally:
+                self.replicas[i].train()
+        # On each device's own thread, as training runs them (dynamo's guards include the
+        # thread's intra-op thread count), one device after another.
+        calls = [lambda i=i, s=s, f=f: self.runner.run(i, f, i, s)
+                 for f in (train, evaluate) for i, s in enumerate(shards)]
+        # Left as they were: BatchNorm statistics, the random state (dropout), the gradients.
+        buffers = [[b.clone() for b in m.buffers()] for m in self.replicas]
+        rng = torch.get_rng_state()
+        with self.trainer.no_sync():                # nothing sent: these gradients are thrown away
+            self.compile_seconds += warm_up(calls)
+        self.trainer.discard_gradients()
+        torch.set_rng_state(rng)
+        with torch.no_grad():
+            for m, saved in zip(self.replicas, buffers):
+                for b, v in zip(m.buffers(), saved):
+                    b.copy_(v)
+
+    @property
+    def classification(self) -> bool:
+        return self.adapter is not None and self.adapter.classification
+
+    def prepare(self, example: Batch, lr: Optional[float] = None) -> None:
+        """Materialise lazy layers with a one-sample batch, then set the learning rate."""
+        def run(net: nn.Module, batch: Batch) -> None:
+            self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0])
+        self.replicas.initialize(example, run)
+        if lr is not None:
+            self.trainer.set_learning_rate(lr)
+        else:
+            self.trainer.learning_rate      # builds the optimizers now: their lrs are checked here
+
+    # -- training ----------------------------------------------------------------------
+    def _autocast(self, device: torch.device):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=self.amp)
+
+    def _loss(self, net: nn.Module, shard: Batch, device: torch.device,
+              count: bool = True) -> Tuple[torch.Tensor, Count]:
+        """The shard's loss as a sum, and its denominator (None: a sum, nothing to divide;
+        not computed unless ``count``)."""
+        with self._autocast(device):
+            if self.adapter is not None:
+                output, target = self.forward(net, shard)
+                return self.adapter(output, target), self.adapter.count(target) if count else None
+            out = self.task.step(net, shard)
+        if isinstance(out, (tuple, list)):
+            if len(out) != 2:
+                raise ValueError(f"step returned {len(out)} values: return the loss, or (sum, count)")
+            self._step_pairs = True
+            return out[0].reshape(()), out[1]
+        if not isinstance(out, torch.Tensor) or out.numel() != 1:
+            raise ValueError(f"step must return the loss (one number) or (sum, count), got "
+                             f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        self._step_pairs = False
+        if self.task.reduction == "sum":
+            return out.reshape(()), None
+        n = batch_size(shard)
+        return out.reshape(()) * n, n
+
+    _step_pairs: Optional[bool] = None      # whether the step function returns (sum, count)
+
+    def _known_count(self, batch: Batch) -> Tuple[bool, Count]:
+        """This process's denominator before any forward, when the batch alone tells it."""
+        if self.adapter is None:
+            if self.task.reduction == "sum" and self._step_pairs is False:
+                return True, None
+            if self._step_pairs is False:
+                return True, batch_size(batch)
+            return False, None          # not known yet whether the step returns (sum, count)
+        if self.task.forward is not None:
+            return False, None
+        _, target = input_and_target(batch)
+        return True, host_number(self.adapter.count(target))
+
+    def train_batch(self, batch: Batch, skip_nonfinite: bool = False, extras: Optional[torch.Tensor] = None,
+                    sizes: Optional[Sequence[int]] = None, timed: bool = False) -> StepResult:
+        """One step on this process's ``batch``; returns what it did (``StepResult``).
+
+        ``skip_nonfinite``: if a gradient is NaN or infinite on any device of any process, the
+        model is left as it was. ``extras``: numbers to sum over the processes with the
+        gradients (their sum over processes comes back as ``flags``). ``sizes``: each device's
+        part of the batch (``--balance``; default: as equal as can be). ``timed``: measure each
+        device's forward and backward seconds (on a GPU it then waits).
+        """
+        n = batch_size(batch)
+        # With several processes this is the process's part of the global batch: it may have
+        # fewer samples than devices, or none; devices without samples contribute zeros.
+        if sizes is None:
+            k = min(n, len(self.devices))
+            sizes = even_parts(n, k) + [0] * (len(self.devices) - k) if k else [0] * len(self.devices)
+        if sum(sizes) != n or len(sizes) != len(self.devices):
+            raise ValueError(f"the parts {list(sizes)} do not cut a batch of {n} samples over {len(self.devices)} "
+                             f"devices")
+        used = [s for s in sizes if s]
+        parts = split_structure(batch, used) if len(used) > 1 else [batch] * len(used)
+        shards: List[Optional[Batch]] = [parts.pop(0) if s else None for s in sizes]
+        known, denominator = self._known_count(batch) if n else (True, 0)
+        counts: List[Count] = [None] * len(self.devices)
+        seconds = [0.0] * len(self.devices)
+
+        def compute(i: int) -> torch.Tensor:
+            if shards[i] is None:
+                return self._idle(i)
+            device = self.devices[i]
+            start = time.perf_counter()
+            with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
+                value, counts[i] = self._loss(self._net(i), to_device(shards[i], device, self.memory_format),
+                                              device, count=not known)
+            with trace.span("backward", i):
+                value.backward()
+            if timed:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                seconds[i] = time.perf_counter() - start
+            return value.detach()
+
+        def shard_counts() -> Count:        # once every shard has computed its own
+            total = None
+            for c in counts:
+                total = add_counts(total, host_number(c))
+            return total
+        outcome = self.trainer.step_with(compute, denominator if known else shard_counts,
+                                         skip_nonfinite=skip_nonfinite, extras=extras)
+        losses = outcome.outputs
+        loss = losses[0].double() if len(losses) == 1 else sum(v.double().to(self.devices[0]) for v in losses)
+        if not known:
+            denominator = shard_counts()
+        if not outcome.stepped:
+            loss = torch.full_like(loss, math.nan)
+        return StepResult(loss, n if denominator is None else denominator, outcome.stepped, outcome.summed_extras,
+                          seconds if timed else None)
+
+    def _idle(self, i: int) -> torch.Tensor:
+        for p in self.replicas[i].parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        return torch.zeros((), device=self.devices[i])
+
+    def evaluate(self, batches) -> Totals:
+        """Sum the loss, its denominator, correct predictions and every metric over
+        ``batches`` on every device (see ``evaluation.evaluate``)."""
+        return evaluate(self, batches)
+
+    # -- state -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"model": self.replicas[0].state_dict(), "trainer": self.trainer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        try:
+            for m in self.replicas:
+                m.load_state_dict(without_prefix(state["model"]))
+        except (KeyError, RuntimeError) as e:
+            raise ValueError(f"the checkpoint's model does not fit this one: {str(e).splitlines()[0]}") from None
+        self.trainer.load_state_dict(state["trainer"])

@@ -1,0 +1,105 @@
+"""``Task``: what to train (model, data, loss, optimizer, schedule, metrics), not how.
+
+How (devices, processes, epochs, checkpoints...) is a ``TrainConfig``. ``dptrain.fit`` takes
+a model and data directly; a ``Task`` is the same thing in one object, which is what a
+recipe returns: the built-in recipes (``recipes.py``) and yours
+(``dptrain train --recipe my_tasks.py:make``) are functions ``(config) -> Task``.
+
+    def make(config):
+        return dptrain.Task(model=MyNet(), train_data=train_set, eval_data=test_set,
+                            loss=nn.CrossEntropyLoss(), optimizer=torch.optim.AdamW,
+                            scheduler=functools.partial(CosineAnnealingLR, T_max=10))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from torch import nn
+
+from .losses import REDUCTIONS
+from ..parallel.optim import OptimizerSpec, check_learning_rate
+
+Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
+SCHEDULER_INTERVALS = ("epoch", "batch")
+
+
+@dataclass
+class Task:
+    """What to train. Only ``model`` and ``train_data`` are required.
+
+    - ``model``: any ``nn.Module`` (lazy layers too); it ends trained, in place.
+    - ``train_data``, ``eval_data``: a map-style ``Dataset`` (``TensorDataset``,
+      torchvision-style ``(image, label)``, dicts...), tensors ``(X, y)``, a dict of tensors,
+      or a function returning one of these (called once, when the run starts).
+    - ``loss``: ``loss(output, target)``, any reduction (default ``nn.CrossEntropyLoss()``);
+      ``reduction``: ``"mean"`` or ``"sum"`` for a plain function (a module says its own).
+    - ``forward(model, batch) -> (output, target)``: how a batch meets the model when it is not
+      ``model(x)`` against ``y``. ``step(model, batch) -> loss`` (or ``(sum, count)``): the
+      whole loss, for models that compute their own.
+    - ``optimizer``: a name (``"sgd"``...) with ``optimizer_params``, a ``torch.optim`` class
+      or factory, or an optimizer built on ``model``; ``lr`` overrides every group's.
+    - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval``.
+    - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
+      ``eval_data`` and summed over devices and processes (accuracy is added for
+      classification losses).
+    - ``init(module)``: runs once before the model is copied to the devices.
+    - ``epochs``, ``batch_size`` (global), ``kvstore``: defaults for ``TrainConfig``;
+      ``per_device``: batch size and lr given per device, scaled by the device count.
+    - ``channels_last``: the model takes NHWC images well (convolutions, no ``.view`` of
+      them), so dptrain uses that layout where it was measured to pay (CPU devices, amp).
+    - ``collate_fn``: how a Dataset's samples make a batch (default: PyTorch's).
+    - ``name``, ``dataset``: how results and checkpoints name the run.
+    """
+    model: nn.Module
+    train_data: Any
+    eval_data: Any = None
+    loss: Optional[Callable] = None
+    reduction: Optional[str] = None
+    forward: Optional[Callable[[nn.Module, Any], Tuple[Any, Any]]] = None
+    step: Optional[Callable[[nn.Module, Any], Any]] = None
+    optimizer: OptimizerSpec = "sgd"
+    optimizer_params: Optional[Dict[str, Any]] = None
+    lr: Optional[float] = None
+    scheduler: Optional[Callable[[Any], Any]] = None
+    scheduler_interval: str = "epoch"
+    metrics: Dict[str, Metric] = field(default_factory=dict)
+    init: Optional[Callable[[nn.Module], None]] = None
+    epochs: int = 10
+    batch_size: int = 256
+    kvstore: Optional[str] = "device"
+    per_device: bool = False
+    channels_last: bool = False
+    collate_fn: Optional[Callable] = None
+    name: str = "custom"
+    dataset: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(self.model).__name__}")
+        if self.train_data is None:
+            raise ValueError("train_data is missing: give a Dataset, tensors (X, y), or a dict of tensors")
+        if self.step is not None and self.loss is not None:
+            raise ValueError("give either loss (with the default or your forward) or step, not both: step "
+                             "computes the loss itself")
+        for name in ("loss", "forward", "step", "scheduler", "init", "collate_fn"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+        if self.reduction is not None and self.reduction not in REDUCTIONS:
+            raise ValueError(f"unknown reduction {self.reduction!r}; choose mean or sum")
+        if self.scheduler_interval not in SCHEDULER_INTERVALS:
+            raise ValueError(f"unknown scheduler_interval {self.scheduler_interval!r}; choose epoch or batch")
+        if self.lr is not None:
+            check_learning_rate(self.lr, "lr")
+        if not isinstance(self.metrics, dict) or not all(callable(f) for f in self.metrics.values()):
+            raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)}")
+        for name in ("epochs", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+    def load(self, which: str) -> Any:
+        """``train_data`` or ``eval_data``, calling it first if it is a function."""
+        data = getattr(self, which)
+        return data() if callable(data) and not hasattr(data, "__getitem__") else data

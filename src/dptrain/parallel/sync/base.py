@@ -1,0 +1,140 @@
+"""One interface for every way of summing gradients: ``GradientSync``.
+
+A strategy leaves every replica's parameters equal, as if one device had stepped on
+``sum over devices and processes of the gradients / denominator``. The strategies, each in
+its own module: ``device.py`` (each parameter summed and updated on its owner device),
+``host.py`` (summed in host memory), ``scratch.py`` (the reference's hand-written
+allreduce), ``processes.py`` (several processes, buckets sent during backward). The
+``Trainer`` calls only the methods below; it never asks which strategy it has.
+
+A step is a list of *phases*, each a function of the device index: phase p+1 starts on any
+device only once phase p is done on all of them. What a step asks (denominator, numbers to
+sum alongside, whether to check for NaN) and what it tells back (skipped, those sums) travel
+in a ``SyncStep`` made for that step, not on the strategy's attributes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ContextManager, List, Optional, Sequence, Union
+import contextlib
+
+import torch
+
+from ...core.runner import DeviceRunner
+
+Grads = List[List[Optional[torch.Tensor]]]     # [device][parameter]
+Params = List[List[torch.Tensor]]               # [device][parameter]
+#: What the summed gradient is divided by: a count, a 0-d tensor (e.g. a loss's weighted
+#: count, left on its device so nothing waits for it), or None for no division.
+Denominator = Union[int, float, torch.Tensor, None]
+Phase = Callable[[int, Sequence[int]], None]      # (device index, active parameters)
+
+
+@dataclass
+class SyncStep:
+    """One step's request to a strategy, and what the strategy says back.
+
+    ``denominator``: this process's (or a function giving it once every device computed).
+    ``extras``: a few numbers to sum over the processes with the gradients (the stop flags).
+    ``check_finite``: skip the update if a summed gradient is NaN or infinite.
+    Filled in by the phases: ``skipped`` and ``summed_extras`` (None if they could not ride).
+    """
+    denominator: Union[Denominator, Callable[[], Denominator]] = None
+    extras: Optional[torch.Tensor] = None
+    ignore_stale_grad: bool = False
+    check_finite: bool = False
+    skipped: bool = False
+    summed_extras: Optional[torch.Tensor] = None
+
+
+def resolve(denominator: Union[Denominator, Callable[[], Denominator]]) -> Denominator:
+    """A denominator given as a function (known only once every device computed) is asked now."""
+    return denominator() if callable(denominator) else denominator
+
+
+def reciprocal(denominator: Denominator, device: Optional[torch.device] = None):
+    """``1 / denominator`` as a float, or a 0-d float64 tensor on ``device``; None stays None."""
+    denominator = resolve(denominator)
+    if denominator is None:
+        return None
+    if isinstance(denominator, torch.Tensor):
+        d = denominator.to(device or denominator.device, torch.float64, non_blocking=True)
+        return torch.reciprocal(d.reshape(()))
+    return 1.0 / denominator
+
+
+def scale_(grads: List[torch.Tensor], scale) -> None:
+    """Multiply gradients by ``scale`` in place (one fused call; nothing when None)."""
+    if scale is None or not grads:
+        return
+    if isinstance(scale, torch.Tensor):
+        scale = scale.to(grads[0].device, non_blocking=True)
+    torch._foreach_mul_(grads, scale)
+
+
+class GradientSync:
+    """Sum gradients over devices (and processes) and update the replicas; one device and
+    one process: nothing to sum, every device updates its own (this class).
+
+    ``phases`` runs inside the device threads (``Trainer.step_with``, one dispatch per step);
+    ``step`` runs each phase as one dispatch (``Trainer.step``).
+    """
+    name: Optional[str] = None
+
+    def __init__(self, runner: DeviceRunner):
+        self.runner = runner
+        self.devices = runner.devices
+
+    def setup(self, params: Params, state: Sequence[torch.Tensor] = ()) -> None:
+        """Called once before the first step with every replica's parameters and the first
+        replica's other state (frozen parameters, buffers: what several processes share)."""
+
+    def optimized(self, i: int) -> Optional[List[int]]:
+        """Indices of the parameters device ``i``'s optimizer updates (None: all of them)."""
+        return None
+
+    def reduce(self, grads: Grads, active: Sequence[int]) -> None:
+        """Leave in every device's gradient of each ``active`` parameter the sum over devices."""
+
+    def prepare(self, step: SyncStep) -> None:
+        """Called before the backward passes of a step (several processes send the
+        denominator and extras with the gradients; one process sums nothing)."""
+        step.summed_extras = step.extras
+
+    def phases(self, params: Params, step: SyncStep, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
+        """Default: clear stale gradients; sum everything (from device 0's thread); every
+        device scales its gradients and updates its replica."""
+        def clear_stale(i: int, active: Sequence[int]) -> None:
+            is_active = set(active)
+            for j, p in enumerate(params[i]):   # a stale parameter is skipped by the optimizer
+                if j not in is_active:
+                    p.grad = None
+
+        def reduce(i: int, active: Sequence[int]) -> None:
+            if i == 0 and len(params) > 1:
+                self.reduce([[p.grad for p in g] for g in params], active)
+
+        def update(i: int, active: Sequence[int]) -> None:
+            scale_([params[i][j].grad for j in active], reciprocal(step.denominator, self.devices[i]))
+            optimizers[i].step()
+            optimizers[i].zero_grad(set_to_none=True)
+        return [clear_stale, reduce, update]
+
+    def step(self, params: Params, active: Sequence[int], step: SyncStep,
+             optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Sum the gradients of ``active`` parameters, divide them, update every replica."""
+        for phase in self.phases(params, step, optimizers):
+            self.runner.map(lambda i: phase(i, active))
+
+    def no_sync(self) -> ContextManager[None]:
+        """Backward passes in this block only accumulate locally (nothing to send here)."""
+        return contextlib.nullcontext()
+
+    def discard(self, params: Params) -> None:
+        """Forget the gradients accumulated since the last step."""
+        for group in params:
+            for p in group:
+                p.grad = None
+
+    def close(self) -> None:
+        """Take back whatever the strategy attached to the parameters (hooks)."""

@@ -1,0 +1,310 @@
+"""A Gluon-style Trainer: sum gradients over devices, scale by 1/batch_size, update every replica.
+
+    replicas = dptrain.replicate(net, devices)
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1}, kvstore="device")
+    for X, y in loader:
+        Xs, ys = dptrain.split_batch(X, y, devices)
+        replicas.forward_backward(Xs, ys)
+        trainer.step(len(X))
+
+Every device runs the same optimizer on the same summed gradient, so the replicas stay
+identical. The optimizer is a Gluon name or any ``torch.optim`` optimizer (see ``optim.py``);
+``trainer.optimizer`` takes ``lr_scheduler``s. Frozen parameters (``requires_grad=False``)
+are left alone. Gradients are cleared after each step; a parameter with no gradient at the
+next step is "stale" and an error, unless ``ignore_stale_grad=True`` (then it is not updated).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
+
+import torch
+from torch import nn
+
+from ..core.devices import DeviceLike, check_devices, cpu
+from ..core.runner import get_runner
+from ..distributed.collective import get_collective
+from . import sync
+from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer,
+                    load_optimizer_state, optimizer_state)
+from .phases import run_fused
+from .replicas import Replicas
+from .sync import Denominator, GradientSync, SyncStep
+from .sync.buckets import DEFAULT_BUCKET_MB
+
+T = TypeVar("T")
+Params = Union[Replicas, nn.Module, Sequence[torch.Tensor], Sequence[Sequence[torch.Tensor]]]
+
+
+def _device_of(t: torch.Tensor) -> torch.device:
+    return t.device if t.device.type != "cpu" else cpu(0)
+
+
+@dataclass
+class StepOutcome(Generic[T]):
+    """What ``Trainer.step_with`` did: each device's ``compute`` output, whether it updated
+    the parameters, and the processes' sum of the ``extras`` (None if they could not ride)."""
+    outputs: List[T]
+    stepped: bool
+    summed_extras: Optional[torch.Tensor] = None
+
+
+class Trainer:
+    """Update model replicas with summed gradients; see the module docstring for the loop.
+
+    ``params_or_replicas``: a ``Replicas``; one ``nn.Module`` or parameter list (one device);
+    or one parameter list per device (the from-scratch layout), with ``devices`` naming them.
+    ``optimizer``: a name (``"sgd"``, ``"nag"``, ``"adam"``, ``"adamw"``) with
+    ``optimizer_params``, a ``torch.optim`` class or factory (``torch.optim.AdamW``,
+    ``functools.partial(torch.optim.SGD, lr=0.1)``), or an optimizer built on the model.
+    """
+
+    def __init__(self, params_or_replicas: Params, optimizer: OptimizerSpec = "sgd",
+                 optimizer_params: Optional[Mapping[str, Any]] = None,
+                 kvstore: Optional[str] = "device", devices: Optional[Sequence[DeviceLike]] = None,
+                 bucket_cap_mb: float = DEFAULT_BUCKET_MB):
+        if isinstance(optimizer, str):
+            check_optimizer(optimizer, optimizer_params)          # a typo fails here, not at step 1
+        self._spec, self._optimizer_params = optimizer, optimizer_params
+        self._frozen: List[torch.Tensor] = []
+        if isinstance(params_or_replicas, Replicas):
+            self.devices = params_or_replicas.devices
+            self._replicas: Optional[Replicas] = params_or_replicas
+        else:
+            self._replicas = None
+            self._groups = self._parameter_groups(params_or_replicas)
+            self.devices = check_devices(devices) if devices is not None else \
+                [cpu(i) for i in range(len(self._groups))] if all(
+                    _device_of(g[0]).type == "cpu" for g in self._groups) else \
+                [_device_of(g[0]) for g in self._groups]
+            if len(self.devices) != len(self._groups):
+                raise ValueError(f"got {len(self._groups)} parameter lists for {len(self.devices)} devices")
+        self.runner = get_runner(self.devices)
+        self.collective = get_collective()
+        self.sync: GradientSync = sync.create(kvstore, self.runner, self.collective, bucket_cap_mb)
+        self._optimizers: List[torch.optim.Optimizer] = []
+        self._origins: List[List[int]] = []
+        self.optimizer: Optional[ReplicatedOptimizer] = None
+        if self._replicas is None or self._replicas.initialized:
+            # Now, before any backward: several processes start from rank 0's parameters.
+            self._setup()
+
+    def _parameter_groups(self, source) -> List[List[torch.Tensor]]:
+        if isinstance(source, nn.Module):
+            self._frozen = [p for p in source.parameters() if not p.requires_grad]
+            groups = [[p for p in source.parameters() if p.requires_grad]]
+        else:
+            items = list(source)
+            if not items:
+                raise ValueError("Trainer got no parameters")
+            groups = [items] if all(isinstance(p, torch.Tensor) for p in items) else [list(g) for g in items]
+            if len({len(g) for g in groups}) != 1:
+                raise ValueError("every device needs the same parameters: got lists of lengths "
+                                 f"{[len(g) for g in groups]}")
+            for g in groups:                # the from-scratch layout: plain tensors to train
+                for p in g:
+                    if not p.requires_grad:
+                        p.requires_grad_(True)
+        if not groups[0]:
+            raise ValueError("the model has no trainable parameter (every one has requires_grad=False)")
+        return groups
+
+    def _setup(self) -> None:
+        if self._replicas is not None:
+            self._frozen = [p for p in self._replicas[0].parameters() if not p.requires_grad]
+            self._groups = [[p for p in m.parameters() if p.requires_grad] for m in self._replicas]
+            if not self._groups[0]:
+                raise ValueError("the model has no trainable parameter (every one has requires_grad=False)")
+        plan = OptimizerPlan.resolve(self._spec, self._optimizer_params, self._groups[0])
+        keep = plan.managed()
+        if len(keep) < len(self._groups[0]):        # trainable, but not given to the optimizer
+            self._groups = [[g[j] for j in keep] for g in self._groups]
+            plan = plan.restricted(keep)
+        # Listed once: walking the modules for them took ~80 us a step.
+        self._buffers = list(self._replicas[0].buffers()) if self._replicas is not None else []
+        self.sync.setup(self._groups, self._frozen + self._buffers)
+        self._broadcast_buffers()
+        self._optimizers, self._origins = [], []
+        for i, g in enumerate(self._groups):
+            mine = self.sync.optimized(i)
+            indices = range(len(g)) if mine is None else mine
+            optimizer, origin = plan.build([g[j] for j in indices], indices)
+            self._optimizers.append(optimizer)
+            self._origins.append(origin)
+        self.optimizer = ReplicatedOptimizer(plan, self._groups[0], self._groups)
+
+    def _ready(self) -> None:
+        if not self._optimizers:
+            self._setup()
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate of the first parameter group."""
+        self._ready()
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Set every parameter group's learning rate from the next step on (0 is allowed)."""
+        lr = check_learning_rate(lr)
+        self._ready()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self, batch_size: Denominator, ignore_stale_grad: bool = False, skip_nonfinite: bool = False) -> bool:
+        """Sum gradients over devices, divide by ``batch_size``, update every replica.
+
+        ``batch_size``: this process's number of samples (with several processes the
+        processes' numbers are summed), or any divisor of the summed gradient (a float, a
+        0-d tensor, a function giving one once the gradients are computed), or None for no
+        division. ``skip_nonfinite``: if any gradient, on any
+        device of any process, is NaN or infinite, update nothing, clear the gradients and
+        return False (as AMP's grad scaler skips a step); every process decides alike.
+        Returns whether it updated.
+        """
+        self._check_denominator(batch_size)
+        self._ready()
+        if skip_nonfinite and self.collective.world_size == 1 and not self._grads_finite():
+            self._clear_grads()
+            return False
+        active = self._active(ignore_stale_grad)
+        self.optimizer.push(zip(self._optimizers, self._origins))
+        # several processes: checked on the summed gradients (the buckets were sent in backward)
+        step = SyncStep(batch_size, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite)
+        self.sync.step(self._groups, active, step, self._optimizers)
+        return self._finish_step(step.skipped)
+
+    def step_with(self, compute: Callable[[int], T], batch_size: Denominator,
+                  ignore_stale_grad: bool = False, skip_nonfinite: bool = False,
+                  extras: Optional[torch.Tensor] = None) -> StepOutcome[T]:
+        """Run ``compute(i)`` (forward and backward of shard ``i``) on every device, then ``step``.
+
+        The same result as calling ``compute`` on every device and then ``step``, in one
+        dispatch to the device threads (``phases.py``). With several processes the gradients
+        are sent in buckets while backward runs, and ``batch_size`` (this process's) rides in
+        the last bucket, with ``extras`` (a few numbers to sum over the processes). Returns
+        the outputs, whether it updated, and the summed extras, as a ``StepOutcome``.
+        """
+        self._check_denominator(batch_size)
+        if not self._optimizers:      # the first step (lazy modules): the plain way
+            outputs = self.runner.map(lambda i: compute(i))
+            stepped = self.step(batch_size, ignore_stale_grad, skip_nonfinite)
+            return StepOutcome(outputs, stepped, extras if self.collective.world_size == 1 else None)
+        self.optimizer.push(zip(self._optimizers, self._origins))
+        step = SyncStep(batch_size, extras, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite)
+        self.sync.prepare(step)
+        phases = self.sync.phases(self._groups, step, self._optimizers)
+        local_check = skip_nonfinite and self.collective.world_size == 1
+        outputs, skipped = run_fused(self.runner, compute, phases, lambda: self._active(ignore_stale_grad),
+                                     self._grads_finite if local_check else None, self._clear_grads)
+        stepped = False if skipped else self._finish_step(step.skipped)
+        return StepOutcome(outputs, stepped, step.summed_extras)
+
+    def _finish_step(self, skipped: bool) -> bool:
+        self._broadcast_buffers()
+        if not skipped:
+            self.optimizer.step()      # marks the step for lr schedulers
+        return not skipped
+
+    def _grads_finite(self) -> bool:
+        grads = [p.grad for group in self._groups for p in group if p.grad is not None]
+        return all(bool(torch.isfinite(g).all()) for g in grads)
+
+    def _clear_grads(self, device_index: Optional[int] = None) -> None:
+        groups = self._groups if device_index is None else [self._groups[device_index]]
+        for group in groups:
+            for p in group:
+                p.grad = None
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally: backward passes in this block send nothing.
+
+        >>> with trainer.no_sync():
+        ...     replicas.forward_backward(Xs1, ys1)      # micro-batch 1: kept local
+        >>> replicas.forward_backward(Xs2, ys2)          # micro-batch 2: sums both, sends
+        >>> trainer.step(len1 + len2)
+        """
+        self._ready()
+        with self.sync.no_sync():
+            yield
+
+    def discard_gradients(self) -> None:
+        """Forget the gradients accumulated since the last step (e.g. by a warm-up)."""
+        self._ready()
+        self.sync.discard(self._groups)
+
+    def close(self) -> None:
+        """Detach from the parameters: the gradient hooks go, so the model trains on its own
+        (or in another Trainer) afterwards. The Trainer cannot step after this."""
+        self.sync.close()
+
+    @property
+    def kvstore(self) -> GradientSync:
+        """The gradient-sync strategy (named ``kvstore`` as in Gluon)."""
+        return self.sync
+
+    @property
+    def world_size(self) -> int:
+        return self.collective.world_size
+
+    def _check_denominator(self, batch_size: Denominator) -> None:
+        if batch_size is None or isinstance(batch_size, torch.Tensor) or callable(batch_size):
+            return
+        # With several processes, one may have no sample in a last, small batch.
+        least = 0 if self.collective.world_size > 1 else 1
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float)) or not batch_size >= least \
+                or batch_size == float("inf"):
+            raise ValueError(f"step needs the batch size (a number >= {least}), got {batch_size!r}")
+
+    def _active(self, ignore_stale_grad: bool) -> List[int]:
+        """Indices of the parameters with a gradient on every device; stale ones are an error."""
+        active = []
+        for j in range(len(self._groups[0])):
+            missing = [i for i, g in enumerate(self._groups) if g[j].grad is None]
+            if not missing:
+                active.append(j)
+            elif not ignore_stale_grad:
+                raise ValueError(
+                    f"parameter {self._name(j)} got no gradient on device(s) "
+                    f"{', '.join(str(self.devices[i]) for i in missing)} since the last step: the "
+                    f"model used only some of its parameters. Call step(batch_size, "
+                    f"ignore_stale_grad=True) to skip such parameters")
+        return active
+
+    def _broadcast_buffers(self) -> None:
+        # As DistributedDataParallel does: running statistics follow device 0 of rank 0, so
+        # every replica evaluates the same model.
+        if self._replicas is None:
+            return
+        source = self._buffers
+        if not source or (len(self.devices) == 1 and self.collective.world_size == 1):
+            return
+        self.collective.broadcast_tensors(source)
+        if len(self.devices) == 1:
+            return
+
+        def copy(i: int) -> None:
+            if i:
+                for b, s in zip(self._replicas[i].buffers(), source):
+                    b.copy_(s, non_blocking=True)
+        self.runner.map(copy)
+
+    def state_dict(self) -> dict:
+        """The optimizer state per parameter (by its index among the trainable ones) and the
+        parameter groups' hyper-parameters; the same layout whatever the devices, kvstore or
+        processes (see ``optim.optimizer_state``)."""
+        self._ready()
+        return optimizer_state(self._optimizers, self._groups, self.sync.optimized, self.optimizer)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load a ``state_dict``, whatever devices, kvstore or processes saved it."""
+        self._ready()
+        load_optimizer_state(state, self._optimizers, self._groups, self.optimizer)
+        self.optimizer.push(zip(self._optimizers, self._origins))
+
+    def _name(self, j: int) -> str:
+        if self._replicas is not None:
+            names = [n for n, p in self._replicas[0].named_parameters() if any(p is q for q in self._groups[0])]
+            return repr(names[j])
+        return f"#{j} (shape {tuple(self._groups[0][j].shape)})"

@@ -1,0 +1,94 @@
+"""Run a Task as a config says, in one process or as one of several: what ``fit`` and
+``dptrain train`` share.
+
+Under ``torchrun``, ``dptrain launch`` or ``--processes`` (``WORLD_SIZE`` > 1 in the
+environment) the process joins the process group itself, trains its part of every global
+batch, and only rank 0 logs and writes files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from .config import TrainConfig
+from ..core.devices import cpu, num_gpus, parse_devices
+from ..distributed import DistEnv, init_distributed, shutdown_distributed
+from ..outputs.checkpoint import FILENAME
+from ..distributed.env import attempt, choose_backend
+from ..distributed.worker import die_with_launcher
+from ..distributed.heartbeat import Heartbeat
+from .loop import Run
+from .preflight import check_outputs
+from ..engine.task import Task
+
+Log = Callable[[str], None]
+
+
+def process_devices(spec: Any, env: DistEnv) -> List[torch.device]:
+    """This process's devices. One process: ``parse_devices(spec)``. Several: ``auto`` is
+    ``cuda:LOCAL_RANK`` on a GPU machine, else one virtual CPU device; a list or a count is
+    per process."""
+    if not env.distributed or spec not in (None, "", "auto"):
+        return parse_devices(spec)
+    if num_gpus() > env.local_rank:
+        return [torch.device("cuda", env.local_rank)]
+    if num_gpus():
+        raise ValueError(f"local rank {env.local_rank} has no GPU: this machine has {num_gpus()}; "
+                         f"start at most {num_gpus()} processes per machine")
+    return [cpu(0)]
+
+
+def after_restart(config: TrainConfig, log: Optional[Log]) -> TrainConfig:
+    """After the elastic agent restarted the job: resume from the last checkpoint if there is
+    one (the command is the same as the first time, without --resume), else start over."""
+    n = attempt()
+    if n == 0:
+        return config
+    saved = bool(config.checkpoint_dir) and (Path(config.checkpoint_dir) / FILENAME).exists()
+    if log:
+        limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
+        log(f"dptrain: restart {n} of {limit} after a failure: "
+            + ("resuming from the last checkpoint" if saved else "starting over (no checkpoint yet)"))
+    return dataclasses.replace(config, resume=saved, overwrite=not saved)
+
+
+def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
+             plot: Optional[str] = None) -> Dict[str, Any]:
+    """Train ``task`` as ``config`` says; return the result (the ``--json`` object).
+
+    Every file the run will write is checked first (``preflight.py``), ``plot`` too (the
+    caller draws it, with ``draw``, once it has what it must not lose)."""
+    env = DistEnv.current()
+    die_with_launcher()
+    config = after_restart(config, log if env.rank == 0 else None)
+    if env.rank == 0:
+        check_outputs(config, plot)
+    devices = process_devices(config.devices, env)
+    # Checked even for one process, where it is not used: --backend nccl without GPUs is an error.
+    choose_backend(config.backend, use_cuda=any(d.type == "cuda" for d in devices))
+    joined = env.distributed and not torch.distributed.is_initialized()
+    backend = init_distributed(env, config.backend, use_cuda=any(d.type == "cuda" for d in devices),
+                               timeout_s=config.timeout)
+    beat = Heartbeat(env.rank, env.world_size, config.timeout).start() \
+        if env.distributed and "MASTER_PORT" in os.environ else None
+    try:
+        run = Run(task, config, env, devices, backend, log if env.rank == 0 else None)
+        try:
+            result = run.run()
+        finally:
+            run.close()
+            del run
+    finally:
+        # Collected now, while the process group exists: gloo objects left to the collector at
+        # interpreter exit aborted 2-4 runs in 10 ("terminate called without an active exception").
+        gc.collect()
+        if beat is not None:
+            beat.stop()
+        if joined:              # a process group the caller made is the caller's to end
+            shutdown_distributed()
+    return result

@@ -1,0 +1,133 @@
+"""Stopping a run between batches, at the same batch in every process.
+
+SIGINT and SIGTERM do not stop the run where they land: they are noted, and the loop
+stops at a batch boundary, after saving. With several processes the signal may reach one
+process, or all of them a few batches apart, and a non-finite loss may appear in one
+process only; so the processes sum three flags (SIGINT seen, SIGTERM seen, non-finite loss
+seen) and all of them act on the same answer. The flags ride with the gradients: those
+seen before batch b go in b's last gradient bucket (``Trainer.step_with(extras=...)``), and
+their sum is read after it, so they cost no message of their own (a separate 12-byte gloo
+all_reduce took ~1.2 ms of latency here, sent asynchronously still 0.1-0.3 ms a step). So
+with several processes a stop lands one batch later than with one process, where nothing
+is sent.
+"""
+from __future__ import annotations
+
+import collections
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Callable, Deque, Iterator, Optional, Tuple
+
+import torch
+
+from ..distributed.collective import Collective
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+Decision = Tuple[Optional[int], Optional[int]]     # (signal to stop for, batch whose loss was not finite)
+
+
+class StopRequests:
+    """Note SIGINT/SIGTERM while ``catching()``; around each batch, decide with the others.
+
+    >>> stops = StopRequests(get_collective())
+    >>> with stops.catching():
+    ...     for b, batch in enumerate(batches, 1):
+    ...         flags = stops.before_batch()               # None with one process
+    ...         loss = step(batch, extras=flags)           # summed with the gradients
+    ...         signum, bad_batch = stops.after_batch(b, not torch.isfinite(loss), summed_flags)
+    ...         if bad_batch is not None: raise ...
+    ...         if signum is not None: save(); break
+    ...     signum, bad_batch = stops.flush()              # what the last batch saw
+    """
+
+    def __init__(self, collective: Collective, announce: Optional[Callable[[str], None]] = None,
+                 saving: Optional[str] = None):
+        """``announce``: where to say at once that a signal was heard (None: say nothing);
+        ``saving``: the checkpoint folder a stop saves to, if any."""
+        self.collective, self.announce, self.saving = collective, announce, saving
+        self.device = getattr(collective, "device", torch.device("cpu"))   # where its messages live
+        self.signum: Optional[int] = None
+        self._bad = False                                # a non-finite loss here, not yet shared
+        self._batch = 0                                  # the last batch done
+        self._sent: Deque[torch.Tensor] = collections.deque()   # flags given to batches not yet decided on
+
+    @contextmanager
+    def catching(self) -> Iterator[None]:
+        """Note SIGINT/SIGTERM instead of dying (main thread only; elsewhere a no-op).
+
+        The first is answered at once and acted on after the batch; a second stops now,
+        without saving (``KeyboardInterrupt``)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def note(signum, _frame):
+            if self.signum is not None:
+                raise KeyboardInterrupt("stopped now, without saving")
+            self.signum = signum
+            if self.announce is not None:
+                name = signal.Signals(signum).name
+                where = f" and saving to {self.saving}" if self.saving else " (no --checkpoint-dir: nothing is saved)"
+                again = "Ctrl-C" if signum == signal.SIGINT else name
+                self.announce(f"dptrain: {name}: stopping after this batch{where}; {again} again to stop now "
+                              f"without saving")
+        before = {s: signal.signal(s, note) for s in SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in before.items():
+                signal.signal(s, handler)
+
+    @property
+    def _shared(self) -> bool:
+        return self.collective.world_size > 1
+
+    def _flags(self) -> torch.Tensor:
+        flags = torch.tensor([float(self.signum == s) for s in SIGNALS] + [float(self._bad)], device=self.device)
+        self._bad = False
+        return flags
+
+    def before_batch(self) -> Optional[torch.Tensor]:
+        """What this process saw so far, to send with the next batch's gradients (several
+        processes; None with one)."""
+        if not self._shared:
+            return None
+        self._sent.append(self._flags())
+        return self._sent[-1]
+
+    def after_batch(self, batch: int, non_finite: bool, received: Optional[torch.Tensor] = None) -> Decision:
+        """The decision every process takes after ``batch``.
+
+        One process: about this batch. Several: about what the processes saw up to the batch
+        before, ``received`` (the sum of the flags every process gave ``before_batch``; None
+        if they could not ride with the gradients: then they are sent now). What is seen now
+        goes with the next batch, or with ``flush``.
+        """
+        self._batch = batch
+        if not self._shared:
+            return self.signum, batch if non_finite else None
+        self._bad = self._bad or non_finite
+        if not self._sent:
+            return None, None
+        sent = self._sent.popleft()
+        if received is None:
+            received = self.collective.all_reduce(sent.clone())
+        return self._decide(received, batch - 1)
+
+    def flush(self) -> Decision:
+        """After the last batch of an epoch: share what it saw and decide (a blocking message)."""
+        if not self._shared:
+            return self.signum, None
+        return self._decide(self.collective.all_reduce(self._flags()), self._batch)
+
+    @staticmethod
+    def _decide(flags: torch.Tensor, flagged_batch: int) -> Decision:
+        seen_int, seen_term, any_bad = flags.tolist()[:3]
+        signum = signal.SIGTERM if seen_term else signal.SIGINT if seen_int else None
+        return signum, flagged_batch if any_bad else None
+
+    def barrier(self) -> None:
+        """Wait until every process gets here (after rank 0 saved, before anyone leaves)."""
+        if self._shared:
+            self.collective.all_reduce(torch.zeros(1, device=self.device))
