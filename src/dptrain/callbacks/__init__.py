@@ -1,1 +1,5 @@
-"""Callbacks: hooks into a run (see base.py)."""
+"""Callbacks: hooks into a run (``base.py``), and dptrain's own outputs written as such (``outputs.py``)."""
+from .base import BatchEnd, Callback, CallbackList
+from .outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard, Trace
+
+__all__ = ["BatchEnd", "Callback", "CallbackList", "EpochLog", "MetricsFile", "ProgressBar", "TensorBoard", "Trace"]

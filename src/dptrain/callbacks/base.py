@@ -88,6 +88,9 @@ class Callback:
     def on_epoch_start(self, run: Any, epoch: int) -> None:
         """Before an epoch's first batch."""
 
+    def on_batch_start(self, run: Any, epoch: int, batch: int) -> None:
+        """Before every training step (``run.step`` is the number of steps done before it)."""
+
     def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
         """After every training step."""
 
@@ -103,6 +106,9 @@ class Callback:
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
         """After the last epoch (or a stop), with the run's result."""
 
+    def on_exception(self, run: Any, error: BaseException) -> None:
+        """When the run ends with an error (a NaN loss, Ctrl-C, a failure): tidy up."""
+
     def state_dict(self) -> Dict[str, Any]:
         """What a checkpoint keeps of this callback (default: nothing)."""
         return {}
@@ -111,8 +117,8 @@ class Callback:
         """Take back what ``state_dict`` gave, when a run resumes."""
 
 
-HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_end", "on_evaluate_end", "on_epoch_end", "on_checkpoint",
-         "on_fit_end")
+HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_start", "on_batch_end", "on_evaluate_end", "on_epoch_end",
+         "on_checkpoint", "on_fit_end", "on_exception")
 
 
 class CallbackList:

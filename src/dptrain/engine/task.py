@@ -13,7 +13,7 @@ recipe returns: the built-in recipes (``recipes.py``) and yours
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -49,6 +49,7 @@ class Task:
     - ``channels_last``: the model takes NHWC images well (convolutions, no ``.view`` of
       them), so dptrain uses that layout where it was measured to pay (CPU devices, amp).
     - ``collate_fn``: how a Dataset's samples make a batch (default: PyTorch's).
+    - ``callbacks``: hooks into the run (``dptrain.Callback``), before ``fit``'s own.
     - ``name``, ``dataset``: how results and checkpoints name the run.
     """
     model: nn.Module
@@ -71,6 +72,7 @@ class Task:
     per_device: bool = False
     channels_last: bool = False
     collate_fn: Optional[Callable] = None
+    callbacks: Sequence[Any] = ()
     name: str = "custom"
     dataset: Optional[str] = None
 

@@ -240,6 +240,12 @@ class Trainer:
         self.sync.close()
 
     @property
+    def optimizer_name(self) -> str:
+        """The class name of the optimizer every device runs (``SGD``, ``AdamW``...)."""
+        self._ready()
+        return type(self._optimizers[0]).__name__
+
+    @property
     def kvstore(self) -> GradientSync:
         """The gradient-sync strategy (named ``kvstore`` as in Gluon)."""
         return self.sync

@@ -46,7 +46,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
         overwrite: bool = False,
         metrics_file: Optional[str] = None,
         tensorboard: Optional[str] = None, plot: Optional[str] = None, on_nan: str = "stop",
-        progress: bool = True, log: Optional[Log] = print, name: str = "custom") -> Dict[str, Any]:
+        progress: bool = True, callbacks: Sequence[Any] = (), log: Optional[Log] = print,
+        name: str = "custom") -> Dict[str, Any]:
     """Train ``model`` on ``train_data`` data-parallel; return the result with its ``history``.
 
     What (see ``dptrain.Task``): ``model`` (trained in place), ``train_data``/``eval_data``
@@ -70,7 +71,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     holding another run's checkpoint is refused unless ``overwrite``; ``checkpoint_every=N``
     saves every N batches too),
     ``metrics_file`` (JSONL), ``tensorboard``, ``plot``, ``on_nan`` (``stop``/``skip``),
-    ``progress``, ``log`` (None: quiet).
+    ``progress``, ``callbacks`` (``dptrain.Callback``: hooks at each batch and epoch, which can stop
+    the run and keep state in checkpoints), ``log`` (None: quiet).
 
     With ``WORLD_SIZE`` > 1 in the environment (``torchrun``, ``dptrain launch``) each process
     joins the process group, trains its part of every global batch, and rank 0 alone logs and
@@ -88,7 +90,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     task = Task(model, train_data, eval_data, loss=loss, reduction=reduction, forward=forward, step=step,
                 optimizer=optimizer, optimizer_params=optimizer_params, lr=lr, scheduler=scheduler,
                 scheduler_interval=scheduler_interval, metrics=dict(metrics or {}), init=init,
-                epochs=epochs, batch_size=batch_size, kvstore=kvstore, collate_fn=collate_fn, name=name)
+                epochs=epochs, batch_size=batch_size, kvstore=kvstore, collate_fn=collate_fn,
+                callbacks=list(callbacks), name=name)
     config = TrainConfig(devices=devices, seed=seed, max_batches=max_batches, eval_batches=eval_batches,
                          num_workers=num_workers, sync_bn=sync_batchnorm, amp=amp, channels_last=channels_last,
                          compile=compile,

@@ -3,8 +3,9 @@
 SIGINT and SIGTERM do not stop the run where they land: they are noted, and the loop
 stops at a batch boundary, after saving. With several processes the signal may reach one
 process, or all of them a few batches apart, and a non-finite loss may appear in one
-process only; so the processes sum three flags (SIGINT seen, SIGTERM seen, non-finite loss
-seen) and all of them act on the same answer. The flags ride with the gradients: those
+process only, and a callback may ask one process to stop (``run.stop``); so the processes
+sum four flags (SIGINT seen, SIGTERM seen, non-finite loss seen, stop asked) and all of them
+act on the same answer. The flags ride with the gradients: those
 seen before batch b go in b's last gradient bucket (``Trainer.step_with(extras=...)``), and
 their sum is read after it, so they cost no message of their own (a separate 12-byte gloo
 all_reduce took ~1.2 ms of latency here, sent asynchronously still 0.1-0.3 ms a step). So
@@ -17,14 +18,21 @@ import collections
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Callable, Deque, Iterator, Optional, Tuple
+from typing import Callable, Deque, Iterator, NamedTuple, Optional
 
 import torch
 
 from ..distributed.collective import Collective
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-Decision = Tuple[Optional[int], Optional[int]]     # (signal to stop for, batch whose loss was not finite)
+
+
+class Decision(NamedTuple):
+    """What every process does after a batch: stop for ``signum`` (saving first), stop for
+    the non-finite loss of ``bad_batch``, or end the run as a callback asked (``requested``)."""
+    signum: Optional[int] = None
+    bad_batch: Optional[int] = None
+    requested: bool = False
 
 
 class StopRequests:
@@ -35,10 +43,10 @@ class StopRequests:
     ...     for b, batch in enumerate(batches, 1):
     ...         flags = stops.before_batch()               # None with one process
     ...         loss = step(batch, extras=flags)           # summed with the gradients
-    ...         signum, bad_batch = stops.after_batch(b, not torch.isfinite(loss), summed_flags)
-    ...         if bad_batch is not None: raise ...
-    ...         if signum is not None: save(); break
-    ...     signum, bad_batch = stops.flush()              # what the last batch saw
+    ...         decision = stops.after_batch(b, not torch.isfinite(loss), summed_flags)
+    ...         if decision.bad_batch is not None: raise ...
+    ...         if decision.signum is not None: save(); break
+    ...     decision = stops.flush()                       # what the last batch saw
     """
 
     def __init__(self, collective: Collective, announce: Optional[Callable[[str], None]] = None,
@@ -49,6 +57,7 @@ class StopRequests:
         self.device = getattr(collective, "device", torch.device("cpu"))   # where its messages live
         self.signum: Optional[int] = None
         self._bad = False                                # a non-finite loss here, not yet shared
+        self._requested = False                          # a callback asked to stop
         self._batch = 0                                  # the last batch done
         self._sent: Deque[torch.Tensor] = collections.deque()   # flags given to batches not yet decided on
 
@@ -83,8 +92,13 @@ class StopRequests:
     def _shared(self) -> bool:
         return self.collective.world_size > 1
 
+    def request(self) -> None:
+        """A callback asks the run to stop: every process hears it with the next flags."""
+        self._requested = True
+
     def _flags(self) -> torch.Tensor:
-        flags = torch.tensor([float(self.signum == s) for s in SIGNALS] + [float(self._bad)], device=self.device)
+        flags = torch.tensor([float(self.signum == s) for s in SIGNALS] + [float(self._bad), float(self._requested)],
+                             device=self.device)
         self._bad = False
         return flags
 
@@ -106,10 +120,10 @@ class StopRequests:
         """
         self._batch = batch
         if not self._shared:
-            return self.signum, batch if non_finite else None
+            return Decision(self.signum, batch if non_finite else None, self._requested)
         self._bad = self._bad or non_finite
         if not self._sent:
-            return None, None
+            return Decision()
         sent = self._sent.popleft()
         if received is None:
             received = self.collective.all_reduce(sent.clone())
@@ -118,14 +132,21 @@ class StopRequests:
     def flush(self) -> Decision:
         """After the last batch of an epoch: share what it saw and decide (a blocking message)."""
         if not self._shared:
-            return self.signum, None
+            return Decision(self.signum, None, self._requested)
         return self._decide(self.collective.all_reduce(self._flags()), self._batch)
+
+    def agree(self) -> bool:
+        """After an epoch's callbacks: whether any process's callback asked to stop (one
+        small message with several processes)."""
+        if not self._shared:
+            return self._requested
+        return bool(self.collective.all_reduce(torch.tensor([float(self._requested)], device=self.device)).item())
 
     @staticmethod
     def _decide(flags: torch.Tensor, flagged_batch: int) -> Decision:
-        seen_int, seen_term, any_bad = flags.tolist()[:3]
+        seen_int, seen_term, any_bad, requested = flags.tolist()[:4]
         signum = signal.SIGTERM if seen_term else signal.SIGINT if seen_int else None
-        return signum, flagged_batch if any_bad else None
+        return Decision(signum, flagged_batch if any_bad else None, bool(requested))
 
     def barrier(self) -> None:
         """Wait until every process gets here (after rank 0 saved, before anyone leaves)."""

@@ -1,0 +1,101 @@
+"""dptrain's own outputs, as callbacks on the same protocol a user's callback has.
+
+``Run`` puts the ones a config asks for first in the list: the epoch lines, the progress
+bar, the metrics file, TensorBoard and the trace. Each writes from rank 0 only (the trace
+gathers every rank's events first).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from ..outputs.metrics_file import MetricsLog
+from ..outputs.progress import ProgressBar as Bar
+from ..outputs.tensorboard import TensorBoardLog
+from ..outputs.trace import Window
+from .base import BatchEnd, Callback, Row
+
+
+class EpochLog(Callback):
+    """``epoch 3, 7.9 sec, train loss 0.512, test loss 0.498, test acc 0.822`` after each epoch."""
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        line = f"epoch {row['epoch']}, {row['sec']:.1f} sec, " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items() if k not in ("epoch", "sec", "skipped", "split"))
+        if "split" in row:
+            line += f", split {'/'.join(map(str, row['split']))}"
+        if row.get("skipped"):
+            line += f", {row['skipped']} of {run.batches} batches skipped (loss not finite)"
+        run.log(line)
+
+
+class ProgressBar(Callback):
+    """The in-place bar of an epoch on a terminal (rank 0; nothing when not a terminal)."""
+
+    def __init__(self) -> None:
+        self.bar: Optional[Bar] = None
+        self.samples = 0
+
+    def on_epoch_start(self, run: Any, epoch: int) -> None:
+        self.bar, self.samples = Bar(run.batches, epoch, enabled=run.is_main), 0
+
+    def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
+        self.samples += batch.samples
+        if self.bar is not None and self.bar.enabled:
+            self.bar.update(batch.batch, self.samples, batch.epoch_loss)
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        self.on_exception(run, None)
+
+    def on_evaluate_end(self, run: Any, epoch: int, metrics: Dict[str, float]) -> None:
+        self.on_exception(run, None)        # cleared before the epoch's line
+
+    def on_exception(self, run: Any, error: Optional[BaseException]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class MetricsFile(Callback):
+    """``--metrics FILE.jsonl``: one record per epoch, on disk when the epoch ends; a resumed
+    run starts the file again from the checkpoint's history."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.log = path, None
+
+    def on_fit_start(self, run: Any) -> None:
+        if run.is_main:
+            self.log = MetricsLog(self.path, [run.record(row) for row in run.history])
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        if self.log is not None:
+            self.log.append(run.record(row))
+
+
+class TensorBoard(Callback):
+    """``--tensorboard DIR``: the epoch records as TensorBoard scalars (rank 0)."""
+
+    def __init__(self, directory: str, fresh: bool = False, rank: int = 0) -> None:
+        # Opened now, so a missing tensorboard package is said before any training.
+        self.board = TensorBoardLog(directory, fresh=fresh) if rank == 0 else None
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        if self.board is not None:
+            self.board.append(run.record(row))
+
+
+class Trace(Callback):
+    """``--trace FILE.json``: a Chrome trace of ``steps`` steps from step ``from_step``."""
+
+    def __init__(self, path: str, steps: int = 10, from_step: int = 3) -> None:
+        self.path, self.steps, self.from_step = path, steps, from_step
+        self.window: Optional[Window] = None
+
+    def on_fit_start(self, run: Any) -> None:
+        self.window = Window(self.path, self.steps, run.epochs * run.batches, run.rank, run.device_names,
+                             run.collective, run.log, from_step=self.from_step)
+
+    def on_batch_start(self, run: Any, epoch: int, batch: int) -> None:
+        self.window.step(run.step)
+
+    def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
+        self.window.finish()            # the run was shorter than the trace

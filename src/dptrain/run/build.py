@@ -1,0 +1,100 @@
+"""What a run is made of, built from its Task and config: the engine and its loaders, the
+balancer, and the built-in output callbacks the config asks for."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+from ..callbacks.outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard, Trace
+from ..data.dataset_loader import make_loader
+from ..data.loader import TensorLoader
+from ..distributed import DistEnv
+from ..engine.balance import Balancer
+from ..engine.model_engine import ModelEngine
+from ..engine.task import Task
+from .config import TrainConfig
+from .preflight import check_space
+from .resume import has_batchnorm
+
+
+def builtin_callbacks(config: TrainConfig, env: DistEnv) -> List[Any]:
+    """The outputs a config asks for, as callbacks (made now: a missing package is said
+    before any work)."""
+    out: List[Any] = [EpochLog()]
+    if config.progress and env.rank == 0:
+        out.append(ProgressBar())
+    if config.metrics_file:
+        out.append(MetricsFile(config.metrics_file))
+    if config.tensorboard:
+        out.append(TensorBoard(config.tensorboard, fresh=config.overwrite, rank=env.rank))
+    if config.trace:
+        out.append(Trace(config.trace, config.trace_steps, config.trace_from))
+    return out
+
+
+def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
+                 lr: Optional[float], log: Callable[[str], None]) -> Tuple[Optional[str], ModelEngine, Any, Any]:
+    """The kvstore in force, the engine (lazy layers materialised, compiled if asked), and
+    the train and eval loaders of this process."""
+    total_devices = len(devices) * env.world_size
+    if batch_size < total_devices:
+        raise ValueError(f"batch size {batch_size} is smaller than the {total_devices} devices: "
+                         f"use --batch-size {total_devices} or more, or fewer --devices")
+    if config.sync_bn and not has_batchnorm(task.model):
+        raise ValueError(f"--sync-bn: {task.name}'s model has no BatchNorm layer; drop --sync-bn")
+    kvstore = task.kvstore if config.kvstore is None else config.kvstore_kind
+    channels_last = config.channels_last if config.channels_last is not None else task.channels_last and (
+        all(d.type == "cpu" for d in devices) or config.amp is not None)
+    engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_bn, amp=config.amp_dtype,
+                         channels_last=channels_last, bucket_cap_mb=config.bucket_mb, compile=config.compile)
+    shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
+                 collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices))
+    train_loader = make_loader(task.load("train_data"), batch_size, shuffle=True, seed=config.seed,
+                               max_batches=config.max_batches, **shard)
+    eval_data = task.load("eval_data")
+    eval_loader = make_loader(eval_data, batch_size, max_batches=config.eval_batches, **shard) \
+        if eval_data is not None else None
+    keep_on_device(devices[0], train_loader, eval_loader)
+    engine.prepare(train_loader.example(), lr)
+    if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one
+        for first in {0, len(train_loader) - 1}:
+            engine.compile(next(iter(train_loader.batches(first))))
+        log(f"compiled in {engine.compile_seconds:.1f} sec (--compile {engine.compile_mode})")
+    if env.rank == 0:           # room for a checkpoint: model, optimizer state, a margin
+        size = sum(t.numel() * t.element_size() for t in engine.state_dict()["model"].values())
+        check_space(config.checkpoint_dir, 3 * size + 2**20)
+    return kvstore, engine, train_loader, eval_loader
+
+
+def keep_on_device(device: torch.device, *loaders: Any) -> None:
+    """On a GPU, tensors held in memory move there once (if they take at most a quarter
+    of its free memory): each batch is then gathered on the GPU, with no host copy."""
+    if device.type != "cuda":
+        return
+    free = torch.cuda.mem_get_info(device)[0]
+    for loader in loaders:
+        if isinstance(loader, TensorLoader) and loader.nbytes <= free // 4:
+            loader.to(device)
+            free -= loader.nbytes
+
+
+def build_balancer(config: TrainConfig, collective, devices: List[torch.device], train_loader: Any,
+                   rank: int) -> Optional[Balancer]:
+    """``--balance``: who computes how much of each batch (None: even parts)."""
+    if config.balance == "even":
+        return None
+    per_rank = [int(t.item()) for t in collective.all_gather(torch.tensor([len(devices)]))]
+    # New sizes take effect a few steps on: past what a loader prepared ahead.
+    balancer = Balancer(config.balance, per_rank, rank, lag=max(3, 2 * config.num_workers + 2),
+                        gpu=any(d.type == "cuda" for d in devices))
+    train_loader.balancer = balancer
+    return balancer
+
+
+def run_ahead(devices: List[torch.device]) -> int:
+    """Steps the host runs ahead of what it has read back (see ``loop.py``): 1 on GPUs.
+    ``DPTRAIN_RUN_AHEAD=0|1`` overrides it (the tests run the GPU bookkeeping on CPUs)."""
+    ahead = os.environ.get("DPTRAIN_RUN_AHEAD", "")
+    return int(ahead) if ahead.isdigit() else int(any(d.type == "cuda" for d in devices))
