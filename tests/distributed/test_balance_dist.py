@@ -3,7 +3,7 @@ batch, and every process cuts every batch the same way."""
 import torch
 
 from tests.distributed.helpers import run_workers
-from tests.test_balance import fit
+from tests.engine.test_balance import fit
 
 
 def fit_balanced(rank, world):

@@ -7,8 +7,8 @@ from torch import nn
 
 import dptrain
 from tests.distributed.helpers import run_workers
-from tests.test_engine import OPTIMIZERS, TwoInputs, data, mlp
-from tests.test_fit import Recorded
+from tests.engine.test_model_engine import OPTIMIZERS, TwoInputs, data, mlp
+from tests.run.test_fit import Recorded
 
 
 def fit_both(rank, world, devices_per_rank):
@@ -79,3 +79,26 @@ def test_compiled_in_two_processes_equals_eager_in_one():
     for got in ranks:
         for p, q in zip(got, want):
             torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+
+
+def stop_on_one_rank(rank, world):
+    """Rank 1 alone asks to stop at epoch 2, batch 2; rank 0's callbacks never ask."""
+    class StopAt(dptrain.Callback):
+        def __init__(self):
+            self.last = None
+
+        def on_batch_end(self, run, batch):
+            self.last = (batch.epoch, batch.batch)
+            if run.rank == 1 and self.last == (2, 2):
+                run.stop("rank 1 asked")
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5)
+    cb = StopAt()
+    result = dptrain.fit(mlp(), data("regression", 60, g), loss=nn.MSELoss(), epochs=4, batch_size=10, devices=1,
+                         callbacks=[cb], log=None, progress=False)
+    return cb.last, len(result["history"])
+
+
+def test_a_stop_asked_by_one_rank_ends_every_rank_after_the_same_batch():
+    a, b = run_workers(stop_on_one_rank)
+    assert a == b == ((2, 3), 2)       # heard with batch 3's gradients, so both end after it

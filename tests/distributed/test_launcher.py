@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dptrain.distributed.launcher import free_port
+from dptrain.outputs.checkpoint import load_checkpoint
 from tests.signals import signal_in_second_epoch
 
 QUICK = ["--epochs", "2", "--max-batches", "4", "--eval-batches", "4", "--batch-size", "64"]
@@ -206,3 +207,24 @@ def test_a_stopped_worker_is_named_within_the_timeout_and_leaves_nothing(data_di
     assert err.count("dptrain: error: ") == 1, err
     time.sleep(0.5)
     assert not [p for p in workers if alive(p)]
+
+
+def test_user_callbacks_on_two_processes_survive_a_ctrl_c_resume(tmp_path):
+    """The same callbacks on two processes: every rank stops after epoch 4, and a resumed run
+    ends with the unbroken run's history and callback states."""
+    base = ["train", "--recipe", "tests/tasks/user_task.py:make_with_callbacks", "--processes", "2", "--json",
+            "--max-batches", "400"]
+    whole = run(base + ["--checkpoint-dir", str(tmp_path / "a")])
+    assert whole.returncode == 0, whole.stderr
+    metrics = tmp_path / "b.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", *base, "--checkpoint-dir", str(tmp_path / "b"),
+                             "--metrics", str(metrics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = signal_in_second_epoch(proc, metrics, signal.SIGINT)
+    assert proc.returncode == 130, err
+    resumed = run(base + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
+    assert len(strip(whole.stdout)) == 4 and strip(resumed.stdout) == strip(whole.stdout)
+    a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
+    assert a == b and a["StopWhenFlat"]["seen"] == [1, 2, 3, 4] and len(a["LogLearningRate"]["logged"]) == 32

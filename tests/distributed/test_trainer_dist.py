@@ -71,7 +71,7 @@ def test_two_processes_equal_one_process(n_devices, fused):
 
 
 def test_resnet18_with_sync_batchnorm_two_processes_equal_one():
-    """In float64, where rounding cannot hide a wrong statistic (see tests/test_trainer.py)."""
+    """In float64, where rounding cannot hide a wrong statistic (see tests/parallel/test_trainer.py)."""
     want = reference("resnet", sync_bn=True, dtype=torch.float64)
     ranks = run_workers(train, "resnet", 1, True, True, torch.float64)
     assert_same(ranks[0], want, rtol=1e-6, atol=1e-9)     # per-device statistics: off by ~1e-2

@@ -69,3 +69,56 @@ def make_slow(config):
     task = make(config)
     return dptrain.Task(task.model, task.train_data, step=step, optimizer=task.optimizer, batch_size=16,
                         epochs=1, name="user-task-slow")
+
+
+class StopWhenFlat(dptrain.Callback):
+    """A user's early stopping: end the run once the test loss has not improved by
+    ``min_delta`` for ``patience`` epochs."""
+
+    def __init__(self, patience=3, min_delta=0.0):
+        self.patience, self.min_delta = patience, min_delta
+        self.best, self.wait, self.seen = float("inf"), 0, []
+
+    def on_epoch_end(self, run, epoch, row):
+        self.seen.append(epoch)
+        if row["test_loss"] < self.best - self.min_delta:
+            self.best, self.wait = row["test_loss"], 0
+        else:
+            self.wait += 1
+            if self.wait >= self.patience:
+                run.stop(f"test loss not better for {self.patience} epochs")
+
+    def state_dict(self):
+        return {"best": self.best, "wait": self.wait, "seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.best, self.wait, self.seen = state["best"], state["wait"], list(state["seen"])
+
+
+class LogLearningRate(dptrain.Callback):
+    """A user's logger: the learning rate every ``every`` batches (rank 0 prints; every rank
+    keeps the record, so checkpoints carry it)."""
+
+    def __init__(self, every=50):
+        self.every, self.logged = every, []
+
+    def on_batch_end(self, run, batch):
+        if batch.step % self.every == 0:
+            lr = run.optimizer.param_groups[0]["lr"]
+            self.logged.append([batch.step, lr])
+            run.log(f"step {batch.step}: lr {lr:.6g}")
+
+    def state_dict(self):
+        return {"logged": self.logged}
+
+    def load_state_dict(self, state):
+        self.logged = [list(x) for x in state["logged"]]
+
+
+def make_with_callbacks(config):
+    """``make`` with the two callbacks above; the test loss must improve by 10 to count, so
+    the run stops after epoch 4 (1 + patience 3)."""
+    task = make(config)
+    task.callbacks = [StopWhenFlat(patience=3, min_delta=10.0), LogLearningRate(every=50)]
+    task.epochs = 6
+    return task

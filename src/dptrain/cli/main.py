@@ -25,11 +25,12 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 from typing import List, Optional
 
 from ..core.devices import device_info, num_gpus, parse_devices
 from ..core.errors import FAILED, INTERRUPTED, USAGE, exit_code
-from ..distributed.env import DistEnv, choose_backend, lost_peer
+from ..distributed.env import DEFAULT_TIMEOUT_S, DistEnv, choose_backend, lost_peer
 from ..distributed.launcher import launch, parse_nnodes
 from ..distributed.worker import record_error
 from ..engine.balance import Balancer
@@ -37,6 +38,7 @@ from ..outputs.metrics_file import read_metrics
 from ..outputs.plot import describe, draw, plot_runs, plot_timeline
 from ..recipes import task_for, train
 from ..run.config import TrainConfig, hyperparameters
+from ..run.options import flag_of
 from ..run.preflight import check_outputs
 from .args import build_parser
 
@@ -66,21 +68,8 @@ def _devices_command() -> int:
 
 
 def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
-    config = TrainConfig(recipe=args.recipe, model=args.model, data=args.data, loss=args.loss,
-                         devices=args.devices, epochs=args.epochs,
-                         batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                         data_dir=args.data_dir, max_batches=args.max_batches,
-                         allreduce=args.allreduce, optimizer=args.optimizer, kvstore=args.kvstore,
-                         sync_bn=args.sync_bn, eval_batches=args.eval_batches, amp=args.amp, compile=args.compile,
-                         channels_last=args.channels_last, scale=args.scale, dataset=args.dataset,
-                         num_workers=args.num_workers, backend=args.backend, bucket_mb=args.bucket_mb,
-                         timeout=args.timeout, balance=args.balance, trace=args.trace,
-                         trace_steps=args.trace_steps, trace_from=args.trace_from,
-                         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                         resume=args.resume, overwrite=args.overwrite,
-                         metrics_file=args.metrics,
-                         on_nan=args.on_nan, progress=not (args.json or args.quiet),
-                         tensorboard=args.tensorboard)
+    settings = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if flag_of(f) is not None}
+    config = TrainConfig(**settings, progress=not (args.json or args.quiet))
     if _launches(args):
         check_outputs(config, args.plot)        # every file the run writes, tried before any worker starts
         choose_backend(config.backend, use_cuda=num_gpus() > 0)
@@ -118,7 +107,7 @@ def _launches(args: argparse.Namespace) -> bool:
 
 def _launch(command: List[str], processes: int, args: argparse.Namespace) -> int:
     return launch(command, processes, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                  max_restarts=args.max_restarts, timeout_s=getattr(args, "timeout", 60.0))
+                  max_restarts=args.max_restarts, timeout_s=getattr(args, "timeout", DEFAULT_TIMEOUT_S))
 
 
 def _launch_command(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ import uuid
 from typing import Any, Dict, Optional, Sequence
 
 from ..core.devices import host_cores
+from .env import DEFAULT_TIMEOUT_S
 
 INTERRUPTED = 130
 #: How long the agent lets workers finish their batch and save after SIGINT/SIGTERM.
@@ -85,7 +86,7 @@ def _launch_config(processes: int, nnodes: str, rdzv_endpoint: Optional[str], rd
 
 
 def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpoint: Optional[str] = None,
-           rdzv_id: Optional[str] = None, max_restarts: int = 0, timeout_s: float = 60.0) -> int:
+           rdzv_id: Optional[str] = None, max_restarts: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """Run ``python <command>`` (``["-m", "dptrain", "train", ...]``, ``["train.py", ...]``) as
     ``processes`` workers on this machine (times ``nnodes`` machines); return the exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException

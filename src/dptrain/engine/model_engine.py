@@ -21,6 +21,7 @@ from ..core.parts import even_parts
 from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
 from ..parallel.replicas import replicate
 from ..parallel.syncbn import synchronized
+from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..parallel.trainer import Trainer
 from .compiled import check_mode, compile_replicas, warm_up, without_prefix
 from .evaluation import Totals, evaluate
@@ -71,7 +72,7 @@ class ModelEngine:
 
     def __init__(self, task: Task, devices: Sequence[torch.device], kvstore: Optional[str] = "device",
                  sync_batchnorm: bool = False, amp: Optional[torch.dtype] = None, channels_last: bool = False,
-                 bucket_cap_mb: float = 25.0, compile: Optional[str] = None):
+                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, compile: Optional[str] = None):
         self.task = task
         self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
         self.forward = task.forward or default_forward

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..distributed.collective import Collective
+from ..distributed.env import DEFAULT_TIMEOUT_S
 
 
 _state = threading.local()
@@ -40,7 +41,7 @@ def _in_step() -> bool:
 class ThreadGroup:
     """Sum tensors across the N device threads of one process: a barrier and shared slots."""
 
-    def __init__(self, size: int, timeout: float = 60.0, collective: Optional[Collective] = None):
+    def __init__(self, size: int, timeout: float = DEFAULT_TIMEOUT_S, collective: Optional[Collective] = None):
         self.size = size
         self.collective = collective or Collective()
         self._barrier = threading.Barrier(size, timeout=timeout)

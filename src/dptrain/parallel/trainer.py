@@ -22,10 +22,11 @@ from typing import Any, Callable, Generic, Iterator, List, Mapping, Optional, Se
 import torch
 from torch import nn
 
-from ..core.devices import DeviceLike, check_devices, cpu
+from ..core.devices import DeviceLike
 from ..core.runner import get_runner
 from ..distributed.collective import get_collective
 from . import sync
+from .params import devices_of, parameter_lists
 from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer,
                     load_optimizer_state, optimizer_state)
 from .phases import run_fused
@@ -35,10 +36,6 @@ from .sync.buckets import DEFAULT_BUCKET_MB
 
 T = TypeVar("T")
 Params = Union[Replicas, nn.Module, Sequence[torch.Tensor], Sequence[Sequence[torch.Tensor]]]
-
-
-def _device_of(t: torch.Tensor) -> torch.device:
-    return t.device if t.device.type != "cpu" else cpu(0)
 
 
 @dataclass
@@ -73,13 +70,8 @@ class Trainer:
             self._replicas: Optional[Replicas] = params_or_replicas
         else:
             self._replicas = None
-            self._groups = self._parameter_groups(params_or_replicas)
-            self.devices = check_devices(devices) if devices is not None else \
-                [cpu(i) for i in range(len(self._groups))] if all(
-                    _device_of(g[0]).type == "cpu" for g in self._groups) else \
-                [_device_of(g[0]) for g in self._groups]
-            if len(self.devices) != len(self._groups):
-                raise ValueError(f"got {len(self._groups)} parameter lists for {len(self.devices)} devices")
+            self._groups, self._frozen = parameter_lists(params_or_replicas)
+            self.devices = devices_of(self._groups, devices)
         self.runner = get_runner(self.devices)
         self.collective = get_collective()
         self.sync: GradientSync = sync.create(kvstore, self.runner, self.collective, bucket_cap_mb)
@@ -89,26 +81,6 @@ class Trainer:
         if self._replicas is None or self._replicas.initialized:
             # Now, before any backward: several processes start from rank 0's parameters.
             self._setup()
-
-    def _parameter_groups(self, source) -> List[List[torch.Tensor]]:
-        if isinstance(source, nn.Module):
-            self._frozen = [p for p in source.parameters() if not p.requires_grad]
-            groups = [[p for p in source.parameters() if p.requires_grad]]
-        else:
-            items = list(source)
-            if not items:
-                raise ValueError("Trainer got no parameters")
-            groups = [items] if all(isinstance(p, torch.Tensor) for p in items) else [list(g) for g in items]
-            if len({len(g) for g in groups}) != 1:
-                raise ValueError("every device needs the same parameters: got lists of lengths "
-                                 f"{[len(g) for g in groups]}")
-            for g in groups:                # the from-scratch layout: plain tensors to train
-                for p in g:
-                    if not p.requires_grad:
-                        p.requires_grad_(True)
-        if not groups[0]:
-            raise ValueError("the model has no trainable parameter (every one has requires_grad=False)")
-        return groups
 
     def _setup(self) -> None:
         if self._replicas is not None:

@@ -42,13 +42,13 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     if batch_size < total_devices:
         raise ValueError(f"batch size {batch_size} is smaller than the {total_devices} devices: "
                          f"use --batch-size {total_devices} or more, or fewer --devices")
-    if config.sync_bn and not has_batchnorm(task.model):
+    if config.sync_batchnorm and not has_batchnorm(task.model):
         raise ValueError(f"--sync-bn: {task.name}'s model has no BatchNorm layer; drop --sync-bn")
     kvstore = task.kvstore if config.kvstore is None else config.kvstore_kind
     channels_last = config.channels_last if config.channels_last is not None else task.channels_last and (
         all(d.type == "cpu" for d in devices) or config.amp is not None)
-    engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_bn, amp=config.amp_dtype,
-                         channels_last=channels_last, bucket_cap_mb=config.bucket_mb, compile=config.compile)
+    engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp_dtype,
+                         channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb, compile=config.compile)
     shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
                  collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices))
     train_loader = make_loader(task.load("train_data"), batch_size, shuffle=True, seed=config.seed,

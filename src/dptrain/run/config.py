@@ -6,20 +6,22 @@ A ``TrainConfig`` says *how* to train (devices, epochs, checkpoints...); *what* 
 """
 from __future__ import annotations
 
-import math
+import argparse
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from ..data.sources import SOURCES
-from ..distributed.env import BACKENDS
+from ..distributed.env import BACKENDS, DEFAULT_TIMEOUT_S
 from ..engine.balance import parse_balance
 from ..engine.compiled import check_mode
 from ..engine.task import Task
 from ..parallel.optim import OPTIMIZERS
 from ..parallel.sync import KVSTORES
+from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..scratch.allreduce import ALGORITHMS
+from .options import Choice, Positive, Switch, Whole, option, validate
 
 AMP_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -29,100 +31,115 @@ def is_import_spec(text: Optional[str]) -> bool:
     return isinstance(text, str) and ":" in text
 
 
+def _kvstore(value: str) -> str:
+    if value.lower() not in ("none",) + tuple(k for k in KVSTORES if k):
+        raise ValueError(f"unknown kvstore {value!r}; choose one of device, local, naive, ring, none")
+    return value
+
+
+def _optimizer(value: str) -> str:
+    if not is_import_spec(value) and value.lower() not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {value!r}; choose one of {', '.join(OPTIMIZERS)}, or "
+                         f"a class such as torch.optim:AdamW")
+    return value
+
+
 @dataclass
 class TrainConfig:
-    """Everything a run needs besides its Task; ``None`` means "the task's default"."""
-    recipe: str = "lenet-scratch"
-    model: Optional[str] = None         # pkg.module:factory -> nn.Module (with data: your own task)
-    data: Optional[str] = None          # pkg.module:factory -> train data, or (train, eval)
-    loss: Optional[str] = None          # a loss name or pkg.module:name, with model and data
-    devices: Any = "auto"             # "auto", a count, "cpu:0,cpu:1", or a list of devices
-    epochs: Optional[int] = None
-    batch_size: Optional[int] = None
-    lr: Optional[float] = None
-    seed: int = 0
-    data_dir: Optional[str] = None
-    max_batches: Optional[int] = None
-    allreduce: Optional[str] = None     # the from-scratch allreduce: kvstore "naive" or "ring"
-    optimizer: Optional[str] = None
-    kvstore: Optional[str] = None
-    sync_bn: bool = False
-    eval_batches: Optional[int] = None
-    amp: Optional[str] = None
-    compile: Optional[str] = None       # a torch.compile mode ("default", "reduce-overhead", ...), None: eager
-    channels_last: Optional[bool] = None     # None: where the task's model gains (CPU devices, --amp)
-    scale: bool = True
-    dataset: Optional[str] = None
-    num_workers: int = 0
-    backend: str = "auto"
-    bucket_mb: float = 25.0
-    timeout: float = 60.0               # seconds to wait for peers to join, or for a silent peer
-    balance: Any = "even"               # "even", "auto", or one weight per device: who computes what
-    trace: Optional[str] = None         # a Chrome trace of a few steps, to this file
-    trace_steps: int = 10
-    trace_from: int = 3                 # the first step traced, counted from 1 over the run
-    checkpoint_dir: Optional[str] = None
-    checkpoint_every: Optional[int] = None   # batches between saves within an epoch
-    resume: bool = False
-    overwrite: bool = False             # replace another run's checkpoint, metrics, TensorBoard logs
-    metrics_file: Optional[str] = None
-    progress: bool = True
-    on_nan: str = "stop"
-    tensorboard: Optional[str] = None
+    """Everything a run needs besides its Task, each setting declared once (``options.py``):
+    the ``dptrain train`` flags and ``fit``'s keywords are made from these. ``None`` means
+    "the task's default"."""
+    # What to train (the CLI's: fit takes a model and data).
+    recipe: str = option("lenet-scratch", "what to train: a built-in recipe, or yours, pkg.module:function or "
+                         "file.py:function returning a dptrain.Task", fit=False, metavar="NAME")
+    model: Optional[str] = option(None, "your model: a function returning an nn.Module (with --data)", fit=False,
+                                  metavar="PKG.MODULE:FACTORY")
+    data: Optional[str] = option(None, "your data: a function returning the training data, or (train, eval): "
+                                 "Datasets or tensors (X, y)", fit=False, metavar="PKG.MODULE:FACTORY")
+    loss: Optional[str] = option(None, "with --model: cross-entropy (default), mse, l1, huber, bce, nll, or "
+                                 "pkg.module:name", fit=False, metavar="NAME")
+    dataset: Optional[str] = option(None, "train on this dataset instead of the recipe's", Choice(list(SOURCES)),
+                                    fit=False)
+    data_dir: Optional[str] = option(None, "folder holding the dataset files (also: $DPTRAIN_DATA)", fit=False)
+    # Where.
+    devices: Any = option("auto", "auto (all GPUs, else 2 virtual CPU devices), a count N, or a list such as "
+                          "cpu:0,cpu:1 or cuda:0,cuda:1")
+    # The task's settings, overridden (fit takes them as the Task's).
+    epochs: Optional[int] = option(None, "epochs (default: the recipe's)", Whole(1), fit=False)
+    batch_size: Optional[int] = option(None, "global batch size, split over the devices", Whole(1), fit=False)
+    lr: Optional[float] = option(None, "learning rate", Positive(), fit=False)
+    optimizer: Optional[str] = option(None, f"{', '.join(OPTIMIZERS)}, or a torch.optim class as "
+                                      f"torch.optim:AdamW (default: the recipe's)", check=_optimizer, fit=False,
+                                      metavar="NAME")
+    kvstore: Optional[str] = option(None, "where gradients are summed across devices (default: the recipe's; "
+                                    "device)", check=_kvstore, fit=False,
+                                    choices=["device", "local", "naive", "ring", "none"])
+    allreduce: Optional[str] = option(None, "sum gradients across devices with the hand-written allreduce "
+                                      "(lenet-scratch: naive)", Choice(ALGORITHMS, "allreduce algorithm"),
+                                      fit=False)
+    scale: bool = option(True, "resnet18: keep batch and lr as given instead of scaling them by the device count",
+                         Switch(), flag="--no-scale", fit=False, action="store_false")
+    # How.
+    seed: int = option(0, "seed for initialisation and shuffling", Whole(0, below=2**63, parse=False))
+    max_batches: Optional[int] = option(None, "stop each epoch after N batches (quick runs)", Whole(1),
+                                        metavar="N")
+    eval_batches: Optional[int] = option(None, "evaluate on the first N test batches only", Whole(1), metavar="N")
+    num_workers: int = option(0, "background processes reading a Dataset", Whole(0), metavar="N")
+    sync_batchnorm: bool = option(False, "BatchNorm statistics over the whole batch, not per device", Switch(),
+                                  flag="--sync-bn")
+    amp: Optional[str] = option(None, "mixed precision (autocast) for the forward", Choice([None, "bf16", "fp16"],
+                                                                                             "--amp"))
+    compile: Optional[str] = option(None, "torch.compile every replica (MODE: default, reduce-overhead for CUDA "
+                                    "graphs, max-autotune)", check=check_mode, metavar="MODE", nargs="?",
+                                    const="default")
+    channels_last: Optional[bool] = option(None, "NHWC memory format (default: on for CPU devices and with --amp)",
+                                           action=argparse.BooleanOptionalAction)
+    balance: Any = option("even", "split each batch over the devices (of every process) evenly, by measured speed, "
+                          "or by fixed weights, one per device", check=parse_balance, metavar="even|auto|W,W,...")
+    backend: str = option("auto", "torch.distributed backend (auto: nccl on GPUs, gloo on CPUs)",
+                          Choice(BACKENDS, "backend"))
+    bucket_cap_mb: float = option(DEFAULT_BUCKET_MB, "gradient bucket size for multi-process runs", Positive(),
+                                  flag="--bucket-mb", metavar="MB")
+    timeout: float = option(DEFAULT_TIMEOUT_S, "several processes: how long to wait for peers to join, or for a "
+                            "silent one, before naming it and ending the job", Positive(" of seconds"), metavar="S")
+    on_nan: str = option("stop", "a NaN/infinite loss stops the run, or skips that batch", Choice(["stop", "skip"],
+                                                                                                   "--on-nan"))
+    # Outputs.
+    checkpoint_dir: Optional[str] = option(None, "save a checkpoint after every epoch (and on Ctrl-C/SIGTERM) in "
+                                           "DIR", metavar="DIR")
+    checkpoint_every: Optional[int] = option(None, "also save a checkpoint every N batches (bounds what a failure "
+                                             "costs)", Whole(1), metavar="N")
+    resume: bool = option(False, "continue from the checkpoint in --checkpoint-dir", Switch())
+    overwrite: bool = option(False, "start over in a --checkpoint-dir, --metrics file or --tensorboard folder that "
+                             "holds another run's (refused otherwise)", Switch())
+    metrics_file: Optional[str] = option(None, "write one JSON record per epoch to FILE", flag="--metrics",
+                                         metavar="FILE.jsonl")
+    tensorboard: Optional[str] = option(None, "write TensorBoard scalars per epoch to DIR", metavar="DIR")
+    trace: Optional[str] = option(None, "write a Chrome/Perfetto trace of a few steps: each device's forward, "
+                                  "backward, gradient sum, update, and the data wait", metavar="FILE.json")
+    trace_steps: int = option(10, "steps to trace", Whole(1), metavar="N")
+    trace_from: int = option(3, "the first step traced, counted from 1 over the whole run (past the warm-up; "
+                             "later to see the split --balance auto settles on)", Whole(1), metavar="STEP")
+    progress: bool = option(True, "a progress bar on a terminal", Switch(), flag=None)
 
     def __post_init__(self) -> None:
+        validate(self, fields(self))
+        # Rules between settings.
         if (self.model is None) != (self.data is None):
             raise ValueError("--model and --data go together (your model on your data); give both")
         if self.loss is not None and self.model is None:
             raise ValueError("--loss goes with --model and --data; a recipe brings its own loss")
         if self.checkpoint_every is not None and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every needs --checkpoint-dir DIR (where to save)")
-        for name in ("epochs", "batch_size", "max_batches", "eval_batches", "checkpoint_every"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
-        if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be a whole number in [0, 2**63), got {self.seed!r}")
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ValueError(f"num-workers must be a whole number >= 0, got {self.num_workers!r}")
         if self.allreduce is not None:
-            if self.allreduce not in ALGORITHMS:
-                raise ValueError(f"unknown allreduce algorithm {self.allreduce!r}; choose one of "
-                                 f"{', '.join(ALGORITHMS)}")
             if self.kvstore is not None and self.kvstore != self.allreduce:
                 raise ValueError(f"--allreduce {self.allreduce} and --kvstore {self.kvstore} both say how to sum "
                                  f"gradients: give one")
             self.kvstore = self.allreduce
-        if self.kvstore is not None and self.kvstore.lower() not in ("none",) + tuple(k for k in KVSTORES if k):
-            raise ValueError(f"unknown kvstore {self.kvstore!r}; choose one of device, local, naive, ring, none")
-        if self.optimizer is not None:
-            if not is_import_spec(self.optimizer) and self.optimizer.lower() not in OPTIMIZERS:
-                raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}, or "
-                                 f"a class such as torch.optim:AdamW")
-        self.balance = parse_balance(self.balance)
-        for name in ("trace_steps", "trace_from"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
-        self.compile = check_mode(self.compile)
-        if self.amp not in AMP_DTYPES:
-            raise ValueError(f"unknown --amp {self.amp!r}; choose one of {', '.join(k for k in AMP_DTYPES if k)}")
-        if self.on_nan not in ("stop", "skip"):
-            raise ValueError(f"unknown --on-nan {self.on_nan!r}; choose stop or skip")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir DIR (where the checkpoint is)")
         if self.resume and self.overwrite:
             raise ValueError("--resume continues a run and --overwrite replaces it: give one")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout) and self.timeout > 0):
-            raise ValueError(f"timeout must be a finite number of seconds > 0, got {self.timeout!r}")
-        if not (isinstance(self.bucket_mb, (int, float)) and self.bucket_mb > 0):
-            raise ValueError(f"bucket-mb must be a number > 0, got {self.bucket_mb!r}")
-        if self.dataset is not None and self.dataset not in SOURCES:
-            raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(SOURCES)}")
 
     @property
     def amp_dtype(self):

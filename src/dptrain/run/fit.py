@@ -16,38 +16,32 @@ Runbook (the same script everywhere):
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+import difflib
+import inspect
+from dataclasses import MISSING, fields
+from typing import Any, Dict, Optional
 
 import torch
 from torch import nn
 
-from .config import TrainConfig
-from ..parallel.optim import OptimizerSpec
-from ..engine.task import Metric, Task
 from ..distributed.env import rank
-from .session import Log, run_task
+from ..engine.task import Task
 from ..outputs.plot import draw
+from .config import TrainConfig
+from .session import Log, run_task
+
+#: ``Task`` fields ``fit`` takes as keywords (the model and the data are its arguments).
+TASK_KEYWORDS = ("loss", "reduction", "forward", "step", "optimizer", "optimizer_params", "lr", "scheduler",
+                 "scheduler_interval", "metrics", "init", "collate_fn", "epochs", "batch_size", "kvstore",
+                 "callbacks", "name")
+#: ``TrainConfig`` settings ``fit`` takes as keywords (each declared once, in ``config.py``).
+CONFIG_KEYWORDS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("fit", True))
+#: Keywords ``fit`` took before each setting had one name everywhere.
+RENAMED = {"bucket_mb": "bucket_cap_mb"}
 
 
-def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
-        loss: Optional[Callable] = None, reduction: Optional[str] = None,
-        forward: Optional[Callable] = None, step: Optional[Callable] = None,
-        optimizer: OptimizerSpec = "sgd", optimizer_params: Optional[Dict[str, Any]] = None,
-        lr: Optional[float] = None, scheduler: Optional[Callable] = None, scheduler_interval: str = "epoch",
-        metrics: Optional[Dict[str, Metric]] = None, init: Optional[Callable[[nn.Module], None]] = None,
-        collate_fn: Optional[Callable] = None, num_workers: int = 0,
-        epochs: int = 10, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
-        seed: int = 0, max_batches: Optional[int] = None, eval_batches: Optional[int] = None,
-        kvstore: Optional[str] = "device", sync_batchnorm: bool = False, amp: Optional[str] = None,
-        channels_last: bool = False, compile: Any = None, bucket_mb: float = 25.0, backend: str = "auto",
-        timeout: float = 60.0, balance: Any = "even", trace: Optional[str] = None, trace_steps: int = 10,
-        trace_from: int = 3,
-        checkpoint_dir: Optional[str] = None, checkpoint_every: Optional[int] = None, resume: bool = False,
-        overwrite: bool = False,
-        metrics_file: Optional[str] = None,
-        tensorboard: Optional[str] = None, plot: Optional[str] = None, on_nan: str = "stop",
-        progress: bool = True, callbacks: Sequence[Any] = (), log: Optional[Log] = print,
-        name: str = "custom") -> Dict[str, Any]:
+def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optional[str] = None,
+        log: Optional[Log] = print, **settings: Any) -> Dict[str, Any]:
     """Train ``model`` on ``train_data`` data-parallel; return the result with its ``history``.
 
     What (see ``dptrain.Task``): ``model`` (trained in place), ``train_data``/``eval_data``
@@ -55,24 +49,14 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     cross-entropy), ``forward(model, batch) -> (output, target)`` or ``step(model, batch) ->
     loss``, ``optimizer`` (name, ``torch.optim`` class or factory, or an optimizer built on
     ``model``), ``lr``, ``scheduler(optimizer)`` stepped per ``scheduler_interval``,
-    ``metrics={name: fn(output, target) -> (sum, count)}``, ``init(model)``,
-    ``collate_fn``, ``num_workers``.
+    ``metrics={name: fn(output, target) -> (sum, count)}``, ``init(model)``, ``collate_fn``,
+    ``epochs``, ``batch_size`` (global: split over every device of every process),
+    ``kvstore``, ``callbacks`` (``dptrain.Callback``: hooks at each batch and epoch, which
+    can stop the run and keep state in checkpoints), ``name``.
 
-    How: ``epochs``, ``batch_size`` (global: split over every device of every process),
-    ``devices`` (``"auto"``: all GPUs, else 2 virtual CPU devices; a count; a list),
-    ``seed`` (initialisation, data order), ``max_batches``/``eval_batches`` (per epoch),
-    ``kvstore`` (``device``, ``local``, ``naive``/``ring``: the hand-written allreduce),
-    ``sync_batchnorm``, ``amp`` (``"bf16"``/``"fp16"``), ``channels_last``, ``compile`` (True or a
-    ``torch.compile`` mode: every replica compiled before the first epoch), ``timeout`` (seconds
-    several processes wait for a peer to join, or for a silent one, before naming it and
-    ending), ``balance`` (``"even"``, ``"auto"``: by measured speed, or one weight per device),
-    ``trace`` (a Chrome trace of ``trace_steps`` steps from step ``trace_from``), ``checkpoint_dir``
-    and ``resume`` (atomic saves every epoch and on SIGINT/SIGTERM; exact resume; a folder
-    holding another run's checkpoint is refused unless ``overwrite``; ``checkpoint_every=N``
-    saves every N batches too),
-    ``metrics_file`` (JSONL), ``tensorboard``, ``plot``, ``on_nan`` (``stop``/``skip``),
-    ``progress``, ``callbacks`` (``dptrain.Callback``: hooks at each batch and epoch, which can stop
-    the run and keep state in checkpoints), ``log`` (None: quiet).
+    How: every setting of ``TrainConfig`` that ``fit`` takes (listed below, with the same
+    names, defaults and checks as the ``dptrain train`` flags), ``plot`` (a file drawn
+    after the run), ``log`` (None: quiet).
 
     With ``WORLD_SIZE`` > 1 in the environment (``torchrun``, ``dptrain launch``) each process
     joins the process group, trains its part of every global batch, and rank 0 alone logs and
@@ -83,27 +67,52 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *,
     >>> result["test_acc"], result["devices"]
     (0.834, ['cpu:0', 'cpu:1'])
     """
+    for old, new in RENAMED.items():
+        if old in settings:
+            if new in settings:
+                raise TypeError(f"fit() got both {old!r} and {new!r} (its new name): give {new!r}")
+            settings[new] = settings.pop(old)
+    known = TASK_KEYWORDS + CONFIG_KEYWORDS
+    for key in settings:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            raise TypeError(f"fit() got an unexpected keyword argument {key!r}"
+                            + (f"; did you mean {near[0]!r}?" if near else f"; it takes {', '.join(known)}"))
+    metrics = settings.get("metrics")
     if metrics is not None and not isinstance(metrics, dict):
         raise TypeError(f"metrics must be a dict {{name: fn(output, target) -> (sum, count)}}, got "
                         f"{type(metrics).__name__}")
-    torch.manual_seed(seed)
-    task = Task(model, train_data, eval_data, loss=loss, reduction=reduction, forward=forward, step=step,
-                optimizer=optimizer, optimizer_params=optimizer_params, lr=lr, scheduler=scheduler,
-                scheduler_interval=scheduler_interval, metrics=dict(metrics or {}), init=init,
-                epochs=epochs, batch_size=batch_size, kvstore=kvstore, collate_fn=collate_fn,
-                callbacks=list(callbacks), name=name)
-    config = TrainConfig(devices=devices, seed=seed, max_batches=max_batches, eval_batches=eval_batches,
-                         num_workers=num_workers, sync_bn=sync_batchnorm, amp=amp, channels_last=channels_last,
-                         compile=compile,
-                         bucket_mb=bucket_mb, backend=backend, timeout=timeout, balance=balance, trace=trace,
-                         trace_steps=trace_steps, trace_from=trace_from, checkpoint_dir=checkpoint_dir,
-                         checkpoint_every=checkpoint_every,
-                         resume=resume, overwrite=overwrite, metrics_file=metrics_file, tensorboard=tensorboard,
-                         on_nan=on_nan, progress=progress)
-    result = run_task(task, config, log, plot)
+    what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
+    what["metrics"] = dict(what.get("metrics") or {})
+    what["callbacks"] = list(what.get("callbacks") or ())
+    torch.manual_seed(settings.get("seed", 0))
+    task = Task(model, train_data, eval_data, **what)
+    result = run_task(task, TrainConfig(**settings), log, plot)
     if plot and rank() == 0:
         try:
             draw(result, plot)
         except ValueError as e:         # the training is done: say so, and return it all the same
             (log or print)(f"dptrain: could not draw the plot: {e}")
     return result
+
+
+def _signature() -> inspect.Signature:
+    """``fit``'s signature with every keyword it takes, for ``help(dptrain.fit)`` and editors."""
+    def default(f):
+        return f.default if f.default is not MISSING else f.default_factory()     # type: ignore[misc]
+    task = {f.name: f for f in fields(Task)}
+    config = {f.name: f for f in fields(TrainConfig)}
+    params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("train_data", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("eval_data", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
+    params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=default(task[k])) for k in TASK_KEYWORDS]
+    params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=default(config[k]))
+               for k in CONFIG_KEYWORDS]
+    params += [inspect.Parameter("plot", inspect.Parameter.KEYWORD_ONLY, default=None),
+               inspect.Parameter("log", inspect.Parameter.KEYWORD_ONLY, default=print)]
+    return inspect.Signature(params)
+
+
+fit.__signature__ = _signature()        # type: ignore[attr-defined]
+fit.__doc__ += "\n    Settings:\n" + "\n".join(       # type: ignore[operator]
+    f"      {f.name} = {f.default!r}: {f.metadata['help']}" for f in fields(TrainConfig) if f.name in CONFIG_KEYWORDS)

@@ -288,7 +288,7 @@ class Run:
             self.history, self.train_loader.global_num_samples,
             recipe=task.name, devices=self.device_names, world_size=self.world_size, epochs=self.epochs,
             batch_size=self.batch_size, lr=self.lr, seed=config.seed, dataset=task.dataset, optimizer=optimizer,
-            kvstore="dist" if self.env.distributed else self.kvstore, sync_bn=config.sync_bn, amp=config.amp,
+            kvstore="dist" if self.env.distributed else self.kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp,
             **({"compile": engine.compile_mode, "compile_sec": engine.compile_seconds} if engine.compile_mode else {}),
             **({"backend": self.backend} if self.backend else {}),
             **({"skipped_batches": self.skipped} if config.on_nan == "skip" else {}))

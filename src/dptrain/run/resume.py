@@ -135,7 +135,7 @@ def _say_what_changed(run: Any, saved: Dict[str, Any], ours: Dict[str, Any]) -> 
             devices = devices if isinstance(devices, list) else [f"{devices} device(s)"]
             return f"{world} process(es) x [{', '.join(devices)}]"
         bn = "; per-device BatchNorm statistics depend on the device count (--sync-bn does not)" \
-            if has_batchnorm(run.task.model) and not run.config.sync_bn else ""
+            if has_batchnorm(run.task.model) and not run.config.sync_batchnorm else ""
         run.log(f"resuming on {where(ours['devices'], ours['world_size'])} (the checkpoint's run: "
                 f"{where(saved.get('devices'), saved.get('world_size'))}): the same global batches, so the "
                 f"same training up to float rounding{bn}")

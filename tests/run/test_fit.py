@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 import dptrain
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def regression(n=150, seed=1):

@@ -63,7 +63,7 @@ def test_resnet18_few_batches(data_dir, capsys):
     assert main(["train", "--recipe", "resnet18", "--data-dir", data_dir, "--epochs", "1", "--batch-size", "32",
                  "--max-batches", "2", "--eval-batches", "1", "--sync-bn", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert (result["batch_size"], result["lr"], result["sync_bn"]) == (32, 0.2, True)
+    assert (result["batch_size"], result["lr"], result["sync_batchnorm"]) == (32, 0.2, True)
     assert result["history"][0]["train_loss"] > 0
 
 

@@ -205,3 +205,27 @@ def test_ctrl_c_is_answered_at_once_and_a_second_one_stops_now(tmp_path):
     assert any("stopped now, without saving" in ln for _, ln in lines), lines
     assert time.monotonic() - second < 5
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_user_callbacks_survive_a_ctrl_c_resume(tmp_path):
+    """Early stopping and a learning-rate logger (tests/tasks/user_task.py): SIGINT after
+    epoch 1, then --resume, stops after the same epoch with the same history and callback states."""
+    args = [sys.executable, "-m", "dptrain", "train", "--recipe", "tests/tasks/user_task.py:make_with_callbacks",
+            "--devices", "1", "--max-batches", "600", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    whole = subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "a")], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert whole.returncode == 0, whole.stderr
+    assert "stopped after epoch 4: test loss not better for 3 epochs" in whole.stderr
+    metrics = tmp_path / "b.jsonl"
+    proc = subprocess.Popen(args + ["--checkpoint-dir", str(tmp_path / "b"), "--metrics", str(metrics)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    err = signal_in_second_epoch(proc, metrics, signal.SIGINT)
+    assert proc.returncode == 130 and "stopped by SIGINT at epoch" in err, err      # 2 or later: epochs are short
+    resumed = subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
+    assert len(strip(whole.stdout)) == 4 and strip(resumed.stdout) == strip(whole.stdout)
+    a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
+    assert a == b and a["StopWhenFlat"]["seen"] == [1, 2, 3, 4] and len(a["LogLearningRate"]["logged"]) == 48
