@@ -172,10 +172,9 @@ def test_two_processes_skip_or_stop_on_nan_together(data_dir, ahead, monkeypatch
     assert "the loss became NaN or infinite at epoch 1, batch" in stopped.stderr
 
 
-def test_a_user_task_on_two_processes_stopped_mid_epoch_resumes_bit_identical(tmp_path):
-    """The same for your own Task (AdamW, a per-batch schedule, dropout) on two processes."""
-    base = ["train", "--recipe", "tests/tasks/user_task.py:make", "--processes", "2", "--json", "--epochs", "2",
-            "--max-batches", "600"]
+def interrupted_and_resumed(base, tmp_path):
+    """Run ``base`` whole into ``a``; again into ``b``, SIGINT in its second epoch, then
+    --resume; return both results' histories (without seconds)."""
     whole = run(base + ["--checkpoint-dir", str(tmp_path / "a")])
     assert whole.returncode == 0, whole.stderr
     metrics = tmp_path / "b.jsonl"
@@ -187,7 +186,14 @@ def test_a_user_task_on_two_processes_stopped_mid_epoch_resumes_bit_identical(tm
     resumed = run(base + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"])
     assert resumed.returncode == 0, resumed.stderr
     strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
-    assert strip(resumed.stdout) == strip(whole.stdout)
+    return strip(whole.stdout), strip(resumed.stdout)
+
+
+def test_a_user_task_on_two_processes_stopped_mid_epoch_resumes_bit_identical(tmp_path):
+    """The same for your own Task (AdamW, a per-batch schedule, dropout) on two processes."""
+    whole, resumed = interrupted_and_resumed(["train", "--recipe", "tests/tasks/user_task.py:make", "--processes",
+                                              "2", "--json", "--epochs", "2", "--max-batches", "600"], tmp_path)
+    assert resumed == whole
 
 
 def test_dptrain_launch_runs_a_user_script_on_two_processes():
@@ -210,21 +216,11 @@ def test_a_stopped_worker_is_named_within_the_timeout_and_leaves_nothing(data_di
 
 
 def test_user_callbacks_on_two_processes_survive_a_ctrl_c_resume(tmp_path):
-    """The same callbacks on two processes: every rank stops after epoch 4, and a resumed run
-    ends with the unbroken run's history and callback states."""
-    base = ["train", "--recipe", "tests/tasks/user_task.py:make_with_callbacks", "--processes", "2", "--json",
-            "--max-batches", "400"]
-    whole = run(base + ["--checkpoint-dir", str(tmp_path / "a")])
-    assert whole.returncode == 0, whole.stderr
-    metrics = tmp_path / "b.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "dptrain", *base, "--checkpoint-dir", str(tmp_path / "b"),
-                             "--metrics", str(metrics)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    err = signal_in_second_epoch(proc, metrics, signal.SIGINT)
-    assert proc.returncode == 130, err
-    resumed = run(base + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"])
-    assert resumed.returncode == 0, resumed.stderr
-    strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
-    assert len(strip(whole.stdout)) == 4 and strip(resumed.stdout) == strip(whole.stdout)
+    """Early stopping and a learning-rate logger (tests/tasks/user_task.py) on two processes:
+    every rank stops after epoch 4, and a resumed run ends with the unbroken run's history and
+    callback states."""
+    whole, resumed = interrupted_and_resumed(["train", "--recipe", "tests/tasks/user_task.py:make_with_callbacks",
+                                              "--processes", "2", "--json", "--max-batches", "400"], tmp_path)
+    assert len(whole) == 4 and resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
     assert a == b and a["StopWhenFlat"]["seen"] == [1, 2, 3, 4] and len(a["LogLearningRate"]["logged"]) == 32

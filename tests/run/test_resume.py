@@ -118,11 +118,10 @@ def test_resume_without_a_directory_is_a_usage_error(capsys):
     assert "--resume needs --checkpoint-dir" in capsys.readouterr().err
 
 
-def test_a_user_task_stopped_mid_epoch_resumes_bit_identical(tmp_path):
-    """Your own Task (dict batches from a Dataset, dropout, AdamW, a per-batch cosine schedule):
-    SIGINT in epoch 2, then --resume, ends where an unbroken run ends, bit for bit."""
-    args = [sys.executable, "-m", "dptrain", "train", "--recipe", "tests/tasks/user_task.py:make", "--devices", "1",
-            "--epochs", "2", "--max-batches", "1000", "--json"]
+def interrupted_and_resumed(recipe, tmp_path, *more):
+    """Run ``recipe`` on one device whole into ``a``; again into ``b``, SIGINT after its
+    first epoch, then --resume; return both histories (without seconds) and the stop line."""
+    args = [sys.executable, "-m", "dptrain", "train", "--recipe", recipe, "--devices", "1", "--json", *more]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     whole = subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "a")], capture_output=True, text=True,
                            env=env, timeout=300)
@@ -131,12 +130,21 @@ def test_a_user_task_stopped_mid_epoch_resumes_bit_identical(tmp_path):
     proc = subprocess.Popen(args + ["--checkpoint-dir", str(tmp_path / "b"), "--metrics", str(metrics)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     err = signal_in_second_epoch(proc, metrics, signal.SIGINT)
-    assert proc.returncode == 130 and "stopped by SIGINT at epoch 2, batch" in err, err
+    assert proc.returncode == 130 and "stopped by SIGINT at epoch" in err, err
     resumed = subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"], capture_output=True,
                              text=True, env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
-    assert strip(resumed.stdout) == strip(whole.stdout)
+    return strip(whole.stdout), strip(resumed.stdout), err, whole.stderr
+
+
+def test_a_user_task_stopped_mid_epoch_resumes_bit_identical(tmp_path):
+    """Your own Task (dict batches from a Dataset, dropout, AdamW, a per-batch cosine schedule):
+    SIGINT in epoch 2, then --resume, ends where an unbroken run ends, bit for bit."""
+    whole, resumed, err, _ = interrupted_and_resumed("tests/tasks/user_task.py:make", tmp_path, "--epochs", "2",
+                                                     "--max-batches", "1000")
+    assert "stopped by SIGINT at epoch 2, batch" in err, err
+    assert resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["engine"], load_checkpoint(tmp_path / "b")["engine"]
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
@@ -210,22 +218,9 @@ def test_ctrl_c_is_answered_at_once_and_a_second_one_stops_now(tmp_path):
 def test_user_callbacks_survive_a_ctrl_c_resume(tmp_path):
     """Early stopping and a learning-rate logger (tests/tasks/user_task.py): SIGINT after
     epoch 1, then --resume, stops after the same epoch with the same history and callback states."""
-    args = [sys.executable, "-m", "dptrain", "train", "--recipe", "tests/tasks/user_task.py:make_with_callbacks",
-            "--devices", "1", "--max-batches", "600", "--json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    whole = subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "a")], capture_output=True, text=True,
-                           env=env, timeout=300)
-    assert whole.returncode == 0, whole.stderr
-    assert "stopped after epoch 4: test loss not better for 3 epochs" in whole.stderr
-    metrics = tmp_path / "b.jsonl"
-    proc = subprocess.Popen(args + ["--checkpoint-dir", str(tmp_path / "b"), "--metrics", str(metrics)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    err = signal_in_second_epoch(proc, metrics, signal.SIGINT)
-    assert proc.returncode == 130 and "stopped by SIGINT at epoch" in err, err      # 2 or later: epochs are short
-    resumed = subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"], capture_output=True,
-                             text=True, env=env, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
-    assert len(strip(whole.stdout)) == 4 and strip(resumed.stdout) == strip(whole.stdout)
+    whole, resumed, _, said = interrupted_and_resumed("tests/tasks/user_task.py:make_with_callbacks", tmp_path,
+                                                      "--max-batches", "600")
+    assert "stopped after epoch 4: test loss not better for 3 epochs" in said
+    assert len(whole) == 4 and resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
     assert a == b and a["StopWhenFlat"]["seen"] == [1, 2, 3, 4] and len(a["LogLearningRate"]["logged"]) == 48
