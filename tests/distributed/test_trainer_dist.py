@@ -4,7 +4,7 @@ import torch
 
 import dptrain
 from dptrain.models import GluonLeNet, resnet18
-from dptrain.core.parts import even_parts, part
+from dptrain.core.parts import even_part
 from tests.distributed.helpers import run_workers
 
 STEPS, BATCH = 3, 11          # 11 = shards of 6 and 5: uneven, weighted by size
@@ -33,7 +33,7 @@ def train(rank, world, name, n_devices, fused, sync_bn=False, dtype=torch.float3
     trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1, "momentum": 0.9}, bucket_cap_mb=0.01)
     assert trainer.world_size == world and trainer.kvstore.name == ("dist" if world > 1 else trainer.kvstore.name)
     for X, y in global_batches(dtype):
-        start, size = part(even_parts(len(X), world), rank)
+        start, size = even_part(len(X), world, rank)
         X, y = X[start:start + size], y[start:start + size]
         k = min(len(X), n_devices)
         Xs, ys = dptrain.split_batch(X, y, devices[:k], even_split=False)

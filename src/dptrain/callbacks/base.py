@@ -132,16 +132,8 @@ class CallbackList:
                 raise TypeError(f"callbacks must have at least one of the hooks {', '.join(HOOKS)} (subclass "
                                 f"dptrain.Callback); got {type(cb).__name__}")
         self._bound = {h: [getattr(cb, h) for cb in self.callbacks if _overrides(cb, h)] for h in HOOKS}
-
-    def __getattr__(self, hook: str):
-        if hook not in HOOKS:
-            raise AttributeError(hook)
-        bound = self._bound[hook]
-
-        def call(*args: Any) -> None:
-            for fn in bound:
-                fn(*args)
-        return call
+        for hook, bound in self._bound.items():     # callers made once: a step makes no closure
+            setattr(self, hook, _caller(bound))
 
     def wants(self, hook: str) -> bool:
         return bool(self._bound[hook])
@@ -170,6 +162,13 @@ class CallbackList:
             elif callable(getattr(cb, "state_dict", None)) and cb.state_dict():
                 fresh.append(key)
         return fresh
+
+
+def _caller(bound: List[Any]):
+    def call(*args: Any) -> None:
+        for fn in bound:
+            fn(*args)
+    return call
 
 
 def _overrides(cb: Any, hook: str) -> bool:

@@ -8,7 +8,7 @@ gives the same parts as one cut over all devices.
 [4, 3, 3]
 >>> weighted_parts(10, [3, 1])
 [8, 2]
->>> part(even_parts(10, 3), 1)
+>>> even_part(10, 3, 1)           # (start, size) of part 1
 (4, 3)
 """
 from __future__ import annotations
@@ -36,6 +36,7 @@ def weighted_parts(n: int, weights: Sequence[float], least: int = 0) -> List[int
     return [s + floor for s in sizes]
 
 
-def part(sizes: Sequence[int], i: int) -> Tuple[int, int]:
-    """``(start, size)`` of part ``i`` of consecutive parts of ``sizes``."""
-    return sum(sizes[:i]), sizes[i]
+def even_part(n: int, k: int, i: int) -> Tuple[int, int]:
+    """``(start, size)`` of part ``i`` of ``even_parts(n, k)``, without making the list."""
+    base, extra = divmod(n, k)
+    return i * base + min(i, extra), base + (i < extra)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Optional, Tuple, TypeVar
 
 import torch
 
-from ..core.parts import even_parts, part as part_of
+from ..core.parts import even_part
 from .batch import Batch, as_tensors, batch_size as size_of, map_tensors, tensors_of
 
 T = TypeVar("T")
@@ -88,7 +88,7 @@ class EpochPlan:
             if self.balancer is not None:
                 start, size = self.balancer.process_part(self.epoch * len(self) + b, hi - lo, self.rank)
             else:
-                start, size = part_of(even_parts(hi - lo, self.world_size), self.rank)
+                start, size = even_part(hi - lo, self.world_size, self.rank)
             yield b, slice(lo + start, lo + start + size)
 
 

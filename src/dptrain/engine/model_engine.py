@@ -210,7 +210,8 @@ class ModelEngine:
         # fewer samples than devices, or none; devices without samples contribute zeros.
         if sizes is None:
             k = min(n, len(self.devices))
-            sizes = even_parts(n, k) + [0] * (len(self.devices) - k) if k else [0] * len(self.devices)
+            sizes = [n] if len(self.devices) == 1 else \
+                even_parts(n, k) + [0] * (len(self.devices) - k) if k else [0] * len(self.devices)
         if sum(sizes) != n or len(sizes) != len(self.devices):
             raise ValueError(f"the parts {list(sizes)} do not cut a batch of {n} samples over {len(self.devices)} "
                              f"devices")

@@ -32,7 +32,7 @@ from . import report, resume
 from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
 from .config import TrainConfig, hyperparameters
 from .resume import Position
-from .stopping import Decision, StopRequests
+from .stopping import GO_ON, Decision, StopRequests
 
 Log = Callable[[str], None]
 
@@ -187,7 +187,7 @@ class Run:
         skip_nan = self.config.on_nan == "skip"
         per_batch = self.scheduler is not None and self.task.scheduler_interval == "batch"
         every = self.config.checkpoint_every
-        tell = self.callbacks.wants("on_batch_end")
+        tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
         ending = [False]
 
         def so_far(b: int) -> Position:    # what a save mid-epoch keeps
@@ -202,13 +202,16 @@ class Run:
             while len(pending) > keep:
                 done, loss, received = pending.popleft()
                 bad = not skip_nan and not bool(torch.isfinite(loss))
-                ending[0] |= self._decide(self.stops.after_batch(done, bad, received), epoch, latest, so_far, resolve)
+                decision = self.stops.after_batch(done, bad, received)
+                if decision is not GO_ON:
+                    ending[0] |= self._decide(decision, epoch, latest, so_far, resolve)
         first_step = (epoch - 1) * self.batches
         with self.runner.coordinating():
             b = at.batch
             for b, batch in enumerate(self._timed(batches), start=at.batch + 1):
                 self.step = first_step + b - 1
-                self.callbacks.on_batch_start(self, epoch, b)
+                if ask:
+                    self.callbacks.on_batch_start(self, epoch, b)
                 flags = self.stops.before_batch()        # they ride with the gradients
                 sizes = timed = None
                 if self.balancer is not None:

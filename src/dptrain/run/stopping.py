@@ -35,6 +35,9 @@ class Decision(NamedTuple):
     requested: bool = False
 
 
+GO_ON = Decision()          # the answer of almost every batch, made once
+
+
 class StopRequests:
     """Note SIGINT/SIGTERM while ``catching()``; around each batch, decide with the others.
 
@@ -120,10 +123,12 @@ class StopRequests:
         """
         self._batch = batch
         if not self._shared:
+            if self.signum is None and not non_finite and not self._requested:
+                return GO_ON
             return Decision(self.signum, batch if non_finite else None, self._requested)
         self._bad = self._bad or non_finite
         if not self._sent:
-            return Decision()
+            return GO_ON
         sent = self._sent.popleft()
         if received is None:
             received = self.collective.all_reduce(sent.clone())
