@@ -102,3 +102,21 @@ def stop_on_one_rank(rank, world):
 def test_a_stop_asked_by_one_rank_ends_every_rank_after_the_same_batch():
     a, b = run_workers(stop_on_one_rank)
     assert a == b == ((2, 3), 2)       # heard with batch 3's gradients, so both end after it
+
+
+def early_stopping(rank, world):
+    from dptrain.callbacks import EarlyStopping
+    from tests.callbacks.test_training import train
+    stop = EarlyStopping("test_loss", patience=2)
+    _, result = train(1, [stop], epochs=30, lr=0.3)
+    return len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch
+
+
+def test_early_stopping_stops_every_rank_at_the_epoch_one_device_stops():
+    from dptrain.callbacks import EarlyStopping
+    from tests.callbacks.test_training import train
+    stop = EarlyStopping("test_loss", patience=2)
+    _, result = train(1, [stop], epochs=30, lr=0.3)
+    one = (len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch)
+    a, b = run_workers(early_stopping)
+    assert a == b == one and one[0] < 30

@@ -106,3 +106,22 @@ def test_errors_name_the_fix():
         dptrain.fit(nn.Linear(1, 1), (torch.zeros(2, 1), torch.zeros(2)), loss=nn.MSELoss(), step=lambda m, b: 0)
     with pytest.raises(ValueError, match="at least 2 classes.*For regression use loss=nn.MSELoss"):
         dptrain.fit(nn.Linear(1, 1), (torch.zeros(4, 1), torch.zeros(4, 1)), epochs=1, log=None)
+
+
+def test_load_weights_from_a_checkpoint_folder_and_a_best_file(tmp_path):
+    from dptrain.callbacks import BestCheckpoint
+    torch.manual_seed(0)
+    X, y = torch.randn(64, 3), torch.randn(64, 1)
+    model = nn.Linear(3, 1)
+    dptrain.fit(model, (X, y), (X, y), loss=nn.MSELoss(), epochs=2, batch_size=16, log=None, progress=False,
+                checkpoint_dir=str(tmp_path / "run"), callbacks=[BestCheckpoint(str(tmp_path / "best.pt"))])
+    last = dptrain.load_weights(nn.Linear(3, 1), str(tmp_path / "run"))
+    assert all(torch.equal(a, b) for a, b in zip(last.parameters(), model.parameters()))
+    best = dptrain.load_weights(nn.Linear(3, 1), str(tmp_path / "best.pt"))
+    saved = torch.load(tmp_path / "best.pt", weights_only=True)["model"]
+    assert torch.equal(best.weight, saved["weight"])
+    with pytest.raises(ValueError, match="do not fit Linear: Error"):
+        dptrain.load_weights(nn.Linear(4, 1), str(tmp_path / "run"))
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match="is not a checkpoint folder, checkpoint.pt or BestCheckpoint file"):
+        dptrain.load_weights(nn.Linear(3, 1), str(tmp_path / "notes.txt"))

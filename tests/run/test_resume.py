@@ -224,3 +224,21 @@ def test_user_callbacks_survive_a_ctrl_c_resume(tmp_path):
     assert len(whole) == 4 and resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
     assert a == b and a["StopWhenFlat"]["seen"] == [1, 2, 3, 4] and len(a["LogLearningRate"]["logged"]) == 48
+
+
+def test_built_in_callbacks_survive_a_ctrl_c_resume(tmp_path):
+    """EarlyStopping, BestCheckpoint and EMA: SIGINT after epoch 1, --resume, and the run ends
+    as an unbroken one: same epochs, best weights file, EMA weights, to the last bit."""
+    whole, resumed, _, said = interrupted_and_resumed("tests/tasks/user_task.py:make_with_builtin_callbacks",
+                                                      tmp_path, "--max-batches", "500")
+    assert "stopped after epoch 4: test_loss did not improve for 3 epoch(s)" in said
+    assert len(whole) == 4 and resumed == whole
+    a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
+    assert a["EarlyStopping"] == b["EarlyStopping"] and a["BestCheckpoint"] == b["BestCheckpoint"]
+    assert a["EMA"]["updates"] == b["EMA"]["updates"] == 4 * 500
+    for k, v in a["EMA"]["weights"].items():
+        assert torch.equal(v, b["EMA"]["weights"][k]), k
+    best_a, best_b = (torch.load(tmp_path / d / "best.pt", weights_only=True) for d in "ab")
+    assert best_a["epoch"] == best_b["epoch"] == a["BestCheckpoint"]["best_epoch"]
+    for k, v in best_a["model"].items():
+        assert torch.equal(v, best_b["model"][k]), k

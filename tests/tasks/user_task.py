@@ -122,3 +122,16 @@ def make_with_callbacks(config):
     task.callbacks = [StopWhenFlat(patience=3, min_delta=10.0), LogLearningRate(every=50)]
     task.epochs = 6
     return task
+
+
+def make_with_builtin_callbacks(config):
+    """``make`` with dptrain's EarlyStopping (stops after epoch 4: the loss must improve by
+    10), BestCheckpoint (into the checkpoint folder) and EMA."""
+    import os
+    from dptrain.callbacks import EMA, BestCheckpoint, EarlyStopping
+    task = make(config)
+    task.callbacks = [EarlyStopping("test_loss", patience=3, min_delta=10.0),
+                      BestCheckpoint(os.path.join(config.checkpoint_dir, "best.pt"), monitor="test_acc"),
+                      EMA(decay=0.99)]
+    task.epochs = 6
+    return task

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List
 
 import torch
 from torch import nn
 
 from ..core.errors import CheckpointError
-from ..outputs.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from ..engine.compiled import without_prefix
+from ..outputs.checkpoint import FILENAME, checkpoint_path, load_checkpoint, save_checkpoint
 
 #: What a resumed run must share with the checkpoint's: the task and the global batches.
 SAME = ("recipe", "dataset", "batch_size", "seed")
@@ -139,3 +141,28 @@ def _say_what_changed(run: Any, saved: Dict[str, Any], ours: Dict[str, Any]) -> 
         run.log(f"resuming on {where(ours['devices'], ours['world_size'])} (the checkpoint's run: "
                 f"{where(saved.get('devices'), saved.get('world_size'))}): the same global batches, so the "
                 f"same training up to float rounding{bn}")
+
+
+def load_weights(module: nn.Module, path: str) -> nn.Module:
+    """Load the trained weights a run left into ``module`` (a fresh one of the same class):
+    ``path`` is a run's checkpoint folder (or its ``checkpoint.pt``: its digest is checked) or
+    a ``BestCheckpoint`` file. Returns ``module``.
+
+    >>> model = dptrain.load_weights(Net(), "runs/own")          # the last checkpoint's weights
+    >>> model = dptrain.load_weights(Net(), "runs/best.pt")      # the best epoch's
+    """
+    where = Path(path)
+    if where.is_dir() or where.name == FILENAME:
+        state = load_checkpoint(where if where.is_dir() else where.parent)["engine"]["model"]
+    else:
+        try:
+            state = torch.load(where, map_location="cpu", weights_only=True)["model"]
+        except (OSError, RuntimeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{where} is not a checkpoint folder, checkpoint.pt or BestCheckpoint file "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    try:
+        module.load_state_dict(without_prefix(state))
+    except RuntimeError as e:
+        raise ValueError(f"the weights in {where} do not fit {type(module).__name__}: "
+                         f"{str(e).splitlines()[0]}") from None
+    return module

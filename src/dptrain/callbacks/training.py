@@ -1,0 +1,180 @@
+"""Callbacks every training program wants: early stopping, the best epoch's weights, an EMA.
+
+They use only the protocol a user's callback has (``base.py``), keep their state in
+checkpoints (so a Ctrl-C and ``--resume`` change nothing), and decide from the epoch rows,
+which are the same on every process, so every rank decides alike.
+
+    stop = EarlyStopping(monitor="test_loss", patience=3)
+    best = BestCheckpoint("runs/best.pt", monitor="test_acc")      # mode "max": accuracy
+    ema = EMA(decay=0.999)
+    dptrain.fit(model, train, test, epochs=50, callbacks=[stop, best, ema])
+    model.load_state_dict(torch.load("runs/best.pt")["model"])     # the best epoch's weights
+    ema.copy_to(model)                                             # or the averaged ones
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+from torch import nn
+
+from ..core.atomic import atomic_file
+from .base import BatchEnd, Callback, Row
+
+
+class Monitor:
+    """Whether an epoch's ``row[monitor]`` is the best so far (by more than ``min_delta``).
+
+    ``mode``: ``"min"``, ``"max"``, or ``"auto"`` (``max`` for accuracies and metrics named
+    ``acc``/``f1``/``auc``/``score``, ``min`` otherwise). NaN is never an improvement.
+    """
+
+    def __init__(self, monitor: str, mode: str = "auto", min_delta: float = 0.0):
+        if mode not in ("auto", "min", "max"):
+            raise ValueError(f"mode must be 'min', 'max' or 'auto', got {mode!r}")
+        if not (isinstance(min_delta, (int, float)) and min_delta >= 0):
+            raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
+        if mode == "auto":
+            mode = "max" if any(w in monitor for w in ("acc", "f1", "auc", "score")) else "min"
+        self.monitor, self.mode, self.min_delta = monitor, mode, float(min_delta)
+        self.best: Optional[float] = None
+        self.best_epoch: Optional[int] = None
+
+    def value(self, row: Row) -> float:
+        if self.monitor not in row:
+            raise ValueError(f"monitor {self.monitor!r} is not in the epoch's figures "
+                             f"({', '.join(k for k in row if k not in ('epoch', 'sec'))}); "
+                             f"monitor one of them (test_* needs eval_data)")
+        return float(row[self.monitor])
+
+    def improved(self, epoch: int, row: Row) -> bool:
+        value = self.value(row)
+        if math.isnan(value):
+            return False
+        better = self.best is None or (value < self.best - self.min_delta if self.mode == "min"
+                                       else value > self.best + self.min_delta)
+        if better:
+            self.best, self.best_epoch = value, epoch
+        return better
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"best": self.best, "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.best, self.best_epoch = state["best"], state["best_epoch"]
+
+
+class EarlyStopping(Callback):
+    """End the run once ``monitor`` has not improved for ``patience`` epochs (Keras's rule:
+    by more than ``min_delta``; ``mode`` as in ``Monitor``)."""
+
+    def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0, mode: str = "auto"):
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"patience must be a whole number >= 1, got {patience!r}")
+        self.watch, self.patience, self.wait = Monitor(monitor, mode, min_delta), patience, 0
+        self.stopped_epoch: Optional[int] = None
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        if self.watch.improved(epoch, row):
+            self.wait = 0
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            self.stopped_epoch = epoch
+            run.stop(f"{self.watch.monitor} did not improve for {self.patience} epoch(s) "
+                     f"(best {self.watch.best:.4g} at epoch {self.watch.best_epoch})")
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {**self.watch.state_dict(), "wait": self.wait, "stopped_epoch": self.stopped_epoch}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.watch.load_state_dict(state)
+        self.wait, self.stopped_epoch = state["wait"], state["stopped_epoch"]
+
+
+class BestCheckpoint(Callback):
+    """Keep the weights of the best epoch by ``monitor`` in ``path`` (rank 0 writes it,
+    atomically): ``{"model": state_dict, "epoch", "monitor", "value"}``, loaded with
+    ``model.load_state_dict(torch.load(path)["model"])``.
+
+    A file already at ``path`` is refused (another run's best weights) unless the run
+    resumes with this callback's state or ``overwrite=True`` is given to the run."""
+
+    def __init__(self, path: str, monitor: str = "test_loss", mode: str = "auto", min_delta: float = 0.0):
+        self.path, self.watch = Path(path), Monitor(monitor, mode, min_delta)
+
+    def on_fit_start(self, run: Any) -> None:
+        resumed = self.watch.best_epoch is not None
+        if run.is_main and self.path.exists() and not resumed and not run.config.overwrite:
+            raise ValueError(f"{self.path} already exists (another run's best weights?): pass overwrite=True "
+                             f"(--overwrite) to replace it, or give BestCheckpoint another path")
+        if run.is_main and self.path.is_dir():
+            raise ValueError(f"BestCheckpoint({str(self.path)!r}) is a folder: give a file path")
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        if self.watch.improved(epoch, row) and run.is_main:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            weights = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
+            with atomic_file(self.path) as f:
+                torch.save({"model": weights, "epoch": epoch, "monitor": self.watch.monitor,
+                            "value": self.watch.best}, f)
+
+    @property
+    def best_epoch(self) -> Optional[int]:
+        return self.watch.best_epoch
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.watch.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.watch.load_state_dict(state)
+
+
+class EMA(Callback):
+    """An exponential moving average of the weights, updated after every step that updated
+    the model: ``ema = decay * ema + (1 - decay) * weight`` (floating-point parameters and
+    buffers; integer buffers such as BatchNorm's count are copied). It starts from the
+    weights before the first step, and lives on the model's device, in every process (their
+    weights are equal, so theirs are too).
+
+    >>> ema = EMA(0.999); dptrain.fit(model, data, callbacks=[ema]); ema.copy_to(model)
+    """
+
+    def __init__(self, decay: float = 0.999):
+        if not (isinstance(decay, (int, float)) and 0.0 <= decay < 1.0):
+            raise ValueError(f"decay must be a number in [0, 1), got {decay!r}")
+        self.decay = float(decay)
+        self.weights: Dict[str, torch.Tensor] = {}
+        self.updates = 0
+
+    def on_fit_start(self, run: Any) -> None:
+        current = run.model.state_dict()
+        if not self.weights:
+            self.weights = {k: v.detach().clone() for k, v in current.items()}
+        else:               # resumed (kept on the CPU in checkpoints): back to the model's devices
+            self.weights = {k: v.to(current[k].device) for k, v in self.weights.items()}
+
+    @torch.no_grad()
+    def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
+        if not batch.result.stepped:
+            return
+        for name, value in run.model.state_dict().items():
+            average = self.weights[name]
+            if average.is_floating_point():
+                average.mul_(self.decay).add_(value.detach(), alpha=1.0 - self.decay)
+            else:
+                average.copy_(value)
+        self.updates += 1
+
+    def copy_to(self, module: nn.Module) -> None:
+        """Load the averaged weights into ``module`` (the trained model, or a fresh copy)."""
+        module.load_state_dict(self.weights)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"weights": {k: v.detach().cpu() for k, v in self.weights.items()}, "updates": self.updates}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.weights = {k: v.clone() for k, v in state["weights"].items()}
+        self.updates = state["updates"]

@@ -1,0 +1,100 @@
+"""EarlyStopping, BestCheckpoint and EMA: the same epoch on 1 and 2 devices, the best epoch's
+weights, an EMA equal to one computed by hand; their checks."""
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.callbacks import EMA, BestCheckpoint, EarlyStopping, Monitor
+
+
+def regression(n=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 5, generator=g)
+    return X, X @ torch.randn(5, 1, generator=g) + 0.3 * torch.randn(n, 1, generator=g)
+
+
+class Snapshots(dptrain.Callback):
+    """The weights after every epoch and after every step that updated them."""
+    def __init__(self):
+        self.epochs, self.steps = {}, []
+
+    def on_batch_end(self, run, batch):
+        if batch.result.stepped:
+            self.steps.append({k: v.detach().clone() for k, v in run.model.state_dict().items()})
+
+    def on_epoch_end(self, run, epoch, row):
+        self.epochs[epoch] = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+
+
+def train(devices, callbacks, epochs=12, lr=0.3, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
+    result = dptrain.fit(model, regression(), regression(40, 1), loss=nn.MSELoss(), lr=lr, epochs=epochs,
+                         batch_size=16, devices=devices, callbacks=callbacks, log=None, progress=False, **kw)
+    return model, result
+
+
+def test_monitor_modes_and_a_figure_that_is_not_there():
+    assert Monitor("test_acc").mode == "max" and Monitor("test_loss").mode == "min"
+    m = Monitor("test_loss", min_delta=0.1)
+    assert m.improved(1, {"test_loss": 1.0}) and not m.improved(2, {"test_loss": 0.95})
+    assert m.improved(3, {"test_loss": 0.8}) and (m.best, m.best_epoch) == (0.8, 3)
+    assert not m.improved(4, {"test_loss": float("nan")})
+    with pytest.raises(ValueError, match="monitor 'test_f1' is not in the epoch's figures .train_loss, test_loss."):
+        Monitor("test_f1").value({"epoch": 1, "sec": 0.1, "train_loss": 1.0, "test_loss": 1.0})
+    for bad, message in ((dict(patience=0), "patience must be a whole number >= 1"),
+                         (dict(mode="up"), "mode must be 'min', 'max' or 'auto'")):
+        with pytest.raises(ValueError, match=message):
+            EarlyStopping(**bad)
+    with pytest.raises(ValueError, match="decay must be a number in .0, 1."):
+        EMA(1.0)
+
+
+def test_early_stopping_stops_at_the_same_epoch_on_1_and_2_devices():
+    """A learning rate too high to settle: the test loss stops improving, and both stop after
+    the same epoch with the same best epoch."""
+    stops = []
+    for devices in (1, 2):
+        stop = EarlyStopping("test_loss", patience=2)
+        _, result = train(devices, [stop], epochs=30, lr=0.3)
+        stops.append((len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch))
+        losses = [r["test_loss"] for r in result["history"]]
+        assert stop.watch.best == min(losses) and losses.index(min(losses)) + 1 == stop.watch.best_epoch
+    assert stops[0] == stops[1] and stops[0][0] < 30 and stops[0][0] == stops[0][1] == stops[0][2] + 2
+
+
+def test_the_best_checkpoint_holds_the_best_epochs_weights(tmp_path):
+    path = tmp_path / "best.pt"
+    best, snaps = BestCheckpoint(str(path), monitor="test_loss"), Snapshots()
+    model, result = train(2, [best, snaps], epochs=8, lr=0.3)
+    losses = [r["test_loss"] for r in result["history"]]
+    epoch = losses.index(min(losses)) + 1
+    saved = torch.load(path, weights_only=True)
+    assert saved["epoch"] == best.best_epoch == epoch and saved["value"] == min(losses)
+    for k, v in snaps.epochs[epoch].items():
+        assert torch.equal(saved["model"][k], v), k
+    fresh = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
+    fresh.load_state_dict(saved["model"])                 # the documented way back
+    with pytest.raises(ValueError, match="best.pt already exists .another run's best weights..: pass "
+                                         "overwrite=True"):
+        train(1, [BestCheckpoint(str(path))], epochs=1)
+    train(1, [BestCheckpoint(str(path))], epochs=1, overwrite=True)
+    assert torch.load(path, weights_only=True)["epoch"] == 1
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_ema_equals_one_computed_by_hand(devices):
+    ema, snaps = EMA(decay=0.9), Snapshots()
+    torch.manual_seed(0)
+    start = {k: v.clone() for k, v in nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1)).state_dict().items()}
+    model, _ = train(devices, [ema, snaps], epochs=3)
+    expected = {k: v.clone() for k, v in start.items()}
+    for weights in snaps.steps:
+        for k in expected:
+            expected[k] = 0.9 * expected[k] + 0.1 * weights[k]
+    assert ema.updates == len(snaps.steps) == 3 * 6
+    for k in expected:
+        torch.testing.assert_close(ema.weights[k], expected[k], rtol=1e-6, atol=1e-7)
+    ema.copy_to(model)
+    assert all(torch.equal(model.state_dict()[k], ema.weights[k]) for k in expected)
