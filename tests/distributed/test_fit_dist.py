@@ -120,3 +120,27 @@ def test_early_stopping_stops_every_rank_at_the_epoch_one_device_stops():
     one = (len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch)
     a, b = run_workers(early_stopping)
     assert a == b == one and one[0] < 30
+
+
+def unused_parameters(rank, world):
+    """Partly's never-, sometimes- and rarely-used layers: each rank steps on its part of the
+    global batches; returns the largest difference to the plain loop on the whole batches."""
+    from dptrain.core.parts import even_part
+    from dptrain.engine.model_engine import ModelEngine
+    from dptrain.engine.task import Task
+    from tests.engine.test_model_engine import Partly, plain_steps
+    g = torch.Generator().manual_seed(3)
+    batches = [data("regression", n, g) for n in (12, 12, 9, 12)]
+    optimizer = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+    want = plain_steps(Partly, batches, nn.MSELoss(), optimizer,
+                       lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0))[-1]
+    torch.manual_seed(0)
+    engine = ModelEngine(Task(Partly(), (), loss=nn.MSELoss(), optimizer=optimizer), [dptrain.cpu(0)])
+    for X, y in batches:
+        start, size = even_part(len(X), world, rank)
+        engine.train_batch((X[start:start + size], y[start:start + size]))
+    return max(float((p - q).abs().max()) for p, q in zip(engine.replicas[0].parameters(), want))
+
+
+def test_parameters_a_step_does_not_use_train_as_plain_pytorch_on_two_processes():
+    assert all(diff < 1e-5 for diff in run_workers(unused_parameters))

@@ -192,3 +192,47 @@ def test_sync_batchnorm_makes_n_devices_equal_one(sync):
         assert same == sync
     finally:
         torch.set_default_dtype(before)
+
+
+class Partly(nn.Module):
+    """A layer never called, one called every other training step, and one called only for
+    shards holding a sample with x[0] > 1.2 (its output is the same as always calling it, but
+    a device whose shard has none gets no gradient for it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(5, 8), nn.Linear(8, 2)
+        self.never, self.sometimes, self.rare = nn.Linear(8, 2), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.steps = 0
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))
+        if self.training:
+            self.steps += 1
+            if self.steps % 2 == 0:
+                h = h + self.sometimes(h)
+        mask = (x[:, :1] > 1.2).float()
+        if mask.any():
+            h = h + mask * self.rare(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("n_devices, kvstore", [(1, None), (2, "device"), (3, "device"), (2, "local"),
+                                                (3, "naive"), (2, "ring")])
+def test_parameters_a_step_does_not_use_train_as_plain_pytorch(n_devices, kvstore):
+    """Never used: never updated (its grad stays None, momentum untouched); used on some
+    devices only: the others count zeros; in every case the plain loop's weights."""
+    g = torch.Generator().manual_seed(3)
+    batches = [data("regression", n, g) for n in (12, 12, 9, 12)]
+    optimizer = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+    want = plain_steps(Partly, batches, nn.MSELoss(), optimizer, lambda opt: torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda e: 1.0))
+    torch.manual_seed(0)
+    engine = ModelEngine(Task(Partly(), (), loss=nn.MSELoss(), optimizer=optimizer, kvstore=kvstore),
+                         [dptrain.cpu(i) for i in range(n_devices)])
+    never = engine.replicas[0].never.weight.detach().clone()
+    for step, batch in enumerate(batches):
+        engine.train_batch(batch)
+        for p, q in zip(engine.replicas[0].parameters(), want[step]):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert torch.equal(engine.replicas[0].never.weight, never)

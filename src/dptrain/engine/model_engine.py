@@ -244,7 +244,8 @@ class ModelEngine:
                 total = add_counts(total, host_number(c))
             return total
         outcome = self.trainer.step_with(compute, denominator if known else shard_counts,
-                                         skip_nonfinite=skip_nonfinite, extras=extras)
+                                         ignore_stale_grad=True, skip_nonfinite=skip_nonfinite,
+                                         extras=extras)
         losses = outcome.outputs
         loss = losses[0].double() if len(losses) == 1 else sum(v.double().to(self.devices[0]) for v in losses)
         if not known:

@@ -11,7 +11,10 @@ Every device runs the same optimizer on the same summed gradient, so the replica
 identical. The optimizer is a Gluon name or any ``torch.optim`` optimizer (see ``optim.py``);
 ``trainer.optimizer`` takes ``lr_scheduler``s. Frozen parameters (``requires_grad=False``)
 are left alone. Gradients are cleared after each step; a parameter with no gradient at the
-next step is "stale" and an error, unless ``ignore_stale_grad=True`` (then it is not updated).
+next step is "stale" and an error, unless ``ignore_stale_grad=True``: then a parameter no
+device used is not updated, and one some devices used counts zeros on the others, as one
+device on the whole batch would (``fit`` always steps so: models that skip layers train as
+in plain PyTorch).
 """
 from __future__ import annotations
 
@@ -236,11 +239,14 @@ class Trainer:
             raise ValueError(f"step needs the batch size (a number >= {least}), got {batch_size!r}")
 
     def _active(self, ignore_stale_grad: bool) -> List[int]:
-        """Indices of the parameters with a gradient on every device; stale ones are an error."""
+        """Indices of the parameters to update. Without ``ignore_stale_grad``: every parameter
+        must have a gradient on every device (else an error). With it: those with a gradient
+        on some device (the devices that did not use one count as zeros, as one device on the
+        whole batch would); a parameter no device used is not updated this step."""
         active = []
         for j in range(len(self._groups[0])):
             missing = [i for i, g in enumerate(self._groups) if g[j].grad is None]
-            if not missing:
+            if not missing or (ignore_stale_grad and len(missing) < len(self._groups)):
                 active.append(j)
             elif not ignore_stale_grad:
                 raise ValueError(

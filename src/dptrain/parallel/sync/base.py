@@ -72,6 +72,15 @@ def scale_(grads: List[torch.Tensor], scale) -> None:
     torch._foreach_mul_(grads, scale)
 
 
+def fill_unused(params: Params, active: Sequence[int]) -> None:
+    """Zeros for the gradient of an active parameter on a device that did not use it (only
+    from one thread, while the others wait: it writes every device's gradients)."""
+    for j in active:
+        for g in params:
+            if g[j].grad is None:
+                g[j].grad = torch.zeros_like(g[j])
+
+
 class GradientSync:
     """Sum gradients over devices (and processes) and update the replicas; one device and
     one process: nothing to sum, every device updates its own (this class).
@@ -112,6 +121,7 @@ class GradientSync:
 
         def reduce(i: int, active: Sequence[int]) -> None:
             if i == 0 and len(params) > 1:
+                fill_unused(params, active)
                 self.reduce([[p.grad for p in g] for g in params], active)
 
         def update(i: int, active: Sequence[int]) -> None:

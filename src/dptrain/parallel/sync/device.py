@@ -70,9 +70,12 @@ class OwnerDeviceSync(GradientSync):
                 if j not in is_active:        # stale and ignored: the optimizer skips it
                     params[k][j].grad = None
                     continue
+                if total is None:             # used on other devices only: this one adds zeros
+                    total = params[k][j].grad = torch.zeros_like(params[k][j])
                 for i in range(n):
-                    if i != k:
-                        total.add_(params[i][j].grad.to(dev, non_blocking=True))
+                    grad = params[i][j].grad
+                    if i != k and grad is not None:
+                        total.add_(grad.to(dev, non_blocking=True))
                 totals.append(total)
             scale_(totals, reciprocal(step.denominator, dev))
             optimizers[k].step()
