@@ -236,3 +236,37 @@ def test_parameters_a_step_does_not_use_train_as_plain_pytorch(n_devices, kvstor
         for p, q in zip(engine.replicas[0].parameters(), want[step]):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert torch.equal(engine.replicas[0].never.weight, never)
+
+
+def clipped_plain_steps(make, batches, loss, optimizer, max_norm):
+    """One device, the plain way, clipping with torch.nn.utils.clip_grad_norm_; the norms too."""
+    torch.manual_seed(0)
+    net = make()
+    opt = optimizer(net.parameters())
+    snapshots, norms = [], []
+    for X, y in batches:
+        opt.zero_grad()
+        loss(net(X), y).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)))
+        opt.step()
+        snapshots.append([p.detach().clone() for p in net.parameters()])
+    return snapshots, norms
+
+
+@pytest.mark.parametrize("n_devices, kvstore", [(1, None), (2, "device"), (3, "device"), (2, "local"),
+                                                (3, "naive"), (2, "ring")])
+def test_clipping_uses_the_norm_of_the_whole_summed_gradient(n_devices, kvstore):
+    """max_norm 0.1 clips every step here: N devices take the one-device clipped steps."""
+    g = torch.Generator().manual_seed(4)
+    batches = [data("regression", n, g) for n in (12, 12, 7, 12)]
+    optimizer = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+    want, norms = clipped_plain_steps(mlp, batches, nn.MSELoss(), optimizer, 0.1)
+    assert all(n > 0.1 for n in norms)
+    torch.manual_seed(0)
+    engine = ModelEngine(Task(mlp(), (), loss=nn.MSELoss(), optimizer=optimizer, kvstore=kvstore),
+                         [dptrain.cpu(i) for i in range(n_devices)], clip_grad_norm=0.1)
+    for step, batch in enumerate(batches):
+        result = engine.train_batch(batch)
+        torch.testing.assert_close(float(result.grad_norm), norms[step], rtol=1e-5, atol=1e-6)
+        for p, q in zip(engine.replicas[0].parameters(), want[step]):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

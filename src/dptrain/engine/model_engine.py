@@ -53,13 +53,15 @@ class StepResult:
     step was skipped); ``count``: what it is divided by (samples for a sum loss; a tensor for
     a weighted loss); ``stepped``: whether the parameters were updated; ``flags``: the
     processes' sum of the ``extras`` sent with the gradients (None if none rode); ``seconds``:
-    each device's forward and backward time when the step was ``timed``.
+    each device's forward and backward time when the step was ``timed``; ``grad_norm``: the
+    global gradient norm before clipping (with ``clip_grad_norm``; a 0-d tensor).
     """
     loss: torch.Tensor
     count: Count
     stepped: bool = True
     flags: Optional[torch.Tensor] = None
     seconds: Optional[List[float]] = None
+    grad_norm: Optional[torch.Tensor] = None
 
 
 class ModelEngine:
@@ -72,8 +74,9 @@ class ModelEngine:
 
     def __init__(self, task: Task, devices: Sequence[torch.device], kvstore: Optional[str] = "device",
                  sync_batchnorm: bool = False, amp: Optional[torch.dtype] = None, channels_last: bool = False,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, compile: Optional[str] = None):
-        self.task = task
+                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, compile: Optional[str] = None,
+                 clip_grad_norm: Optional[float] = None):
+        self.task, self.clip_grad_norm = task, clip_grad_norm
         self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
         self.forward = task.forward or default_forward
         self.memory_format = torch.channels_last if channels_last else None
@@ -245,7 +248,7 @@ class ModelEngine:
             return total
         outcome = self.trainer.step_with(compute, denominator if known else shard_counts,
                                          ignore_stale_grad=True, skip_nonfinite=skip_nonfinite,
-                                         extras=extras)
+                                         extras=extras, max_norm=self.clip_grad_norm)
         losses = outcome.outputs
         loss = losses[0].double() if len(losses) == 1 else sum(v.double().to(self.devices[0]) for v in losses)
         if not known:
@@ -253,7 +256,7 @@ class ModelEngine:
         if not outcome.stepped:
             loss = torch.full_like(loss, math.nan)
         return StepResult(loss, n if denominator is None else denominator, outcome.stepped, outcome.summed_extras,
-                          seconds if timed else None)
+                          seconds if timed else None, outcome.grad_norm)
 
     def _idle(self, i: int) -> torch.Tensor:
         for p in self.replicas[i].parameters():

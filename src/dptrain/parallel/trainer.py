@@ -48,6 +48,7 @@ class StepOutcome(Generic[T]):
     outputs: List[T]
     stepped: bool
     summed_extras: Optional[torch.Tensor] = None
+    grad_norm: Optional[torch.Tensor] = None        # before clipping (with max_norm)
 
 
 class Trainer:
@@ -126,7 +127,8 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def step(self, batch_size: Denominator, ignore_stale_grad: bool = False, skip_nonfinite: bool = False) -> bool:
+    def step(self, batch_size: Denominator, ignore_stale_grad: bool = False, skip_nonfinite: bool = False,
+             max_norm: Optional[float] = None) -> bool:
         """Sum gradients over devices, divide by ``batch_size``, update every replica.
 
         ``batch_size``: this process's number of samples (with several processes the
@@ -135,7 +137,8 @@ class Trainer:
         division. ``skip_nonfinite``: if any gradient, on any
         device of any process, is NaN or infinite, update nothing, clear the gradients and
         return False (as AMP's grad scaler skips a step); every process decides alike.
-        Returns whether it updated.
+        ``max_norm``: clip the summed gradient to this norm (over every parameter, device and
+        process, as ``clip_grad_norm_`` on one device). Returns whether it updated.
         """
         self._check_denominator(batch_size)
         self._ready()
@@ -145,13 +148,14 @@ class Trainer:
         active = self._active(ignore_stale_grad)
         self.optimizer.push(zip(self._optimizers, self._origins))
         # several processes: checked on the summed gradients (the buckets were sent in backward)
-        step = SyncStep(batch_size, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite)
+        step = SyncStep(batch_size, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
+                        max_norm=max_norm)
         self.sync.step(self._groups, active, step, self._optimizers)
         return self._finish_step(step.skipped)
 
     def step_with(self, compute: Callable[[int], T], batch_size: Denominator,
                   ignore_stale_grad: bool = False, skip_nonfinite: bool = False,
-                  extras: Optional[torch.Tensor] = None) -> StepOutcome[T]:
+                  extras: Optional[torch.Tensor] = None, max_norm: Optional[float] = None) -> StepOutcome[T]:
         """Run ``compute(i)`` (forward and backward of shard ``i``) on every device, then ``step``.
 
         The same result as calling ``compute`` on every device and then ``step``, in one
@@ -163,17 +167,18 @@ class Trainer:
         self._check_denominator(batch_size)
         if not self._optimizers:      # the first step (lazy modules): the plain way
             outputs = self.runner.map(lambda i: compute(i))
-            stepped = self.step(batch_size, ignore_stale_grad, skip_nonfinite)
+            stepped = self.step(batch_size, ignore_stale_grad, skip_nonfinite, max_norm)
             return StepOutcome(outputs, stepped, extras if self.collective.world_size == 1 else None)
         self.optimizer.push(zip(self._optimizers, self._origins))
-        step = SyncStep(batch_size, extras, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite)
+        step = SyncStep(batch_size, extras, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
+                        max_norm=max_norm)
         self.sync.prepare(step)
         phases = self.sync.phases(self._groups, step, self._optimizers)
         local_check = skip_nonfinite and self.collective.world_size == 1
         outputs, skipped = run_fused(self.runner, compute, phases, lambda: self._active(ignore_stale_grad),
                                      self._grads_finite if local_check else None, self._clear_grads)
         stepped = False if skipped else self._finish_step(step.skipped)
-        return StepOutcome(outputs, stepped, step.summed_extras)
+        return StepOutcome(outputs, stepped, step.summed_extras, step.grad_norm)
 
     def _finish_step(self, skipped: bool) -> bool:
         self._broadcast_buffers()

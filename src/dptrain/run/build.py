@@ -48,7 +48,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     channels_last = config.channels_last if config.channels_last is not None else task.channels_last and (
         all(d.type == "cpu" for d in devices) or config.amp is not None)
     engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp_dtype,
-                         channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb, compile=config.compile)
+                         channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb, compile=config.compile,
+                         clip_grad_norm=config.clip_grad_norm)
     shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
                  collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices))
     train_loader = make_loader(task.load("train_data"), batch_size, shuffle=True, seed=config.seed,

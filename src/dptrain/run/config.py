@@ -102,6 +102,9 @@ class TrainConfig:
                                   flag="--bucket-mb", metavar="MB")
     timeout: float = option(DEFAULT_TIMEOUT_S, "several processes: how long to wait for peers to join, or for a "
                             "silent one, before naming it and ending the job", Positive(" of seconds"), metavar="S")
+    clip_grad_norm: Optional[float] = option(None, "clip the gradient to this norm before each update: the norm of "
+                                             "the whole summed gradient, over every device and process, as "
+                                             "clip_grad_norm_ on one device", Positive(), metavar="NORM")
     on_nan: str = option("stop", "a NaN/infinite loss stops the run, or skips that batch", Choice(["stop", "skip"],
                                                                                                    "--on-nan"))
     # Outputs.

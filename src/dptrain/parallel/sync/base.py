@@ -36,15 +36,19 @@ class SyncStep:
 
     ``denominator``: this process's (or a function giving it once every device computed).
     ``extras``: a few numbers to sum over the processes with the gradients (the stop flags).
-    ``check_finite``: skip the update if a summed gradient is NaN or infinite.
-    Filled in by the phases: ``skipped`` and ``summed_extras`` (None if they could not ride).
+    ``check_finite``: skip the update if a summed gradient is NaN or infinite. ``max_norm``:
+    clip the whole summed gradient (every parameter, device and process) to this norm.
+    Filled in by the phases: ``skipped``, ``summed_extras`` (None if they could not ride) and
+    ``grad_norm`` (the norm before clipping, when clipping).
     """
     denominator: Union[Denominator, Callable[[], Denominator]] = None
     extras: Optional[torch.Tensor] = None
     ignore_stale_grad: bool = False
     check_finite: bool = False
+    max_norm: Optional[float] = None
     skipped: bool = False
     summed_extras: Optional[torch.Tensor] = None
+    grad_norm: Optional[torch.Tensor] = None
 
 
 def resolve(denominator: Union[Denominator, Callable[[], Denominator]]) -> Denominator:
@@ -70,6 +74,25 @@ def scale_(grads: List[torch.Tensor], scale) -> None:
     if isinstance(scale, torch.Tensor):
         scale = scale.to(grads[0].device, non_blocking=True)
     torch._foreach_mul_(grads, scale)
+
+
+def squared_norm(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The sum of squares of ``grads`` (a 0-d float32 tensor on ``device``)."""
+    if not grads:
+        return torch.zeros((), device=device)
+    norms = torch._foreach_norm(list(grads), 2)
+    return torch.stack([n.to(device, torch.float32) for n in norms]).square().sum()
+
+
+def clip_(grads: Sequence[torch.Tensor], total_squared: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale ``grads`` in place so their norm (``sqrt(total_squared)``, over every part of the
+    gradient) is at most ``max_norm``, as ``torch.nn.utils.clip_grad_norm_`` does (the factor
+    ``max_norm / (norm + 1e-6)``, at most 1); return the norm. No wait for the device."""
+    norm = total_squared.sqrt()
+    if grads:
+        factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        torch._foreach_mul_(list(grads), factor.to(grads[0].device))
+    return norm
 
 
 def fill_unused(params: Params, active: Sequence[int]) -> None:
@@ -125,7 +148,12 @@ class GradientSync:
                 self.reduce([[p.grad for p in g] for g in params], active)
 
         def update(i: int, active: Sequence[int]) -> None:
-            scale_([params[i][j].grad for j in active], reciprocal(step.denominator, self.devices[i]))
+            grads = [params[i][j].grad for j in active]
+            scale_(grads, reciprocal(step.denominator, self.devices[i]))
+            if step.max_norm is not None:       # every device holds the whole sum: the same norm
+                norm = clip_(grads, squared_norm(grads, self.devices[i]), step.max_norm)
+                if i == 0:
+                    step.grad_norm = norm
             optimizers[i].step()
             optimizers[i].zero_grad(set_to_none=True)
         return [clear_stale, reduce, update]

@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence
 import torch
 
 from ...core.devices import format_device
-from .base import GradientSync, Params, Phase, SyncStep, reciprocal, scale_
+from .base import GradientSync, Params, Phase, SyncStep, clip_, reciprocal, scale_, squared_norm
 
 
 def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
@@ -61,6 +61,9 @@ class OwnerDeviceSync(GradientSync):
 
     def phases(self, params: Params, step: SyncStep, optimizers: Sequence[torch.optim.Optimizer]) -> List[Phase]:
         n = len(self.devices)
+        clipping = step.max_norm is not None
+        totals_of: List[List[torch.Tensor]] = [[] for _ in range(n)]
+        squares: List[torch.Tensor] = [torch.zeros(())] * n
 
         def sum_and_update(k: int, active: Sequence[int]) -> None:
             dev, is_active = self.devices[k], set(active)
@@ -78,6 +81,16 @@ class OwnerDeviceSync(GradientSync):
                         total.add_(grad.to(dev, non_blocking=True))
                 totals.append(total)
             scale_(totals, reciprocal(step.denominator, dev))
+            if clipping:            # each owner holds part of the sum: the norm needs them all
+                totals_of[k], squares[k] = totals, squared_norm(totals, dev)
+                return
+            optimizers[k].step()
+
+        def clip_and_update(k: int, active: Sequence[int]) -> None:
+            total = sum(s.to(self.devices[k]) for s in squares)     # the same sum, in the same order, on every owner
+            norm = clip_(totals_of[k], total, step.max_norm)
+            if k == 0:
+                step.grad_norm = norm
             optimizers[k].step()
 
         def fetch(i: int, active: Sequence[int]) -> None:
@@ -89,5 +102,5 @@ class OwnerDeviceSync(GradientSync):
             for p in params[i]:
                 p.grad = None
         # Owners sum and update their parameters, all at once; then every device copies the
-        # values it does not own.
-        return [sum_and_update, fetch]
+        # values it does not own. Clipping needs every owner's part of the norm first.
+        return [sum_and_update, clip_and_update, fetch] if clipping else [sum_and_update, fetch]
