@@ -224,3 +224,19 @@ def test_user_callbacks_on_two_processes_survive_a_ctrl_c_resume(tmp_path):
     assert len(whole) == 4 and resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
     assert a == b and a["StopWhenFlat"]["seen"] == [1, 2, 3, 4] and len(a["LogLearningRate"]["logged"]) == 32
+
+
+def test_ten_fits_in_one_launched_script():
+    """A second fit in a launched script used to wait for a process group the first had
+    ended; ten different fits run, and train as the same script on 2 devices of one process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launched = subprocess.run([sys.executable, "-m", "dptrain", "launch", "--processes", "2",
+                               "tests/tasks/many_fits.py"], capture_output=True, text=True, env=env, timeout=300)
+    assert launched.returncode == 0, launched.stderr
+    alone = subprocess.run([sys.executable, "tests/tasks/many_fits.py"], capture_output=True, text=True,
+                           env={**env, "DEVICES": "2"}, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    rows = [[line.split() for line in out.stdout.splitlines() if line.startswith("fit ")] for out in (launched, alone)]
+    assert [r[1] for r in rows[0]] == [f"{i}:" for i in range(10)] and len(rows[1]) == 10
+    for a, b in zip(*rows):
+        assert abs(float(a[2]) - float(b[2])) < 1e-4 and abs(float(a[3]) - float(b[3])) < 1e-4, (a, b)

@@ -42,15 +42,22 @@ class Heartbeat(threading.Thread):
     >>> beat.stop()                          # done: the others stop watching this rank
     """
 
+    runs = 0        # heartbeats this process started: every process starts them in the same order
+
     def __init__(self, rank: int, world: int, timeout_s: float, on_hang=None):
         super().__init__(name="dptrain-heartbeat", daemon=True)
+        Heartbeat.runs += 1
+        self.run_id = Heartbeat.runs        # keys of its own: an earlier run's "done" mark stays its own
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.on_hang = on_hang or _exit_naming
         self._stop_event = threading.Event()
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         # A connection of its own: the main thread's store traffic never waits behind it.
         self.store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
-        self.store.set(store_key(f"pid/{rank}"), f"{socket.gethostname()} {os.getpid()}")
+        self.store.set(self._key(f"pid/{rank}"), f"{socket.gethostname()} {os.getpid()}")
+
+    def _key(self, name: str) -> str:
+        return store_key(f"run{self.run_id}/{name}")
 
     def start(self) -> "Heartbeat":
         super().start()
@@ -61,10 +68,10 @@ class Heartbeat(threading.Thread):
         moved: Dict[int, float] = {r: time.monotonic() for r in range(self.world) if r != self.rank}
         while not self._stop_event.wait(INTERVAL_S):
             try:
-                self.store.add(store_key(f"beat/{self.rank}"), 1)
+                self.store.add(self._key(f"beat/{self.rank}"), 1)
                 now = time.monotonic()
                 for r in list(moved):
-                    count = int(self.store.add(store_key(f"beat/{r}"), 0))
+                    count = int(self.store.add(self._key(f"beat/{r}"), 0))
                     if count < 0:           # done (see stop)
                         del moved[r]
                     elif count != seen.get(r):
@@ -81,7 +88,7 @@ class Heartbeat(threading.Thread):
 
     def _kill_if_here(self, rank: int) -> None:
         try:
-            host, pid = self.store.get(store_key(f"pid/{rank}")).decode().split()
+            host, pid = self.store.get(self._key(f"pid/{rank}")).decode().split()
             if host == socket.gethostname():
                 os.kill(int(pid), signal.SIGKILL)
         except (RuntimeError, ValueError, OSError):
@@ -91,7 +98,7 @@ class Heartbeat(threading.Thread):
         """This process is done: say so, and stop beating."""
         self._stop_event.set()
         try:
-            self.store.add(store_key(f"beat/{self.rank}"), -(10**12))     # far below zero: done, whatever it counted
+            self.store.add(self._key(f"beat/{self.rank}"), -(10**12))     # far below zero: done, whatever it counted
         except RuntimeError:
             pass
         self.join(timeout=2 * INTERVAL_S)

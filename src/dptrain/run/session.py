@@ -7,6 +7,7 @@ batch, and only rank 0 logs and writes files.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 import os
@@ -89,6 +90,6 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
         gc.collect()
         if beat is not None:
             beat.stop()
-        if joined:              # a process group the caller made is the caller's to end
-            shutdown_distributed()
+        if joined:      # joined from the environment: kept for the script's next fit, ended at exit
+            atexit.register(shutdown_distributed)
     return result
