@@ -26,6 +26,7 @@ from .engine.task import Task
 from .parallel.replicas import NotInitializedError, Replicas, replicate
 from .parallel.trainer import Trainer
 from .run.fit import fit
+from .run.predict import predict
 from .run.resume import load_weights
 # The chapter's blocks under the names users already call.
 from .scratch import (ScratchDataParallel, allreduce, count_correct, evaluate_accuracy, get_params, sgd,
@@ -35,7 +36,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the product
-    "fit", "load_weights", "Task", "Callback", "BatchEnd", "Trainer", "Replicas", "replicate", "NotInitializedError",
+    "fit", "predict", "load_weights", "Task", "Callback", "BatchEnd", "Trainer", "Replicas", "replicate", "NotInitializedError",
     "ArrayLoader", "DatasetLoader", "TensorLoader", "load_dataset", "rank",
     # devices
     "as_device", "cpu", "gpu", "num_gpus", "try_all_gpus", "try_gpu", "parse_devices", "format_devices",

@@ -168,3 +168,18 @@ def clipped(rank, world):
 def test_clipping_on_two_processes_takes_the_one_device_steps():
     for norm_diff, weight_diff in run_workers(clipped):
         assert norm_diff < 1e-5 and weight_diff < 1e-5
+
+
+def predict_indices(rank, world):
+    """A model that returns its input: the outputs are the samples' indices, in order."""
+    model = nn.Linear(1, 1)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+        model.bias.zero_()
+    X = torch.arange(29, dtype=torch.float32).unsqueeze(1)
+    return dptrain.predict(model, X, batch_size=8, devices=2).squeeze(1).tolist()
+
+
+def test_predict_on_two_processes_gives_every_sample_once_in_order():
+    a, b = run_workers(predict_indices)
+    assert a == b == [float(i) for i in range(29)]

@@ -1,0 +1,110 @@
+"""``dptrain.predict``: a model's outputs for every sample, in the data's order, computed on
+every device and process.
+
+Each global batch is cut over the processes and then over their devices in consecutive
+parts (``core/parts.py``), so the outputs gathered in (batch, process, device) order are the
+samples' order, every sample once, whatever the device and process counts.
+
+    outputs = dptrain.predict(model, test_set)               # a tensor (or the model's structure)
+    classes = dptrain.predict(model, X).argmax(1)
+"""
+from __future__ import annotations
+
+import atexit
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..core.parts import even_parts
+from ..core.runner import get_runner
+from ..data.batch import TARGET_KEYS, Batch, batch_size as size_of, map_tensors, split_structure, to_device
+from ..data.dataset_loader import make_loader
+from ..distributed import DistEnv, get_collective, init_distributed, shutdown_distributed
+from ..parallel.replicas import replicate
+from .session import process_devices
+
+
+def model_input(model: nn.Module, batch: Batch) -> Any:
+    """The default way a batch meets the model for predictions: a tensor is ``model(x)``;
+    ``(x, y)`` or ``(x1, x2, ..., y)`` pairs are ``model(x, ...)`` (the last item, a target, is
+    left out; ``(x,)`` is ``model(x)``); a dict is ``model(**batch)`` without its target key."""
+    if isinstance(batch, torch.Tensor):
+        return model(batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*(batch[:-1] if len(batch) > 1 else batch))
+    if isinstance(batch, dict):
+        return model(**{k: v for k, v in batch.items() if k not in TARGET_KEYS})
+    raise TypeError(f"predict cannot feed a batch of {type(batch).__name__} to the model: pass "
+                    f"forward=fn(model, batch) -> output")
+
+
+def concatenate(parts: List[Any]) -> Any:
+    """Outputs of consecutive parts of the data joined along the first axis, keeping their
+    structure (a tensor, a tuple/list or a dict of tensors)."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    if isinstance(first, dict):
+        return {k: concatenate([p[k] for p in parts]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(concatenate([p[i] for p in parts]) for i in range(len(first)))
+    raise TypeError(f"predict joins tensors, tuples, lists and dicts of them; the model returned "
+                    f"{type(first).__name__}: pass forward=fn(model, batch) -> tensor")
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
+            forward: Optional[Callable[[nn.Module, Any], Any]] = None, collate_fn: Optional[Callable] = None,
+            num_workers: int = 0, timeout: float = 60.0) -> Any:
+    """Return ``model``'s outputs for every sample of ``data``, in order (on the CPU).
+
+    ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
+    ``DataLoader``); a target in it is left out (see ``model_input``). ``forward(model,
+    batch) -> output`` when a batch meets the model otherwise. In eval mode, without
+    gradients; the model's mode is restored. With several processes (``WORLD_SIZE`` > 1)
+    every process computes its part and gets all the outputs.
+
+    >>> dptrain.predict(model, (X, y), devices=2).shape     # half the batch on cpu:0, half on cpu:1
+    torch.Size([1000, 10])
+    """
+    env = DistEnv.current()
+    devices = process_devices(devices, env)
+    if env.distributed and not torch.distributed.is_initialized():
+        init_distributed(env, "auto", use_cuda=any(d.type == "cuda" for d in devices), timeout_s=timeout)
+        atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
+    collective = get_collective()
+    loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
+                         world_size=env.world_size)
+    replicas = replicate(model, devices)
+    runner, feed = get_runner(replicas.devices), forward or model_input
+    was_training = model.training
+    outputs: List[Any] = []
+
+    def shard_output(i: int, shard: Optional[Batch]) -> Any:
+        if shard is None:               # a device with no sample in a small last batch
+            return None
+        out = feed(replicas[i], to_device(shard, replicas.devices[i]))
+        return map_tensors(lambda t: t.detach().cpu(), out)
+    try:
+        replicas.eval()
+        with runner.coordinating():
+            for batch in loader:
+                n = size_of(batch)
+                if n == 0:                  # this process's part of a last batch smaller than the processes
+                    outputs.append(None)
+                    continue
+                k = min(n, len(replicas.devices))
+                if k == 1:
+                    outputs.append(shard_output(0, batch))
+                    continue
+                shards = split_structure(batch, even_parts(n, k)) + [None] * (len(replicas.devices) - k)
+                outputs.append(concatenate(runner.map(shard_output, shards)[:k]))
+    finally:
+        replicas.train(was_training)
+        if hasattr(loader, "close"):
+            loader.close()
+    per_rank = collective.all_gather_object(outputs) if env.distributed else [outputs]
+    ordered = [part for b in range(len(outputs)) for part in (r[b] for r in per_rank) if part is not None]
+    return concatenate(ordered)
+
