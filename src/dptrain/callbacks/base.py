@@ -12,23 +12,12 @@ next one with several processes: the request rides with its gradients), and that
 evaluated and saved; asked at an epoch's end, after that epoch. ``state_dict`` and
 ``load_state_dict`` put a callback's state in checkpoints, so it survives a resume.
 
-    class StopWhenFlat(dptrain.Callback):
-        def __init__(self, patience=3):
-            self.best, self.wait, self.patience = float("inf"), 0, patience
+    class LogLearningRate(dptrain.Callback):
+        def on_batch_end(self, run, batch):
+            if batch.step % 50 == 0:
+                run.log(f"step {batch.step}: lr {run.optimizer.param_groups[0]['lr']:.4g}")
 
-        def on_epoch_end(self, run, epoch, row):
-            if row["test_loss"] < self.best:
-                self.best, self.wait = row["test_loss"], 0
-            else:
-                self.wait += 1
-                if self.wait >= self.patience:
-                    run.stop(f"test loss not better for {self.patience} epochs")
-
-        def state_dict(self):
-            return {"best": self.best, "wait": self.wait}
-
-        def load_state_dict(self, state):
-            self.best, self.wait = state["best"], state["wait"]
+(``training.py`` has early stopping, the best weights and an EMA written on this protocol.)
 """
 from __future__ import annotations
 

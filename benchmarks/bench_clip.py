@@ -1,0 +1,78 @@
+"""Gradient clipping's cost: ``fit(clip_grad_norm=...)`` against the same run without it.
+
+    python benchmarks/bench_clip.py --data-dir ../shared/datasets --out benchmarks/results/clip.json
+
+Two programs, each on 1 and 2 virtual CPU devices: the Gluon tutorial's LeNet on
+Fashion-MNIST (batch 256, SGD 0.04) and a tiny MLP (32-64-4, batch 128, tensors in memory),
+where the per-step host cost of clipping shows most. Clipping at a norm small enough to
+clip every step (the work is the same whether it clips or not). Variants take turns
+``--repeats`` times; each figure is the median epoch (of 3, after one warm-up epoch) in
+images/s; ratios are paired (clip on / off in the same turn).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.data import load_dataset
+from dptrain.models import GluonLeNet
+from dptrain.recipes import init_xavier
+
+
+def programs(data_dir):
+    fashion = load_dataset("fashion-mnist", data_dir)
+    n = 256 * 60
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(128 * 200, 32, generator=g), torch.randint(0, 4, (128 * 200,), generator=g)
+    return {
+        "lenet": (lambda: GluonLeNet(), (fashion.train_X[:n], fashion.train_y[:n]), 256, dict(init=init_xavier, lr=0.04)),
+        "tiny-mlp": (lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)), (X, y), 128, {}),
+    }
+
+
+def one_run(make, data, batch, devices, clip, extra):
+    torch.manual_seed(0)
+    result = dptrain.fit(make(), data, loss=nn.CrossEntropyLoss(), optimizer="sgd", epochs=4, batch_size=batch,
+                         devices=devices, clip_grad_norm=clip, log=None, progress=False, **extra)
+    return statistics.median(len(data[0]) / h["sec"] for h in result["history"][1:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    progs = programs(args.data_dir)
+    raw = {}
+    for _ in range(args.repeats):
+        for name, (make, data, batch, extra) in progs.items():
+            for devices in (1, 2):
+                for clip in (None, 1e-3):
+                    key = f"{name}, {devices} device(s), clip {'on' if clip else 'off'}"
+                    raw.setdefault(key, []).append(one_run(make, data, batch, devices, clip, extra))
+    ratios = {}
+    for name in progs:
+        for devices in (1, 2):
+            on, off = raw[f"{name}, {devices} device(s), clip on"], raw[f"{name}, {devices} device(s), clip off"]
+            ratios[f"{name}, {devices} device(s): on / off"] = round(statistics.median(a / b for a, b in zip(on, off)), 3)
+    result = {"machine": f"{platform.machine()}, {dptrain.core.devices.host_cores()} cores, torch {torch.__version__}",
+              "command": f"python benchmarks/bench_clip.py --data-dir {args.data_dir} --repeats {args.repeats}",
+              "date": time.strftime("%Y-%m-%d"),
+              "images_per_sec_median": {k: round(statistics.median(v)) for k, v in raw.items()},
+              "paired_ratios": ratios, "raw": raw}
+    print(json.dumps({k: result[k] for k in ("images_per_sec_median", "paired_ratios")}, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
