@@ -4,7 +4,9 @@
 
 Two programs, each on 1 and 2 virtual CPU devices: the Gluon tutorial's LeNet on
 Fashion-MNIST (batch 256, SGD 0.04) and a tiny MLP (32-64-4, batch 128, tensors in memory),
-where the per-step host cost of clipping shows most. Clipping at a norm small enough to
+where the per-step host cost of clipping shows most; and, as the reference of what clipping
+costs anyway, the plain PyTorch loop of each on one device with and without
+``torch.nn.utils.clip_grad_norm_``. Clipping at a norm small enough to
 clip every step (the work is the same whether it clips or not). Variants take turns
 ``--repeats`` times; each figure is the median epoch (of 3, after one warm-up epoch) in
 images/s; ratios are paired (clip on / off in the same turn).
@@ -44,6 +46,26 @@ def one_run(make, data, batch, devices, clip, extra):
     return statistics.median(len(data[0]) / h["sec"] for h in result["history"][1:])
 
 
+def plain_run(make, data, batch, clip):
+    """The plain loop: one device, SGD, clip_grad_norm_ or not; median epoch of 3 after one."""
+    torch.manual_seed(0)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.04)
+    X, y = data
+    rates = []
+    for epoch in range(4):
+        start = time.perf_counter()
+        for i in range(0, len(X), batch):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(X[i:i + batch]), y[i:i + batch]).backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+        if epoch:
+            rates.append(len(X) / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", required=True)
@@ -58,11 +80,14 @@ def main() -> None:
                 for clip in (None, 1e-3):
                     key = f"{name}, {devices} device(s), clip {'on' if clip else 'off'}"
                     raw.setdefault(key, []).append(one_run(make, data, batch, devices, clip, extra))
+            for clip in (None, 1e-3):
+                key = f"{name}, plain loop, clip {'on' if clip else 'off'}"
+                raw.setdefault(key, []).append(plain_run(make, data, batch, clip))
     ratios = {}
     for name in progs:
-        for devices in (1, 2):
-            on, off = raw[f"{name}, {devices} device(s), clip on"], raw[f"{name}, {devices} device(s), clip off"]
-            ratios[f"{name}, {devices} device(s): on / off"] = round(statistics.median(a / b for a, b in zip(on, off)), 3)
+        for where in ("1 device(s)", "2 device(s)", "plain loop"):
+            on, off = raw[f"{name}, {where}, clip on"], raw[f"{name}, {where}, clip off"]
+            ratios[f"{name}, {where}: on / off"] = round(statistics.median(a / b for a, b in zip(on, off)), 3)
     result = {"machine": f"{platform.machine()}, {dptrain.core.devices.host_cores()} cores, torch {torch.__version__}",
               "command": f"python benchmarks/bench_clip.py --data-dir {args.data_dir} --repeats {args.repeats}",
               "date": time.strftime("%Y-%m-%d"),

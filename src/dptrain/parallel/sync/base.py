@@ -76,22 +76,24 @@ def scale_(grads: List[torch.Tensor], scale) -> None:
     torch._foreach_mul_(grads, scale)
 
 
-def squared_norm(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The sum of squares of ``grads`` (a 0-d float32 tensor on ``device``)."""
+def grad_norm(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The 2-norm of ``grads`` together (a 0-d tensor on ``device``): one fused norm per
+    tensor, then the norm of those, as ``clip_grad_norm_`` computes it."""
     if not grads:
         return torch.zeros((), device=device)
     norms = torch._foreach_norm(list(grads), 2)
-    return torch.stack([n.to(device, torch.float32) for n in norms]).square().sum()
+    if any(n.device != device for n in norms):
+        norms = [n.to(device) for n in norms]
+    return torch.linalg.vector_norm(torch.stack(norms), 2)
 
 
-def clip_(grads: Sequence[torch.Tensor], total_squared: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Scale ``grads`` in place so their norm (``sqrt(total_squared)``, over every part of the
-    gradient) is at most ``max_norm``, as ``torch.nn.utils.clip_grad_norm_`` does (the factor
-    ``max_norm / (norm + 1e-6)``, at most 1); return the norm. No wait for the device."""
-    norm = total_squared.sqrt()
+def clip_(grads: Sequence[torch.Tensor], norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale ``grads`` in place so that the gradient whose norm is ``norm`` (it may cover more
+    than ``grads``: every owner's part) is at most ``max_norm``, as ``clip_grad_norm_`` does
+    (the factor ``max_norm / (norm + 1e-6)``, at most 1); return ``norm``. No wait for the device."""
     if grads:
-        factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        torch._foreach_mul_(list(grads), factor.to(grads[0].device))
+        factor = (max_norm / (norm + 1e-6)).clamp_(max=1.0)
+        torch._foreach_mul_(list(grads), factor if factor.device == grads[0].device else factor.to(grads[0].device))
     return norm
 
 
@@ -151,7 +153,7 @@ class GradientSync:
             grads = [params[i][j].grad for j in active]
             scale_(grads, reciprocal(step.denominator, self.devices[i]))
             if step.max_norm is not None:       # every device holds the whole sum: the same norm
-                norm = clip_(grads, squared_norm(grads, self.devices[i]), step.max_norm)
+                norm = clip_(grads, grad_norm(grads, self.devices[i]), step.max_norm)
                 if i == 0:
                     step.grad_norm = norm
             optimizers[i].step()

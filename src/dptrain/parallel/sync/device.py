@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence
 import torch
 
 from ...core.devices import format_device
-from .base import GradientSync, Params, Phase, SyncStep, clip_, reciprocal, scale_, squared_norm
+from .base import GradientSync, Params, Phase, SyncStep, clip_, grad_norm, reciprocal, scale_
 
 
 def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
@@ -63,7 +63,7 @@ class OwnerDeviceSync(GradientSync):
         n = len(self.devices)
         clipping = step.max_norm is not None
         totals_of: List[List[torch.Tensor]] = [[] for _ in range(n)]
-        squares: List[torch.Tensor] = [torch.zeros(())] * n
+        parts: List[torch.Tensor] = [torch.zeros(())] * n         # each owner's part of the norm
 
         def sum_and_update(k: int, active: Sequence[int]) -> None:
             dev, is_active = self.devices[k], set(active)
@@ -82,13 +82,14 @@ class OwnerDeviceSync(GradientSync):
                 totals.append(total)
             scale_(totals, reciprocal(step.denominator, dev))
             if clipping:            # each owner holds part of the sum: the norm needs them all
-                totals_of[k], squares[k] = totals, squared_norm(totals, dev)
+                totals_of[k], parts[k] = totals, grad_norm(totals, dev)
                 return
             optimizers[k].step()
 
         def clip_and_update(k: int, active: Sequence[int]) -> None:
-            total = sum(s.to(self.devices[k]) for s in squares)     # the same sum, in the same order, on every owner
-            norm = clip_(totals_of[k], total, step.max_norm)
+            # The norm of the parts, from the same numbers in the same order on every owner.
+            norm = torch.linalg.vector_norm(torch.stack([p.to(self.devices[k]) for p in parts]), 2)
+            clip_(totals_of[k], norm, step.max_norm)
             if k == 0:
                 step.grad_norm = norm
             optimizers[k].step()

@@ -8,7 +8,7 @@ import torch
 
 from ...core.runner import DeviceRunner
 from ...distributed.collective import Collective
-from .base import GradientSync, Params, Phase, SyncStep, clip_, reciprocal, resolve, squared_norm
+from .base import GradientSync, Params, Phase, SyncStep, clip_, grad_norm, reciprocal, resolve
 from .buckets import DEFAULT_BUCKET_MB, BucketReducer
 
 
@@ -86,7 +86,7 @@ class ProcessSync(GradientSync):
                 self.reducer.scatter(i, state["used"], state["scale"])
                 if step.max_norm is not None:       # the summed gradient, the same in every process
                     grads = [p.grad for p in params[i] if p.grad is not None]
-                    norm = clip_(grads, squared_norm(grads, self.devices[i]), step.max_norm)
+                    norm = clip_(grads, grad_norm(grads, self.devices[i]), step.max_norm)
                     if i == 0:
                         step.grad_norm = norm
                 optimizers[i].step()
