@@ -10,7 +10,6 @@ samples' order, every sample once, whatever the device and process counts.
 """
 from __future__ import annotations
 
-import atexit
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
@@ -20,9 +19,10 @@ from ..core.parts import even_parts
 from ..core.runner import get_runner
 from ..data.batch import TARGET_KEYS, Batch, batch_size as size_of, map_tensors, split_structure, to_device
 from ..data.dataset_loader import make_loader
-from ..distributed import DistEnv, get_collective, init_distributed, shutdown_distributed
+from ..distributed import DistEnv, get_collective
+from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..parallel.replicas import replicate
-from .session import process_devices
+from .session import join_job, process_devices
 
 
 def model_input(model: nn.Module, batch: Batch) -> Any:
@@ -56,7 +56,7 @@ def concatenate(parts: List[Any]) -> Any:
 @torch.no_grad()
 def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
             forward: Optional[Callable[[nn.Module, Any], Any]] = None, collate_fn: Optional[Callable] = None,
-            num_workers: int = 0, timeout: float = 60.0) -> Any:
+            num_workers: int = 0, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Return ``model``'s outputs for every sample of ``data``, in order (on the CPU).
 
     ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
@@ -70,9 +70,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     """
     env = DistEnv.current()
     devices = process_devices(devices, env)
-    if env.distributed and not torch.distributed.is_initialized():
-        init_distributed(env, "auto", use_cuda=any(d.type == "cuda" for d in devices), timeout_s=timeout)
-        atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
+    join_job(env, "auto", devices, timeout)
     collective = get_collective()
     loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                          world_size=env.world_size)

@@ -58,6 +58,17 @@ def after_restart(config: TrainConfig, log: Optional[Log]) -> TrainConfig:
     return dataclasses.replace(config, resume=saved, overwrite=not saved)
 
 
+def join_job(env: DistEnv, backend: str, devices: List[torch.device], timeout_s: float) -> Optional[str]:
+    """Join the process group the environment describes, if this process has not; return the
+    backend (None for one process). A group joined here stays until the process ends: a
+    script may call ``fit`` (or ``predict``) again."""
+    joining = env.distributed and not torch.distributed.is_initialized()
+    name = init_distributed(env, backend, use_cuda=any(d.type == "cuda" for d in devices), timeout_s=timeout_s)
+    if joining:
+        atexit.register(shutdown_distributed)
+    return name
+
+
 def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
              plot: Optional[str] = None) -> Dict[str, Any]:
     """Train ``task`` as ``config`` says; return the result (the ``--json`` object).
@@ -72,9 +83,7 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     devices = process_devices(config.devices, env)
     # Checked even for one process, where it is not used: --backend nccl without GPUs is an error.
     choose_backend(config.backend, use_cuda=any(d.type == "cuda" for d in devices))
-    joined = env.distributed and not torch.distributed.is_initialized()
-    backend = init_distributed(env, config.backend, use_cuda=any(d.type == "cuda" for d in devices),
-                               timeout_s=config.timeout)
+    backend = join_job(env, config.backend, devices, config.timeout)
     beat = Heartbeat(env.rank, env.world_size, config.timeout).start() \
         if env.distributed and "MASTER_PORT" in os.environ else None
     try:
@@ -90,6 +99,4 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
         gc.collect()
         if beat is not None:
             beat.stop()
-        if joined:      # joined from the environment: kept for the script's next fit, ended at exit
-            atexit.register(shutdown_distributed)
     return result
