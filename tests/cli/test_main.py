@@ -1,4 +1,5 @@
 """The command line as users run it: output, --json, one-line errors and exit codes."""
+import importlib
 import json
 import os
 import subprocess
@@ -148,3 +149,15 @@ def test_bad_user_code_names_are_one_line(args, message, capsys):
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_with_no_message_says_interrupted(monkeypatch, capsys):
+    """A KeyboardInterrupt without text (Ctrl-C outside the loop's own handler) printed an
+    empty 'dptrain: ' line."""
+    cli_main = importlib.import_module("dptrain.cli.main")
+
+    def interrupted():
+        raise KeyboardInterrupt()
+    monkeypatch.setattr(cli_main, "_devices_command", interrupted)
+    assert main(["devices"]) == 130
+    assert capsys.readouterr().err.strip() == "dptrain: interrupted"

@@ -142,7 +142,7 @@ def test_a_user_task_stopped_mid_epoch_resumes_bit_identical(tmp_path):
     """Your own Task (dict batches from a Dataset, dropout, AdamW, a per-batch cosine schedule):
     SIGINT in epoch 2, then --resume, ends where an unbroken run ends, bit for bit."""
     whole, resumed, err, _ = interrupted_and_resumed("tests/tasks/user_task.py:make", tmp_path, "--epochs", "2",
-                                                     "--max-batches", "1000")
+                                                     "--max-batches", "3000")   # epoch 2 outlasts the 0.5 s wait
     assert "stopped by SIGINT at epoch 2, batch" in err, err
     assert resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["engine"], load_checkpoint(tmp_path / "b")["engine"]

@@ -145,7 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         line = lost_peer(e) if isinstance(e, RuntimeError) else None     # a collective's peer went away
         code = FAILED if line is not None else exit_code(e)
         if code == INTERRUPTED:
-            print(f"dptrain: {e or 'interrupted'}", file=sys.stderr)
+            print(f"dptrain: {str(e) or 'interrupted'}", file=sys.stderr)
             return code
         if code is None or args.debug:
             raise
