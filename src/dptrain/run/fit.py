@@ -87,7 +87,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
     what["callbacks"] = list(what.get("callbacks") or ())
     torch.manual_seed(settings.get("seed", 0))
     task = Task(model, train_data, eval_data, **what)
-    result = run_task(task, TrainConfig(**settings), log, plot)
+    result = run_task(task, TrainConfig(**settings), log, plot, keep_group=True)
     if plot and rank() == 0:
         try:
             draw(result, plot)

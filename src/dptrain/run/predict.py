@@ -10,6 +10,7 @@ samples' order, every sample once, whatever the device and process counts.
 """
 from __future__ import annotations
 
+import atexit
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
@@ -19,7 +20,7 @@ from ..core.parts import even_parts
 from ..core.runner import get_runner
 from ..data.batch import TARGET_KEYS, Batch, batch_size as size_of, map_tensors, split_structure, to_device
 from ..data.dataset_loader import make_loader
-from ..distributed import DistEnv, get_collective
+from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..parallel.replicas import replicate
 from .session import join_job, process_devices
@@ -70,7 +71,8 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     """
     env = DistEnv.current()
     devices = process_devices(devices, env)
-    join_job(env, "auto", devices, timeout)
+    if join_job(env, "auto", devices, timeout):
+        atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
     collective = get_collective()
     loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                          world_size=env.world_size)

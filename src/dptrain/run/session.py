@@ -58,23 +58,21 @@ def after_restart(config: TrainConfig, log: Optional[Log]) -> TrainConfig:
     return dataclasses.replace(config, resume=saved, overwrite=not saved)
 
 
-def join_job(env: DistEnv, backend: str, devices: List[torch.device], timeout_s: float) -> Optional[str]:
-    """Join the process group the environment describes, if this process has not; return the
-    backend (None for one process). A group joined here stays until the process ends: a
-    script may call ``fit`` (or ``predict``) again."""
+def join_job(env: DistEnv, backend: str, devices: List[torch.device], timeout_s: float) -> bool:
+    """Join the process group the environment describes, if this process has not; return
+    whether it joined now."""
     joining = env.distributed and not torch.distributed.is_initialized()
-    name = init_distributed(env, backend, use_cuda=any(d.type == "cuda" for d in devices), timeout_s=timeout_s)
-    if joining:
-        atexit.register(shutdown_distributed)
-    return name
+    init_distributed(env, backend, use_cuda=any(d.type == "cuda" for d in devices), timeout_s=timeout_s)
+    return joining
 
 
 def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
-             plot: Optional[str] = None) -> Dict[str, Any]:
+             plot: Optional[str] = None, keep_group: bool = False) -> Dict[str, Any]:
     """Train ``task`` as ``config`` says; return the result (the ``--json`` object).
 
     Every file the run will write is checked first (``preflight.py``), ``plot`` too (the
-    caller draws it, with ``draw``, once it has what it must not lose)."""
+    caller draws it, with ``draw``, once it has what it must not lose). ``keep_group``: a
+    process group joined here stays (for a script's next ``fit``) instead of ending with the run."""
     env = DistEnv.current()
     die_with_launcher()
     config = after_restart(config, log if env.rank == 0 else None)
@@ -83,7 +81,8 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     devices = process_devices(config.devices, env)
     # Checked even for one process, where it is not used: --backend nccl without GPUs is an error.
     choose_backend(config.backend, use_cuda=any(d.type == "cuda" for d in devices))
-    backend = join_job(env, config.backend, devices, config.timeout)
+    joined = join_job(env, config.backend, devices, config.timeout)
+    backend = torch.distributed.get_backend() if env.distributed else None
     beat = Heartbeat(env.rank, env.world_size, config.timeout).start() \
         if env.distributed and "MASTER_PORT" in os.environ else None
     try:
@@ -99,4 +98,9 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
         gc.collect()
         if beat is not None:
             beat.stop()
+        if joined:
+            if keep_group:      # fit in a script: the group stays for its next fit, ended at exit
+                atexit.register(shutdown_distributed)
+            else:               # dptrain train: one run per process, ended as it ends
+                shutdown_distributed()
     return result
