@@ -2,6 +2,7 @@
 sample once over all ranks and devices, and the same result in every rank."""
 import functools
 
+import pytest
 import torch
 from torch import nn
 
@@ -183,3 +184,34 @@ def predict_indices(rank, world):
 def test_predict_on_two_processes_gives_every_sample_once_in_order():
     a, b = run_workers(predict_indices)
     assert a == b == [float(i) for i in range(29)]
+
+
+def accumulated(rank, world):
+    """Micro-batches of 12 (6 per process, 3 per device) in groups of 3: updates of 36."""
+    from tests.run.test_accumulation import train
+    model, result = train(2 if world > 1 else 1, 12 if world > 1 else 36, 3 if world > 1 else 1)
+    return [p.detach().tolist() for p in model.parameters()], result["history"][-1]["train_loss"]
+
+
+def test_accumulation_on_two_processes_equals_one_batch_on_one_device():
+    want, want_loss = accumulated(0, 1)
+    for params, loss in run_workers(accumulated):
+        for p, q in zip(params, want):
+            torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-4, atol=1e-5)
+        assert abs(loss - want_loss) < 1e-5 * abs(want_loss)
+
+
+def whole_set_metrics(rank, world):
+    from tests.engine.test_stateful_metrics import fit_with_metrics
+    got, _, _ = fit_with_metrics(2)
+    return got
+
+
+def test_torchmetrics_on_two_processes_equal_one_device_over_the_whole_set():
+    """101 evaluation samples over 2 processes x 2 devices: shards of 26, 25, 25, 25."""
+    pytest.importorskip("torchmetrics")
+    from tests.engine.test_stateful_metrics import fit_with_metrics
+    _, want, _ = fit_with_metrics(1)
+    for got in run_workers(whole_set_metrics):
+        assert got["cm"] == want["cm"]
+        assert abs(got["f1"] - want["f1"]) < 1e-6 and abs(got["auc"] - want["auc"]) < 1e-6

@@ -90,3 +90,40 @@ def test_unsplittable_reductions_are_refused():
         LossAdapter(nn.MSELoss(), reduction="sum")
     with pytest.raises(ValueError, match="not one number"):
         LossAdapter(lambda o, t: (o - t) ** 2)(PRED, TRUE)
+
+
+def test_a_dict_output_gives_its_logits_and_other_outputs_name_the_fix():
+    from dptrain.engine.losses import loss_input
+    logits = torch.randn(4, 3)
+    assert loss_input({"loss": None, "logits": logits}) is logits
+    with pytest.raises(TypeError, match=r"keys out, hidden.*forward=lambda model, batch"):
+        loss_input({"out": logits, "hidden": logits})
+    with pytest.raises(TypeError, match=r"returned a tuple of 2.*model\(x\)\[0\]"):
+        loss_input((logits, logits))
+
+
+def test_a_step_may_return_a_hugging_face_style_dict():
+    from dptrain.engine.losses import read_step
+    loss, logits = torch.tensor(0.5), torch.randn(4, 3)
+    assert read_step({"loss": loss, "logits": logits}) == (loss, logits)
+    assert read_step({"loss": loss, "count": 7}) == ((loss, 7), None)
+    assert read_step(loss) == (loss, None)
+    with pytest.raises(ValueError, match="no 'loss'.*labels"):
+        read_step({"loss": None, "logits": logits})
+
+
+def test_a_loss_that_takes_the_batch_gets_it_and_may_return_its_own_count():
+    def weighted(output, target, batch):
+        return (batch["w"] * (output - target) ** 2).sum(), batch["w"].sum()
+    adapter = LossAdapter(weighted)
+    batch = {"w": torch.tensor([1.0, 3.0])}
+    value, count = adapter.measure(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]), batch)
+    assert float(value) == 13.0 and float(count) == 4.0 and adapter.pairs and adapter.takes_batch
+    plain = LossAdapter(lambda output, target: ((output - target[0]).abs() * target[1]).mean())
+    value, count = plain.measure(torch.tensor([1.0, 2.0]), (torch.zeros(2), torch.ones(2)))
+    assert float(value) == 3.0 and count == 2 and plain.pairs is False    # a (y, w) target counts samples
+
+
+def test_float_labels_with_cross_entropy_say_to_use_integers():
+    with pytest.raises(ValueError, match=r"give class indices as integers \(e.g. y.long\(\)\)"):
+        LossAdapter(nn.CrossEntropyLoss()).measure(torch.randn(4, 3), torch.tensor([0.0, 1.0, 2.0, 1.0]))

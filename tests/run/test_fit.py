@@ -125,3 +125,16 @@ def test_load_weights_from_a_checkpoint_folder_and_a_best_file(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ValueError, match="is not a checkpoint folder, checkpoint.pt or BestCheckpoint file"):
         dptrain.load_weights(nn.Linear(3, 1), str(tmp_path / "notes.txt"))
+
+
+def test_a_dataloaders_batch_size_is_taken_and_defaults_are_said():
+    from torch.utils.data import DataLoader, TensorDataset
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=16)
+    said = []
+    result = dptrain.fit(nn.Linear(4, 2), loader, epochs=1, devices=1, log=said.append)
+    assert result["batch_size"] == 16
+    assert said[0] == "dptrain: no optimizer given: SGD at lr 0.01 (choose one: optimizer=torch.optim.AdamW, lr=1e-3)"
+    said.clear()
+    result = dptrain.fit(nn.Linear(4, 2), loader, epochs=1, batch_size=32, optimizer="adam", devices=1,
+                         log=said.append)
+    assert result["batch_size"] == 32 and said[0] == "dptrain: batch_size=32 is used, not the DataLoader's 16"

@@ -3,6 +3,7 @@ import io
 import json
 
 import pytest
+import torch
 
 from dptrain.cli.main import main
 from dptrain.outputs.metrics_file import read_metrics
@@ -52,8 +53,22 @@ def test_progress_bar_only_on_a_terminal():
         bar = ProgressBar(10, epoch=3, stream=stream)
         bar.update(10, 640, 0.5)
         bar.close()
-    assert "epoch 3 [" in tty.getvalue() and "10/10" in tty.getvalue() and "img/s" in tty.getvalue()
+    assert "epoch 3 [" in tty.getvalue() and "10/10" in tty.getvalue() and "samples/s" in tty.getvalue()
     assert pipe.getvalue() == ""
+
+
+def test_the_progress_bar_counts_images_in_img_per_s_and_other_data_in_samples():
+    from dptrain.callbacks.outputs import ProgressBar as BarCallback
+
+    class Run:
+        def __init__(self, example):
+            self.train_loader = type("Loader", (), {"example": lambda _: example})()
+    units = []
+    for example in ((torch.zeros(1, 1, 28, 28), torch.zeros(1)), {"input_ids": torch.zeros(1, 12), "y": torch.zeros(1)}):
+        bar = BarCallback()
+        bar.on_fit_start(Run(example))
+        units.append(bar.unit)
+    assert units == ["img/s", "samples/s"]
 
 
 @pytest.mark.parametrize("recipe, ahead", [("lenet-scratch", "0"), ("lenet-mnist", "1")])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from ..data.batch import holds_images
 from ..outputs.metrics_file import MetricsLog
 from ..outputs.progress import ProgressBar as Bar
 from ..outputs.tensorboard import TensorBoardLog
@@ -20,7 +21,8 @@ class EpochLog(Callback):
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
         line = f"epoch {row['epoch']}, {row['sec']:.1f} sec, " + ", ".join(
-            f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items() if k not in ("epoch", "sec", "skipped", "split"))
+            f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items()
+            if k not in ("epoch", "sec", "skipped", "split") and isinstance(v, (int, float)))
         if "split" in row:
             line += f", split {'/'.join(map(str, row['split']))}"
         if row.get("skipped"):
@@ -35,8 +37,14 @@ class ProgressBar(Callback):
         self.bar: Optional[Bar] = None
         self.samples = 0
 
+    unit = "samples/s"
+
+    def on_fit_start(self, run: Any) -> None:
+        if holds_images(run.train_loader.example()):
+            self.unit = "img/s"
+
     def on_epoch_start(self, run: Any, epoch: int) -> None:
-        self.bar, self.samples = Bar(run.batches, epoch, enabled=run.is_main), 0
+        self.bar, self.samples = Bar(run.batches, epoch, enabled=run.is_main, unit=self.unit), 0
 
     def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
         self.samples += batch.samples

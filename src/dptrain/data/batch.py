@@ -102,6 +102,13 @@ def to_device(batch: Batch, device: torch.device, memory_format: Optional[torch.
     return map_tensors(move, batch)
 
 
+def holds_images(batch: Batch) -> bool:
+    """Whether the batch's first tensor is a stack of images (N, C, H, W): what a speed is
+    counted in (images or samples)."""
+    tensors = tensors_of(batch)
+    return bool(tensors) and tensors[0].dim() == 4
+
+
 def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
     """How the default forward reads a batch: ``((args, kwargs), target)``.
 

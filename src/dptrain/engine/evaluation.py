@@ -2,7 +2,9 @@
 
 The loss, its denominator, correct predictions (classification) and every metric's
 ``(sum, count)`` are summed per device and then over devices; the loop sums them over
-processes and divides once, so the figures do not depend on how the set was split.
+processes and divides once, so the figures do not depend on how the set was split. Metric
+objects (torchmetrics) are updated per shard and computed over the whole set
+(``stateful_metrics.py``).
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from typing import Any, Dict, List
 import torch
 
 from ..core.parts import even_parts
-from ..data.batch import Batch, batch_size, split_structure, to_device
-from .losses import add_counts
+from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
+from .losses import add_counts, loss_input
+from .stateful_metrics import COMPUTED, pair_metric_names
 
 Totals = Dict[str, torch.Tensor]
 
@@ -21,10 +24,8 @@ def evaluate(engine, batches) -> Totals:
     """Sum the loss, its denominator, correct predictions (classification) and every metric's
     ``(sum, count)`` over ``batches``, split across the devices; in eval mode, without
     gradients. Sums stay on the devices until the end: one wait, not one per batch."""
-    metrics = engine.task.metrics
-    if metrics and engine.adapter is None and engine.task.forward is None:
-        raise ValueError("metrics need outputs and targets: with a step function, also give "
-                         "forward=fn(model, batch) -> (output, target)")
+    metrics = {name: engine.task.metrics[name] for name in pair_metric_names(engine.task.metrics)}
+    stateful = engine.stateful
     totals: List[Dict[str, Any]] = [{} for _ in engine.devices]
 
     def shard_totals(i: int, shard: Batch) -> None:
@@ -33,21 +34,31 @@ def evaluate(engine, batches) -> Totals:
         net, out, device = engine._net(i), totals[i], engine.devices[i]
         shard = to_device(shard, device, engine.memory_format)
         if engine.adapter is None:
-            value, count = engine._loss(net, shard, device)
+            value, count, output = engine._loss_and_output(net, shard, device)
             _accumulate(out, "loss", value)
             _accumulate(out, "count", batch_size(shard) if count is None else count)
-            if engine.task.forward is None:
+            if not engine.task.metrics:
                 return
-        with engine._autocast(device):
-            output, target = engine.forward(net, shard)
+            if engine.task.forward is None:
+                if output is None:
+                    raise ValueError("metrics need outputs and targets: let step return a dict with 'loss' and "
+                                     "'logits' (a Hugging Face model's output does), or also give "
+                                     "forward=fn(model, batch) -> (output, target)")
+                target = input_and_target(shard)[1]
+        if engine.adapter is not None or engine.task.forward is not None:
+            with engine._autocast(device):
+                output, target = engine.forward(net, shard)
         if engine.adapter is not None:
-            count = engine.adapter.count(target)
-            _accumulate(out, "loss", engine.adapter(output, target))
+            value, count = engine.adapter.measure(output, target, shard)
+            _accumulate(out, "loss", value)
             _accumulate(out, "count", batch_size(shard) if count is None else count)
-            hits = engine.adapter.correct(output, target)
+            hits = engine.adapter.correct(loss_input(output), target)
             if hits is not None:
                 _accumulate(out, "correct", hits[0])
                 _accumulate(out, "correct_count", hits[1])
+        output = loss_input(output)
+        if stateful:
+            stateful.update(i, output, target)
         for name, fn in metrics.items():
             pair = fn(output, target)
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
@@ -58,6 +69,7 @@ def evaluate(engine, batches) -> Totals:
             _accumulate(out, f"{name}_count", count)
 
     was_training = [m.training for m in engine.replicas]
+    stateful.reset()
     engine.replicas.eval()
     try:
         with torch.no_grad():
@@ -75,7 +87,10 @@ def evaluate(engine, batches) -> Totals:
     for part in totals:
         for key, value in part.items():
             _accumulate(out, key, value.to(engine.devices[0]) if isinstance(value, torch.Tensor) else value)
-    return {k: torch.as_tensor(v, dtype=torch.float64, device=engine.devices[0]) for k, v in out.items()}
+    totals = {k: torch.as_tensor(v, dtype=torch.float64, device=engine.devices[0]) for k, v in out.items()}
+    if stateful:        # over the whole set: merged over devices, gathered over processes
+        totals[COMPUTED] = stateful.compute()
+    return totals
 
 
 

@@ -20,11 +20,15 @@ division. ``LossAdapter`` knows how each torch loss defines its mean:
 from __future__ import annotations
 
 import copy
+import inspect
+from collections.abc import Mapping
 from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..data.batch import batch_size
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
 REDUCTIONS = ("mean", "sum")
@@ -42,7 +46,52 @@ _FUNCTIONS = {F.cross_entropy: nn.CrossEntropyLoss, F.nll_loss: nn.NLLLoss, F.ms
 def samples_of(target: Any) -> int:
     if isinstance(target, torch.Tensor):
         return target.shape[0] if target.dim() else 1
+    if isinstance(target, (tuple, list, Mapping)):        # (y, weight), {"y": ..., "w": ...}
+        return batch_size(target)
     return len(target)
+
+
+def loss_input(output: Any) -> Any:
+    """What the loss compares with the target: the output itself, or the ``logits`` of a
+    dict-like output (a Hugging Face ``ModelOutput``); any other dict is an error naming the fix.
+    A bf16/fp16 output (autocast) is widened to float32: the loss sums stay exact."""
+    if isinstance(output, torch.Tensor):
+        return output.float() if output.dtype in (torch.bfloat16, torch.float16) else output
+    if isinstance(output, Mapping):
+        if output.get("logits") is not None:
+            return loss_input(output["logits"])
+        raise TypeError(f"the model returned a dict with keys {', '.join(map(str, output))}, not a tensor, and no "
+                        f"'logits' to compare with the target: pass forward=lambda model, batch: "
+                        f"(model(...)[KEY], target), or step=lambda model, batch: model(**batch)['loss'] when the "
+                        f"model computes its own loss")
+    if isinstance(output, (tuple, list)):
+        raise TypeError(f"the model returned a {type(output).__name__} of {len(output)}, not a tensor: pass "
+                        f"forward=lambda model, batch: (model(x)[0], y) to say which output the loss compares")
+    return output
+
+
+def read_step(out: Any) -> Tuple[Any, Any]:
+    """What a step function returned: ``(loss or (sum, count), output or None)``. A dict (a
+    Hugging Face ``ModelOutput``: ``step=lambda model, batch: model(**batch)``) gives its
+    ``loss`` (with its ``count``, if it has one) and its ``logits`` (or ``output``) for metrics."""
+    if not isinstance(out, Mapping):
+        return out, None
+    if out.get("loss") is None:
+        raise ValueError(f"step returned a dict with keys {', '.join(map(str, out))} and no 'loss': return the loss, "
+                         f"(sum, count), or a dict with 'loss' (and 'logits' for metrics); a Hugging Face model "
+                         f"computes its loss when the batch holds its 'labels'")
+    loss = (out["loss"], out["count"]) if out.get("count") is not None else out["loss"]
+    return loss, out.get("logits", out.get("output"))
+
+
+def takes_batch(loss: Callable) -> bool:
+    """Whether a loss function asks for the batch: ``loss(output, target, batch)``."""
+    try:
+        params = inspect.signature(loss).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.name == "batch" for p in params)
 
 
 class LossAdapter:
@@ -75,20 +124,38 @@ class LossAdapter:
             self._sum = copy.copy(loss)
             self._sum.reduction = "sum"
         self._checked = False
+        self.takes_batch = not self.known and takes_batch(loss)
+        #: Whether the loss returns ``(sum, count)`` (None: not known before its first call).
+        self.pairs: Optional[bool] = False if self.known else None
 
     # -- per shard ---------------------------------------------------------------------
-    def __call__(self, output: torch.Tensor, target: Any) -> torch.Tensor:
-        """The shard's sum (the loss itself with a sum reduction)."""
+    def measure(self, output: Any, target: Any, batch: Any = None, count: bool = True) -> Tuple[torch.Tensor, Count]:
+        """The shard's sum and denominator (None: a sum; not computed unless ``count``, or
+        the loss's own second value when it returns ``(sum, count)``)."""
+        output = loss_input(output)
+        value = self(output, target, batch)
+        if isinstance(value, tuple):
+            return value
+        return value, self.count(target) if count else None
+
+    def __call__(self, output: torch.Tensor, target: Any, batch: Any = None) -> Any:
+        """The shard's sum (the loss itself with a sum reduction); ``(sum, count)`` from a
+        loss that returns them."""
         if self.classification and not self._checked:
             check_classification(output, target, self.loss)
             self._checked = True
         if self.known:
             value = self._sum(output, target)
         else:
-            value = self.loss(output, target)
+            value = self.loss(output, target, batch) if self.takes_batch else self.loss(output, target)
+            if isinstance(value, (tuple, list)) and len(value) == 2:      # (sum, count): exact by itself
+                self.pairs = True
+                return value[0].reshape(()), value[1]
+            self.pairs = False
             if not isinstance(value, torch.Tensor) or value.numel() != 1:
                 shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-                raise ValueError(f"the loss returned {shape}, not one number: reduce it with 'mean' or 'sum'")
+                raise ValueError(f"the loss returned {shape}, not one number: reduce it with 'mean' or 'sum', or "
+                                 f"return (sum, count)")
             value = value.reshape(())
             if self.reduction == "mean":
                 value = value * samples_of(target)

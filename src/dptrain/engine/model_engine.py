@@ -9,23 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from ..core import tracing as trace
 from ..core.parts import even_parts
+from ..data.accumulate import MicroBatches
 from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
 from ..parallel.replicas import replicate
-from ..parallel.syncbn import synchronized
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..parallel.trainer import Trainer
 from .compiled import check_mode, compile_replicas, warm_up, without_prefix
 from .evaluation import Totals, evaluate
-from .losses import Count, LossAdapter, add_counts, host_number
+from .losses import Count, LossAdapter, add_counts, host_number, read_step
+from .stateful_metrics import StatefulMetrics
+from .step_plan import StepPlan
 from .task import Task
 
 
@@ -85,6 +85,7 @@ class ModelEngine:
             model = model.to(memory_format=torch.channels_last)
         self.replicas = replicate(model, devices, init=task.init, sync_batchnorm=sync_batchnorm)
         self.devices = self.replicas.devices
+        self.stateful = StatefulMetrics(task.metrics, self.devices)     # torchmetrics objects, per device
         self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
                                bucket_cap_mb=bucket_cap_mb)
         self.amp = amp
@@ -164,24 +165,32 @@ class ModelEngine:
               count: bool = True) -> Tuple[torch.Tensor, Count]:
         """The shard's loss as a sum, and its denominator (None: a sum, nothing to divide;
         not computed unless ``count``)."""
+        value, denominator, _ = self._loss_and_output(net, shard, device, count)
+        return value, denominator
+
+    def _loss_and_output(self, net: nn.Module, shard: Batch, device: torch.device,
+                         count: bool = True) -> Tuple[torch.Tensor, Count, Any]:
+        """``_loss``, and the output a step function returned besides its loss (its
+        ``logits``, for metrics; None if none)."""
         with self._autocast(device):
             if self.adapter is not None:
                 output, target = self.forward(net, shard)
-                return self.adapter(output, target), self.adapter.count(target) if count else None
-            out = self.task.step(net, shard)
+                value, denominator = self.adapter.measure(output, target, shard, count)
+                return value, denominator, None
+            out, output = read_step(self.task.step(net, shard))
         if isinstance(out, (tuple, list)):
             if len(out) != 2:
                 raise ValueError(f"step returned {len(out)} values: return the loss, or (sum, count)")
             self._step_pairs = True
-            return out[0].reshape(()), out[1]
+            return out[0].reshape(()), out[1], output
         if not isinstance(out, torch.Tensor) or out.numel() != 1:
             raise ValueError(f"step must return the loss (one number) or (sum, count), got "
                              f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
         self._step_pairs = False
         if self.task.reduction == "sum":
-            return out.reshape(()), None
+            return out.reshape(()), None, output
         n = batch_size(shard)
-        return out.reshape(()) * n, n
+        return out.reshape(()) * n, n, output
 
     _step_pairs: Optional[bool] = None      # whether the step function returns (sum, count)
 
@@ -193,8 +202,8 @@ class ModelEngine:
             if self._step_pairs is False:
                 return True, batch_size(batch)
             return False, None          # not known yet whether the step returns (sum, count)
-        if self.task.forward is not None:
-            return False, None
+        if self.task.forward is not None or self.adapter.pairs is not False:
+            return False, None          # the forward or the loss tells it
         _, target = input_and_target(batch)
         return True, host_number(self.adapter.count(target))
 
@@ -206,8 +215,47 @@ class ModelEngine:
         model is left as it was. ``extras``: numbers to sum over the processes with the
         gradients (their sum over processes comes back as ``flags``). ``sizes``: each device's
         part of the batch (``--balance``; default: as equal as can be). ``timed``: measure each
-        device's forward and backward seconds (on a GPU it then waits).
+        device's forward and backward seconds (on a GPU it then waits). A ``MicroBatches``
+        group (``data/accumulate.py``) is one step: forward and backward of each micro-batch
+        in turn, the gradients summed locally, then one exchange and one update over them all.
         """
+        micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
+        if not micro:
+            raise ValueError("an empty group of micro-batches: nothing to step on")
+        loss: Optional[torch.Tensor] = None
+        denominator: Count = None
+        n = 0
+        if len(micro) > 1:
+            if sizes is not None:
+                raise ValueError("--balance does not apply to accumulated micro-batches yet; use --balance even")
+            with self.trainer.no_sync():            # the gradients stay on the devices, summed
+                for part in micro[:-1]:
+                    shard_loss, count, size = self._micro_batch(part, sizes)
+                    loss = shard_loss if loss is None else loss + shard_loss
+                    denominator, n = add_counts(denominator, count), n + size
+        before = denominator
+        plan = self._plan(micro[-1], sizes)
+        n += plan.n
+        outcome = self.trainer.step_with(plan.compute(timed), plan.denominator(before) if plan.known else
+                                         lambda: add_counts(before, plan.shard_counts()),
+                                         ignore_stale_grad=True, skip_nonfinite=skip_nonfinite,
+                                         extras=extras, max_norm=self.clip_grad_norm)
+        last_loss = plan.loss(outcome.outputs)
+        loss = last_loss if loss is None else loss + last_loss
+        denominator = plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts())
+        if not outcome.stepped:
+            loss = torch.full_like(loss, math.nan)
+        return StepResult(loss, n if denominator is None else denominator, outcome.stepped, outcome.summed_extras,
+                          plan.seconds if timed else None, outcome.grad_norm)
+
+    def _micro_batch(self, batch: Batch, sizes: Optional[Sequence[int]]) -> Tuple[torch.Tensor, Count, int]:
+        """Forward and backward of one micro-batch on every device, nothing sent: its loss
+        sum, its denominator and its number of samples."""
+        plan = self._plan(batch, sizes)
+        outputs = self.runner.map(plan.compute(False))
+        return plan.loss(outputs), plan.denominator(None) if plan.known else plan.shard_counts(), plan.n
+
+    def _plan(self, batch: Batch, sizes: Optional[Sequence[int]]) -> StepPlan:
         n = batch_size(batch)
         # With several processes this is the process's part of the global batch: it may have
         # fewer samples than devices, or none; devices without samples contribute zeros.
@@ -222,45 +270,11 @@ class ModelEngine:
         parts = split_structure(batch, used) if len(used) > 1 else [batch] * len(used)
         shards: List[Optional[Batch]] = [parts.pop(0) if s else None for s in sizes]
         known, denominator = self._known_count(batch) if n else (True, 0)
-        counts: List[Count] = [None] * len(self.devices)
-        seconds = [0.0] * len(self.devices)
-
-        def compute(i: int) -> torch.Tensor:
-            if shards[i] is None:
-                return self._idle(i)
-            device = self.devices[i]
-            start = time.perf_counter()
-            with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
-                value, counts[i] = self._loss(self._net(i), to_device(shards[i], device, self.memory_format),
-                                              device, count=not known)
-            with trace.span("backward", i):
-                value.backward()
-            if timed:
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                seconds[i] = time.perf_counter() - start
-            return value.detach()
-
-        def shard_counts() -> Count:        # once every shard has computed its own
-            total = None
-            for c in counts:
-                total = add_counts(total, host_number(c))
-            return total
-        outcome = self.trainer.step_with(compute, denominator if known else shard_counts,
-                                         ignore_stale_grad=True, skip_nonfinite=skip_nonfinite,
-                                         extras=extras, max_norm=self.clip_grad_norm)
-        losses = outcome.outputs
-        loss = losses[0].double() if len(losses) == 1 else sum(v.double().to(self.devices[0]) for v in losses)
-        if not known:
-            denominator = shard_counts()
-        if not outcome.stepped:
-            loss = torch.full_like(loss, math.nan)
-        return StepResult(loss, n if denominator is None else denominator, outcome.stepped, outcome.summed_extras,
-                          seconds if timed else None, outcome.grad_norm)
+        return StepPlan(self, shards, n, known, denominator)
 
     def _idle(self, i: int) -> torch.Tensor:
         for p in self.replicas[i].parameters():
-            if p.requires_grad:
+            if p.requires_grad and p.grad is None:      # a gradient summed so far is kept
                 p.grad = torch.zeros_like(p)
         return torch.zeros((), device=self.devices[i])
 

@@ -42,7 +42,8 @@ class Task:
     - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval``.
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
       ``eval_data`` and summed over devices and processes (accuracy is added for
-      classification losses).
+      classification losses); or ``{name: metric object}`` (a ``torchmetrics.Metric``:
+      macro-F1, AUC, a confusion matrix...), computed over the whole set.
     - ``init(module)``: runs once before the model is copied to the devices.
     - ``epochs``, ``batch_size`` (global), ``kvstore``: defaults for ``TrainConfig``;
       ``per_device``: batch size and lr given per device, scaled by the device count.
@@ -95,7 +96,8 @@ class Task:
         if self.lr is not None:
             check_learning_rate(self.lr, "lr")
         if not isinstance(self.metrics, dict) or not all(callable(f) for f in self.metrics.values()):
-            raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)}")
+            raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)} or "
+                            "{name: torchmetrics object}")
         for name in ("epochs", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -10,11 +10,13 @@ class ProgressBar:
     """Redraw ``epoch 3 [#####.....] 120/235  7,812 img/s  loss 0.512`` in place on stderr.
 
     Off (every call a no-op) unless ``enabled`` and the stream is a TTY, so logs and pipes
-    keep one line per epoch. Redraws at most 10 times a second.
+    keep one line per epoch. Redraws at most 10 times a second. ``unit``: ``img/s`` for
+    images, ``samples/s`` for text, tables...
     """
 
     def __init__(self, total: int, epoch: int, enabled: bool = True, stream: Optional[TextIO] = None,
-                 width: int = 24):
+                 width: int = 24, unit: str = "samples/s"):
+        self.unit = unit
         self.stream = stream or sys.stderr
         self.enabled = enabled and total > 0 and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.total, self.epoch, self.width = total, epoch, width
@@ -29,7 +31,7 @@ class ProgressBar:
         self.last = now
         filled = self.width * done // self.total
         rate = images / max(now - self.start, 1e-9)
-        text = f"\repoch {self.epoch} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total}  {rate:,.0f} img/s"
+        text = f"\repoch {self.epoch} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total}  {rate:,.0f} {self.unit}"
         if loss is not None:
             text += f"  loss {loss:.3f}"
         self.stream.write(text)

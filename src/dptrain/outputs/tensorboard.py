@@ -24,9 +24,10 @@ class TensorBoardLog:
             raise ValueError(f"cannot write TensorBoard logs to {directory}: {e.strerror}") from None
 
     def append(self, record: Dict[str, Any]) -> None:
-        for key in ("train_loss", "test_acc", "images_per_sec", "sec"):
-            if key in record:
-                self.writer.add_scalar(key, record[key], record["epoch"])
+        for key, value in record.items():       # the losses, every test metric, the speed
+            if (key in ("train_loss", "images_per_sec", "sec") or key.startswith("test_")) \
+                    and isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, record["epoch"])
         self.writer.flush()
 
     def close(self) -> None:

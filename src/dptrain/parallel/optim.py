@@ -36,6 +36,8 @@ _OPTIMIZERS: Dict[str, Tuple[type, Dict[str, str], Dict[str, Any], Dict[str, Any
               {}, {"learning_rate": 0.001, "wd": 0.01}),
 }
 OPTIMIZERS = tuple(_OPTIMIZERS)
+#: The learning rate of each named optimizer when none is given.
+DEFAULT_LRS = {name: spec[3]["learning_rate"] for name, spec in _OPTIMIZERS.items()}
 
 OptimizerSpec = Union[str, type, Callable[..., torch.optim.Optimizer], torch.optim.Optimizer]
 

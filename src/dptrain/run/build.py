@@ -8,6 +8,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 
 from ..callbacks.outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard, Trace
+from ..data.accumulate import Accumulating
 from ..data.dataset_loader import make_loader
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv
@@ -63,6 +64,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         for first in {0, len(train_loader) - 1}:
             engine.compile(next(iter(train_loader.batches(first))))
         log(f"compiled in {engine.compile_seconds:.1f} sec (--compile {engine.compile_mode})")
+    if config.accumulate_grad_batches > 1:      # a step is then a group of batches
+        train_loader = Accumulating(train_loader, config.accumulate_grad_batches)
     if env.rank == 0:           # room for a checkpoint: model, optimizer state, a margin
         size = sum(t.numel() * t.element_size() for t in engine.state_dict()["model"].values())
         check_space(config.checkpoint_dir, 3 * size + 2**20)

@@ -105,6 +105,9 @@ class TrainConfig:
     clip_grad_norm: Optional[float] = option(None, "clip the gradient to this norm before each update: the norm of "
                                              "the whole summed gradient, over every device and process, as "
                                              "clip_grad_norm_ on one device", Positive(), metavar="NORM")
+    accumulate_grad_batches: int = option(1, "sum the gradients of N consecutive batches into each update: the "
+                                          "update of an N-times larger batch, with the memory of one",
+                                          Whole(1), metavar="N")
     on_nan: str = option("stop", "a NaN/infinite loss stops the run, or skips that batch", Choice(["stop", "skip"],
                                                                                                    "--on-nan"))
     # Outputs.
@@ -139,6 +142,8 @@ class TrainConfig:
                 raise ValueError(f"--allreduce {self.allreduce} and --kvstore {self.kvstore} both say how to sum "
                                  f"gradients: give one")
             self.kvstore = self.allreduce
+        if self.accumulate_grad_batches > 1 and self.balance != "even":
+            raise ValueError("--accumulate-grad-batches does not go with --balance yet: use --balance even")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir DIR (where the checkpoint is)")
         if self.resume and self.overwrite:

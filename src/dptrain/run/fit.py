@@ -8,6 +8,7 @@ Runbook (the same script everywhere):
 
     import dptrain, torch
     from torch import nn
+from torch.utils.data import DataLoader
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
     X, y = torch.randn(1000, 8), torch.randn(1000, 1)
     result = dptrain.fit(model, (X, y), loss=nn.MSELoss(), optimizer=torch.optim.AdamW, lr=1e-3,
@@ -19,13 +20,15 @@ from __future__ import annotations
 import difflib
 import inspect
 from dataclasses import MISSING, fields
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from ..distributed.env import rank
 from ..engine.task import Task
+from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
 from .config import TrainConfig
 from .session import Log, run_task
@@ -49,7 +52,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
     cross-entropy), ``forward(model, batch) -> (output, target)`` or ``step(model, batch) ->
     loss``, ``optimizer`` (name, ``torch.optim`` class or factory, or an optimizer built on
     ``model``), ``lr``, ``scheduler(optimizer)`` stepped per ``scheduler_interval``,
-    ``metrics={name: fn(output, target) -> (sum, count)}``, ``init(model)``, ``collate_fn``,
+    ``metrics={name: fn(output, target) -> (sum, count) or a torchmetrics object}``,
+    ``init(model)``, ``collate_fn``,
     ``epochs``, ``batch_size`` (global: split over every device of every process),
     ``kvstore``, ``callbacks`` (``dptrain.Callback``: hooks at each batch and epoch, which
     can stop the run and keep state in checkpoints), ``name``.
@@ -83,6 +87,10 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
         raise TypeError(f"metrics must be a dict {{name: fn(output, target) -> (sum, count)}}, got "
                         f"{type(metrics).__name__}")
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
+    notes = defaults_said(what, train_data)
+    if log is not None and rank() == 0:
+        for line in notes:
+            log(f"dptrain: {line}")
     what["metrics"] = dict(what.get("metrics") or {})
     what["callbacks"] = list(what.get("callbacks") or ())
     torch.manual_seed(settings.get("seed", 0))
@@ -94,6 +102,22 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
         except ValueError as e:         # the training is done: say so, and return it all the same
             (log or print)(f"dptrain: could not draw the plot: {e}")
     return result
+
+
+def defaults_said(what: Dict[str, Any], train_data: Any) -> List[str]:
+    """Take the batch size of a ``DataLoader`` (as the global batch) unless ``batch_size`` is
+    given; return one line for each default a user may not expect."""
+    notes = []
+    if "optimizer" not in what:
+        lr = what.get("lr", DEFAULT_LRS["sgd"])
+        notes.append(f"no optimizer given: SGD at lr {lr:g} (choose one: optimizer=torch.optim.AdamW, lr=1e-3)")
+    loader_batch = getattr(train_data, "batch_size", None) if isinstance(train_data, DataLoader) else None
+    if loader_batch:
+        if "batch_size" not in what:
+            what["batch_size"] = loader_batch
+        elif what["batch_size"] != loader_batch:
+            notes.append(f"batch_size={what['batch_size']} is used, not the DataLoader's {loader_batch}")
+    return notes
 
 
 def _signature() -> inspect.Signature:

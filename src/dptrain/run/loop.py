@@ -26,6 +26,7 @@ from ..core.runner import get_runner
 from ..data.loader import prefetch
 from ..distributed import DistEnv, get_collective
 from ..engine.losses import add_counts
+from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
 from ..outputs.checkpoint import checkpoint_path
 from . import report, resume
@@ -119,7 +120,7 @@ class Run:
         if self.eval_loader is None:
             return []
         keys = ["loss", "count"] + (["correct", "correct_count"] if self.engine.classification else [])
-        return keys + [k for name in self.task.metrics for k in (name, f"{name}_count")]
+        return keys + [k for name in pair_metric_names(self.task.metrics) for k in (name, f"{name}_count")]
 
     def run(self) -> Dict[str, Any]:
         keys = self._eval_keys()
@@ -148,7 +149,7 @@ class Run:
         totals = self.collective.all_reduce(torch.stack(local)).tolist()
         split = self.balancer.sizes(epoch * self.batches, self.batch_size) if self.balancer is not None else None
         row = report.epoch_row(epoch, sec, totals[0], totals[1], dict(zip(keys, totals[2:])),
-                               list(self.task.metrics), split)
+                               pair_metric_names(self.task.metrics), split, evals.get(COMPUTED, {}))
         if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
             row["skipped"] = skipped
         if evals:

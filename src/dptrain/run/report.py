@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 Row = Dict[str, Any]
 
 
 def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str, float],
-              metric_names: Sequence[str], split: Optional[List[int]] = None) -> Row:
+              metric_names: Sequence[str], split: Optional[List[int]] = None,
+              computed: Mapping[str, Any] = MappingProxyType({})) -> Row:
     """The history row of an epoch from the sums over every process (``evals``: the
     evaluation's sums, empty without an evaluation set)."""
     row: Row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
@@ -21,6 +23,8 @@ def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str
         row["test_acc"] = evals["correct"] / evals["correct_count"] if evals["correct_count"] else math.nan
     for name in metric_names if evals else ():
         row[f"test_{name}"] = evals[name] / evals[f"{name}_count"] if evals[f"{name}_count"] else math.nan
+    for name, value in computed.items():        # metric objects, over the whole set
+        row[f"test_{name}"] = value
     return row
 
 

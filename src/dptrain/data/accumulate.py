@@ -1,0 +1,54 @@
+"""Gradient accumulation as data: a loader whose items are groups of k batches, one per update.
+
+``accumulate_grad_batches=k`` makes one optimizer step out of k consecutive batches (the
+"micro-batches"): the engine runs forward and backward on each in turn, keeping only one
+micro-batch's activations, and sums the gradients before one exchange and one update
+(``engine.model_engine``). The update equals that of one batch k times as large, with the
+memory of one. Seen from the loop, a group is a batch: a step, a position to resume at, a
+moment to stop, so none of that changes.
+
+    >>> steps = Accumulating(loader, 4)         # len(steps) == ceil(len(loader) / 4)
+    >>> for group in steps.batches():           # MicroBatches([b0, b1, b2, b3]), ...
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, List
+
+
+class MicroBatches(list):
+    """The batches (this process's parts of them) summed into one update, in order."""
+
+
+class Accumulating:
+    """``loader``'s batches in groups of ``k`` (the last group of an epoch may be smaller, as
+    Lightning and Accelerate do). Anything else is asked of ``loader``."""
+
+    def __init__(self, loader: Any, k: int):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"accumulate_grad_batches must be a whole number >= 1, got {k!r}")
+        self.loader, self.k = loader, k
+
+    def __len__(self) -> int:
+        return -(-len(self.loader) // self.k)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["loader"], name)
+
+    def __iter__(self) -> Iterator[MicroBatches]:
+        return self.batches()
+
+    def global_batch_size(self, step: int) -> int:
+        """Samples summed into update ``step`` (from 0) of an epoch, over all processes."""
+        first = step * self.k
+        return sum(self.loader.global_batch_size(b) for b in range(first, min(first + self.k, len(self.loader))))
+
+    def batches(self, skip: int = 0) -> Iterator[MicroBatches]:
+        """This epoch's groups from group ``skip`` on (to resume an epoch part-way)."""
+        group: List[Any] = []
+        for batch in self.loader.batches(skip * self.k):
+            group.append(batch)
+            if len(group) == self.k:
+                yield MicroBatches(group)
+                group = []
+        if group:
+            yield MicroBatches(group)

@@ -1,0 +1,88 @@
+"""Metrics over the whole evaluation set: ``torchmetrics`` objects (or anything shaped like one).
+
+A metric that is a ``(sum, count)`` function adds up exactly by itself. Macro-F1, AUC or a
+confusion matrix do not: they need the whole set. A stateful metric object (``update``,
+``compute``, ``reset``, as every ``torchmetrics.Metric`` has) does: each device updates a
+copy of its own with its shards, the copies are merged (``merge_state``), and ``compute``
+gathers the states of every process (torchmetrics does that itself over the process group
+dptrain joined) before computing. Every sample is in exactly one shard of one process, so the
+figure is the one a single device computes over the whole set, however it divides.
+
+    fit(model, train, test, metrics={"f1": MulticlassF1Score(10, average="macro"),
+                                     "auc": MulticlassAUROC(10)})
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, List, Mapping, Sequence
+
+import torch
+
+COMPUTED = "computed"       # the key of these metrics' values among the evaluation's totals
+
+
+def is_stateful(metric: Any) -> bool:
+    """A metric object (``update``/``compute``/``reset``), not a ``(sum, count)`` function."""
+    return all(callable(getattr(metric, name, None)) for name in ("update", "compute", "reset"))
+
+
+def pair_metric_names(metrics: Mapping[str, Any]) -> List[str]:
+    """The names of the ``(sum, count)`` metrics, summed with the loss."""
+    return [name for name, m in metrics.items() if not is_stateful(m)]
+
+
+class StatefulMetrics:
+    """One copy of each metric object per device, for one evaluation at a time.
+
+    >>> stateful = StatefulMetrics({"f1": f1}, devices)
+    >>> stateful.reset(); stateful.update(i, output, target)   # on device i's thread
+    >>> stateful.compute()                                     # {"f1": 0.83}: the whole set
+    """
+
+    def __init__(self, metrics: Mapping[str, Any], devices: Sequence[torch.device]):
+        self.devices = list(devices)
+        self.copies: Dict[str, List[Any]] = {}
+        for name, metric in metrics.items():
+            if not is_stateful(metric):
+                continue
+            if len(self.devices) > 1 and not callable(getattr(metric, "merge_state", None)):
+                raise TypeError(f"metric {name!r} ({type(metric).__name__}) has no merge_state, which combines "
+                                f"its copies on several devices: upgrade torchmetrics (>= 1.3), or use one device")
+            self.copies[name] = [_to(copy.deepcopy(metric), d) for d in self.devices]
+
+    def __bool__(self) -> bool:
+        return bool(self.copies)
+
+    def reset(self) -> None:
+        for copies in self.copies.values():
+            for m in copies:
+                m.reset()
+
+    def update(self, i: int, output: Any, target: Any) -> None:
+        for copies in self.copies.values():
+            copies[i].update(output, target)
+
+    def compute(self) -> Dict[str, Any]:
+        """Merge each metric's device copies, then compute (over every process): plain
+        numbers, or nested lists for tensors of several numbers."""
+        out: Dict[str, Any] = {}
+        for name, copies in self.copies.items():
+            merged = copy.deepcopy(copies[0])
+            for other in copies[1:]:
+                merged.merge_state(_to(copy.deepcopy(other), self.devices[0]))
+            value = merged.compute()
+            if isinstance(value, Mapping):
+                out.update({f"{name}_{k}": _plain(v) for k, v in value.items()})
+            else:
+                out[name] = _plain(value)
+        return out
+
+
+def _to(metric: Any, device: torch.device) -> Any:
+    return metric.to(device) if callable(getattr(metric, "to", None)) else metric
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return value

@@ -1,0 +1,68 @@
+"""One batch's work on the devices of a process: its shards, each device's forward and
+backward, and what they add up to (the loss sum and its denominator).
+
+``ModelEngine.train_batch`` makes one plan per batch (per micro-batch when gradients are
+accumulated) and hands ``plan.compute`` to the ``Trainer``, which runs it on every device's
+thread and sums the gradients.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List, Optional
+
+import torch
+
+from ..core import tracing as trace
+from ..data.batch import Batch, to_device
+from ..parallel.syncbn import synchronized
+from .losses import Count, add_counts, host_number
+
+
+class StepPlan:
+    """``shards[i]``: device ``i``'s part of the batch (None: it has none and adds zeros);
+    ``n``: the batch's samples; ``known``: whether ``count`` (the denominator) was known
+    from the batch alone, else each shard counts its own in ``compute``."""
+
+    def __init__(self, engine: Any, shards: List[Optional[Batch]], n: int, known: bool, count: Count):
+        self.engine, self.shards, self.n, self.known, self.count = engine, shards, n, known, count
+        devices = engine.devices
+        self.counts: List[Count] = [None] * len(devices)
+        self.seconds = [0.0] * len(devices)
+
+    def compute(self, timed: bool) -> Callable[[int], torch.Tensor]:
+        """``compute(i)``: forward and backward of shard ``i`` on device ``i``; its loss sum."""
+        engine = self.engine
+
+        def compute(i: int) -> torch.Tensor:
+            shard = self.shards[i]
+            if shard is None:
+                return engine._idle(i)
+            device = engine.devices[i]
+            start = time.perf_counter()
+            with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
+                value, self.counts[i] = engine._loss(engine._net(i), to_device(shard, device, engine.memory_format),
+                                                     device, count=not self.known)
+            with trace.span("backward", i):
+                value.backward()
+            if timed:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                self.seconds[i] = time.perf_counter() - start
+            return value.detach()
+        return compute
+
+    def shard_counts(self) -> Count:
+        """The denominator as the shards counted it (once every shard has computed)."""
+        total = None
+        for c in self.counts:
+            total = add_counts(total, host_number(c))
+        return total
+
+    def denominator(self, before: Count) -> Count:
+        """The known denominator, added to ``before`` (the micro-batches' so far)."""
+        return add_counts(before, self.count)
+
+    def loss(self, outputs: List[torch.Tensor]) -> torch.Tensor:
+        """The devices' loss sums, added in float64 on the first device."""
+        first = self.engine.devices[0]
+        return outputs[0].double() if len(outputs) == 1 else sum(v.double().to(first) for v in outputs)

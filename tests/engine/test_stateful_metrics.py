@@ -1,0 +1,70 @@
+"""Metric objects (torchmetrics) over the whole evaluation set: the figure one device computes,
+whatever the number of devices, when the set does not divide by them."""
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.engine.stateful_metrics import StatefulMetrics, is_stateful, pair_metric_names
+
+torchmetrics = pytest.importorskip("torchmetrics")
+from torchmetrics.classification import MulticlassAUROC, MulticlassConfusionMatrix, MulticlassF1Score  # noqa: E402
+
+
+def sets():
+    g = torch.Generator().manual_seed(1)
+    return ((torch.randn(300, 8, generator=g), torch.randint(0, 3, (300,), generator=g)),
+            (torch.randn(101, 8, generator=g), torch.randint(0, 3, (101,), generator=g)))
+
+
+def metrics():
+    return {"f1": MulticlassF1Score(3, average="macro"), "auc": MulticlassAUROC(3),
+            "cm": MulticlassConfusionMatrix(3), "mae": lambda out, y: ((out.argmax(1) - y).abs().sum(), y.numel())}
+
+
+def fit_with_metrics(devices):
+    """Two epochs; the metrics of the trained model, and on one device over the whole set."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    train, (Xe, ye) = sets()
+    result = dptrain.fit(model, train, (Xe, ye), epochs=2, batch_size=32, eval_batches=None, devices=devices,
+                         metrics=metrics(), log=None)
+    with torch.no_grad():
+        out = model(Xe)
+    want = {"f1": MulticlassF1Score(3, average="macro")(out, ye).item(), "auc": MulticlassAUROC(3)(out, ye).item(),
+            "cm": MulticlassConfusionMatrix(3)(out, ye).tolist()}
+    return {k: result[f"test_{k}"] for k in want}, want, result["history"]
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_macro_f1_auc_and_a_confusion_matrix_equal_one_device_over_the_whole_set(devices):
+    got, want, history = fit_with_metrics(devices)
+    assert got["cm"] == want["cm"] and sum(map(sum, got["cm"])) == 101       # every sample once
+    assert got["f1"] == pytest.approx(want["f1"], abs=1e-6) and got["auc"] == pytest.approx(want["auc"], abs=1e-6)
+    assert [set(h) >= {"test_f1", "test_auc", "test_cm", "test_mae"} for h in history] == [True, True]
+
+
+def test_the_users_metric_object_is_left_as_it_was():
+    f1 = MulticlassF1Score(3)
+    stateful = StatefulMetrics({"f1": f1}, [dptrain.cpu(0), dptrain.cpu(1)])
+    stateful.update(0, torch.eye(3), torch.arange(3))
+    stateful.update(1, torch.eye(3)[[1, 0]], torch.tensor([0, 1]))
+    assert stateful.compute() == {"f1": pytest.approx(2 / 3, abs=1e-6)}    # macro: (1/2 + 1/2 + 1) / 3
+    assert f1.update_count == 0
+    stateful.reset()
+    stateful.update(0, torch.eye(3), torch.arange(3))
+    assert stateful.compute() == {"f1": 1.0}                               # the last evaluation only
+
+
+def test_functions_and_objects_are_told_apart():
+    found = metrics()
+    assert pair_metric_names(found) == ["mae"] and is_stateful(found["f1"]) and not is_stateful(found["mae"])
+
+
+def test_a_metric_without_merge_state_on_several_devices_says_what_to_do():
+    class Old:
+        def update(self, *a): ...
+        def compute(self): ...
+        def reset(self): ...
+    with pytest.raises(TypeError, match="has no merge_state.*upgrade torchmetrics"):
+        StatefulMetrics({"old": Old()}, [dptrain.cpu(0), dptrain.cpu(1)])

@@ -1,0 +1,122 @@
+"""Everyday training programs as users write them: a Hugging Face-style model (dict batches,
+a dict output with ``loss`` and ``logits``), a loss that needs the rest of the batch (per-sample
+weights); the same training on 1, 2 and 3 devices as the plain loop on one."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dptrain
+from dptrain.data.loader import TensorLoader
+
+
+class HuggingFaceStyle(nn.Module):
+    """``model(input_ids, attention_mask, labels=None) -> {"loss", "logits"}``, as a
+    ``transformers`` sequence classifier: the loss only when the labels are given."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(50, 16), nn.Linear(16, 3)
+
+    def forward(self, input_ids, attention_mask, labels=None):
+        mask = attention_mask.unsqueeze(-1).float()
+        logits = self.head((self.embed(input_ids) * mask).sum(1) / mask.sum(1))
+        return {"loss": F.cross_entropy(logits, labels) if labels is not None else None, "logits": logits}
+
+
+def text(n=120, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(n, 10, generator=g) > 0.3).long()
+    mask[:, 0] = 1
+    return {"input_ids": torch.randint(0, 50, (n, 10), generator=g), "attention_mask": mask,
+            "labels": torch.randint(0, 3, (n,), generator=g)}
+
+
+def accuracy(output, y):
+    return (output.argmax(1) == y).sum(), y.numel()
+
+
+def fit_text(devices, batch_size=16, **kw):
+    torch.manual_seed(0)
+    model = HuggingFaceStyle()
+    result = dptrain.fit(model, text(), text(37, seed=1), epochs=2, batch_size=batch_size, devices=devices,
+                         optimizer=torch.optim.AdamW, lr=0.01, metrics={"accuracy": accuracy}, log=None, **kw)
+    return model, result
+
+
+@pytest.mark.parametrize("how", [{}, {"step": lambda model, batch: model(**batch)}])
+def test_a_hugging_face_style_model_trains_alike_on_one_and_two_devices_with_accumulation(how):
+    """Its logits against the labels (the default), or its own loss (step returns its output):
+    the same training, with metrics on the logits either way."""
+    one, r1 = fit_text(1, **how)
+    two, r2 = fit_text(2, accumulate_grad_batches=2, batch_size=8, **how)
+    reference, r0 = fit_text(1)
+    for model in (two, reference):
+        for p, q in zip(one.parameters(), model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+    assert r1["test_accuracy"] == r2["test_accuracy"] == r0["test_accuracy"]
+    assert r2["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-5)
+
+
+def weighted_huber(output, target, batch):
+    """A per-sample-weighted Huber loss, exact as (sum, count): the mean over the weights."""
+    w = batch["weight"]
+    return (w * F.huber_loss(output.squeeze(1), target, reduction="none")).sum(), w.sum()
+
+
+def tabular(n=100, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 4, generator=g)
+    return {"x": X, "y": X @ torch.tensor([1.0, -1.0, 2.0, 0.0]), "weight": torch.rand(n, generator=g)}
+
+
+def test_a_loss_that_sees_the_batch_equals_the_plain_loop_on_any_number_of_devices():
+    data = tabular()
+    torch.manual_seed(0)
+    plain = nn.Linear(4, 1)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.05)
+    order = TensorLoader(data, 20, shuffle=True, seed=0)         # fit's order of the samples
+    for epoch in range(2):
+        order.set_epoch(epoch)
+        for b in order:
+            s, c = weighted_huber(plain(b["x"]), b["y"], b)
+            opt.zero_grad()
+            (s / c).backward()
+            opt.step()
+    for devices in (1, 2, 3):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        dptrain.fit(model, data, forward=lambda m, b: (m(b["x"]), b["y"]), loss=weighted_huber, epochs=2,
+                    batch_size=20, devices=devices, optimizer="sgd", lr=0.05, log=None, seed=0)
+        for p, q in zip(plain.parameters(), model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_returning_another_dict_names_the_fix():
+    class Dicty(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return {"scores": self.lin(x)}
+    with pytest.raises(TypeError, match=r"keys scores.*forward=lambda model, batch"):
+        dptrain.fit(Dicty(), (torch.randn(8, 4), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None)
+
+
+def test_bf16_on_cpu_devices_trains_alike_and_sums_the_loss_in_float32():
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g)
+    losses = []
+    for devices in (1, 2):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+        result = dptrain.fit(model, (X, y), (X, y), amp="bf16", epochs=2, batch_size=32, devices=devices,
+                             optimizer="adam", lr=1e-2, log=None)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(X)
+        # The bf16 logits' loss summed in float32, as one device computes it.
+        assert result["test_loss"] == pytest.approx(F.cross_entropy(logits.float(), y).item(), rel=1e-5)
+        assert model[0].weight.dtype == torch.float32
+        losses.append([h["train_loss"] for h in result["history"]])
+    assert losses[1] == pytest.approx(losses[0], rel=2e-3)       # bf16 rounding differs by shard
