@@ -101,3 +101,21 @@ def test_numpy_arrays_give_batches_of_the_right_shape():
     batches = list(make_loader((X, y), 2))
     assert [tuple(b[0].shape) for b in batches] == [(2, 2), (2, 2), (1, 2)]
     assert isinstance(batches[-1][1], torch.Tensor)
+
+
+def test_a_sampler_that_picks_samples_is_refused_not_ignored():
+    from torch.utils.data import (DataLoader, RandomSampler, SubsetRandomSampler, TensorDataset,
+                                  WeightedRandomSampler)
+    from torch.utils.data.distributed import DistributedSampler
+    from dptrain.data.dataset_loader import make_loader
+    ds = TensorDataset(torch.arange(512).float(), torch.zeros(512))
+    with pytest.raises(ValueError, match=r"SubsetRandomSampler chooses which samples.*Subset\(dataset, indices\)"):
+        make_loader(DataLoader(ds, sampler=SubsetRandomSampler(range(100))), 8)
+    with pytest.raises(ValueError, match="WeightedRandomSampler chooses"):
+        make_loader(DataLoader(ds, sampler=WeightedRandomSampler([1.0] * 512, 100)), 8)
+    with pytest.raises(ValueError, match="RandomSampler chooses"):
+        make_loader(DataLoader(ds, sampler=RandomSampler(ds, replacement=True)), 8)
+    # Every sample, in any order (dptrain's order replaces it), or a DDP script's sampler: taken.
+    for loader in (DataLoader(ds, shuffle=True), DataLoader(ds),
+                   DataLoader(ds, sampler=DistributedSampler(ds, num_replicas=2, rank=0))):
+        assert make_loader(loader, 8).global_num_samples == 512

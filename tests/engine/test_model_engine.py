@@ -270,3 +270,9 @@ def test_clipping_uses_the_norm_of_the_whole_summed_gradient(n_devices, kvstore)
         torch.testing.assert_close(float(result.grad_norm), norms[step], rtol=1e-5, atol=1e-6)
         for p, q in zip(engine.replicas[0].parameters(), want[step]):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["loss", "acc", "count", "correct", "f1_count"])
+def test_a_metric_named_like_dptrains_own_figures_is_refused(name):
+    with pytest.raises(ValueError, match=f"metric name '{name}' is taken by dptrain's own figures"):
+        Task(model=mlp(), train_data=(torch.zeros(4, 5), torch.zeros(4, 2)), metrics={name: lambda o, t: (0, 1)})

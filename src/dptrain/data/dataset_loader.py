@@ -21,7 +21,9 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler,
+                              SubsetRandomSampler, TensorDataset)
+from torch.utils.data.distributed import DistributedSampler
 from torch.utils.data._utils.collate import default_collate
 
 from .batch import Batch, map_tensors
@@ -171,12 +173,30 @@ class DatasetLoader(EpochPlan):
         return self._empty
 
 
+def check_sampler(loader: DataLoader) -> None:
+    """dptrain orders every sample of a DataLoader's dataset itself, by (seed, epoch), and
+    shards it over the processes; a sampler that picks samples (a subset, weights, a custom
+    batch sampler) would be ignored, so it is refused, with the way to say the same thing."""
+    sampler = loader.sampler
+    own = type(loader.batch_sampler) is BatchSampler or loader.batch_sampler is None
+    whole = isinstance(sampler, (SequentialSampler, DistributedSampler)) or (
+        type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset))
+    if own and whole:
+        return
+    what = type(sampler if own else loader.batch_sampler).__name__
+    fix = ("pass torch.utils.data.Subset(dataset, indices) as the data" if isinstance(sampler, SubsetRandomSampler)
+           else "make a Dataset that holds exactly the samples (and repeats) to train on")
+    raise ValueError(f"the DataLoader's {what} chooses which samples to use, which dptrain would ignore (it orders "
+                     f"and shards every sample of the dataset itself, by seed and epoch): {fix}")
+
+
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
                 pin_memory: bool = False, **plan: Any) -> EpochPlan:
     """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
     ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, or a ``DataLoader``
     (its dataset, collate function and workers are used; the order and batch size are ours)."""
     if isinstance(data, DataLoader):
+        check_sampler(data)
         collate_fn = collate_fn or data.collate_fn
         num_workers = num_workers or data.num_workers
         data = data.dataset

@@ -113,12 +113,15 @@ class LossAdapter:
             raise ValueError(f"reduction={reduction!r} contradicts the loss's own reduction {own!r}: set it on "
                              f"the loss, e.g. nn.MSELoss(reduction={reduction!r})")
         self.reduction = own or reduction or "mean"
+        self.declared = own is not None or reduction is not None
+        self._reduction_checked = False
         if self.reduction not in REDUCTIONS + ("batchmean",) or (self.reduction == "batchmean"
                                                                  and not isinstance(loss, nn.KLDivLoss)):
             raise ValueError(f"loss reduction {self.reduction!r} cannot be split over devices: use 'mean' or 'sum' "
                              f"(per-sample losses with reduction='none' must be reduced)")
         self.loss = loss
         self.classification = isinstance(loss, _CLASSIFICATION)
+        self.elementwise = isinstance(loss, _ELEMENTWISE)
         self.known = isinstance(loss, _CLASSIFICATION + _ELEMENTWISE + (nn.KLDivLoss,))
         if self.known:      # the same loss, reduced by summation: exact shard sums
             self._sum = copy.copy(loss)
@@ -145,6 +148,8 @@ class LossAdapter:
             check_classification(output, target, self.loss)
             self._checked = True
         if self.known:
+            if self.elementwise and isinstance(target, torch.Tensor) and output.shape != target.shape:
+                check_same_shape(output, target, self.loss)
             value = self._sum(output, target)
         else:
             value = self.loss(output, target, batch) if self.takes_batch else self.loss(output, target)
@@ -157,6 +162,9 @@ class LossAdapter:
                 raise ValueError(f"the loss returned {shape}, not one number: reduce it with 'mean' or 'sum', or "
                                  f"return (sum, count)")
             value = value.reshape(())
+            if not self._reduction_checked and not self.takes_batch:
+                self._reduction_checked = True
+                check_reduction(self.loss, self.reduction, self.declared, output, target, value)
             if self.reduction == "mean":
                 value = value * samples_of(target)
         return value
@@ -218,6 +226,52 @@ def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> N
         if bool((target < 0).any()) or not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
             raise ValueError(f"{name} got float targets that are not class probabilities (each row >= 0, "
                              f"summing to 1): for regression use loss=nn.MSELoss(); for labels use integers")
+
+
+def check_same_shape(output: torch.Tensor, target: torch.Tensor, loss: Callable) -> None:
+    """An elementwise loss on tensors of two shapes broadcasts them: its mean (and what each
+    device's part means) then depends on the split. An error, with the fix."""
+    name = type(loss).__name__
+    try:
+        both = tuple(torch.broadcast_shapes(output.shape, target.shape))
+    except RuntimeError:
+        both = None
+    compared = f"PyTorch would broadcast them to {both}, comparing every output with every target" if both \
+        else "they do not broadcast"
+    fix = "e.g. y.unsqueeze(1) or output.squeeze(1)" if output.numel() == target.numel() else "e.g. y.view_as(output)"
+    raise ValueError(f"{name} got outputs of shape {tuple(output.shape)} and targets of shape {tuple(target.shape)}: "
+                     f"{compared}; give targets of the outputs' shape ({fix})")
+
+
+def check_reduction(loss: Callable, reduction: str, declared: bool, output: Any, target: Any,
+                    value: torch.Tensor) -> None:
+    """A loss taken as a mean that returns a sum (or the reverse) would train differently on
+    1, 2 and 4 devices. Once, on the first shard: the loss of the whole against the losses of
+    its two halves tells which it is (a mean: their weighted mean; a sum: their sum)."""
+    n = samples_of(target)
+    if n < 2 or not isinstance(output, torch.Tensor) or not isinstance(target, torch.Tensor):
+        return
+    h = n // 2
+    with torch.no_grad():
+        try:
+            a = float(loss(output[:h], target[:h]))
+            b = float(loss(output[h:], target[h:]))
+        except Exception:       # a loss that cannot take a part (pairs, a fixed shape...): not told
+            return
+    whole = float(value)
+    as_mean, as_sum = (a * h + b * (n - h)) / n, a + b
+
+    def near(x: float, y: float) -> bool:
+        return abs(x - y) <= 1e-4 * max(abs(x), abs(y), 1e-12)
+    if near(as_mean, as_sum) or (near(whole, as_mean) == near(whole, as_sum)):
+        return                  # cannot tell (zero loss, or neither): nothing to say
+    found = "sum" if near(whole, as_sum) else "mean"
+    if found != reduction:
+        name = getattr(loss, "__name__", type(loss).__name__)
+        said = f"reduction={reduction!r}" if declared else "a mean (the default without reduction=)"
+        raise ValueError(f"the loss {name} returns a {found} over the samples (its value on a batch is the {found} "
+                         f"of its values on the two halves), but is taken as {said}: pass "
+                         f"reduction={found!r} so that every device count gives the same training")
 
 
 def host_number(count: Count) -> Count:

@@ -22,6 +22,7 @@ from ..parallel.optim import OptimizerSpec, check_learning_rate
 
 Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
 SCHEDULER_INTERVALS = ("epoch", "batch")
+RESERVED_METRICS = ("loss", "acc", "count", "correct")
 
 
 @dataclass
@@ -98,6 +99,10 @@ class Task:
         if not isinstance(self.metrics, dict) or not all(callable(f) for f in self.metrics.values()):
             raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)} or "
                             "{name: torchmetrics object}")
+        for name in self.metrics:
+            if name in RESERVED_METRICS or str(name).endswith("_count"):
+                raise ValueError(f"metric name {name!r} is taken by dptrain's own figures (test_loss, test_acc and "
+                                 f"their counts): call it something else, e.g. {('my_' + str(name))!r}")
         for name in ("epochs", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

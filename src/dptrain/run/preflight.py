@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Dict, Optional, Union
 
 from ..core.atomic import atomic_file
 from ..outputs.checkpoint import FILENAME, existing_checkpoint
@@ -68,16 +69,49 @@ def check_space(directory: Optional[PathLike], needed_bytes: int) -> None:
                               f"{needed_bytes / 2**20:.1f} MiB: free some space, or pick another --checkpoint-dir")
 
 
+def check_regular(path: Optional[PathLike], flag: str) -> None:
+    """An output file is a new path or a regular file: never a folder, a device, a FIFO or a
+    socket (reading ``/dev/zero`` never ends; opening a FIFO waits for a reader)."""
+    if not path or not os.path.lexists(path):
+        return
+    mode = os.stat(path).st_mode if os.path.exists(path) else 0
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+        raise ValueError(f"{flag} {path} is {kind}: an output is a regular file, which dptrain writes whole; "
+                         f"give a new file name")
+
+
+def check_distinct(outputs: Dict[str, Optional[PathLike]]) -> None:
+    """No two outputs on one path: one would destroy the other."""
+    seen: Dict[str, str] = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {flag} both write {path}: give each its own path")
+        seen[key] = flag
+
+
+def check_trace(path: Optional[PathLike], overwrite: bool) -> None:
+    if not path:
+        return
+    check_regular(path, "--trace")
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"--trace {path} already exists: pass --overwrite to replace it, or pick another file")
+    _writable(Path(path).parent, f"the trace {path}")
+
+
 def check_metrics_file(path: Optional[PathLike], resume: bool, overwrite: bool) -> None:
     if not path:
         return
+    check_regular(path, "--metrics")
     path = Path(path)
     n = _records(path) if path.exists() else 0
     if n and not resume and not overwrite:
         raise ValueError(f"{path} already holds {n} record(s) of another run: pass --resume to continue that run, "
                          f"--overwrite to replace them, or write to another file")
-    if path.is_dir():
-        raise ValueError(f"--metrics {path} is a folder: give a file, e.g. {path / 'metrics.jsonl'}")
     _writable(path.parent, f"the metrics file {path}")
 
 
@@ -100,6 +134,7 @@ def check_tensorboard(directory: Optional[PathLike], resume: bool, overwrite: bo
 def check_plot(path: Optional[PathLike]) -> None:
     if not path:
         return
+    check_regular(path, "--plot")
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise ValueError(f"--plot {path}: the file must end in .png, .svg or .pdf")
@@ -113,8 +148,9 @@ def check_plot(path: Optional[PathLike]) -> None:
 
 def check_outputs(config, plot: Optional[PathLike] = None) -> None:
     """Every output of a run described by ``config`` (a ``TrainConfig``), before it starts."""
-    if config.trace:
-        _writable(Path(config.trace).parent, f"the trace {config.trace}")
+    check_distinct({"--checkpoint-dir": config.checkpoint_dir, "--metrics": config.metrics_file,
+                    "--tensorboard": config.tensorboard, "--trace": config.trace, "--plot": plot})
+    check_trace(config.trace, config.overwrite)
     check_checkpoint_dir(config.checkpoint_dir, config.resume, config.overwrite)
     check_metrics_file(config.metrics_file, config.resume, config.overwrite)
     check_tensorboard(config.tensorboard, config.resume, config.overwrite)

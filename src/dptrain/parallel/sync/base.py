@@ -97,6 +97,22 @@ def clip_(grads: Sequence[torch.Tensor], norm: torch.Tensor, max_norm: float) ->
     return norm
 
 
+def scale_and_clip_(grads: Sequence[torch.Tensor], scale, max_norm: float, norm: torch.Tensor) -> torch.Tensor:
+    """Divide the summed gradient (multiply by ``scale``, ``1 / denominator``; None: 1) and clip
+    it to ``max_norm`` in one pass over ``grads``, not two. ``norm``: the norm of the summed,
+    undivided gradient (it may cover more than ``grads``: every owner's part); the divided
+    one's is ``norm * scale``, which is returned (what ``clip_grad_norm_`` reports)."""
+    factor = None
+    if scale is not None:
+        scale = scale.to(norm.device, norm.dtype) if isinstance(scale, torch.Tensor) else scale
+        norm, factor = norm * scale, scale
+    clip = (max_norm / (norm + 1e-6)).clamp_(max=1.0)
+    if grads:
+        factor = clip if factor is None else clip * factor
+        torch._foreach_mul_(list(grads), factor if factor.device == grads[0].device else factor.to(grads[0].device))
+    return norm
+
+
 def fill_unused(params: Params, active: Sequence[int]) -> None:
     """Zeros for the gradient of an active parameter on a device that did not use it (only
     from one thread, while the others wait: it writes every device's gradients)."""
@@ -151,9 +167,11 @@ class GradientSync:
 
         def update(i: int, active: Sequence[int]) -> None:
             grads = [params[i][j].grad for j in active]
-            scale_(grads, reciprocal(step.denominator, self.devices[i]))
-            if step.max_norm is not None:       # every device holds the whole sum: the same norm
-                norm = clip_(grads, grad_norm(grads, self.devices[i]), step.max_norm)
+            scale = reciprocal(step.denominator, self.devices[i])
+            if step.max_norm is None:
+                scale_(grads, scale)
+            else:           # every device holds the whole sum: the same norm
+                norm = scale_and_clip_(grads, scale, step.max_norm, grad_norm(grads, self.devices[i]))
                 if i == 0:
                     step.grad_norm = norm
             optimizers[i].step()

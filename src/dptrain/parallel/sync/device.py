@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence
 import torch
 
 from ...core.devices import format_device
-from .base import GradientSync, Params, Phase, SyncStep, clip_, grad_norm, reciprocal, scale_
+from .base import GradientSync, Params, Phase, SyncStep, grad_norm, reciprocal, scale_, scale_and_clip_
 
 
 def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
@@ -64,6 +64,7 @@ class OwnerDeviceSync(GradientSync):
         clipping = step.max_norm is not None
         totals_of: List[List[torch.Tensor]] = [[] for _ in range(n)]
         parts: List[torch.Tensor] = [torch.zeros(())] * n         # each owner's part of the norm
+        scales: List[object] = [None] * n
 
         def sum_and_update(k: int, active: Sequence[int]) -> None:
             dev, is_active = self.devices[k], set(active)
@@ -80,16 +81,17 @@ class OwnerDeviceSync(GradientSync):
                     if i != k and grad is not None:
                         total.add_(grad.to(dev, non_blocking=True))
                 totals.append(total)
-            scale_(totals, reciprocal(step.denominator, dev))
+            scale = reciprocal(step.denominator, dev)
             if clipping:            # each owner holds part of the sum: the norm needs them all
-                totals_of[k], parts[k] = totals, grad_norm(totals, dev)
+                totals_of[k], parts[k], scales[k] = totals, grad_norm(totals, dev), scale
                 return
+            scale_(totals, scale)
             optimizers[k].step()
 
         def clip_and_update(k: int, active: Sequence[int]) -> None:
             # The norm of the parts, from the same numbers in the same order on every owner.
             norm = torch.linalg.vector_norm(torch.stack([p.to(self.devices[k]) for p in parts]), 2)
-            clip_(totals_of[k], norm, step.max_norm)
+            norm = scale_and_clip_(totals_of[k], scales[k], step.max_norm, norm)
             if k == 0:
                 step.grad_norm = norm
             optimizers[k].step()
