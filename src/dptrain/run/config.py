@@ -116,8 +116,8 @@ class TrainConfig:
     checkpoint_every: Optional[int] = option(None, "also save a checkpoint every N batches (bounds what a failure "
                                              "costs)", Whole(1), metavar="N")
     resume: bool = option(False, "continue from the checkpoint in --checkpoint-dir", Switch())
-    overwrite: bool = option(False, "start over in a --checkpoint-dir, --metrics file or --tensorboard folder that "
-                             "holds another run's (refused otherwise)", Switch())
+    overwrite: bool = option(False, "start over in a --checkpoint-dir, --metrics file, --trace file or --tensorboard "
+                             "folder that holds another run's (refused otherwise)", Switch())
     metrics_file: Optional[str] = option(None, "write one JSON record per epoch to FILE", flag="--metrics",
                                          metavar="FILE.jsonl")
     tensorboard: Optional[str] = option(None, "write TensorBoard scalars per epoch to DIR", metavar="DIR")

@@ -99,7 +99,8 @@ def check_trace(path: Optional[PathLike], overwrite: bool) -> None:
         return
     check_regular(path, "--trace")
     if os.path.exists(path) and not overwrite:
-        raise ValueError(f"--trace {path} already exists: pass --overwrite to replace it, or pick another file")
+        raise ValueError(f"--trace {path} already exists: pass --overwrite to replace it (or --resume, the run that "
+                         f"wrote it), or pick another file")
     _writable(Path(path).parent, f"the trace {path}")
 
 
@@ -150,7 +151,7 @@ def check_outputs(config, plot: Optional[PathLike] = None) -> None:
     """Every output of a run described by ``config`` (a ``TrainConfig``), before it starts."""
     check_distinct({"--checkpoint-dir": config.checkpoint_dir, "--metrics": config.metrics_file,
                     "--tensorboard": config.tensorboard, "--trace": config.trace, "--plot": plot})
-    check_trace(config.trace, config.overwrite)
+    check_trace(config.trace, config.overwrite or config.resume)      # a resumed run rewrites its own
     check_checkpoint_dir(config.checkpoint_dir, config.resume, config.overwrite)
     check_metrics_file(config.metrics_file, config.resume, config.overwrite)
     check_tensorboard(config.tensorboard, config.resume, config.overwrite)
