@@ -93,6 +93,14 @@ def test_workers_that_fail_report_the_rank_and_its_error(tmp_path):
     assert "exit code 1)" in out.stderr and "missing train-images" in out.stderr
 
 
+def test_a_rank_whose_own_code_raises_is_named_with_its_exception_not_the_rank_stopped_for_it():
+    out = run(["train", "--recipe", "tests/tasks/user_task.py:make_failing_on_rank_1", "--processes", "2"])
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("dptrain: error: RuntimeError: rank 1's data factory broke (in your code: ") \
+        and "user_task.py, line" in last and "(rank 1 of 2, exit code 1)" in last, out.stderr
+
+
 def test_nccl_without_gpus_is_a_clear_error():
     out = run(["train", "--processes", "2", "--backend", "nccl"])
     assert out.returncode == 2

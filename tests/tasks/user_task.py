@@ -3,6 +3,7 @@
 A small MLP, AdamW with a per-batch cosine schedule, dict batches from a map-style Dataset,
 and an extra metric: everything a recipe does, through the public API only.
 """
+import os
 import functools
 
 import torch
@@ -135,3 +136,10 @@ def make_with_builtin_callbacks(config):
                       EMA(decay=0.99)]
     task.epochs = 6
     return task
+
+
+def make_failing_on_rank_1(config):
+    """A recipe whose data factory raises on rank 1 only (rank 0 is then stopped by the agent)."""
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("rank 1's data factory broke")
+    return make(config)

@@ -30,6 +30,7 @@ from typing import List, Optional
 
 from ..core.devices import device_info, num_gpus, parse_devices
 from ..core.errors import FAILED, INTERRUPTED, USAGE, exit_code
+from ..core.user_errors import user_failure
 from ..distributed.env import DEFAULT_TIMEOUT_S, DistEnv, choose_backend, lost_peer
 from ..distributed.launcher import launch, parse_nnodes
 from ..distributed.worker import record_error
@@ -147,8 +148,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         if code == INTERRUPTED:
             print(f"dptrain: {str(e) or 'interrupted'}", file=sys.stderr)
             return code
-        if code is None or args.debug:
+        if args.debug:
             raise
+        if code is None:
+            failure = user_failure(e)
+            if failure is None:     # no frame of the user's: dptrain's own bug, shown whole
+                raise
+            shown, line = failure
+            print(shown, end="", file=sys.stderr)
+            code = FAILED
         _error(line or e)
         return code
 

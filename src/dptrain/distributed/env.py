@@ -102,8 +102,10 @@ def lost_peer(e: BaseException) -> Optional[str]:
     failed with its own error), or None if ``e`` is something else."""
     text = str(e)
     hit = next((s for s in _PEER_GONE if s in text), None)
+    if hit is None:
+        return None
     env = DistEnv.from_environ()
-    if hit is None or not env.distributed:
+    if not env.distributed:
         return None
     return (f"rank {env.rank} of {env.world_size} lost its connection to another process "
             f"({hit}): that process ended or was killed, and its own output says why")

@@ -149,13 +149,15 @@ def _tail(log_dir: str, local_rank: int) -> Sequence[str]:
 
 def _cause(item) -> tuple:
     """Root cause first: a worker that named the one that stopped answering (it may have killed
-    it), a worker killed from outside (not by the agent's SIGTERM/SIGINT), then the earliest
-    that said why, then the rest."""
+    it), a worker killed from outside (not by the agent's SIGTERM/SIGINT), the earliest that
+    said why, one that exited with an error of its own (the user's code raised, or called
+    sys.exit), and last the workers the agent stopped because another failed."""
     rank, failure = item
     stopped = -failure.exitcode in (signal.SIGTERM, signal.SIGINT)
     said = isinstance(failure.message, str) and failure.message.startswith("dptrain: ")
     blames = isinstance(failure.error_file_data, dict) and "blames" in failure.error_file_data
-    order = 0 if blames else 1 if failure.exitcode < 0 and not stopped else 2 if said else 3
+    order = 0 if blames else 1 if failure.exitcode < 0 and not stopped else 2 if said else \
+        3 if failure.exitcode > 0 else 4
     return order, failure.timestamp, rank
 
 
