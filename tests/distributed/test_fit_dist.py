@@ -215,3 +215,49 @@ def test_torchmetrics_on_two_processes_equal_one_device_over_the_whole_set():
     for got in run_workers(whole_set_metrics):
         assert got["cm"] == want["cm"]
         assert abs(got["f1"] - want["f1"]) < 1e-6 and abs(got["auc"] - want["auc"]) < 1e-6
+
+
+def disagreeing(rank, world, what):
+    """Rank 1 differs from rank 0 in one setting only."""
+    torch.manual_seed(0)
+    odd = rank == 1
+    model = nn.Sequential(nn.Linear(4, 8 if not (odd and what == "model") else 6), nn.ReLU(), nn.Linear(
+        8 if not (odd and what == "model") else 6, 2))
+    n = 1000 if odd and what == "data" else 1024
+    X, y = torch.randn(n, 4, generator=torch.Generator().manual_seed(1)), torch.zeros(n, dtype=torch.long)
+    try:
+        dptrain.fit(model, (X, y), epochs=1, batch_size=32, lr=0.5 if odd and what == "lr" else 0.1,
+                    optimizer="adam" if odd and what == "optimizer" else "sgd", devices=1, log=None)
+    except ValueError as e:
+        return str(e)
+    return "trained"
+
+
+@pytest.mark.parametrize("what, says", [
+    ("lr", "the processes disagree on the learning rate: rank 0 has 0.1, rank 1 has 0.5. Every process"),
+    ("optimizer", "the processes disagree on the optimizer: rank 0 has sgd, rank 1 has adam."),
+    ("data", "the processes disagree on the training data: rank 0 has 1024 samples, content "),
+    ("model", "the processes disagree on the model: rank 0 has Sequential: 0.weight 8x4 float32"),
+])
+def test_processes_that_disagree_are_stopped_before_any_batch_naming_the_setting(what, says):
+    for message in run_workers(disagreeing, what):
+        assert message.startswith(says), message
+
+
+def dropout_masks(rank, world):
+    """The masks dropout draws in training, as each rank sees them."""
+    masks = []
+
+    class Record(dptrain.Callback):
+        def on_batch_start(self, run, epoch, batch):
+            masks.append(nn.functional.dropout(torch.ones(16), 0.5).tolist())
+    torch.manual_seed(0)
+    dptrain.fit(nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2)),
+                (torch.randn(64, 4), torch.zeros(64, dtype=torch.long)), epochs=1, batch_size=16, devices=1,
+                callbacks=[Record()], log=None)
+    return masks
+
+
+def test_every_rank_draws_its_own_dropout_masks():
+    a, b = run_workers(dropout_masks)
+    assert len(a) == len(b) == 4 and all(x != y for x, y in zip(a, b))

@@ -151,3 +151,25 @@ def test_a_loss_that_sums_without_saying_so_is_found_on_the_first_shard():
     assert float(value) == 8.0 and count == 8
     with pytest.raises(ValueError, match=r"returns a mean over the samples \(.*\), but is taken as reduction=.sum."):
         LossAdapter(MeanModule(), reduction="sum").measure(torch.randn(8, 2), torch.randn(8, 2))
+
+
+def test_class_weights_whose_batch_sum_is_below_one_train_as_on_one_device():
+    import dptrain
+    weight = torch.tensor([0.1, 0.2, 0.05])
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+    torch.manual_seed(0)
+    plain = nn.Linear(4, 3)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    nn.CrossEntropyLoss(weight=weight)(plain(X[:4]), y[:4]).backward()     # weights of 4 samples: < 1
+    opt.step()
+    from dptrain.engine.model_engine import ModelEngine
+    from dptrain.engine.task import Task
+    engine = ModelEngine(Task(model, (), loss=nn.CrossEntropyLoss(weight=weight), optimizer="sgd", lr=0.1),
+                         [dptrain.cpu(0)])
+    engine.prepare((X[:1], y[:1]), 0.1)
+    engine.train_batch((X[:4], y[:4]))
+    for p, q in zip(plain.parameters(), model.parameters()):
+        torch.testing.assert_close(p, q)

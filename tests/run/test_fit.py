@@ -138,3 +138,16 @@ def test_a_dataloaders_batch_size_is_taken_and_defaults_are_said():
     result = dptrain.fit(nn.Linear(4, 2), loader, epochs=1, batch_size=32, optimizer="adam", devices=1,
                          log=said.append)
     assert result["batch_size"] == 32 and said[0] == "dptrain: batch_size=32 is used, not the DataLoader's 16"
+
+
+def test_an_evaluation_set_that_does_not_fit_the_model_fails_before_training(tmp_path):
+    trained = []
+
+    class Count(dptrain.Callback):
+        def on_batch_end(self, run, batch):
+            trained.append(batch.batch)
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+        dptrain.fit(nn.Linear(4, 2), (torch.randn(64, 4), torch.randint(0, 2, (64,))),
+                    (torch.randn(16, 5), torch.randint(0, 2, (16,))), epochs=1, batch_size=8, devices=1,
+                    callbacks=[Count()], checkpoint_dir=str(tmp_path / "ck"), log=None)
+    assert trained == []            # not one batch, not an epoch lost

@@ -145,11 +145,21 @@ class ModelEngine:
     def classification(self) -> bool:
         return self.adapter is not None and self.adapter.classification
 
-    def prepare(self, example: Batch, lr: Optional[float] = None) -> None:
-        """Materialise lazy layers with a one-sample batch, then set the learning rate."""
+    def prepare(self, example: Batch, lr: Optional[float] = None, eval_example: Optional[Batch] = None) -> None:
+        """Materialise lazy layers with a one-sample batch, then set the learning rate. With
+        ``eval_example``: its loss too, in eval mode (an evaluation set that does not fit the
+        model fails now, not after an epoch of training)."""
         def run(net: nn.Module, batch: Batch) -> None:
             self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0])
         self.replicas.initialize(example, run)
+        if eval_example is not None:
+            net, training = self.replicas[0], self.replicas[0].training
+            net.eval()
+            try:
+                with torch.no_grad():
+                    run(net, eval_example)
+            finally:
+                net.train(training)
         if lr is not None:
             self.trainer.set_learning_rate(lr)
         else:

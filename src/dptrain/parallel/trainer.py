@@ -237,11 +237,16 @@ class Trainer:
     def _check_denominator(self, batch_size: Denominator) -> None:
         if batch_size is None or isinstance(batch_size, torch.Tensor) or callable(batch_size):
             return
-        # With several processes, one may have no sample in a last, small batch.
-        least = 0 if self.collective.world_size > 1 else 1
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, float)) or not batch_size >= least \
-                or batch_size == float("inf"):
-            raise ValueError(f"step needs the batch size (a number >= {least}), got {batch_size!r}")
+        # With several processes, one may have no sample in a last, small batch. A float is a
+        # weighted count (class-weighted cross-entropy): any positive number.
+        several = self.collective.world_size > 1
+        least = 0 if several else 1
+        ok = not isinstance(batch_size, bool) and isinstance(batch_size, (int, float)) and \
+            batch_size != float("inf") and (batch_size >= least if isinstance(batch_size, int)
+                                            else batch_size >= 0 if several else batch_size > 0)
+        if not ok:
+            raise ValueError(f"step needs the batch size (a number >= {least}, or a positive weighted count), "
+                             f"got {batch_size!r}")
 
     def _active(self, ignore_stale_grad: bool) -> List[int]:
         """Indices of the parameters to update. Without ``ignore_stale_grad``: every parameter

@@ -11,10 +11,11 @@ from ..callbacks.outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard,
 from ..data.accumulate import Accumulating
 from ..data.dataset_loader import make_loader
 from ..data.loader import TensorLoader
-from ..distributed import DistEnv
+from ..distributed import DistEnv, get_collective
 from ..engine.balance import Balancer
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
+from .agreement import check_agreement, describe_data, describe_settings
 from .config import TrainConfig
 from .preflight import check_space
 from .resume import has_batchnorm
@@ -36,7 +37,8 @@ def builtin_callbacks(config: TrainConfig, env: DistEnv) -> List[Any]:
 
 
 def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
-                 lr: Optional[float], log: Callable[[str], None]) -> Tuple[Optional[str], ModelEngine, Any, Any]:
+                 lr: Optional[float], log: Callable[[str], None],
+                 epochs: int = 0) -> Tuple[Optional[str], ModelEngine, Any, Any]:
     """The kvstore in force, the engine (lazy layers materialised, compiled if asked), and
     the train and eval loaders of this process."""
     total_devices = len(devices) * env.world_size
@@ -48,6 +50,9 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     kvstore = task.kvstore if config.kvstore is None else config.kvstore_kind
     channels_last = config.channels_last if config.channels_last is not None else task.channels_last and (
         all(d.type == "cpu" for d in devices) or config.amp is not None)
+    # Before the model is broadcast: a process with another model is named, not a gloo abort.
+    collective = get_collective()
+    check_agreement(collective, env.rank, describe_settings(task, config, epochs, batch_size, lr))
     engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp_dtype,
                          channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb, compile=config.compile,
                          clip_grad_norm=config.clip_grad_norm)
@@ -58,8 +63,9 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     eval_data = task.load("eval_data")
     eval_loader = make_loader(eval_data, batch_size, max_batches=config.eval_batches, **shard) \
         if eval_data is not None else None
+    check_agreement(collective, env.rank, describe_data(train_loader, eval_loader))
     keep_on_device(devices[0], train_loader, eval_loader)
-    engine.prepare(train_loader.example(), lr)
+    engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one
         for first in {0, len(train_loader) - 1}:
             engine.compile(next(iter(train_loader.batches(first))))

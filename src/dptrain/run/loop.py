@@ -63,7 +63,7 @@ class Run:
         self.device_names = [format_device(d) for d in devices]
         outputs = builtin_callbacks(config, env)        # before any work: a missing package is said now
         self.kvstore, self.engine, self.train_loader, self.eval_loader = build_engine(
-            task, config, env, devices, self.batch_size, self.lr, self.log)
+            task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
         self.batches = len(self.train_loader)
         self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
@@ -79,7 +79,8 @@ class Run:
         self.stop_reason: Optional[str] = None
         self.balancer = build_balancer(config, self.collective, devices, self.train_loader, env.rank)
         self.callbacks = CallbackList(outputs + list(task.callbacks))
-        if config.resume:
+        resume.own_random_streams(config.seed, env.rank, devices)     # dropout masks differ by rank
+        if config.resume:                                               # (and this restores them)
             self.position = resume.resume(self)
         self.epoch = self.position.epoch
 

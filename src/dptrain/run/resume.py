@@ -50,6 +50,19 @@ def rng_states(collective, devices: List[torch.device]) -> List[torch.Tensor]:
     return [s.cpu() for s in collective.all_gather(state)]
 
 
+def own_random_streams(seed: int, rank: int, devices: List[torch.device]) -> None:
+    """Give this process (rank > 0) random streams of its own, from ``(seed, rank, device)``:
+    dropout then draws other masks on every rank, as on one device over the whole batch,
+    and the streams are saved with the checkpoint, so a resumed run draws the same. Rank 0
+    keeps the stream it has (a one-process run is unchanged)."""
+    if rank == 0:
+        return
+    torch.manual_seed((seed * 1_000_003 + rank * 7_919) % 2**63)
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.manual_seed(((seed * 1_000_003 + rank * 7_919) * 31 + (d.index or 0)) % 2**63)
+
+
 def set_rng_state(states: List[torch.Tensor], rank: int, devices: List[torch.device]) -> None:
     state = states[rank] if rank < len(states) else states[0]
     cpu = torch.get_rng_state()

@@ -1,0 +1,110 @@
+"""What every process of a job must agree on, checked once the group has formed, before any batch.
+
+A launched script or recipe runs once per process; if one process builds another model,
+optimizer, learning rate, batch size or dataset (a rank-dependent branch, a different file
+on one machine), the processes would train on with weights that drift apart, or abort deep
+in a collective blaming a healthy rank. Instead each process describes its run in a few
+strings, the descriptions are gathered (one ``all_gather_object``), and any difference is one
+line naming the setting and what each rank has, before the model is broadcast.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch import nn
+from torch.nn.parameter import is_lazy
+
+from ..engine.task import Task
+from .config import TrainConfig
+
+
+def describe_model(model: nn.Module) -> str:
+    """Parameter and buffer names with their shapes and dtypes (first difference is what shows)."""
+    parts = []
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        shape = "lazy" if is_lazy(t) else "x".join(map(str, t.shape)) or "scalar"
+        parts.append(f"{name} {shape} {str(t.dtype).replace('torch.', '')}")
+    return f"{type(model).__name__}: " + ", ".join(parts)
+
+
+def describe_callable(spec: Any) -> str:
+    """A loss, optimizer or scheduler spec: its kind and settings, without addresses."""
+    if spec is None or isinstance(spec, str):
+        return str(spec)
+    if isinstance(spec, torch.optim.Optimizer):
+        return f"{type(spec).__name__}({spec.defaults})"
+    func = getattr(spec, "func", None)          # functools.partial
+    if func is not None:
+        return f"{getattr(func, '__qualname__', type(func).__name__)}({spec.args}, {spec.keywords})"
+    if isinstance(spec, nn.Module):
+        return f"{type(spec).__name__}({spec.extra_repr()}, reduction={getattr(spec, 'reduction', None)})"
+    return getattr(spec, "__qualname__", type(spec).__name__)
+
+
+def fingerprint(loader: Any) -> str:
+    """The samples of a loader: how many, and for tensors in memory a hash of the first and
+    last sample (cheap; catches another file or another order of the rows)."""
+    if loader is None:
+        return "none"
+    text = f"{loader.size} samples"
+    data = getattr(loader, "data", None)
+    if data is not None:
+        tensors = list(data.values()) if isinstance(data, dict) else list(data) if isinstance(data, (tuple, list)) \
+            else [data]
+        digest = hashlib.sha1()
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.shape[0]:
+                for row in (t[0], t[-1]):
+                    digest.update(row.detach().cpu().contiguous().numpy().tobytes())
+        text += f", content {digest.hexdigest()[:12]}"
+    return text
+
+
+def describe_settings(task: Task, config: TrainConfig, epochs: int, batch_size: int,
+                      lr: Optional[float]) -> Dict[str, str]:
+    """The settings that must be equal in every process, as strings (before the model is
+    broadcast: another architecture is named here, not in a collective's abort)."""
+    return {
+        "model": describe_model(task.model),
+        "optimizer": describe_callable(task.optimizer) + (f" {task.optimizer_params}" if task.optimizer_params else ""),
+        "learning rate": repr(lr),
+        "loss": describe_callable(task.loss if task.step is None else task.step),
+        "scheduler": describe_callable(task.scheduler),
+        "global batch size": repr(batch_size),
+        "epochs": repr(epochs),
+        "seed": repr(config.seed),
+        **{name: repr(getattr(config, name)) for name in (
+            "max_batches", "eval_batches", "accumulate_grad_batches", "clip_grad_norm", "on_nan", "sync_batchnorm",
+            "amp", "resume")},
+    }
+
+
+def describe_data(train_loader: Any, eval_loader: Any) -> Dict[str, str]:
+    """The data every process must hold (each reads its own part of every batch)."""
+    return {"training data": fingerprint(train_loader), "evaluation data": fingerprint(eval_loader)}
+
+
+def check_agreement(collective: Any, rank: int, mine: Dict[str, str]) -> None:
+    """Gather every process's description; a difference is a ``ValueError`` naming the setting
+    and what each rank has (the same error in every process)."""
+    if collective.world_size == 1:
+        return
+    everyone: List[Dict[str, str]] = collective.all_gather_object(mine)
+    for key, value in mine.items():
+        values = [d.get(key) for d in everyone]
+        if len(set(values)) > 1:
+            odd = next(r for r, v in enumerate(values) if v != values[0])
+            raise ValueError(f"the processes disagree on the {key}: rank 0 has {_short(values[0], values[odd])}, "
+                             f"rank {odd} has {_short(values[odd], values[0])}. Every process must run the same "
+                             f"program on the same data (check for settings that depend on the rank or the machine)")
+
+
+def _short(text: Optional[str], other: Optional[str], width: int = 120) -> str:
+    """``text`` around its first difference from ``other``, at most ``width`` characters."""
+    if text is None or len(text) <= width:
+        return str(text)
+    at = next((i for i, (a, b) in enumerate(zip(text, other or "")) if a != b), min(len(text), len(other or "")))
+    start = max(0, at - width // 2)
+    return ("..." if start else "") + text[start:start + width] + ("..." if start + width < len(text) else "")
