@@ -242,3 +242,24 @@ def test_built_in_callbacks_survive_a_ctrl_c_resume(tmp_path):
     assert best_a["epoch"] == best_b["epoch"] == a["BestCheckpoint"]["best_epoch"]
     for k, v in best_a["model"].items():
         assert torch.equal(v, best_b["model"][k]), k
+
+
+def test_resume_refuses_another_loss_model_or_data(tmp_path):
+    import torch
+    from torch import nn
+    import dptrain
+    from dptrain.core.errors import CheckpointError
+
+    def fit(loss=nn.MSELoss(), width=8, n=64, epochs=1, **kw):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        X = torch.randn(n, 4, generator=g)
+        return dptrain.fit(nn.Sequential(nn.Linear(4, width), nn.Linear(width, 1)), (X, X.sum(1, keepdim=True)),
+                           loss=loss, epochs=epochs, batch_size=16, devices=1, checkpoint_dir=str(tmp_path), log=None,
+                           **kw)
+    fit()
+    for kw, what in (({"loss": nn.L1Loss()}, "loss 'MSELoss"), ({"width": 6}, "model '"),
+                     ({"n": 60}, "training data '64 samples")):
+        with pytest.raises(CheckpointError, match=f"is of another run: {what}"):
+            fit(epochs=2, resume=True, **kw)
+    assert fit(epochs=2, resume=True)["history"][-1]["epoch"] == 2

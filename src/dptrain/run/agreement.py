@@ -86,6 +86,14 @@ def describe_data(train_loader: Any, eval_loader: Any) -> Dict[str, str]:
     return {"training data": fingerprint(train_loader), "evaluation data": fingerprint(eval_loader)}
 
 
+def what_it_trains(task: Task, train_loader: Any) -> Dict[str, str]:
+    """What a checkpoint's run trained, which a resumed run must train too: the model's
+    structure, the loss and the training data (see ``fingerprint``; the optimizer's class is
+    checked with its state, ``parallel/optim.py``)."""
+    return {"model": describe_model(task.model), "loss": describe_callable(task.loss if task.step is None else task.step),
+            "training data": fingerprint(train_loader)}
+
+
 def check_agreement(collective: Any, rank: int, mine: Dict[str, str]) -> None:
     """Gather every process's description; a difference is a ``ValueError`` naming the setting
     and what each rank has (the same error in every process)."""
@@ -96,12 +104,13 @@ def check_agreement(collective: Any, rank: int, mine: Dict[str, str]) -> None:
         values = [d.get(key) for d in everyone]
         if len(set(values)) > 1:
             odd = next(r for r, v in enumerate(values) if v != values[0])
-            raise ValueError(f"the processes disagree on the {key}: rank 0 has {_short(values[0], values[odd])}, "
-                             f"rank {odd} has {_short(values[odd], values[0])}. Every process must run the same "
-                             f"program on the same data (check for settings that depend on the rank or the machine)")
+            first, other = around_difference(values[0], values[odd]), around_difference(values[odd], values[0])
+            raise ValueError(f"the processes disagree on the {key}: rank 0 has {first}, rank {odd} has {other}. Every "
+                             f"process must run the same program on the same data (check for settings that depend "
+                             f"on the rank or the machine)")
 
 
-def _short(text: Optional[str], other: Optional[str], width: int = 120) -> str:
+def around_difference(text: Optional[str], other: Optional[str], width: int = 120) -> str:
     """``text`` around its first difference from ``other``, at most ``width`` characters."""
     if text is None or len(text) <= width:
         return str(text)

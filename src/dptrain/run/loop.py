@@ -30,6 +30,7 @@ from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
 from ..outputs.checkpoint import checkpoint_path
 from . import report, resume
+from .agreement import what_it_trains
 from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
 from .config import TrainConfig, hyperparameters
 from .resume import Position
@@ -106,7 +107,7 @@ class Run:
     def identity(self) -> Dict[str, Any]:
         return {"recipe": self.task.name, "dataset": self.task.dataset, "batch_size": self.batch_size,
                 "seed": self.config.seed, "devices": self.device_names, "world_size": self.world_size,
-                "lr": self.lr, "kvstore": self.kvstore}
+                "lr": self.lr, "kvstore": self.kvstore, **what_it_trains(self.task, self.train_loader)}
 
     def close(self) -> None:
         """Stop the data loaders' worker processes, if any, and detach from the model."""

@@ -20,9 +20,11 @@ from torch import nn
 from ..core.errors import CheckpointError
 from ..engine.compiled import without_prefix
 from ..outputs.checkpoint import FILENAME, checkpoint_path, load_checkpoint, save_checkpoint
+from .agreement import around_difference
 
 #: What a resumed run must share with the checkpoint's: the task and the global batches.
 SAME = ("recipe", "dataset", "batch_size", "seed")
+TRAINED = ("model", "loss", "training data")      # see run/agreement.py
 
 
 @dataclass
@@ -100,8 +102,12 @@ def resume(run: Any) -> Position:
     state = load_checkpoint(directory)
     saved, ours = json.loads(state["identity"]), run.identity()
     different = {k: (saved.get(k), ours[k]) for k in SAME if saved.get(k) != ours[k]}
+    # Checkpoints of older versions do not say what they trained: those keys are compared if saved.
+    different.update({k: (saved[k], ours[k]) for k in TRAINED if k in saved and saved[k] != ours[k]})
     if different:
-        what = ", ".join(f"{k} {a!r} (this run: {b!r})" for k, (a, b) in different.items())
+        what = ", ".join(f"{k} {around_difference(a, b)!r} (this run: {around_difference(b, a)!r})"
+                         if isinstance(a, str) and isinstance(b, str) else f"{k} {a!r} (this run: {b!r})"
+                         for k, (a, b) in different.items())
         raise CheckpointError(f"the checkpoint in {directory} is of another run: {what}; "
                               f"resume with the same settings, or use another --checkpoint-dir")
     if state["batch"] > run.batches:
