@@ -173,3 +173,10 @@ def test_class_weights_whose_batch_sum_is_below_one_train_as_on_one_device():
     engine.train_batch((X[:4], y[:4]))
     for p, q in zip(plain.parameters(), model.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_accuracy_against_probability_targets_is_the_argmax_class():
+    output = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0]])
+    target = torch.tensor([[0.8, 0.1, 0.1], [0.6, 0.3, 0.1], [0.0, 0.2, 0.8]])
+    hits, count = LossAdapter(nn.CrossEntropyLoss()).correct(output, target)
+    assert int(hits) == 2 and count == 3

@@ -182,9 +182,13 @@ class LossAdapter:
         return target.numel()
 
     def correct(self, output: torch.Tensor, target: Any) -> Optional[Tuple[torch.Tensor, Count]]:
-        """``(correct, count)`` of the arg-max predictions, for classification losses."""
-        if not self.classification or target.is_floating_point():
+        """``(correct, count)`` of the arg-max predictions, for classification losses (against
+        the arg-max class of probability targets, as Keras's categorical accuracy)."""
+        if not self.classification:
             return None
+        if target.is_floating_point():
+            hits = output.argmax(dim=1) == target.argmax(dim=1)
+            return hits.sum(), hits.numel()
         hits = output.argmax(dim=1) == target
         ignore = getattr(self.loss, "ignore_index", -100)
         kept = target != ignore
