@@ -248,3 +248,11 @@ def test_ten_fits_in_one_launched_script():
     assert [r[1] for r in rows[0]] == [f"{i}:" for i in range(10)] and len(rows[1]) == 10
     for a, b in zip(*rows):
         assert abs(float(a[2]) - float(b[2])) < 1e-4 and abs(float(a[3]) - float(b[3])) < 1e-4, (a, b)
+
+
+def test_ctrl_c_in_a_launched_script_ends_in_one_line_with_code_130():
+    out = run(["launch", "--processes", "2", "tests/tasks/interrupted_fit.py"])
+    assert out.returncode == 130, out.stderr
+    assert "Traceback" not in out.stderr and "not reached" not in out.stdout
+    assert "dptrain: stopped by SIGINT at epoch 1, batch 3 (no --checkpoint-dir: nothing saved)" in out.stderr, \
+        out.stderr

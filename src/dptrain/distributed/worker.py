@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any, Dict, Optional
 
+from ..core.errors import INTERRUPTED, Interrupted
+
 
 def die_with_launcher() -> None:
     """In a worker the launcher started: be killed (SIGKILL) when the launcher dies, so no
@@ -25,6 +27,25 @@ def die_with_launcher() -> None:
         return
     if os.getppid() == 1:               # the launcher died before the call above
         os._exit(1)
+
+
+def end_interrupted_quietly() -> None:
+    """In a worker of a job whose script calls ``fit``: an ``Interrupted`` the script does not
+    catch (Ctrl-C or SIGTERM, the checkpoint saved) ends the process as the CLI's workers end,
+    with its one line and exit code 130, not a traceback that the launcher then reports as a
+    failure. Any other exception goes to the hook that was there."""
+    previous = sys.excepthook
+    if getattr(previous, "dptrain_interrupts", False):
+        return
+
+    def hook(kind, value, tb) -> None:
+        if isinstance(value, Interrupted):
+            print(f"dptrain: {value}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(INTERRUPTED)       # as the CLI's workers leave: no gloo teardown at exit
+        previous(kind, value, tb)
+    hook.dptrain_interrupts = True      # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def record_error(line: str, blames: Optional[int] = None) -> None:

@@ -90,8 +90,18 @@ def what_it_trains(task: Task, train_loader: Any) -> Dict[str, str]:
     """What a checkpoint's run trained, which a resumed run must train too: the model's
     structure, the loss and the training data (see ``fingerprint``; the optimizer's class is
     checked with its state, ``parallel/optim.py``)."""
-    return {"model": describe_model(task.model), "loss": describe_callable(task.loss if task.step is None else task.step),
-            "training data": fingerprint(train_loader)}
+    return {"model": describe_model(task.model), "loss": loss_identity(task), "training data": fingerprint(train_loader)}
+
+
+def loss_identity(task: Task) -> str:
+    """The loss as a resumed run must match it: a torch loss by kind and settings; the user's
+    own function or ``step`` only as such (renaming or rewriting one is allowed)."""
+    if task.step is not None:
+        return "your step function"
+    loss = task.loss
+    if loss is None or isinstance(loss, nn.Module) or str(getattr(loss, "__module__", "")).startswith("torch"):
+        return describe_callable(loss)
+    return "your loss function"
 
 
 def check_agreement(collective: Any, rank: int, mine: Dict[str, str]) -> None:

@@ -21,7 +21,7 @@ from ..core.devices import cpu, num_gpus, parse_devices
 from ..distributed import DistEnv, init_distributed, shutdown_distributed
 from ..outputs.checkpoint import FILENAME
 from ..distributed.env import attempt, choose_backend
-from ..distributed.worker import die_with_launcher
+from ..distributed.worker import die_with_launcher, end_interrupted_quietly
 from ..distributed.heartbeat import Heartbeat
 from .loop import Run
 from .preflight import check_outputs
@@ -85,6 +85,8 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     backend = torch.distributed.get_backend() if env.distributed else None
     beat = Heartbeat(env.rank, env.world_size, config.timeout).start() \
         if env.distributed and "MASTER_PORT" in os.environ else None
+    if keep_group and env.distributed:     # a launched script: Ctrl-C ends it in one line, code 130
+        end_interrupted_quietly()
     try:
         run = Run(task, config, env, devices, backend, log if env.rank == 0 else None)
         try:
