@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
-import time
+
+from common import save_result
 
 VARIANTS = {"batch 1024": (1024, 1), "4 x 256 accumulated": (256, 4)}
 
@@ -74,15 +74,8 @@ def main() -> None:
             a["images_per_sec"] / b["images_per_sec"] for a, b in zip(acc, big)), 3)
         ratios[f"{devices} device(s): accumulated / one batch, training memory"] = round(statistics.median(
             a["training_mb"] / b["training_mb"] for a, b in zip(acc, big)), 3)
-    import torch
-    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-              "command": f"python benchmarks/bench_accumulate.py --data-dir {args.data_dir} --repeats {args.repeats}",
-              "date": time.strftime("%Y-%m-%d"), "median": summary, "paired_ratios": ratios, "raw": raw}
-    print(json.dumps({k: result[k] for k in ("median", "paired_ratios")}, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-
+    save_result({"median": summary, "paired_ratios": ratios, "raw": raw},
+                f"python benchmarks/bench_accumulate.py --data-dir {args.data_dir} --repeats {args.repeats}", args.out)
 
 if __name__ == "__main__":
     main()

@@ -14,8 +14,6 @@ images/s; ratios are paired (clip on / off in the same turn).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 
@@ -26,6 +24,8 @@ import dptrain
 from dptrain.data import load_dataset
 from dptrain.models import GluonLeNet
 from dptrain.recipes import init_xavier
+
+from common import save_result
 
 
 def programs(data_dir):
@@ -88,16 +88,9 @@ def main() -> None:
         for where in ("1 device(s)", "2 device(s)", "plain loop"):
             on, off = raw[f"{name}, {where}, clip on"], raw[f"{name}, {where}, clip off"]
             ratios[f"{name}, {where}: on / off"] = round(statistics.median(a / b for a, b in zip(on, off)), 3)
-    result = {"machine": f"{platform.machine()}, {dptrain.core.devices.host_cores()} cores, torch {torch.__version__}",
-              "command": f"python benchmarks/bench_clip.py --data-dir {args.data_dir} --repeats {args.repeats}",
-              "date": time.strftime("%Y-%m-%d"),
-              "images_per_sec_median": {k: round(statistics.median(v)) for k, v in raw.items()},
-              "paired_ratios": ratios, "raw": raw}
-    print(json.dumps({k: result[k] for k in ("images_per_sec_median", "paired_ratios")}, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-
+    save_result({"images_per_sec_median": {k: round(statistics.median(v)) for k, v in raw.items()},
+                 "paired_ratios": ratios, "raw": raw},
+                f"python benchmarks/bench_clip.py --data-dir {args.data_dir} --repeats {args.repeats}", args.out)
 
 if __name__ == "__main__":
     main()

@@ -12,9 +12,6 @@ trajectory as not clipping). Speed on/off is the median of the turns' paired rat
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 
@@ -26,6 +23,8 @@ from dptrain.engine.model_engine import ModelEngine
 from dptrain.engine.task import Task
 from dptrain.models import GluonLeNet
 from dptrain.recipes import init_xavier
+
+from common import save_result
 
 
 def measure(X, y, devices: int, turns: int) -> dict:
@@ -58,14 +57,8 @@ def main() -> None:
     fashion = load_dataset("fashion-mnist", args.data_dir)
     X, y = fashion.train_X[:256 * 20], fashion.train_y[:256 * 20]
     figures = {f"{d} device(s)": measure(X, y, d, args.turns) for d in (1, 2)}
-    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-              "command": f"python benchmarks/bench_clip_steps.py --data-dir {args.data_dir} --turns {args.turns}",
-              "date": time.strftime("%Y-%m-%d"), "figures": figures}
-    print(json.dumps(figures, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-
+    save_result({"figures": figures},
+                f"python benchmarks/bench_clip_steps.py --data-dir {args.data_dir} --turns {args.turns}", args.out)
 
 if __name__ == "__main__":
     main()

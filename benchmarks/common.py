@@ -1,6 +1,26 @@
-"""Shared by the benchmark scripts: interleaved repetitions, medians, paired ratios."""
+"""Shared by the benchmark scripts: interleaved repetitions, medians, paired ratios, and the
+results file (with the machine, the command and the date beside the numbers)."""
+import json
+import os
+import platform
 import statistics
 import time
+
+import torch
+
+from dptrain.core.atomic import atomic_file
+
+
+def save_result(figures, command, path=None):
+    """Print ``figures`` and, with ``path``, write them with the machine, ``command`` and the
+    date to a JSON file, whole or not at all. Returns the record."""
+    record = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+              "command": command, "date": time.strftime("%Y-%m-%d"), **figures}
+    print(json.dumps({k: v for k, v in figures.items() if k != "raw"}, indent=1))
+    if path:
+        with atomic_file(path) as f:
+            f.write(json.dumps(record, indent=1).encode())
+    return record
 
 
 def measure(variants, loader, repeats):
