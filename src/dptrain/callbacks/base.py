@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..engine.model_engine import StepResult
+from ..engine.step_plan import StepResult
 
 Row = Dict[str, Any]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
@@ -25,7 +24,7 @@ from .compiled import check_mode, compile_replicas, warm_up, without_prefix
 from .evaluation import Totals, evaluate
 from .losses import Count, LossAdapter, add_counts, host_number, read_step
 from .stateful_metrics import StatefulMetrics
-from .step_plan import StepPlan
+from .step_plan import StepPlan, StepResult
 from .task import Task
 
 
@@ -43,25 +42,6 @@ def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
         raise TypeError(f"a dict batch goes to model(**batch) without its target, so its keys must be the "
                         f"arguments of {type(model).__name__}.forward ({e}); rename them, or pass "
                         f"forward=fn(model, batch) -> (output, target)") from None
-
-
-@dataclass
-class StepResult:
-    """What one training step did (``ModelEngine.train_batch``).
-
-    ``loss``: this process's loss sum, a float64 0-d tensor on the first device (NaN if the
-    step was skipped); ``count``: what it is divided by (samples for a sum loss; a tensor for
-    a weighted loss); ``stepped``: whether the parameters were updated; ``flags``: the
-    processes' sum of the ``extras`` sent with the gradients (None if none rode); ``seconds``:
-    each device's forward and backward time when the step was ``timed``; ``grad_norm``: the
-    global gradient norm before clipping (with ``clip_grad_norm``; a 0-d tensor).
-    """
-    loss: torch.Tensor
-    count: Count
-    stepped: bool = True
-    flags: Optional[torch.Tensor] = None
-    seconds: Optional[List[float]] = None
-    grad_norm: Optional[torch.Tensor] = None
 
 
 class ModelEngine:

@@ -1,5 +1,6 @@
 """One batch's work on the devices of a process: its shards, each device's forward and
-backward, and what they add up to (the loss sum and its denominator).
+backward, and what they add up to (the loss sum and its denominator); and what a whole
+step did (``StepResult``).
 
 ``ModelEngine.train_batch`` makes one plan per batch (per micro-batch when gradients are
 accumulated) and hands ``plan.compute`` to the ``Trainer``, which runs it on every device's
@@ -8,6 +9,7 @@ thread and sums the gradients.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 import torch
@@ -16,6 +18,25 @@ from ..core import tracing as trace
 from ..data.batch import Batch, to_device
 from ..parallel.syncbn import synchronized
 from .losses import Count, add_counts, host_number
+
+
+@dataclass
+class StepResult:
+    """What one training step did (``ModelEngine.train_batch``).
+
+    ``loss``: this process's loss sum, a float64 0-d tensor on the first device (NaN if the
+    step was skipped); ``count``: what it is divided by (samples for a sum loss; a tensor for
+    a weighted loss); ``stepped``: whether the parameters were updated; ``flags``: the
+    processes' sum of the ``extras`` sent with the gradients (None if none rode); ``seconds``:
+    each device's forward and backward time when the step was ``timed``; ``grad_norm``: the
+    global gradient norm before clipping (with ``clip_grad_norm``; a 0-d tensor).
+    """
+    loss: torch.Tensor
+    count: Count
+    stepped: bool = True
+    flags: Optional[torch.Tensor] = None
+    seconds: Optional[List[float]] = None
+    grad_norm: Optional[torch.Tensor] = None
 
 
 class StepPlan:
