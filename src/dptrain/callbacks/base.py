@@ -52,8 +52,8 @@ class BatchEnd:
     @property
     def loss(self) -> float:
         """This process's mean loss on the batch (NaN if the step was skipped); waits for the device."""
-        count = float(self.result.count)
-        return float(self.result.loss) / count if count else math.nan
+        total, count = self.result.numbers()
+        return total / count if count else math.nan
 
     @property
     def epoch_loss(self) -> float:

@@ -20,6 +20,9 @@ TARGET_KEYS = ("y", "target", "targets", "label", "labels")
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
     """Apply ``fn`` to every tensor of ``batch``, keeping its structure."""
+    kind = type(batch)
+    if kind is tuple or kind is list:       # the usual batch, first: this runs every step
+        return kind([fn(v) if type(v) is torch.Tensor else map_tensors(fn, v) for v in batch])
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, Mapping):
@@ -93,8 +96,10 @@ def to_device(batch: Batch, device: torch.device, memory_format: Optional[torch.
     """Move every tensor to ``device``; virtual CPU devices share host memory (no copy).
 
     ``memory_format``: 4-d float tensors (images) take it (channels_last, say)."""
+    on_host = device.type == "cpu"
+
     def move(t: torch.Tensor) -> torch.Tensor:
-        if not (device.type == "cpu" and t.device.type == "cpu"):
+        if not (on_host and t.device.type == "cpu"):
             t = t.to(device, non_blocking=True)
         if memory_format is not None and t.dim() == 4 and t.is_floating_point():
             t = t.contiguous(memory_format=memory_format)

@@ -144,29 +144,50 @@ class LossAdapter:
     def __call__(self, output: torch.Tensor, target: Any, batch: Any = None) -> Any:
         """The shard's sum (the loss itself with a sum reduction); ``(sum, count)`` from a
         loss that returns them."""
+        if self.known:
+            self._check(output, target)
+            return self._sum(output, target)
+        value = self._own(output, target, batch)
+        if isinstance(value, tuple):
+            return value
+        return value * samples_of(target) if self.reduction == "mean" else value
+
+    def whole(self, output: Any, target: Any, batch: Any = None) -> Tuple[torch.Tensor, Count]:
+        """The loss as one device on the whole batch computes it (the plain loop's value, to
+        run backward on: a mean, or a sum with a sum reduction), and its denominator (None for
+        a sum). The same gradient as ``measure``'s sum divided by its count, without the
+        multiplications: what one device of one process runs (``direct_step.py``)."""
+        output = loss_input(output)
+        if self.known:
+            self._check(output, target)
+            return self.loss(output, target), self.count(target)
+        value = self._own(output, target, batch)
+        if isinstance(value, tuple):
+            return value[0] / value[1], value[1]
+        return value, samples_of(target) if self.reduction == "mean" else None
+
+    def _check(self, output: torch.Tensor, target: Any) -> None:
         if self.classification and not self._checked:
             check_classification(output, target, self.loss)
             self._checked = True
-        if self.known:
-            if self.elementwise and isinstance(target, torch.Tensor) and output.shape != target.shape:
-                check_same_shape(output, target, self.loss)
-            value = self._sum(output, target)
-        else:
-            value = self.loss(output, target, batch) if self.takes_batch else self.loss(output, target)
-            if isinstance(value, (tuple, list)) and len(value) == 2:      # (sum, count): exact by itself
-                self.pairs = True
-                return value[0].reshape(()), value[1]
-            self.pairs = False
-            if not isinstance(value, torch.Tensor) or value.numel() != 1:
-                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-                raise ValueError(f"the loss returned {shape}, not one number: reduce it with 'mean' or 'sum', or "
-                                 f"return (sum, count)")
-            value = value.reshape(())
-            if not self._reduction_checked and not self.takes_batch:
-                self._reduction_checked = True
-                check_reduction(self.loss, self.reduction, self.declared, output, target, value)
-            if self.reduction == "mean":
-                value = value * samples_of(target)
+        if self.elementwise and isinstance(target, torch.Tensor) and output.shape != target.shape:
+            check_same_shape(output, target, self.loss)
+
+    def _own(self, output: Any, target: Any, batch: Any) -> Any:
+        """A loss dptrain does not know: its value (one number), or its ``(sum, count)``."""
+        value = self.loss(output, target, batch) if self.takes_batch else self.loss(output, target)
+        if isinstance(value, (tuple, list)) and len(value) == 2:      # (sum, count): exact by itself
+            self.pairs = True
+            return value[0].reshape(()), value[1]
+        self.pairs = False
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"the loss returned {shape}, not one number: reduce it with 'mean' or 'sum', or "
+                             f"return (sum, count)")
+        value = value.reshape(())
+        if not self._reduction_checked and not self.takes_batch:
+            self._reduction_checked = True
+            check_reduction(self.loss, self.reduction, self.declared, output, target, value)
         return value
 
     def count(self, target: Any) -> Count:
@@ -262,7 +283,7 @@ def check_reduction(loss: Callable, reduction: str, declared: bool, output: Any,
             b = float(loss(output[h:], target[h:]))
         except Exception:       # a loss that cannot take a part (pairs, a fixed shape...): not told
             return
-    whole = float(value)
+    whole = float(value.detach())
     as_mean, as_sum = (a * h + b * (n - h)) / n, a + b
 
     def near(x: float, y: float) -> bool:

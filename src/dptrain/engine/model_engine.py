@@ -20,6 +20,7 @@ from ..data.batch import Batch, batch_size, input_and_target, split_structure, t
 from ..parallel.replicas import replicate
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..parallel.trainer import Trainer
+from . import direct_step as direct
 from .compiled import check_mode, compile_replicas, warm_up, without_prefix
 from .evaluation import Totals, evaluate
 from .losses import Count, LossAdapter, add_counts, host_number, read_step
@@ -56,7 +57,7 @@ class ModelEngine:
                  sync_batchnorm: bool = False, amp: Optional[torch.dtype] = None, channels_last: bool = False,
                  bucket_cap_mb: float = DEFAULT_BUCKET_MB, compile: Optional[str] = None,
                  clip_grad_norm: Optional[float] = None):
-        self.task, self.clip_grad_norm = task, clip_grad_norm
+        self.task, self.clip_grad_norm, self.sync_batchnorm = task, clip_grad_norm, sync_batchnorm
         self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
         self.forward = task.forward or default_forward
         self.memory_format = torch.channels_last if channels_last else None
@@ -76,6 +77,7 @@ class ModelEngine:
                              "every device inside the graph; drop one of them")
         self._nets: Optional[List[nn.Module]] = None
         self.compile_seconds = 0.0
+        self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
 
     def _net(self, i: int) -> nn.Module:
         """Replica ``i``, through its ``torch.compile`` wrapper with ``--compile``."""
@@ -209,6 +211,8 @@ class ModelEngine:
         group (``data/accumulate.py``) is one step: forward and backward of each micro-batch
         in turn, the gradients summed locally, then one exchange and one update over them all.
         """
+        if direct.applies(self, batch, sizes, timed):
+            return direct.direct_step(self, batch, skip_nonfinite, extras)
         micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
         if not micro:
             raise ValueError("an empty group of micro-batches: nothing to step on")

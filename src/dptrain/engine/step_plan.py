@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -25,11 +25,13 @@ class StepResult:
     """What one training step did (``ModelEngine.train_batch``).
 
     ``loss``: this process's loss sum, a float64 0-d tensor on the first device (NaN if the
-    step was skipped); ``count``: what it is divided by (samples for a sum loss; a tensor for
-    a weighted loss); ``stepped``: whether the parameters were updated; ``flags``: the
-    processes' sum of the ``extras`` sent with the gradients (None if none rode); ``seconds``:
-    each device's forward and backward time when the step was ``timed``; ``grad_norm``: the
-    global gradient norm before clipping (with ``clip_grad_norm``; a 0-d tensor).
+    step was skipped), or its mean when ``mean`` (the direct step of one device: the sum is
+    ``loss * count``, not computed unless asked); ``count``: what the sum is divided by
+    (samples for a sum loss; a tensor for a weighted loss); ``stepped``: whether the
+    parameters were updated; ``flags``: the processes' sum of the ``extras`` sent with the
+    gradients (None if none rode); ``seconds``: each device's forward and backward time when
+    the step was ``timed``; ``grad_norm``: the global gradient norm before clipping (with
+    ``clip_grad_norm``; a 0-d tensor).
     """
     loss: torch.Tensor
     count: Count
@@ -37,6 +39,18 @@ class StepResult:
     flags: Optional[torch.Tensor] = None
     seconds: Optional[List[float]] = None
     grad_norm: Optional[torch.Tensor] = None
+    mean: bool = False
+
+    def loss_sum(self) -> torch.Tensor:
+        """The loss sum as a float64 0-d tensor on the device (no wait)."""
+        if not self.mean:
+            return self.loss
+        return self.loss.double() * self.count
+
+    def numbers(self) -> Tuple[float, float]:
+        """``(loss sum, count)`` as numbers on the host (waits for the device)."""
+        value, count = self.loss.item(), float(self.count)
+        return (value * count if self.mean else value), count
 
 
 class StepPlan:

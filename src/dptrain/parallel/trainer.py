@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 from torch import nn
@@ -35,6 +35,7 @@ from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_lea
 from .phases import run_fused
 from .replicas import Replicas
 from .sync import Denominator, GradientSync, SyncStep
+from .sync.base import grad_norm, scale_and_clip_
 from .sync.buckets import DEFAULT_BUCKET_MB
 
 T = TypeVar("T")
@@ -179,6 +180,31 @@ class Trainer:
                                      self._grads_finite if local_check else None, self._clear_grads)
         stepped = False if skipped else self._finish_step(step.skipped)
         return StepOutcome(outputs, stepped, step.summed_extras, step.grad_norm)
+
+    @property
+    def alone(self) -> bool:
+        """One device of one process with nothing to sum (``local_step`` applies), once the
+        optimizer is built (after the first step of a model with lazy layers)."""
+        return bool(self._optimizers) and type(self.sync) is GradientSync and self.collective.world_size == 1
+
+    def local_step(self, skip_nonfinite: bool = False, max_norm: Optional[float] = None
+                   ) -> Tuple[bool, Optional[torch.Tensor]]:
+        """Update on the gradients backward left, as they are (already the step's: one
+        device, one process, a mean loss; see ``alone``): as a plain loop's
+        ``optimizer.step(); optimizer.zero_grad()``, with ``step``'s NaN check and clipping.
+        Returns whether it updated and the norm before clipping (with ``max_norm``)."""
+        if skip_nonfinite and not self._grads_finite():
+            self._clear_grads()
+            return False, None
+        optimizer, norm = self._optimizers[0], None
+        self.optimizer.push(((optimizer, self._origins[0]),))
+        if max_norm is not None:
+            grads = [p.grad for p in self._groups[0] if p.grad is not None]
+            norm = scale_and_clip_(grads, None, max_norm, grad_norm(grads, self.devices[0]))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()       # marks the step for lr schedulers
+        return True, norm
 
     def _finish_step(self, skipped: bool) -> bool:
         self._broadcast_buffers()

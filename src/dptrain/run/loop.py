@@ -35,6 +35,7 @@ from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
 from .config import TrainConfig, hyperparameters
 from .resume import Position
 from .stopping import GO_ON, Decision, StopRequests
+from .tally import Tally
 
 Log = Callable[[str], None]
 
@@ -180,8 +181,7 @@ class Run:
         self.callbacks.on_epoch_start(self, epoch)
         synchronize(self.devices)
         start = time.perf_counter()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.devices[0])
-        count: Any = 0
+        tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices))
         batches = self.train_loader.batches(at.batch)
         if any(d.type == "cuda" for d in self.devices):
             # The next batch is gathered while the GPUs compute. Not on CPU devices: there
@@ -194,8 +194,8 @@ class Run:
         ending = [False]
 
         def so_far(b: int) -> Position:    # what a save mid-epoch keeps
-            return Position(epoch, b, at.loss_sum + loss_sum.item(), at.count + float(count),
-                            at.seconds + time.perf_counter() - start, self.skipped - skipped_at_start)
+            loss_sum, count = tally.numbers()
+            return Position(epoch, b, at.loss_sum + loss_sum, at.count + count, at.seconds + time.perf_counter() - start, self.skipped - skipped_at_start)
         # On GPUs the host runs one step ahead: what a step says about itself (a NaN loss, the
         # processes' summed stop flags) is read once the next step is queued, so the host never
         # waits for the device inside a step. On CPU devices there is nothing to wait for.
@@ -203,15 +203,15 @@ class Run:
 
         def resolve(keep: int, latest: int) -> None:
             while len(pending) > keep:
-                done, loss, received = pending.popleft()
-                bad = not skip_nan and not bool(torch.isfinite(loss))
+                done, verdict, received = pending.popleft()
+                bad = not skip_nan and not Tally.finite(verdict)
                 decision = self.stops.after_batch(done, bad, received)
                 if decision is not GO_ON:
                     ending[0] |= self._decide(decision, epoch, latest, so_far, resolve)
         first_step = (epoch - 1) * self.batches
         with self.runner.coordinating():
             b = at.batch
-            for b, batch in enumerate(self._timed(batches), start=at.batch + 1):
+            for b, batch in enumerate(self._timed(batches) if self.config.trace else batches, start=at.batch + 1):
                 self.step = first_step + b - 1
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
@@ -226,9 +226,9 @@ class Run:
                     if timed:
                         self.balancer.observe(result.seconds, sizes)
                     self.balancer.after_step(self.step, self.collective)
+                verdict = result.loss
                 if result.stepped:
-                    loss_sum += result.loss                     # stays on the device: no wait
-                    count = add_counts(count, result.count)
+                    verdict = tally.add(result)
                     if per_batch:
                         self._step_scheduler()
                 elif skip_nan:           # the engine skipped it in every process
@@ -237,8 +237,8 @@ class Run:
                 if tell:
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,
-                                                               loss_sum, count))
-                pending.append((b, result.loss, result.flags))
+                                                               tally.loss_sum, tally.count))
+                pending.append((b, verdict, result.flags))
                 resolve(self.run_ahead, b)
                 if ending[0]:
                     break
@@ -248,7 +248,7 @@ class Run:
             resolve(0, b)
             ending[0] |= self._decide(self.stops.flush(), epoch, b, so_far, resolve)
         synchronize(self.devices)
-        return (at.seconds + time.perf_counter() - start, at.loss_sum + loss_sum, add_counts(at.count, count),
+        return (at.seconds + time.perf_counter() - start, at.loss_sum + tally.loss_sum, add_counts(at.count, tally.count),
                 self.skipped - skipped_at_start, ending[0])
 
     def _timed(self, batches):

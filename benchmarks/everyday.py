@@ -1,0 +1,367 @@
+"""Everyday training programs, each written as its users write it: a plain PyTorch loop, DDP
+under torchrun, Accelerate, and ``dptrain.fit`` (issue 22's suite; ``bench_programs.py`` runs
+them side by side).
+
+A program is its data, its model, its loss, its optimizer and its global batch; every
+framework trains the same one for the same steps. Each runner returns the seconds of every
+epoch's training loop (evaluation excluded) and the call's total seconds, so a step's time
+and the set-up cost (total minus the epochs) compare alike.
+
+    python benchmarks/everyday.py --framework ddp --program text --epochs 2   # under torchrun
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+# -- the programs -----------------------------------------------------------------------------
+@dataclass
+class Program:
+    name: str
+    data: Callable[[], Any]             # a Dataset, or (X, y) tensors
+    model: Callable[[], nn.Module]
+    batch: int
+    lr: float
+    optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.SGD
+    collate: Optional[Callable] = None
+    workers: int = 0
+    step: Optional[Callable] = None       # step(model, batch) -> loss, for models computing their own
+
+    def dataset(self) -> Dataset:
+        data = self.data()
+        return TensorDataset(*data) if isinstance(data, tuple) else data
+
+
+def tiny_data(n: int = 25_600):
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(n, 32, generator=g)
+    y = (X @ torch.randn(32, 4, generator=g)).argmax(1)
+    return X, y
+
+
+def tiny_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+class Sentences(Dataset):
+    """Token sequences of 8-64 tokens; the label is the class most of their tokens point to."""
+
+    def __init__(self, n: int = 8192, vocab: int = 2000, classes: int = 4):
+        g = torch.Generator().manual_seed(1)
+        lengths = torch.randint(8, 65, (n,), generator=g)
+        self.tokens = [torch.randint(1, vocab, (int(k),), generator=g) for k in lengths]
+        self.labels = [int(torch.bincount(t % classes, minlength=classes).argmax()) for t in self.tokens]
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.tokens[i], "label": self.labels[i]}
+
+
+def pad_collate(items: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+    """Pad to the longest sequence of the batch; a mask says which positions are tokens."""
+    longest = max(len(it["input_ids"]) for it in items)
+    ids = torch.zeros(len(items), longest, dtype=torch.long)
+    mask = torch.zeros(len(items), longest, dtype=torch.bool)
+    for i, it in enumerate(items):
+        ids[i, :len(it["input_ids"])] = it["input_ids"]
+        mask[i, :len(it["input_ids"])] = True
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([it["label"] for it in items])}
+
+
+class BagClassifier(nn.Module):
+    """Mean of the token embeddings under the mask, then an MLP."""
+
+    def __init__(self, vocab: int = 2000, dim: int = 64, classes: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.head = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Linear(dim, classes))
+
+    def forward(self, input_ids, attention_mask):
+        m = attention_mask.unsqueeze(-1).float()
+        return self.head((self.embed(input_ids) * m).sum(1) / m.sum(1))
+
+
+class TinyEncoder(nn.Module):
+    """A Hugging Face-style model: keyword inputs, a dict out with ``logits`` (and ``loss``
+    when the batch holds ``labels``)."""
+
+    def __init__(self, vocab: int = 2000, dim: int = 64, classes: int = 4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layer = nn.TransformerEncoderLayer(dim, 4, 128, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, input_ids, attention_mask, labels=None):
+        h = self.layer(self.embed(input_ids), src_key_padding_mask=~attention_mask)
+        m = attention_mask.unsqueeze(-1).float()
+        logits = self.head((h * m).sum(1) / m.sum(1))
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits, labels)
+        return out
+
+
+def hf_step(model, batch):
+    return model(**batch)
+
+
+class AugmentedImages(Dataset):
+    """Fashion-MNIST images, randomly shifted (pad 2, crop 28) and flipped per read."""
+
+    def __init__(self, n: int = 12_288, data_dir: Optional[str] = None):
+        images, labels = fashion(n, data_dir)
+        self.images = (images * 255).round().to(torch.uint8)
+        self.labels = labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        x = F.pad(self.images[i].float().div_(255), (2, 2, 2, 2))
+        dx, dy = torch.randint(0, 5, (2,)).tolist()
+        x = x[:, dy:dy + 28, dx:dx + 28]
+        if torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        return (x - 0.286) / 0.353, int(self.labels[i])
+
+
+def fashion(n: int, data_dir: Optional[str] = None):
+    try:
+        from dptrain.data.datasets import load_dataset
+        (X, y), _ = load_dataset("fashion-mnist", data_dir=data_dir or os.environ.get("BENCH_DATA"),
+                                 allow_download=False)
+        return X[:n], y[:n]
+    except Exception:           # no data here (a smoke run elsewhere): random images
+        g = torch.Generator().manual_seed(2)
+        return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def fashion_tensors(n: int = 12_288):
+    return fashion(n)
+
+
+def small_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+
+
+def lenet() -> nn.Module:
+    from dptrain.models import GluonLeNet
+    return GluonLeNet()
+
+
+def resnet() -> nn.Module:
+    from dptrain.models import resnet18
+    return resnet18(10, in_channels=1)
+
+
+PROGRAMS: Dict[str, Program] = {
+    "tiny-mlp": Program("tiny-mlp", tiny_data, tiny_mlp, 128, 0.1),
+    "text": Program("text", Sentences, BagClassifier, 64, 1e-3, torch.optim.AdamW, pad_collate),
+    "cnn-augment": Program("cnn-augment", AugmentedImages, small_cnn, 128, 0.05, collate=None, workers=2),
+    "hf-style": Program("hf-style", lambda: Sentences(4096), TinyEncoder, 32, 1e-3, torch.optim.AdamW, pad_collate,
+                        step=hf_step),
+    "lenet": Program("lenet", fashion_tensors, lenet, 256, 0.9),
+    "resnet18": Program("resnet18", lambda: fashion_tensors(1024), resnet, 64, 0.05),
+}
+
+
+def shrink(program: Program, samples: int) -> Program:
+    """The program on its first ``samples`` samples (the smoke run)."""
+    def data():
+        d = program.data()
+        if isinstance(d, tuple):
+            return tuple(t[:samples] for t in d)
+        return torch.utils.data.Subset(d, range(min(samples, len(d))))
+    return Program(program.name, data, program.model, program.batch, program.lr, program.optimizer,
+                   program.collate, min(program.workers, 1), program.step)
+
+
+# -- the frameworks ---------------------------------------------------------------------------
+def _loss(program: Program, model: nn.Module, batch: Any) -> torch.Tensor:
+    """One batch's loss as each framework's user writes it."""
+    if program.step is not None:
+        return program.step(model, batch)["loss"]
+    if isinstance(batch, dict):
+        labels = batch["labels"]
+        return F.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}), labels)
+    X, y = batch
+    return F.cross_entropy(model(X), y)
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, dict):
+        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    return [t.to(device, non_blocking=True) for t in batch]
+
+
+def _model(program: Program, device: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    return program.model().to(device)
+
+
+def _loader(program: Program, batch: int, sampler=None, shuffle: bool = True) -> DataLoader:
+    return DataLoader(program.dataset(), batch_size=batch, shuffle=shuffle if sampler is None else None,
+                      sampler=sampler, collate_fn=program.collate, num_workers=program.workers,
+                      persistent_workers=program.workers > 0, drop_last=True)
+
+
+def run_plain(program: Program, epochs: int, device: str = "cpu") -> Dict[str, Any]:
+    """The plain loop: a DataLoader, ``.to(device)``, forward, backward, step."""
+    start = time.perf_counter()
+    dev = torch.device(device)
+    model = _model(program, dev)
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    loader = _loader(program, program.batch)
+    return {"epochs": _epochs(epochs, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev),
+            "total": time.perf_counter() - start, "steps": len(loader)}
+
+
+def run_plain_tensors(program: Program, epochs: int, device: str = "cpu") -> Dict[str, Any]:
+    """The fastest hand loop for tensors in memory: whole batches indexed, no DataLoader."""
+    start = time.perf_counter()
+    dev = torch.device(device)
+    X, y = (t.to(dev) for t in program.data())
+    model = _model(program, dev)
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    n, times = len(X) // program.batch * program.batch, []
+    for epoch in range(epochs):
+        _sync(dev)
+        t = time.perf_counter()
+        perm = torch.randperm(len(X), device=dev)
+        for i in range(0, n, program.batch):
+            idx = perm[i:i + program.batch]
+            opt.zero_grad()
+            F.cross_entropy(model(X[idx]), y[idx]).backward()
+            opt.step()
+        _sync(dev)
+        times.append(time.perf_counter() - t)
+    return {"epochs": times, "total": time.perf_counter() - start, "steps": n // program.batch}
+
+
+def _epochs(epochs: int, loader, loss_of: Callable, opt, dev: torch.device) -> List[float]:
+    times = []
+    for epoch in range(epochs):
+        if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        _sync(dev)
+        t = time.perf_counter()
+        for batch in loader:
+            opt.zero_grad()
+            loss_of(batch).backward()
+            opt.step()
+        _sync(dev)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None) -> Dict[str, Any]:
+    """``dptrain.fit`` as its README writes it: the Dataset (or tensors) and the settings."""
+    import dptrain
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    model = program.model()
+    data = program.data()
+    kwargs = dict(optimizer=program.optimizer, lr=program.lr, epochs=epochs, batch_size=program.batch,
+                  num_workers=program.workers, log=None, progress=False)
+    if program.collate is not None:
+        kwargs["collate_fn"] = program.collate
+    if program.step is not None:
+        kwargs["step"] = program.step
+    if devices:
+        kwargs["devices"] = devices
+    result = dptrain.fit(model, data, **kwargs)
+    return {"epochs": [row["sec"] for row in result["history"]], "total": time.perf_counter() - start,
+            "devices": result["devices"], "steps": None}
+
+
+def run_accelerate(program: Program, epochs: int) -> Dict[str, Any]:
+    """Accelerate as its docs write it: ``prepare`` the model, optimizer and DataLoader,
+    ``accelerator.backward``. The DataLoader's batch is per process."""
+    from accelerate import Accelerator
+    start = time.perf_counter()
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = program.model()
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    loader = _loader(program, program.batch // accelerator.num_processes)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    times = []
+    for epoch in range(epochs):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        t = time.perf_counter()
+        for batch in loader:
+            opt.zero_grad()
+            accelerator.backward(_loss(program, model, batch))
+            opt.step()
+        accelerator.wait_for_everyone()
+        times.append(time.perf_counter() - t)
+    return {"epochs": times, "total": time.perf_counter() - start, "steps": len(loader)}
+
+
+def run_ddp(program: Program, epochs: int) -> Dict[str, Any]:
+    """DDP under torchrun as PyTorch's tutorial writes it: a process group, a
+    ``DistributedSampler``, the per-process batch, ``DistributedDataParallel``."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data.distributed import DistributedSampler
+    start = time.perf_counter()
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    model = DDP(_model(program, torch.device("cpu")))
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    data = program.dataset()
+    sampler = DistributedSampler(data, shuffle=True, drop_last=True)
+    loader = DataLoader(data, batch_size=program.batch // world, sampler=sampler, collate_fn=program.collate,
+                        num_workers=program.workers, persistent_workers=program.workers > 0, drop_last=True)
+    times = _epochs(epochs, loader, lambda b: _loss(program, model, b), opt, torch.device("cpu"))
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"epochs": times, "total": time.perf_counter() - start, "steps": len(loader)}
+
+
+FRAMEWORKS = {"plain": run_plain, "plain-tensors": run_plain_tensors, "dptrain": run_dptrain,
+              "accelerate": run_accelerate, "ddp": run_ddp}
+
+
+def main() -> None:
+    """One framework on one program in this process (torchrun starts one per rank); rank 0
+    writes the result as JSON to ``--out``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--framework", choices=sorted(FRAMEWORKS), required=True)
+    parser.add_argument("--program", choices=sorted(PROGRAMS), required=True)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--samples", type=int, help="train on the first N samples only (smoke runs)")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    program = PROGRAMS[args.program]
+    if args.samples:
+        program = shrink(program, args.samples)
+    result = FRAMEWORKS[args.framework](program, args.epochs)
+    if int(os.environ.get("RANK", "0")) == 0 and args.out:
+        with open(args.out, "w") as f:
+            json.dump({k: v for k, v in result.items() if not isinstance(v, float) or math.isfinite(v)}, f)
+
+
+if __name__ == "__main__":
+    main()
