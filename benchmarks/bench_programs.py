@@ -52,6 +52,15 @@ def steps_of(program: everyday.Program) -> int:
     return len(program.dataset()) // program.batch
 
 
+def gpu_variants(name: str) -> Dict[str, Any]:
+    """On one GPU (``--gpu``): the plain loops and dptrain on ``cuda:0``."""
+    variants = {"plain loop": lambda p, e: everyday.run_plain(p, e, "cuda")}
+    if name in TENSOR_PROGRAMS:
+        variants["plain loop, tensors indexed"] = lambda p, e: everyday.run_plain_tensors(p, e, "cuda")
+    variants["dptrain, 1 GPU"] = lambda p, e: everyday.run_dptrain(p, e, "cuda:0")
+    return variants
+
+
 def one_process_variants(name: str) -> Dict[str, Any]:
     variants = {"plain loop": lambda p, e: everyday.run_plain(p, e)}
     if name in TENSOR_PROGRAMS:
@@ -88,7 +97,7 @@ def summarise(raw: List[Dict[str, Any]], peers: Dict[str, List[str]]) -> List[Di
     order = {}
     for r in raw:           # programs and variants in the order they first ran
         order.setdefault(r["program"], len(order))
-    variants = list(one_process_variants("tiny-mlp")) + ["ddp", "accelerate", "dptrain"]
+    variants = list(one_process_variants("tiny-mlp")) + list(gpu_variants("tiny-mlp")) + ["ddp", "accelerate", "dptrain"]
     keys = sorted({(r["part"], r["program"], r["variant"]) for r in raw},
                   key=lambda k: (k[0], order[k[1]], variants.index(k[2]) if k[2] in variants else 99))
     for part, program, variant in keys:
@@ -146,13 +155,14 @@ def main() -> None:
                         help="programs also run in 2 processes ('' for none)")
     parser.add_argument("--smoke", action="store_true",
                         help="two batches of each program (CI: the suite cannot rot); figures mean nothing")
+    parser.add_argument("--gpu", action="store_true", help="one process on cuda:0: the plain loops and dptrain")
     parser.add_argument("--out", default=str(HERE / "results" / "programs.json"))
     parser.add_argument("--results-md", default=str(HERE / "RESULTS.md"))
     args = parser.parse_args()
     if args.data_dir:
         os.environ["BENCH_DATA"] = args.data_dir
     names = [n for n in args.programs.split(",") if n]
-    processes = [n for n in args.processes.split(",") if n]
+    processes = [n for n in args.processes.split(",") if n] if not args.gpu else []
     repeats, epochs = (1, 2) if args.smoke else (args.repeats, args.epochs)
     raw: List[Dict[str, Any]] = []
 
@@ -168,7 +178,7 @@ def main() -> None:
             if args.smoke:          # two batches
                 program = everyday.shrink(program, 2 * program.batch)
             steps = steps_of(program)
-            variants = list(one_process_variants(name).items())
+            variants = list((gpu_variants if args.gpu else one_process_variants)(name).items())
             shift = rep % len(variants)         # no variant always runs after the same other one
             for variant, run in variants[shift:] + variants[:shift]:
                 record("1 process", name, variant, rep, run(program, epochs), steps)
@@ -183,7 +193,8 @@ def main() -> None:
     peers = {"1 process": ["plain loop", "plain loop, tensors indexed", "accelerate"],
              "2 processes": ["ddp", "accelerate"]}
     rows = summarise(raw, peers)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}" + (
+        f", {torch.cuda.get_device_name(0)}" if args.gpu else "")
     command = "python " + " ".join(sys.argv)
     save_result({"rows": rows, "raw": raw, "smoke": args.smoke}, command, args.out)
     header = (f"Machine: {machine}. Command: `{command}`; {repeats} repetitions, {epochs} epochs each "
@@ -191,7 +202,7 @@ def main() -> None:
               f"(above 1: faster), paired per repetition, medians.")
     text = markdown(rows, header)
     print(text)
-    if not args.smoke:
+    if not args.smoke and not args.gpu:
         write_results_md(text, Path(args.results_md))
 
 

@@ -118,7 +118,7 @@ def parse_devices(spec: Union[None, str, int, Iterable[DeviceLike]] = "auto") ->
         n = num_gpus()
         if n:
             return [torch.device("cuda", j) for j in range(n)]
-        _notice(f"no GPU found, using {DEFAULT_CPU_DEVICES} virtual CPU devices")
+        _notice(f"no GPU found: {DEFAULT_CPU_DEVICES} virtual CPU devices")
         return [cpu(j) for j in range(DEFAULT_CPU_DEVICES)]
     if isinstance(spec, str) and spec.strip().isdigit():
         spec = int(spec.strip())

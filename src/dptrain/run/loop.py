@@ -29,7 +29,7 @@ from ..engine.losses import add_counts
 from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
 from ..outputs.checkpoint import checkpoint_path
-from . import report, resume
+from . import auto_devices, report, resume
 from .agreement import what_it_trains
 from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
 from .config import TrainConfig, hyperparameters
@@ -62,6 +62,9 @@ class Run:
         self.log: Log = log or (lambda _: None)
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
+        if auto_devices.wanted(config, task, devices, env.distributed):     # virtual devices only if they pay
+            task, devices = auto_devices.choose(task, config, devices, self.batch_size, self.log)
+            self.task, self.devices = task, devices
         self.device_names = [format_device(d) for d in devices]
         outputs = builtin_callbacks(config, env)        # before any work: a missing package is said now
         self.kvstore, self.engine, self.train_loader, self.eval_loader = build_engine(

@@ -1,0 +1,88 @@
+"""``devices="auto"`` on a CPU: virtual devices only where they pay.
+
+Two virtual CPU devices doubled LeNet's speed (each computes half the batch on its own
+core), but for a small model the work of splitting, two threads and the gradient sum is
+more than the compute saved: the tiny MLP of issue 22 took 3x longer a step. So without a
+GPU, ``auto`` measures: a few real steps of the model on the first batch, on one device and
+on the virtual devices, in turns, on copies of the model (the run itself is untouched, the
+random state too); the virtual devices are chosen only when their median step is clearly
+shorter (``MARGIN``), and one line says what was chosen and why. A step of more than
+``COMPUTE_BOUND_S`` on one device is compute-bound: the virtual devices are taken without
+more probing (they pay there; measuring longer would cost seconds). Several processes,
+GPUs, explicit ``devices=``, per-device recipes (whose batch depends on the device count)
+and resumed runs (which keep the devices they were started on) are not probed.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+from ..core.devices import format_device
+from ..data.dataset_loader import make_loader
+from ..engine.model_engine import ModelEngine
+from ..engine.task import Task
+from .config import TrainConfig
+
+WARM_UP, TIMED, BLOCKS = 2, 6, 2        # steps on each side, in blocks
+MARGIN = 0.9                 # the virtual devices' step must be this fraction of one device's, or less
+COMPUTE_BOUND_S = 0.25
+
+
+def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distributed: bool) -> bool:
+    return (config.devices in (None, "", "auto") and not distributed and not config.resume and not task.per_device
+            and len(devices) > 1 and all(d.type == "cpu" for d in devices) and config.balance in (None, "even"))
+
+
+def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_size: int,
+           log: Callable[[str], None]) -> Tuple[Task, List[torch.device]]:
+    """The devices to train on (see the module docstring), and the task with its training
+    data loaded (so a data factory runs once)."""
+    data = task.load("train_data")
+    task = dataclasses.replace(task, train_data=data)
+    loader = make_loader(data, batch_size, collate_fn=task.collate_fn, shuffle=False, seed=0)
+    batch = next(iter(loader.batches()))
+    n = len(devices)
+    rng = torch.get_rng_state()
+    engines = {}
+    try:
+        engines = {k: _engine(task, config, devices[:k], loader.example()) for k in (1, n)}
+        times = {1: [], n: []}
+        for block in range(2 * BLOCKS):           # in blocks, as the loop runs them (and alternating)
+            k = (1, n)[block % 2] if block // 2 % 2 == 0 else (n, 1)[block % 2]
+            with engines[k].runner.coordinating():
+                for _ in range((WARM_UP if block < 2 else 0) + TIMED // BLOCKS):
+                    start = time.perf_counter()
+                    engines[k].train_batch(batch)
+                    times[k].append(time.perf_counter() - start)
+            if k == 1 and block == 0 and min(times[1]) > COMPUTE_BOUND_S:
+                log(f"dptrain: devices auto: {_names(devices)}: a step takes {min(times[1]):.2f} s on one device, "
+                    f"compute enough for {n} virtual devices to pay")
+                return task, devices
+    finally:
+        for e in engines.values():
+            e.trainer.close()
+        torch.set_rng_state(rng)
+    one, many = (statistics.median(times[k][WARM_UP:]) for k in (1, n))
+    pick = devices if many <= MARGIN * one else devices[:1]
+    log(f"dptrain: devices auto: {_names(pick)}: a step took {one * 1e3:.2f} ms on one device, {many * 1e3:.2f} ms "
+        f"on {n} virtual devices (median of {TIMED}); pass devices= to choose")
+    return task, pick
+
+
+def _engine(task: Task, config: TrainConfig, devices: List[torch.device], example: Any) -> ModelEngine:
+    optimizer: Optional[Any] = task.optimizer
+    if isinstance(optimizer, torch.optim.Optimizer):        # built on the real model: its kind, on the copy
+        optimizer = type(optimizer)
+    probe = dataclasses.replace(task, model=copy.deepcopy(task.model), optimizer=optimizer, callbacks=[])
+    engine = ModelEngine(probe, devices, amp=config.amp_dtype, clip_grad_norm=config.clip_grad_norm)
+    engine.prepare(example, task.lr)
+    return engine
+
+
+def _names(devices: List[torch.device]) -> str:
+    return ", ".join(format_device(d) for d in devices)
