@@ -85,6 +85,28 @@ def test_a_nan_loss_stops_on_the_gpu_a_step_later_at_most():
                     devices="cuda:0", log=None)
 
 
+def test_on_the_gpu_the_loss_figures_and_the_nan_batch_are_the_cpu_ones():
+    """The GPU's tally (sums on the device, counts in bulk, verdicts read in groups) gives the
+    CPU's figures, ignored targets included, and stops at the same batch."""
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(512, 5, generator=g), torch.randint(0, 3, (512,), generator=g)
+    y[::7] = -100
+
+    def run(devices, X=X):
+        torch.manual_seed(0)
+        result = dptrain.fit(nn.Linear(5, 3), (X, y), lr=0.1, batch_size=16, epochs=2, devices=devices, log=None)
+        return [h["train_loss"] for h in result["history"]]
+    assert run("cuda:0") == pytest.approx(run("cpu:0"), rel=1e-5)
+    broken = X.clone()
+    broken[200] = float("nan")
+    said = []
+    for devices in ("cpu:0", "cuda:0"):
+        with pytest.raises(ValueError) as error:
+            run(devices, broken)
+        said.append(str(error.value))
+    assert said[0] == said[1] and "batch" in said[0]
+
+
 def test_cuda_graphs_train_as_eager():
     def run(compile):
         torch.manual_seed(0)

@@ -25,8 +25,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-import torch
-
 from ..engine.step_plan import StepResult
 
 Row = Dict[str, Any]
@@ -46,8 +44,7 @@ class BatchEnd:
     step: int
     samples: int
     result: StepResult
-    _epoch_loss: torch.Tensor
-    _epoch_count: Any
+    _tally: Any
 
     @property
     def loss(self) -> float:
@@ -57,9 +54,9 @@ class BatchEnd:
 
     @property
     def epoch_loss(self) -> float:
-        """This process's mean loss over the epoch so far; waits for the device."""
-        count = float(self._epoch_count)
-        return float(self._epoch_loss) / count if count else math.nan
+        """This process's mean loss over the epoch so far (when read); waits for the device."""
+        total, count = self._tally.numbers()
+        return total / count if count else math.nan
 
 
 class Callback:

@@ -48,7 +48,7 @@ class ProgressBar(Callback):
 
     def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
         self.samples += batch.samples
-        if self.bar is not None and self.bar.enabled:
+        if self.bar is not None and self.bar.due(batch.batch):     # the loss is read (a wait) only then
             self.bar.update(batch.batch, self.samples, batch.epoch_loss)
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:

@@ -68,6 +68,11 @@ def span(name: str, track: Track, args: Optional[Dict[str, Any]] = None):
     return tracer._span(name, track, args)
 
 
+def recording() -> bool:
+    """Whether spans are being recorded now."""
+    return _current is not None and _current.active
+
+
 def event(name: str, track: Track, start_us: int, end_us: int) -> None:
     """Record an event whose start and end were taken apart (an all_reduce in flight)."""
     tracer = _current

@@ -40,9 +40,11 @@ def direct_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
     """One step on ``batch`` on the engine's only device; see the module docstring."""
     device = engine.devices[0]
     shard = to_device(batch, device, engine.memory_format)
-    with trace.span("forward", 0), (_NO_CHANGE if torch.is_grad_enabled() else torch.enable_grad()):
+    traced = trace.recording()
+    with trace.span("forward", 0) if traced else _NO_CHANGE, \
+            (_NO_CHANGE if torch.is_grad_enabled() else torch.enable_grad()):
         value, count = whole_loss(engine, shard, device)
-    with trace.span("backward", 0):
+    with trace.span("backward", 0) if traced else _NO_CHANGE:
         value.backward()
     stepped, norm = engine.trainer.local_step(skip_nonfinite, engine.clip_grad_norm)
     loss = value.detach()

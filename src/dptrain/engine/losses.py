@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.batch import batch_size
+from .class_counts import LazyCount, class_count
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
 REDUCTIONS = ("mean", "sum")
@@ -160,7 +161,8 @@ class LossAdapter:
         output = loss_input(output)
         if self.known:
             self._check(output, target)
-            return self.loss(output, target), self.count(target)
+            lazy = self.classification and self.reduction == "mean" and not target.is_floating_point()
+            return self.loss(output, target), LazyCount(target, self.loss) if lazy else self.count(target)
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
             return value[0] / value[1], value[1]
@@ -214,15 +216,6 @@ class LossAdapter:
         ignore = getattr(self.loss, "ignore_index", -100)
         kept = target != ignore
         return (hits & kept).sum(), kept.sum()
-
-
-def class_count(target: torch.Tensor, loss: nn.Module) -> torch.Tensor:
-    """What cross-entropy's mean divides by: the weights of the targets that are not ignored."""
-    kept = target != loss.ignore_index
-    weight = getattr(loss, "weight", None)
-    if weight is None:
-        return kept.sum()
-    return weight.to(target.device)[target.clamp(min=0) * kept].mul(kept).sum()
 
 
 def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> None:

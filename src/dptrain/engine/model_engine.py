@@ -28,6 +28,7 @@ from .stateful_metrics import StatefulMetrics
 from .step_plan import StepPlan, StepResult
 from .task import Task
 
+_NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
 
 
 def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
@@ -150,7 +151,7 @@ class ModelEngine:
     # -- training ----------------------------------------------------------------------
     def _autocast(self, device: torch.device):
         if self.amp is None:
-            return contextlib.nullcontext()
+            return _NO_CHANGE
         return torch.autocast(device.type, dtype=self.amp)
 
     def _loss(self, net: nn.Module, shard: Batch, device: torch.device,

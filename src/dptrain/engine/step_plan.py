@@ -41,12 +41,6 @@ class StepResult:
     grad_norm: Optional[torch.Tensor] = None
     mean: bool = False
 
-    def loss_sum(self) -> torch.Tensor:
-        """The loss sum as a float64 0-d tensor on the device (no wait)."""
-        if not self.mean:
-            return self.loss
-        return self.loss.double() * self.count
-
     def numbers(self) -> Tuple[float, float]:
         """``(loss sum, count)`` as numbers on the host (waits for the device)."""
         value, count = self.loss.item(), float(self.count)

@@ -22,12 +22,14 @@ class ProgressBar:
         self.total, self.epoch, self.width = total, epoch, width
         self.start = self.last = time.perf_counter()
 
+    def due(self, done: int) -> bool:
+        """Whether ``update`` would draw now (at most every 0.1 s, and the last batch)."""
+        return self.enabled and (time.perf_counter() - self.last >= 0.1 or done >= self.total)
+
     def update(self, done: int, images: int, loss: Optional[float] = None) -> None:
-        if not self.enabled:
+        if not self.due(done):
             return
         now = time.perf_counter()
-        if now - self.last < 0.1 and done < self.total:
-            return
         self.last = now
         filled = self.width * done // self.total
         rate = images / max(now - self.start, 1e-9)

@@ -33,9 +33,17 @@ MARGIN = 0.9                 # the virtual devices' step must be this fraction o
 COMPUTE_BOUND_S = 0.25
 
 
+def kvstore(task: Task, config: TrainConfig) -> Optional[str]:
+    """The kvstore the run will use (as ``build_engine`` takes it)."""
+    return task.kvstore if config.kvstore is None else config.kvstore_kind
+
+
 def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distributed: bool) -> bool:
+    """Whether to measure (see the module docstring); never with ``kvstore=None``, which
+    sums nothing and so is for one device (its error stays as it was)."""
     return (config.devices in (None, "", "auto") and not distributed and not config.resume and not task.per_device
-            and len(devices) > 1 and all(d.type == "cpu" for d in devices) and config.balance in (None, "even"))
+            and len(devices) > 1 and all(d.type == "cpu" for d in devices) and config.balance in (None, "even")
+            and kvstore(task, config) is not None)
 
 
 def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_size: int,
@@ -79,7 +87,8 @@ def _engine(task: Task, config: TrainConfig, devices: List[torch.device], exampl
     if isinstance(optimizer, torch.optim.Optimizer):        # built on the real model: its kind, on the copy
         optimizer = type(optimizer)
     probe = dataclasses.replace(task, model=copy.deepcopy(task.model), optimizer=optimizer, callbacks=[])
-    engine = ModelEngine(probe, devices, amp=config.amp_dtype, clip_grad_norm=config.clip_grad_norm)
+    engine = ModelEngine(probe, devices, kvstore=kvstore(task, config), amp=config.amp_dtype,
+                         clip_grad_norm=config.clip_grad_norm)
     engine.prepare(example, task.lr)
     return engine
 

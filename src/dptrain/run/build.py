@@ -103,8 +103,13 @@ def build_balancer(config: TrainConfig, collective, devices: List[torch.device],
     return balancer
 
 
+#: Steps the host runs ahead of what it reads back on GPUs (see ``loop.py`` and ``tally.py``).
+GPU_RUN_AHEAD = 8
+
+
 def run_ahead(devices: List[torch.device]) -> int:
-    """Steps the host runs ahead of what it has read back (see ``loop.py``): 1 on GPUs.
-    ``DPTRAIN_RUN_AHEAD=0|1`` overrides it (the tests run the GPU bookkeeping on CPUs)."""
+    """Steps the host runs ahead of what it has read back (see ``loop.py``): GPU_RUN_AHEAD
+    on GPUs, 0 on CPU devices. ``DPTRAIN_RUN_AHEAD=N`` overrides it (the tests run the GPU
+    bookkeeping on CPUs)."""
     ahead = os.environ.get("DPTRAIN_RUN_AHEAD", "")
-    return int(ahead) if ahead.isdigit() else int(any(d.type == "cuda" for d in devices))
+    return int(ahead) if ahead.isdigit() else GPU_RUN_AHEAD * any(d.type == "cuda" for d in devices)

@@ -63,7 +63,8 @@ class Run:
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
         if auto_devices.wanted(config, task, devices, env.distributed):     # virtual devices only if they pay
-            task, devices = auto_devices.choose(task, config, devices, self.batch_size, self.log)
+            say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
+            task, devices = auto_devices.choose(task, config, devices, self.batch_size, say)
             self.task, self.devices = task, devices
         self.device_names = [format_device(d) for d in devices]
         outputs = builtin_callbacks(config, env)        # before any work: a missing package is said now
@@ -184,11 +185,14 @@ class Run:
         self.callbacks.on_epoch_start(self, epoch)
         synchronize(self.devices)
         start = time.perf_counter()
-        tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices))
+        tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices),
+                      group=self.run_ahead)
         batches = self.train_loader.batches(at.batch)
-        if any(d.type == "cuda" for d in self.devices):
+        if any(d.type == "cuda" for d in self.devices) and getattr(self.train_loader, "device", None) is None:
             # The next batch is gathered while the GPUs compute. Not on CPU devices: there
-            # the gathering would take its core time from the devices all the same.
+            # the gathering would take its core time from the devices all the same; nor from
+            # tensors kept on the GPU: gathering them is a few kernels queued, and a thread
+            # would only add hand-offs and contention for the interpreter.
             batches = prefetch(batches)
         skip_nan = self.config.on_nan == "skip"
         per_batch = self.scheduler is not None and self.task.scheduler_interval == "batch"
@@ -240,7 +244,7 @@ class Run:
                 if tell:
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,
-                                                               tally.loss_sum, tally.count))
+                                                               tally))
                 pending.append((b, verdict, result.flags))
                 resolve(self.run_ahead, b)
                 if ending[0]:
@@ -251,7 +255,8 @@ class Run:
             resolve(0, b)
             ending[0] |= self._decide(self.stops.flush(), epoch, b, so_far, resolve)
         synchronize(self.devices)
-        return (at.seconds + time.perf_counter() - start, at.loss_sum + tally.loss_sum, add_counts(at.count, tally.count),
+        loss_sum, count = tally.totals()
+        return (at.seconds + time.perf_counter() - start, at.loss_sum + loss_sum, add_counts(at.count, count),
                 self.skipped - skipped_at_start, ending[0])
 
     def _timed(self, batches):
