@@ -38,12 +38,13 @@ def kvstore(task: Task, config: TrainConfig) -> Optional[str]:
     return task.kvstore if config.kvstore is None else config.kvstore_kind
 
 
-def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distributed: bool) -> bool:
-    """Whether to measure (see the module docstring); never with ``kvstore=None``, which
-    sums nothing and so is for one device (its error stays as it was)."""
+def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distributed: bool, batch_size: int) -> bool:
+    """Whether to measure (see the module docstring). Not where the settings ask for several
+    devices or cannot have them, whose errors stay as they were: ``kvstore=None`` (sums
+    nothing), ``--sync-bn`` (BatchNorm across the devices), a batch smaller than the devices."""
     return (config.devices in (None, "", "auto") and not distributed and not config.resume and not task.per_device
             and len(devices) > 1 and all(d.type == "cpu" for d in devices) and config.balance in (None, "even")
-            and kvstore(task, config) is not None)
+            and kvstore(task, config) is not None and not config.sync_batchnorm and batch_size >= len(devices))
 
 
 def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_size: int,

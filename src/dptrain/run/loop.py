@@ -62,7 +62,7 @@ class Run:
         self.log: Log = log or (lambda _: None)
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
-        if auto_devices.wanted(config, task, devices, env.distributed):     # virtual devices only if they pay
+        if auto_devices.wanted(config, task, devices, env.distributed, self.batch_size):     # virtual devices only if they pay
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
             task, devices = auto_devices.choose(task, config, devices, self.batch_size, say)
             self.task, self.devices = task, devices
@@ -188,11 +188,13 @@ class Run:
         tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices),
                       group=self.run_ahead)
         batches = self.train_loader.batches(at.batch)
-        if any(d.type == "cuda" for d in self.devices) and getattr(self.train_loader, "device", None) is None:
+        if any(d.type == "cuda" for d in self.devices) and getattr(self.train_loader, "device", None) is None \
+                and getattr(self.train_loader, "num_workers", 1) > 0:
             # The next batch is gathered while the GPUs compute. Not on CPU devices: there
             # the gathering would take its core time from the devices all the same; nor from
-            # tensors kept on the GPU: gathering them is a few kernels queued, and a thread
-            # would only add hand-offs and contention for the interpreter.
+            # tensors kept on the GPU (a few kernels queued), nor from a Dataset read in this
+            # process (its collate is Python, which a thread cannot run beside the loop's):
+            # there a thread only adds hand-offs and contention for the interpreter.
             batches = prefetch(batches)
         skip_nan = self.config.on_nan == "skip"
         per_batch = self.scheduler is not None and self.task.scheduler_interval == "batch"
