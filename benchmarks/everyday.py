@@ -176,7 +176,7 @@ PROGRAMS: Dict[str, Program] = {
     "hf-style": Program("hf-style", lambda: Sentences(4096), TinyEncoder, 32, 1e-3, torch.optim.AdamW, pad_collate,
                         step=hf_step),
     "lenet": Program("lenet", fashion_tensors, lenet, 256, 0.9),
-    "resnet18": Program("resnet18", lambda: fashion_tensors(1024), resnet, 64, 0.05),
+    "resnet18": Program("resnet18", lambda: fashion_tensors(512), resnet, 64, 0.05),
 }
 
 

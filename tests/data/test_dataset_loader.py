@@ -1,5 +1,7 @@
 """A map-style Dataset read by worker processes: EpochPlan's order, every sample once, and
 random transforms that draw the same numbers whatever the workers, processes or resume."""
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -119,3 +121,52 @@ def test_a_sampler_that_picks_samples_is_refused_not_ignored():
     for loader in (DataLoader(ds, shuffle=True), DataLoader(ds),
                    DataLoader(ds, sampler=DistributedSampler(ds, num_replicas=2, rank=0))):
         assert make_loader(loader, 8).global_num_samples == 512
+
+
+class _Numbers(Dataset):
+    def __init__(self, draw=None):
+        self.draw = draw
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if self.draw is not None and i % 5 == 3:        # draws for some samples only
+            self.draw()
+        return torch.tensor([float(i)])
+
+
+def _parts(n):
+    from dptrain.data.dataset_loader import _Part
+    for b in range(n):
+        part = _Part(range(b * 4, b * 4 + 4))
+        part.seed = (0, 1, b * 4)
+        yield part
+
+
+def test_a_dataset_that_draws_no_random_number_is_read_without_seeding_after_a_few_parts():
+    from dptrain.data.dataset_loader import _Seeded
+    seeded = _Seeded(_Numbers())
+    first = [seeded.__getitems__(p) for p in _parts(_Seeded.WATCH)]
+    assert not seeded._draws and seeded._watch == 0
+    torch.manual_seed(3)
+    later = [seeded.__getitems__(p) for p in _parts(_Seeded.WATCH)]       # unseeded now: the same samples
+    assert [[t.item() for t in part] for part in later] == [[t.item() for t in part] for part in first]
+
+
+@pytest.mark.parametrize("draw", [lambda: torch.rand(1), lambda: random.random(), lambda: np.random.rand()])
+def test_a_dataset_drawing_from_any_generator_stays_seeded_and_reproducible(draw):
+    from dptrain.data.dataset_loader import _Seeded
+    seen = []
+
+    def recorded():
+        seen.append(float(draw()))
+    seeded = _Seeded(_Numbers(recorded))
+    for p in _parts(_Seeded.WATCH + 2):
+        seeded.__getitems__(p)
+    assert seeded._draws
+    again = _Seeded(_Numbers(recorded))
+    first, seen[:] = list(seen), []
+    for p in _parts(_Seeded.WATCH + 2):
+        again.__getitems__(p)
+    assert seen == first            # the same numbers: drawn under (seed, epoch, position) seeds
