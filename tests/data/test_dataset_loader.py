@@ -170,3 +170,29 @@ def test_a_dataset_drawing_from_any_generator_stays_seeded_and_reproducible(draw
     for p in _parts(_Seeded.WATCH + 2):
         again.__getitems__(p)
     assert seen == first            # the same numbers: drawn under (seed, epoch, position) seeds
+
+
+class _StuckAt(Dataset):
+    """Sample 5 never comes back (a worker stuck in __getitem__)."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        if i == 5:
+            import time
+            time.sleep(600)
+        return torch.tensor([float(i)]), i % 2
+
+
+def test_a_data_worker_stuck_in_getitem_is_named_with_its_samples_not_waited_on_forever():
+    import time
+    from dptrain.core.errors import DataStalled
+    loader = DatasetLoader(_StuckAt(), 8, num_workers=2, worker_timeout=3, shuffle=False)
+    start = time.monotonic()
+    with pytest.raises(DataStalled, match=r"no batch from the data workers in 3 s: worker 0 is stuck reading batch 1 "
+                                          r"of epoch 1 \(samples 0, 1, 2, 3, 4, 5, 6, 7\) in _StuckAt.__getitem__; "
+                                          r".*--worker-timeout"):
+        list(loader.batches())
+    assert time.monotonic() - start < 60
+    loader.close()

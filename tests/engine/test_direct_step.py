@@ -126,3 +126,22 @@ def test_the_general_step_is_kept_where_there_is_something_to_sum(monkeypatch):
     monkeypatch.setattr(direct_step, "direct_step", lambda *a, **k: taken_two.append(1) or real(*a, **k))
     dptrain.fit(net(), (X, y), devices="cpu:0,cpu:1", epochs=1, batch_size=16, log=None, progress=False)
     assert not taken_two
+
+
+def test_a_batch_whose_targets_are_all_ignored_is_skipped_or_stops_alike_on_one_and_two_devices():
+    X, y = data(64)
+    y[1:] = -100                # three of the four batches have no target that counts
+    rows = {}
+    for devices in ("cpu:0", "cpu:0,cpu:1"):
+        torch.manual_seed(0)
+        model = net()
+        result = dptrain.fit(model, (X, y), devices=devices, epochs=1, batch_size=16, lr=0.1, log=None,
+                             on_nan="skip", optimizer=torch.optim.SGD)
+        rows[devices] = result["history"][0]
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+        with pytest.raises(NonFiniteLoss, match="all ignore_index"):
+            dptrain.fit(net(), (X, y), devices=devices, epochs=1, batch_size=16, lr=0.1, log=None,
+                        optimizer=torch.optim.SGD)
+    assert rows["cpu:0"]["skipped"] == rows["cpu:0,cpu:1"]["skipped"] == 3
+    assert rows["cpu:0"]["train_loss"] == pytest.approx(rows["cpu:0,cpu:1"]["train_loss"], rel=1e-6)
+    assert math.isfinite(rows["cpu:0"]["train_loss"])

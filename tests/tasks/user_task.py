@@ -50,6 +50,21 @@ def data():
     return Pairs(320, 1), Pairs(50, 2)
 
 
+class StuckAt(Pairs):
+    """Sample 5 never comes back: a reader stuck in __getitem__ (a dead network share, a lock)."""
+
+    def __getitem__(self, i):
+        if i == 5:
+            import time
+            time.sleep(3600)
+        return super().__getitem__(i)
+
+
+def stuck_data():
+    """For --data: a training set one of whose samples hangs its reader."""
+    return StuckAt(64, 1), None
+
+
 def flat_data(config):
     """For --data with a plain model: tensors (X, y), given the config (its --seed here)."""
     p = Pairs(320, config.seed)

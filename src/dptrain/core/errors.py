@@ -35,6 +35,10 @@ class NonFiniteLoss(DptrainError, ValueError):
     """The loss became NaN or infinite (``--on-nan stop``)."""
 
 
+class DataStalled(DptrainError, RuntimeError):
+    """The data workers gave no batch within ``--worker-timeout``: one is stuck in the Dataset."""
+
+
 class RendezvousError(DptrainError, RuntimeError):
     """The processes of a job did not all meet in time."""
 

@@ -26,6 +26,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 from torch.utils.data._utils.collate import default_collate
 
+from ..core.errors import DataStalled
 from .batch import Batch, map_tensors
 from .loader import EpochPlan, TensorLoader
 
@@ -139,7 +140,7 @@ class DatasetLoader(EpochPlan):
 
     def __init__(self, dataset: Dataset, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, pin_memory: bool = False,
-                 **plan: Any):
+                 worker_timeout: float = 0.0, **plan: Any):
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
             raise TypeError(f"{type(dataset).__name__} is not a map-style Dataset (with __len__ and __getitem__): "
                             f"the order of an epoch must depend only on (seed, epoch); index your data")
@@ -151,6 +152,7 @@ class DatasetLoader(EpochPlan):
             raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")
         super().__init__(n, batch_size, **plan)
         self.dataset, self.num_workers = dataset, num_workers
+        self.worker_timeout = worker_timeout if num_workers else 0.0
         self.collate_fn = collate_fn or default_collate
         # A weak reference: in a reference cycle the garbage collector may close the worker
         # queues before the DataLoader says goodbye to its workers, which then linger 5 s each.
@@ -159,7 +161,7 @@ class DatasetLoader(EpochPlan):
         self._loader = DataLoader(_Seeded(dataset), batch_sampler=self._sampler, num_workers=num_workers,
                                   collate_fn=self.collate_fn, pin_memory=pin_memory,
                                   persistent_workers=num_workers > 0, worker_init_fn=_yield_to_training,
-                                  generator=torch.Generator().manual_seed(self.seed))
+                                  timeout=self.worker_timeout, generator=torch.Generator().manual_seed(self.seed))
         self._empty: Optional[Batch] = None
 
     def __iter__(self) -> Iterator[Batch]:
@@ -170,9 +172,33 @@ class DatasetLoader(EpochPlan):
         self._sampler.skip = skip
         parts = [part.stop > part.start for _, part in self.parts(skip)]
         read = iter(self._loader) if any(parts) else iter(())
+        asked = 0
         for has_samples in parts:
-            yield next(read) if has_samples else self.empty_batch()
+            if not has_samples:
+                yield self.empty_batch()
+                continue
+            try:
+                batch = next(read)
+            except RuntimeError as e:
+                if self.worker_timeout and "timed out" in str(e):
+                    raise self._stalled(skip, asked) from None
+                raise
+            asked += 1
+            yield batch
         next(read, None)        # let the DataLoader see the end of its epoch (its workers then wait)
+
+    def _stalled(self, skip: int, asked: int) -> DataStalled:
+        """The error for a batch the workers did not give in time: which worker (batches go
+        to them in turn) and which samples."""
+        order = self.order()
+        parts = [part for _, part in self.parts(skip) if part.stop > part.start]
+        samples = order[parts[asked]].tolist()
+        shown = ", ".join(map(str, samples[:32])) + (", ..." if len(samples) > 32 else "")
+        return DataStalled(
+            f"no batch from the data workers in {self.worker_timeout:g} s: worker {asked % self.num_workers} is "
+            f"stuck reading batch {skip + asked + 1} of epoch {self.epoch + 1} (samples {shown}) in "
+            f"{type(self.dataset).__name__}.__getitem__; fix the Dataset, or allow more time with --worker-timeout "
+            f"(fit: worker_timeout=)")
 
     def example(self) -> Batch:
         """A batch of the first sample (to show a lazy model its input)."""
@@ -211,7 +237,7 @@ def check_sampler(loader: DataLoader) -> None:
 
 
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
-                pin_memory: bool = False, **plan: Any) -> EpochPlan:
+                pin_memory: bool = False, worker_timeout: float = 0.0, **plan: Any) -> EpochPlan:
     """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
     ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, or a ``DataLoader``
     (its dataset, collate function and workers are used; the order and batch size are ours)."""
@@ -226,7 +252,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
                                                        and not isinstance(data, (torch.Tensor, np.ndarray, tuple,
                                                                                  list, dict))):
         return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
-                             pin_memory=pin_memory, **plan)
+                             pin_memory=pin_memory, worker_timeout=worker_timeout, **plan)
     if num_workers:
         raise ValueError("num_workers applies to a Dataset; tensors in memory are gathered without workers")
     return TensorLoader(data, batch_size, **plan)

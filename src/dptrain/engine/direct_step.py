@@ -46,7 +46,11 @@ def direct_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
         value, count = whole_loss(engine, shard, device)
     with trace.span("backward", 0) if traced else _NO_CHANGE:
         value.backward()
-    stepped, norm = engine.trainer.local_step(skip_nonfinite, engine.clip_grad_norm)
+    if skip_nonfinite and not bool(torch.isfinite(value)):     # (a mean over no target, say): no update
+        engine.trainer.discard_gradients()
+        stepped, norm = False, None
+    else:
+        stepped, norm = engine.trainer.local_step(skip_nonfinite, engine.clip_grad_norm)
     loss = value.detach()
     if not stepped:
         loss = torch.full_like(loss, float("nan"))

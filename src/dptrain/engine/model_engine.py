@@ -46,6 +46,11 @@ def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
                         f"forward=fn(model, batch) -> (output, target)") from None
 
 
+def nothing_counted(denominator: Count) -> bool:
+    """Whether a known denominator is 0 (a number: no wait): the batch's mean is 0/0."""
+    return not isinstance(denominator, torch.Tensor) and denominator is not None and denominator == 0
+
+
 class ModelEngine:
     """Train and evaluate ``task.model`` data-parallel on ``devices``.
 
@@ -231,6 +236,9 @@ class ModelEngine:
         before = denominator
         plan = self._plan(micro[-1], sizes)
         n += plan.n
+        if plan.known and self.trainer.world_size == 1 and nothing_counted(plan.denominator(before)):
+            self.trainer.discard_gradients()    # every target ignored (or weighing 0): a NaN mean, no update
+            return StepResult(torch.full((), math.nan, dtype=torch.float64, device=self.devices[0]), 0, False)
         outcome = self.trainer.step_with(plan.compute(timed), plan.denominator(before) if plan.known else
                                          lambda: add_counts(before, plan.shard_counts()),
                                          ignore_stale_grad=True, skip_nonfinite=skip_nonfinite,

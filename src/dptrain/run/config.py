@@ -85,6 +85,9 @@ class TrainConfig:
                                         metavar="N")
     eval_batches: Optional[int] = option(None, "evaluate on the first N test batches only", Whole(1), metavar="N")
     num_workers: int = option(0, "background processes reading a Dataset", Whole(0), metavar="N")
+    worker_timeout: float = option(300.0, "with --num-workers: how long to wait for a batch from the data workers "
+                                   "before naming the stuck one and ending the run", Positive(" of seconds"),
+                                   metavar="S")
     sync_batchnorm: bool = option(False, "BatchNorm statistics over the whole batch, not per device", Switch(),
                                   flag="--sync-bn")
     amp: Optional[str] = option(None, "mixed precision (autocast) for the forward", Choice([None, "bf16", "fp16"],

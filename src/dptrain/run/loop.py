@@ -281,7 +281,8 @@ class Run:
             kept = f"; the last good checkpoint is kept in {self.config.checkpoint_dir}" \
                 if self.config.checkpoint_dir else ""
             raise NonFiniteLoss(f"the loss became NaN or infinite at epoch {epoch}, batch {decision.bad_batch}: "
-                                f"lower --lr, or pass --on-nan skip to skip such batches{kept}")
+                                f"lower --lr, or pass --on-nan skip to skip such batches (a batch whose targets "
+                                f"are all ignore_index, or weigh 0 in all, has a NaN mean, as in PyTorch){kept}")
         if decision.signum is None:
             return decision.requested
         resolve(0, batch)           # what the steps still in flight say, before a save

@@ -1,0 +1,32 @@
+"""The everyday-programs suite (issue 22) runs, in its smoke mode, so it cannot rot: every
+framework's loop on a program in one process and in two."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
+    pytest.importorskip("accelerate")
+    out = tmp_path / "programs.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke",
+                           "--programs", "tiny-mlp,hf-style", "--processes", "tiny-mlp", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    got = {(r["part"], r["program"], r["variant"]) for r in rows}
+    for variant in ("plain loop", "plain loop, tensors indexed", "dptrain, 1 device", "dptrain, auto",
+                    "dptrain, 2 virtual devices", "accelerate"):
+        assert ("1 process", "tiny-mlp", variant) in got
+    assert ("1 process", "hf-style", "dptrain, 1 device") in got
+    assert {v for p, prog, v in got if p == "2 processes"} == {"ddp", "accelerate", "dptrain"}
+    assert all(r["step_us"] > 0 for r in rows)
+    mine = next(r for r in rows if r["variant"] == "dptrain, 1 device" and r["program"] == "tiny-mlp")
+    assert "x plain loop" in mine and "x accelerate" in mine
