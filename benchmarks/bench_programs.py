@@ -84,8 +84,11 @@ def launched(framework: str, name: str, epochs: int, samples: int = 0) -> Dict[s
         env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "PYTHONUNBUFFERED": "1"}
         start = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"{framework} on {name} failed ({done.returncode}): {done.stderr[-1500:]}")
+        if done.returncode != 0:        # the first worker's traceback, not torchrun's own
+            err = done.stderr
+            first = err.find("Traceback")
+            raise RuntimeError(f"{framework} on {name} failed ({done.returncode}): "
+                               f"{err[first:first + 2500] if first >= 0 else err[-2500:]}")
         result = json.loads(Path(out).read_text())
         result["launch_total"] = time.perf_counter() - start
         return result
