@@ -256,3 +256,28 @@ def test_ctrl_c_in_a_launched_script_ends_in_one_line_with_code_130():
     assert "Traceback" not in out.stderr and "not reached" not in out.stdout
     assert "dptrain: stopped by SIGINT at epoch 1, batch 3 (no --checkpoint-dir: nothing saved)" in out.stderr, \
         out.stderr
+
+
+@pytest.mark.parametrize("endpoint, nnodes, expected", [
+    ("node0:29500", "2", ("node0", 29500)),
+    ("127.0.0.1", "2", ("127.0.0.1", 29400)),           # torchrun's port when none is given
+    ("[::1]:29501", "1:2", ("::1", 29501)),
+    (None, "1", None),
+])
+def test_a_rendezvous_endpoint_is_read_as_host_and_port(endpoint, nnodes, expected, monkeypatch):
+    monkeypatch.setattr("socket.getaddrinfo", lambda *a, **k: [])        # no name service needed
+    from dptrain.distributed.launcher import check_endpoint
+    assert check_endpoint(endpoint, nnodes) == expected
+
+
+@pytest.mark.parametrize("endpoint, nnodes, says", [
+    (None, "2", "--nnodes 2 needs --rdzv-endpoint"),
+    (None, "1:3", "--nnodes 1:3 needs --rdzv-endpoint"),
+    ("node0:0", "2", "give HOST:PORT"),
+    (":29500", "2", "give HOST:PORT"),
+    ("nosuchhost.invalid:29500", "2", "'nosuchhost.invalid' does not resolve"),
+])
+def test_a_rendezvous_endpoint_that_cannot_work_is_refused(endpoint, nnodes, says):
+    from dptrain.distributed.launcher import check_endpoint
+    with pytest.raises(ValueError, match=says.replace("(", r"\(")):
+        check_endpoint(endpoint, nnodes)

@@ -7,6 +7,7 @@ and nothing is initialised.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Optional
 
@@ -61,6 +62,16 @@ class DistEnv:
             local = os.environ.get("LOCAL_RANK", "")
             return cls(rank, world, int(local) if local.isdigit() else rank % max(local_world, 1), local_world)
         return cls.from_environ()
+
+
+def check_host(host: str, what: str, fix: str) -> None:
+    """Refuse at once a host name that does not resolve: the engine would retry it for a
+    minute or two and then print its C++ frames."""
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as e:
+        reason = e.strerror if isinstance(e, socket.gaierror) and e.strerror else str(e)
+        raise ValueError(f"{what}: the host name {host!r} does not resolve ({reason}): {fix}") from None
 
 
 def attempt() -> int:

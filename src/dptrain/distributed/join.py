@@ -23,16 +23,14 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import RendezvousError
-from .env import COLLECTIVE_MARGIN_S, DEFAULT_TIMEOUT_S, DistEnv, choose_backend, store_key
-
-
+from .env import COLLECTIVE_MARGIN_S, DEFAULT_TIMEOUT_S, DistEnv, check_host, choose_backend, store_key
 
 
 def _agent_store() -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
 
 
-def _listening(host: str, port: int) -> bool:
+def listening(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=2):
             return True
@@ -111,7 +109,7 @@ def _why_late(joining: _Join, rank: int, world: int, where: str, timeout_s: floa
     if missing is None:
         host, port = where.rsplit(":", 1)
         if rank != 0 or _agent_store():
-            if _listening(host, int(port)):
+            if listening(host, int(port)):
                 return (f"{where} answers, but not as a rendezvous server: is MASTER_PORT another program's "
                         f"port? {fix}")
             return (f"no rendezvous server at {where} within {timeout_s:g} s: start rank 0 (it hosts it), or "
@@ -135,6 +133,8 @@ def init_distributed(env: DistEnv, backend: str = "auto", use_cuda: bool = False
         torch.cuda.set_device(env.local_rank)
     if not os.environ["MASTER_PORT"].isdigit() or not 0 < int(os.environ["MASTER_PORT"]) < 65536:
         raise ValueError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number (1-65535)")
+    check_host(os.environ["MASTER_ADDR"], f"MASTER_ADDR={os.environ['MASTER_ADDR']}",
+               "give the name or address of the machine running rank 0 (torchrun --master-addr)")
     join(backend, env.rank, env.world_size, timeout_s, timeout_s + COLLECTIVE_MARGIN_S)
     return backend
 

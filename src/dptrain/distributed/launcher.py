@@ -25,16 +25,20 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 import uuid
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..core.devices import host_cores
-from .env import DEFAULT_TIMEOUT_S
+from .env import DEFAULT_TIMEOUT_S, check_host
+from .join import listening
 
 INTERRUPTED = 130
 #: How long the agent lets workers finish their batch and save after SIGINT/SIGTERM.
 INTERRUPT_GRACE_S = 120
 TAIL_LINES = 20
+#: The rendezvous port when --rdzv-endpoint names none (torchrun's).
+RDZV_PORT = 29400
 
 
 def free_port() -> int:
@@ -56,6 +60,38 @@ def parse_nnodes(text: str):
     return low, high
 
 
+def check_endpoint(endpoint: Optional[str], nnodes: str) -> Optional[Tuple[str, int]]:
+    """Several machines meet at ``--rdzv-endpoint HOST[:PORT]``: it must be given, and its host
+    must resolve (the engine would retry a name that does not for minutes). Returns (host, port)."""
+    if endpoint is None:
+        if parse_nnodes(nnodes)[1] > 1:
+            raise ValueError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, the same on every machine (HOST: "
+                             f"one of them, which hosts the rendezvous), and the same --rdzv-id")
+        return None
+    host, colon, port = endpoint.rpartition(":") if not endpoint.endswith("]") else (endpoint, "", "")
+    host = host.strip("[]") if colon else endpoint.strip("[]")
+    if not host or (colon and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise ValueError(f"--rdzv-endpoint {endpoint!r}: give HOST:PORT, e.g. node0:29500")
+    check_host(host, f"--rdzv-endpoint {endpoint}",
+               "give the name or address of the machine hosting the rendezvous, as the other machines reach it")
+    return host, int(port) if colon else RDZV_PORT
+
+
+def _reachable(host: str, port: int, timeout_s: float) -> bool:
+    """Whether the rendezvous at host:port answers within ``timeout_s`` (always, when this machine
+    hosts it). Waited here, in Python, so that Ctrl-C works and a host that never answers is one
+    line, not the store's retries with their C++ frames."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+    deadline = time.monotonic() + timeout_s
+    while not _matches_machine_hostname(host):
+        if listening(host, port):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def _launch_config(processes: int, nnodes: str, rdzv_endpoint: Optional[str], rdzv_id: Optional[str],
                    max_restarts: int, timeout_s: float, log_dir: str):
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -68,7 +104,8 @@ def _launch_config(processes: int, nnodes: str, rdzv_endpoint: Optional[str], rd
         role="dptrain",
         rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0",       # one machine: a free port, as torchrun --standalone
-        rdzv_configs={"timeout": int(timeout_s), "join_timeout": int(timeout_s)},
+        # join_timeout: the wait for the other machines; read_timeout: for the store (default 60 s).
+        rdzv_configs={"timeout": int(timeout_s), "join_timeout": int(timeout_s), "read_timeout": int(timeout_s)},
         max_restarts=max_restarts,
         monitor_interval=0.1,                               # a failure is seen within 0.1 s (old defaults: 5)
         start_method="spawn",
@@ -97,6 +134,10 @@ def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpo
         raise ValueError(f"--processes must be at least 1, got {processes}")
     if max_restarts < 0:
         raise ValueError(f"--max-restarts must be at least 0, got {max_restarts}")
+    endpoint = check_endpoint(rdzv_endpoint, nnodes)
+    if endpoint is not None and not _reachable(*endpoint, timeout_s):
+        print(_unreachable(rdzv_endpoint, timeout_s, "nothing answers"), file=sys.stderr)
+        return 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, host_cores() // processes)))
     os.environ["DPTRAIN_LAUNCHED"] = "1"
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(INTERRUPT_GRACE_S)
@@ -119,13 +160,32 @@ def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpo
             print(f"dptrain: {signal.Signals(e.sigval).name}: all workers stopped", file=sys.stderr)
             return INTERRUPTED
         except RendezvousError as e:
-            # Several machines: the agent hosting the rendezvous ended (say, after a worker of
-            # its failed), and this agent lost it while watching its own workers.
-            where = rdzv_endpoint or "this machine"
-            print(f"dptrain: error: lost the job's rendezvous at {where} ({type(e).__name__}): the machine "
-                  f"hosting it ended or cannot be reached; its output says why. Stopped the workers here",
-                  file=sys.stderr)
+            print(_rendezvous_failed(e, rdzv_endpoint or "this machine", nnodes, timeout_s,
+                                     started=bool(os.listdir(log_dir))), file=sys.stderr)
             return 1
+
+
+def _rendezvous_failed(e: BaseException, where: str, nnodes: str, timeout_s: float, started: bool) -> str:
+    """The one line for a rendezvous that failed: the other machines never came, the host of the
+    rendezvous could not be reached, or (once the workers ran) the machine hosting it ended."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    low = parse_nnodes(nnodes)[0]
+    if isinstance(e, RendezvousTimeoutError):
+        return (f"dptrain: error: fewer than the {low} machines of --nnodes {nnodes} joined the rendezvous at "
+                f"{where} within {timeout_s:g} s (--timeout): start the same command on the other machines, "
+                f"with the same --rdzv-endpoint and --rdzv-id")
+    if not started:
+        return _unreachable(where, timeout_s, type(e).__name__)
+    # Several machines: the agent hosting the rendezvous ended (say, after a worker of
+    # its failed), and this agent lost it while watching its own workers.
+    return (f"dptrain: error: lost the job's rendezvous at {where} ({type(e).__name__}): the machine "
+            f"hosting it ended or cannot be reached; its output says why. Stopped the workers here")
+
+
+def _unreachable(where: str, timeout_s: float, why: str) -> str:
+    return (f"dptrain: error: no rendezvous at {where} within {timeout_s:g} s (--timeout; {why}): start the "
+            f"job on the machine {where.rsplit(':', 1)[0]} first (it hosts the rendezvous), or check "
+            f"--rdzv-endpoint and that its port is open")
 
 
 def _describe(code: int) -> str:
