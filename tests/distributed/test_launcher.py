@@ -281,3 +281,23 @@ def test_a_rendezvous_endpoint_that_cannot_work_is_refused(endpoint, nnodes, say
     from dptrain.distributed.launcher import check_endpoint
     with pytest.raises(ValueError, match=says.replace("(", r"\(")):
         check_endpoint(endpoint, nnodes)
+
+
+@pytest.mark.parametrize("how", ["torchrun variables", "--nnodes 2"])
+def test_ctrl_c_while_waiting_for_a_peer_says_so_in_one_line(data_dir, how):
+    """A peer (or machine) that never comes, then Ctrl-C: one line saying what was interrupted."""
+    port = free_port()
+    if how == "--nnodes 2":
+        args, env = ["--nnodes", "2", "--processes", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"], {}
+        said = "dptrain: interrupted"
+    else:
+        args, env = [], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        said = "dptrain: interrupted (while joining the process group as rank 0 of 2)"
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [said], err

@@ -30,6 +30,7 @@ from typing import List, Optional
 
 from ..core.devices import device_info, num_gpus, parse_devices
 from ..core.errors import FAILED, INTERRUPTED, USAGE, exit_code
+from ..core.stage import stage_of
 from ..core.user_errors import user_failure
 from ..distributed.env import DEFAULT_TIMEOUT_S, DistEnv, choose_backend, lost_peer
 from ..distributed.launcher import launch, parse_nnodes
@@ -146,7 +147,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         line = lost_peer(e) if isinstance(e, RuntimeError) else None     # a collective's peer went away
         code = FAILED if line is not None else exit_code(e)
         if code == INTERRUPTED:
-            print(f"dptrain: {str(e) or 'interrupted'}", file=sys.stderr)
+            when = stage_of(e) if isinstance(e, KeyboardInterrupt) else None     # Interrupted says where
+            print(f"dptrain: {str(e) or 'interrupted'}" + (f" (while {when})" if when else ""), file=sys.stderr)
             return code
         if args.debug:
             raise

@@ -12,6 +12,8 @@ import os
 import traceback
 from typing import List, Optional, Tuple
 
+from .stage import stage_of
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _SKIPPED = (_PACKAGE, os.path.join("concurrent", "futures") + os.sep, os.sep + "threading.py",
             os.path.join("torch", "nn", "modules", "module.py"))     # nn.Module.__call__
@@ -41,9 +43,17 @@ def user_failure(e: BaseException) -> Optional[Tuple[str, str]]:
         mine = [f for f in traceback.extract_tb(exc.__traceback__) if _theirs(f)]
         head = "Traceback (your code; dptrain's frames left out):\n" + "".join(traceback.format_list(mine)) \
             if mine else ""
-        blocks.append(head + "".join(traceback.format_exception_only(type(exc), exc)))
+        blocks.append(head + _exception_only(exc))
         if i < len(chain) - 1:
             blocks.append(chain[len(chain) - 2 - i][1])      # how the next one came from this one
-    message = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()[-1]
-    where = frames[-1]
-    return "".join(blocks), f"{message} (in your code: {where.filename}, line {where.lineno}, in {where.name})"
+    message = _exception_only(e).strip().splitlines()[-1]
+    where, when = frames[-1], stage_of(e)
+    return "".join(blocks), (f"{message} (in your code: {where.filename}, line {where.lineno}, in {where.name}"
+                             + (f"; while {when})" if when else ")"))
+
+
+def _exception_only(e: BaseException) -> str:
+    """``Type: message``, as Python prints it, without the notes (the stage goes in the line)."""
+    shown = traceback.TracebackException(type(e), e, None)
+    shown.__notes__ = None          # type: ignore[attr-defined]
+    return "".join(shown.format_exception_only())

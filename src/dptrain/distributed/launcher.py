@@ -60,6 +60,14 @@ def parse_nnodes(text: str):
     return low, high
 
 
+def quiet_agent() -> None:
+    """The agent's own log lines off (we say what matters): each of its modules' loggers
+    has a level of its own (torch sets it from ``LOGLEVEL``), so the parent's is not enough."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def check_endpoint(endpoint: Optional[str], nnodes: str) -> Optional[Tuple[str, int]]:
     """Several machines meet at ``--rdzv-endpoint HOST[:PORT]``: it must be given, and its host
     must resolve (the engine would retry a name that does not for minutes). Returns (host, port)."""
@@ -141,7 +149,7 @@ def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpo
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, host_cores() // processes)))
     os.environ["DPTRAIN_LAUNCHED"] = "1"
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(INTERRUPT_GRACE_S)
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)   # we say what matters
+    quiet_agent()
     with tempfile.TemporaryDirectory(prefix="dptrain-workers-") as log_dir:
         config, single = _launch_config(processes, nnodes, rdzv_endpoint, rdzv_id, max_restarts, timeout_s,
                                         log_dir)

@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from ..core.imports import load_object
+from ..core.stage import stage
 from ..engine.task import Task
 from ..run.config import TrainConfig, is_import_spec
 from ..run.session import Log, run_task
@@ -52,4 +53,6 @@ def train(config: TrainConfig, log: Optional[Log] = print, plot: Optional[str] =
     (0.712, ['cpu:0', 'cpu:1'])
     """
     torch.manual_seed(config.seed)      # before the model is built: its initial weights
-    return run_task(task_for(config), config, log, plot)
+    with stage(f"building the task ({config.model or config.recipe})"):
+        task = task_for(config)
+    return run_task(task, config, log, plot)

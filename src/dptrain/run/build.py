@@ -8,6 +8,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 
 from ..callbacks.outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard, Trace
+from ..core.stage import stage
 from ..data.accumulate import Accumulating
 from ..data.dataset_loader import make_loader
 from ..data.loader import TensorLoader
@@ -53,20 +54,24 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     # Before the model is broadcast: a process with another model is named, not a gloo abort.
     collective = get_collective()
     check_agreement(collective, env.rank, describe_settings(task, config, epochs, batch_size, lr))
-    engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp_dtype,
-                         channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb, compile=config.compile,
-                         clip_grad_norm=config.clip_grad_norm)
+    with stage("placing the model on its devices"):
+        engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp_dtype,
+                             channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb,
+                             compile=config.compile, clip_grad_norm=config.clip_grad_norm)
     shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
                  worker_timeout=config.worker_timeout,
                  collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices))
-    train_loader = make_loader(task.load("train_data"), batch_size, shuffle=True, seed=config.seed,
-                               max_batches=config.max_batches, **shard)
-    eval_data = task.load("eval_data")
-    eval_loader = make_loader(eval_data, batch_size, max_batches=config.eval_batches, **shard) \
-        if eval_data is not None else None
+    with stage("loading the training data"):
+        train_loader = make_loader(task.load("train_data"), batch_size, shuffle=True, seed=config.seed,
+                                   max_batches=config.max_batches, **shard)
+    with stage("loading the evaluation data"):
+        eval_data = task.load("eval_data")
+        eval_loader = make_loader(eval_data, batch_size, max_batches=config.eval_batches, **shard) \
+            if eval_data is not None else None
     check_agreement(collective, env.rank, describe_data(train_loader, eval_loader))
     keep_on_device(devices[0], train_loader, eval_loader)
-    engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
+    with stage("trying the model on a training and an evaluation batch, before training"):
+        engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one
         for first in {0, len(train_loader) - 1}:
             engine.compile(next(iter(train_loader.batches(first))))

@@ -23,6 +23,7 @@ from ..core import tracing
 from ..core.devices import format_device
 from ..core.errors import Interrupted, NonFiniteLoss
 from ..core.runner import get_runner
+from ..core.stage import stage
 from ..data.loader import prefetch
 from ..distributed import DistEnv, get_collective
 from ..engine.losses import add_counts
@@ -34,7 +35,7 @@ from .agreement import what_it_trains
 from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
 from .config import TrainConfig, hyperparameters
 from .resume import Position
-from .stopping import GO_ON, Decision, StopRequests
+from .stopping import GO_ON, Decision, StopRequests, say_at_once
 from .tally import Tally
 
 Log = Callable[[str], None]
@@ -64,7 +65,8 @@ class Run:
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
         if auto_devices.wanted(config, task, devices, env.distributed, self.batch_size):     # virtual devices only if they pay
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
-            task, devices = auto_devices.choose(task, config, devices, self.batch_size, say)
+            with stage("choosing the devices (a few steps on each choice)"):
+                task, devices = auto_devices.choose(task, config, devices, self.batch_size, say)
             self.task, self.devices = task, devices
         self.device_names = [format_device(d) for d in devices]
         outputs = builtin_callbacks(config, env)        # before any work: a missing package is said now
@@ -72,22 +74,24 @@ class Run:
             task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
         self.batches = len(self.train_loader)
-        self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
+        with stage("making the learning-rate scheduler"):
+            self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
         self.runner = get_runner(devices)
         self.history: List[Dict[str, Any]] = []
         self.position = Position()
         self.skipped = 0
-        self.epoch, self.step = 1, 0
+        self.epoch, self.step, self.batch = 1, 0, 0
         self.run_ahead = run_ahead(devices)
         # Said at once, by rank 0 (the elastic agent passes a signal on, and says nothing).
-        announce = (lambda line: print(line, file=sys.stderr, flush=True)) if self.is_main else None
+        announce = say_at_once if self.is_main else None
         self.stops = StopRequests(self.collective, announce, config.checkpoint_dir)
         self.stop_reason: Optional[str] = None
         self.balancer = build_balancer(config, self.collective, devices, self.train_loader, env.rank)
         self.callbacks = CallbackList(outputs + list(task.callbacks))
         resume.own_random_streams(config.seed, env.rank, devices)     # dropout masks differ by rank
         if config.resume:                                               # (and this restores them)
-            self.position = resume.resume(self)
+            with stage(f"resuming from {config.checkpoint_dir}"):
+                self.position = resume.resume(self)
         self.epoch = self.position.epoch
 
     # -- what callbacks see --------------------------------------------------------------
@@ -131,7 +135,8 @@ class Run:
 
     def run(self) -> Dict[str, Any]:
         keys = self._eval_keys()
-        self.callbacks.on_fit_start(self)
+        with stage("the callbacks' on_fit_start"):
+            self.callbacks.on_fit_start(self)
         try:
             with self.stops.catching():
                 for epoch in range(self.position.epoch, self.epochs + 1):
@@ -142,14 +147,17 @@ class Run:
             self.callbacks.on_exception(self, e)
             raise
         result = self._result()
-        self.callbacks.on_fit_end(self, result)
+        with stage("the callbacks' on_fit_end"):
+            self.callbacks.on_fit_end(self, result)
         self.log(report.closing_line(result))
         return result
 
     def _epoch(self, epoch: int, keys: List[str]) -> bool:
         """Train, evaluate, tell the callbacks and save one epoch; whether the run stops here."""
-        sec, loss_sum, count, skipped, stopped = self._train_epoch(epoch)
-        evals = self.engine.evaluate(self.eval_loader) if self.eval_loader is not None else {}
+        with stage(lambda: f"training epoch {epoch}, batch {self.batch}"):
+            sec, loss_sum, count, skipped, stopped = self._train_epoch(epoch)
+        with stage(f"evaluating after epoch {epoch}"):
+            evals = self.engine.evaluate(self.eval_loader) if self.eval_loader is not None else {}
         zero = torch.zeros((), dtype=torch.float64, device=self.devices[0])
         local = [torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]).reshape(())
                  for v in (loss_sum, count)] + [evals.get(k, zero) for k in keys]
@@ -159,14 +167,16 @@ class Run:
                                pair_metric_names(self.task.metrics), split, evals.get(COMPUTED, {}))
         if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
             row["skipped"] = skipped
-        if evals:
-            self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
-        self.history.append(row)
-        if self.scheduler is not None and self.task.scheduler_interval == "epoch":
-            self._step_scheduler(row)
-        self.callbacks.on_epoch_end(self, epoch, row)
+        with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
+            if evals:
+                self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
+            self.history.append(row)
+            if self.scheduler is not None and self.task.scheduler_interval == "epoch":
+                self._step_scheduler(row)
+            self.callbacks.on_epoch_end(self, epoch, row)
         stopped = stopped or self.stops.agree()
-        resume.save(self, Position(epoch + 1), [[0.0, 0.0]] * self.world_size)
+        with stage(f"saving after epoch {epoch}"):
+            resume.save(self, Position(epoch + 1), [[0.0, 0.0]] * self.world_size)
         if stopped:
             self.log(f"stopped after epoch {epoch}: {self.stop_reason or 'a callback on another process asked'}")
         return stopped
@@ -218,10 +228,11 @@ class Run:
                 if decision is not GO_ON:
                     ending[0] |= self._decide(decision, epoch, latest, so_far, resolve)
         first_step = (epoch - 1) * self.batches
+        self.batch = at.batch + 1
         with self.runner.coordinating():
             b = at.batch
             for b, batch in enumerate(self._timed(batches) if self.config.trace else batches, start=at.batch + 1):
-                self.step = first_step + b - 1
+                self.step, self.batch = first_step + b - 1, b
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
                 flags = self.stops.before_batch()        # they ride with the gradients
@@ -254,6 +265,7 @@ class Run:
                 if every and b % every == 0 and b < self.batches:
                     resolve(0, b)
                     self._save_mid_epoch(so_far(b))
+                self.batch = b + 1          # the batch read next (a failure while reading names it)
             resolve(0, b)
             ending[0] |= self._decide(self.stops.flush(), epoch, b, so_far, resolve)
         synchronize(self.devices)

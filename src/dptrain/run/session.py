@@ -18,6 +18,7 @@ import torch
 
 from .config import TrainConfig
 from ..core.devices import cpu, num_gpus, parse_devices
+from ..core.stage import stage
 from ..distributed import DistEnv, init_distributed, shutdown_distributed
 from ..outputs.checkpoint import FILENAME
 from ..distributed.env import attempt, choose_backend
@@ -81,14 +82,16 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     devices = process_devices(config.devices, env)
     # Checked even for one process, where it is not used: --backend nccl without GPUs is an error.
     choose_backend(config.backend, use_cuda=any(d.type == "cuda" for d in devices))
-    joined = join_job(env, config.backend, devices, config.timeout)
+    with stage(f"joining the process group as rank {env.rank} of {env.world_size}"):
+        joined = join_job(env, config.backend, devices, config.timeout)
     backend = torch.distributed.get_backend() if env.distributed else None
     beat = Heartbeat(env.rank, env.world_size, config.timeout).start() \
         if env.distributed and "MASTER_PORT" in os.environ else None
     if keep_group and env.distributed:     # a launched script: Ctrl-C ends it in one line, code 130
         end_interrupted_quietly()
     try:
-        run = Run(task, config, env, devices, backend, log if env.rank == 0 else None)
+        with stage("setting up the run"):
+            run = Run(task, config, env, devices, backend, log if env.rank == 0 else None)
         try:
             result = run.run()
         finally:

@@ -15,7 +15,9 @@ is sent.
 from __future__ import annotations
 
 import collections
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Callable, Deque, Iterator, NamedTuple, Optional
@@ -36,6 +38,22 @@ class Decision(NamedTuple):
 
 
 GO_ON = Decision()          # the answer of almost every batch, made once
+
+
+def say_at_once(line: str) -> None:
+    """Write ``line`` to stderr from a signal handler: one ``os.write``, not ``print``. A
+    handler runs between any two bytecodes of the main thread, and inside a ``print`` to
+    stderr that the signal interrupted, where a second ``print`` fails ("reentrant call")
+    or mixes its text into the first's."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):      # a stream without a file (captured)
+        print(line, file=sys.stderr, flush=True)
+        return
+    try:
+        os.write(fd, (line + "\n").encode(errors="replace"))
+    except OSError:
+        pass
 
 
 class StopRequests:
