@@ -261,3 +261,30 @@ def dropout_masks(rank, world):
 def test_every_rank_draws_its_own_dropout_masks():
     a, b = run_workers(dropout_masks)
     assert len(a) == len(b) == 4 and all(x != y for x, y in zip(a, b))
+
+
+def all_ignored(rank, world):
+    """Three batches of four have no target that counts: skipped, or the stop's message."""
+    from dptrain.core.errors import NonFiniteLoss
+    from tests.engine.test_direct_step import data, net
+    X, y = data(64)
+    y[1:] = -100
+    model = net()
+    result = dptrain.fit(model, (X, y), devices=1, epochs=1, batch_size=16, lr=0.1, log=None, on_nan="skip",
+                         optimizer=torch.optim.SGD)
+    try:
+        dptrain.fit(net(), (X, y), devices=1, epochs=1, batch_size=16, lr=0.1, log=None, optimizer=torch.optim.SGD)
+        said = None
+    except NonFiniteLoss as e:
+        said = str(e)
+    return [p.detach().tolist() for p in model.parameters()], result["history"][0]["skipped"], said
+
+
+def test_a_batch_with_no_counted_target_is_skipped_or_named_as_on_one_process():
+    want = all_ignored(0, 1)
+    ranks = run_workers(all_ignored, world_size=2)
+    assert want[1] == 3 and want[2] is not None and "all ignore_index" in want[2]
+    for params, skipped, said in ranks:
+        assert skipped == want[1] and said == want[2]       # the same batch named, not the next one
+        for p, q in zip(params, want[0]):
+            torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)

@@ -38,8 +38,9 @@ class SyncStep:
     ``extras``: a few numbers to sum over the processes with the gradients (the stop flags).
     ``check_finite``: skip the update if a summed gradient is NaN or infinite. ``max_norm``:
     clip the whole summed gradient (every parameter, device and process) to this norm.
-    Filled in by the phases: ``skipped``, ``summed_extras`` (None if they could not ride) and
-    ``grad_norm`` (the norm before clipping, when clipping).
+    Filled in by the phases: ``skipped`` (also when the summed denominator is 0: a batch
+    with no counted target, whose mean is 0/0), ``summed_extras`` (None if they could not
+    ride) and ``grad_norm`` (the norm before clipping, when clipping).
     """
     denominator: Union[Denominator, Callable[[], Denominator]] = None
     extras: Optional[torch.Tensor] = None

@@ -77,8 +77,12 @@ class ProcessSync(GradientSync):
                             torch.as_tensor(local, dtype=torch.float64).reshape(1).clone())[0]
                     scale = reciprocal(total)
                 state["used"], state["scale"] = used, scale
-                # The sums are the same bytes in every process, so all decide alike.
-                step.skipped = step.check_finite and not all(
+                # The sums are the same bytes in every process, so all decide alike. A summed
+                # denominator of 0 (no target counted in any process: a mean of 0/0) is no
+                # update, seen now, not as NaN weights a batch later (read on CPUs only: on a
+                # GPU the read would make the host wait for the device before every update).
+                nothing = isinstance(total, torch.Tensor) and total.device.type == "cpu" and float(total) == 0
+                step.skipped = nothing or step.check_finite and not all(
                     bool(torch.isfinite(b.buffer[:b.numel]).all()) for b in self.reducer.buckets)
 
         def update(i: int, active: Sequence[int]) -> None:
