@@ -200,7 +200,11 @@ def test_ctrl_c_is_answered_at_once_and_a_second_one_stops_now(tmp_path):
     reader = __import__("threading").Thread(target=lambda: lines.extend((time.monotonic(), ln) for ln in proc.stderr),
                                             daemon=True)
     reader.start()
-    time.sleep(4)                                  # inside a batch, well before the first epoch ends
+    deadline = time.monotonic() + 120
+    while not any("a step begins" in ln for _, ln in lines):     # in a batch (a slow start-up is not)
+        assert time.monotonic() < deadline and proc.poll() is None, lines
+        time.sleep(0.05)
+    time.sleep(0.2)
     first = time.monotonic()
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)

@@ -76,10 +76,13 @@ def mlp():
 
 
 def make_slow(config):
-    """The same task with a step that takes a second: a signal lands inside a batch."""
+    """The same task with a step that takes a second and says when it begins: a signal sent
+    after that line lands inside a batch, however slowly the process started."""
+    import sys
     import time
 
     def step(model, batch):
+        print("a step begins", file=sys.stderr, flush=True)
         time.sleep(1.0)
         return nn.functional.cross_entropy(model(batch["features"]), batch["label"])
     task = make(config)
