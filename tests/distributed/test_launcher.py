@@ -296,7 +296,12 @@ def test_ctrl_c_while_waiting_for_a_peer_says_so_in_one_line(data_dir, how):
     proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-    time.sleep(4)
+    from dptrain.distributed.join import listening
+    deadline = time.monotonic() + 120
+    while not listening("127.0.0.1", port):         # the rendezvous is up: it waits for the peer
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+        time.sleep(0.1)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
