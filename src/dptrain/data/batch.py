@@ -97,6 +97,10 @@ def to_device(batch: Batch, device: torch.device, memory_format: Optional[torch.
 
     ``memory_format``: 4-d float tensors (images) take it (channels_last, say)."""
     on_host = device.type == "cpu"
+    if on_host and memory_format is None and type(batch) is tuple and len(batch) == 2:
+        x, y = batch            # the usual batch on a CPU device: nothing to do, nothing rebuilt
+        if type(x) is torch.Tensor and type(y) is torch.Tensor and x.device.type == "cpu" == y.device.type:
+            return batch
 
     def move(t: torch.Tensor) -> torch.Tensor:
         if not (on_host and t.device.type == "cpu"):
@@ -120,6 +124,8 @@ def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
     ``(x, y)``: ``model(x)`` against ``y``; ``(x1, x2, ..., y)``: ``model(x1, x2, ...)``;
     a dict: ``model(**others)`` against its target key (one of ``TARGET_KEYS``).
     """
+    if type(batch) is tuple and len(batch) == 2:        # (x, y), the usual batch: first
+        return ((batch[0],), {}), batch[1]
     if isinstance(batch, Mapping):
         keys = [k for k in TARGET_KEYS if k in batch]
         if len(keys) != 1:
