@@ -11,6 +11,9 @@ turns, ``--repeats`` times:
 2. **Two processes** (``--processes``, each under ``torchrun --nproc-per-node 2``, one
    thread each): DDP with a ``DistributedSampler``, Accelerate (``ACCELERATE_USE_CPU=1``:
    without it, under torchrun on a CPU, it trains each rank alone), and ``dptrain.fit``.
+3. **Evaluation** (``--evaluation``): the plain loop and ``dptrain.fit`` on 1 device, each
+   evaluating a quarter of the data after every epoch; the evaluation's time per batch
+   (dptrain's seen by a callback: the epoch's time to its evaluation's end, less its training).
 
 A step's time is the median over the epochs after the first (the first warms up) of the
 epoch's training loop divided by its steps; ratios are the peer's step time over the
@@ -74,6 +77,13 @@ def one_process_variants(name: str) -> Dict[str, Any]:
     return variants
 
 
+def eval_variants(gpu: bool) -> Dict[str, Any]:
+    """The evaluation part: an evaluation after every epoch, the plain loop's and dptrain's."""
+    device = "cuda" if gpu else "cpu"
+    return {"plain loop": lambda p, e: everyday.run_plain_eval(p, e, device),
+            "dptrain, 1 device": lambda p, e: everyday.run_dptrain_eval(p, e, f"{device}:0")}
+
+
 def launched(framework: str, name: str, epochs: int, samples: int = 0) -> Dict[str, Any]:
     """One framework on one program in 2 processes under torchrun; rank 0's result."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +110,8 @@ def summarise(raw: List[Dict[str, Any]], peers: Dict[str, List[str]]) -> List[Di
     order = {}
     for r in raw:           # programs and variants in the order they first ran
         order.setdefault(r["program"], len(order))
-    variants = list(one_process_variants("tiny-mlp")) + list(gpu_variants("tiny-mlp")) + ["ddp", "accelerate", "dptrain"]
+    variants = list(one_process_variants("tiny-mlp")) + list(gpu_variants("tiny-mlp")) + \
+        ["ddp", "accelerate", "dptrain"]
     keys = sorted({(r["part"], r["program"], r["variant"]) for r in raw},
                   key=lambda k: (k[0], order[k[1]], variants.index(k[2]) if k[2] in variants else 99))
     for part, program, variant in keys:
@@ -121,15 +132,19 @@ def summarise(raw: List[Dict[str, Any]], peers: Dict[str, List[str]]) -> List[Di
 
 def markdown(rows: List[Dict[str, Any]], header: str) -> str:
     lines = [header, ""]
-    for part in ("1 process", "2 processes"):
+    for part in ("1 process", "2 processes", "evaluation"):
         mine = [r for r in rows if r["part"] == part]
         if not mine:
             continue
         ratio_keys = sorted({k for r in mine for k in r if k.startswith("x ")})
-        lines += [f"**{part}**", "", "| program | variant | us/step | set-up s | " + " | ".join(ratio_keys) + " |",
+        unit, setup = ("us/batch", "") if part == "evaluation" else ("us/step", "set-up s")
+        title = "evaluation after each epoch (1 process; a quarter of the data; us per evaluation batch)" \
+            if part == "evaluation" else part
+        lines += [f"**{title}**", "", f"| program | variant | {unit} | {setup} | " + " | ".join(ratio_keys) + " |",
                   "| --- | --- | --- | --- | " + " | ".join("---" for _ in ratio_keys) + " |"]
         for r in mine:
-            lines.append(f"| {r['program']} | {r['variant']} | {r['step_us']:,.0f} | {r['setup_s']} | "
+            lines.append(f"| {r['program']} | {r['variant']} | {r['step_us']:,.0f} | "
+                         f"{'' if part == 'evaluation' else r['setup_s']} | "
                          + " | ".join(str(r.get(k, "")) for k in ratio_keys) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -156,6 +171,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--processes", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
                         help="programs also run in 2 processes ('' for none)")
+    parser.add_argument("--evaluation", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
+                        help="programs whose evaluation is timed too ('' for none)")
     parser.add_argument("--smoke", action="store_true",
                         help="two batches of each program (CI: the suite cannot rot); figures mean nothing")
     parser.add_argument("--gpu", action="store_true", help="one process on cuda:0: the plain loops and dptrain")
@@ -185,6 +202,14 @@ def main() -> None:
             shift = rep % len(variants)         # no variant always runs after the same other one
             for variant, run in variants[shift:] + variants[:shift]:
                 record("1 process", name, variant, rep, run(program, epochs), steps)
+        for name in [n for n in args.evaluation.split(",") if n]:
+            program = everyday.PROGRAMS[name]
+            if args.smoke:
+                program = everyday.shrink(program, 4 * program.batch)
+            variants = list(eval_variants(args.gpu).items())
+            for variant, run in variants[rep % 2:] + variants[:rep % 2]:
+                result = run(program, epochs)
+                record("evaluation", name, variant, rep, result, result["steps"])
         for name in processes:
             program = everyday.PROGRAMS[name]
             samples = 2 * program.batch if args.smoke else 0
@@ -194,7 +219,7 @@ def main() -> None:
             for framework in frameworks[rep % 3:] + frameworks[:rep % 3]:
                 record("2 processes", name, framework, rep, launched(framework, name, epochs, samples), steps)
     peers = {"1 process": ["plain loop", "plain loop, tensors indexed", "accelerate"],
-             "2 processes": ["ddp", "accelerate"]}
+             "2 processes": ["ddp", "accelerate"], "evaluation": ["plain loop"]}
     rows = summarise(raw, peers)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}" + (
         f", {torch.cuda.get_device_name(0)}" if args.gpu else "")

@@ -345,6 +345,90 @@ def run_ddp(program: Program, epochs: int) -> Dict[str, Any]:
     return {"epochs": times, "total": time.perf_counter() - start, "steps": len(loader)}
 
 
+# -- evaluation -------------------------------------------------------------------------------
+def held_out(program: Program) -> Any:
+    """The evaluation part's set: the first quarter of the program's data (its timing is what
+    counts, not what it measures)."""
+    data = program.data()
+    if isinstance(data, tuple):
+        return tuple(t[:len(t) // 4] for t in data)
+    return torch.utils.data.Subset(data, range(len(data) // 4))
+
+
+def _evaluate(program: Program, model: nn.Module, loader, dev: torch.device) -> float:
+    """The plain loop's evaluation: eval mode, no gradients, the loss summed over the set
+    (and the correct predictions, for a classifier), read once at the end."""
+    model.eval()
+    loss_sum = torch.zeros((), device=dev)
+    correct = torch.zeros((), device=dev, dtype=torch.long)
+    with torch.no_grad():
+        for batch in loader:
+            batch = _to(batch, dev)
+            if program.step is not None:
+                n = len(batch["labels"])
+                loss_sum += program.step(model, batch)["loss"] * n
+                continue
+            X, y = (batch[0], batch[1]) if not isinstance(batch, dict) else (batch, batch["labels"])
+            out = model(X) if not isinstance(batch, dict) else \
+                model(**{k: v for k, v in batch.items() if k != "labels"})
+            loss_sum += F.cross_entropy(out, y, reduction="sum")
+            correct += (out.argmax(1) == y).sum()
+    model.train()
+    return float(loss_sum) + float(correct)
+
+
+def run_plain_eval(program: Program, epochs: int, device: str = "cpu") -> Dict[str, Any]:
+    """The plain loop with an evaluation after every epoch; the evaluations' seconds."""
+    start = time.perf_counter()
+    dev = torch.device(device)
+    model = _model(program, dev)
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    loader = _loader(program, program.batch)
+    data = held_out(program)
+    evals = DataLoader(TensorDataset(*data) if isinstance(data, tuple) else data, batch_size=program.batch,
+                       collate_fn=program.collate, num_workers=program.workers, persistent_workers=program.workers > 0)
+    times = []
+    for epoch in range(epochs):
+        _epochs(1, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev)
+        _sync(dev)
+        t = time.perf_counter()
+        _evaluate(program, model, evals, dev)
+        times.append(time.perf_counter() - t)
+    return {"epochs": times, "total": time.perf_counter() - start, "steps": len(evals)}
+
+
+def run_dptrain_eval(program: Program, epochs: int, devices: str = "cpu:0") -> Dict[str, Any]:
+    """``dptrain.fit`` with the same evaluation set; each evaluation's seconds, seen by a
+    callback: from the epoch's start to its evaluation's end, less the epoch's training."""
+    import dptrain
+
+    class EvalTime(dptrain.Callback):
+        def __init__(self):
+            self.began, self.evaluated, self.times = 0.0, 0.0, []
+
+        def on_epoch_start(self, run, epoch):
+            self.began = time.perf_counter()
+
+        def on_evaluate_end(self, run, epoch, metrics):
+            self.evaluated = time.perf_counter()
+
+        def on_epoch_end(self, run, epoch, row):
+            self.times.append(self.evaluated - self.began - row["sec"])
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    timer = EvalTime()
+    kwargs = dict(optimizer=program.optimizer, lr=program.lr, epochs=epochs, batch_size=program.batch,
+                  num_workers=program.workers, log=None, progress=False, devices=devices, callbacks=[timer])
+    if program.collate is not None:
+        kwargs["collate_fn"] = program.collate
+    if program.step is not None:
+        kwargs["step"] = program.step
+    data = held_out(program)
+    n = len(data[0]) if isinstance(data, tuple) else len(data)
+    dptrain.fit(program.model(), program.data(), data, **kwargs)
+    return {"epochs": timer.times, "total": time.perf_counter() - start, "steps": -(-n // program.batch)}
+
+
 FRAMEWORKS = {"plain": run_plain, "plain-tensors": run_plain_tensors, "dptrain": run_dptrain,
               "accelerate": run_accelerate, "ddp": run_ddp}
 

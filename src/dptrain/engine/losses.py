@@ -161,8 +161,7 @@ class LossAdapter:
         output = loss_input(output)
         if self.known:
             self._check(output, target)
-            lazy = self.classification and self.reduction == "mean" and not target.is_floating_point()
-            return self.loss(output, target), LazyCount(target, self.loss) if lazy else self.count(target)
+            return self.loss(output, target), self.lazy_count(target)
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
             return value[0] / value[1], value[1]
@@ -191,6 +190,13 @@ class LossAdapter:
             self._reduction_checked = True
             check_reduction(self.loss, self.reduction, self.declared, output, target, value)
         return value
+
+    def lazy_count(self, target: Any) -> Any:
+        """``count``, as a ``LazyCount`` (computed later, for many batches at once) where it
+        takes tensor operations: cross-entropy's mean over integer targets."""
+        if self.known and self.classification and self.reduction == "mean" and not target.is_floating_point():
+            return LazyCount(target, self.loss)
+        return self.count(target)
 
     def count(self, target: Any) -> Count:
         """The denominator of a batch of ``target``s (a shard or a process's whole batch)."""
