@@ -1,5 +1,5 @@
 """The everyday-programs suite (issue 22) runs, in its smoke mode, so it cannot rot: every
-framework's loop on a program in one process and in two."""
+framework's loop on a program in one process and in two, and the evaluations."""
 import json
 import os
 import subprocess
@@ -16,7 +16,8 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     pytest.importorskip("accelerate")
     out = tmp_path / "programs.json"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke",
-                           "--programs", "tiny-mlp,hf-style", "--processes", "tiny-mlp", "--out", str(out)],
+                           "--programs", "tiny-mlp,hf-style", "--processes", "tiny-mlp", "--evaluation", "text",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -30,3 +31,5 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     assert all(r["step_us"] > 0 for r in rows)
     mine = next(r for r in rows if r["variant"] == "dptrain, 1 device" and r["program"] == "tiny-mlp")
     assert "x plain loop" in mine and "x accelerate" in mine
+    evaluated = next(r for r in rows if r["part"] == "evaluation" and r["variant"] == "dptrain, 1 device")
+    assert evaluated["program"] == "text" and evaluated["step_us"] > 0 and "x plain loop" in evaluated
