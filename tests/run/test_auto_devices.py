@@ -24,7 +24,8 @@ def fit(model, capsys, **kw):
     return result, said
 
 
-def test_a_tiny_model_trains_on_one_device_untouched_by_the_measurement(capsys):
+def test_a_tiny_model_trains_on_one_device_untouched_by_the_measurement(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "MARGIN", 0.0)       # one device, whatever the timings (a busy CI)
     model = tiny()
     result, said = fit(model, capsys)
     assert result["devices"] == ["cpu:0"]
@@ -38,14 +39,28 @@ def test_a_tiny_model_trains_on_one_device_untouched_by_the_measurement(capsys):
         assert torch.equal(a, b)
 
 
-def test_compute_bound_steps_take_the_virtual_devices_without_more_probing(capsys, monkeypatch):
+def test_compute_bound_steps_get_a_short_probe_whose_choice_follows_the_times(capsys, monkeypatch):
     monkeypatch.setattr(auto_devices, "COMPUTE_BOUND_S", 0.0)
+    steps = {1: 0, 2: 0}
+    real = auto_devices.ModelEngine.train_batch
+
+    def counted(self, batch, **kw):
+        steps[len(self.devices)] += 1
+        return real(self, batch, **kw)
+    monkeypatch.setattr(auto_devices.ModelEngine, "train_batch", counted)
+    monkeypatch.setattr(auto_devices, "MARGIN", 0.0)       # one device "faster": kept
     result, said = fit(tiny(), capsys)
-    assert result["devices"] == ["cpu:0", "cpu:1"]
-    assert len(said) == 1 and "compute enough for 2 virtual devices to pay" in said[0]
+    probe = auto_devices.WARM_UP + auto_devices.TIMED // auto_devices.BLOCKS
+    assert steps == {1: probe + 2 * 8, 2: sum(auto_devices.SHORT)}      # the probe, then 2 epochs of 8 steps
+    assert len(said) == 1 and "compute-bound, a short probe" in said[0]
+    assert result["devices"] == ["cpu:0"]
+    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)            # the virtual devices "faster": taken
+    result, said = fit(tiny(), capsys)
+    assert result["devices"] == ["cpu:0", "cpu:1"] and "dptrain: devices auto: cpu:0, cpu:1:" in said[0]
 
 
-def test_no_measurement_where_the_devices_are_given_or_quiet(capsys):
+def test_no_measurement_where_the_devices_are_given_or_quiet(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "MARGIN", 0.0)
     result, said = fit(tiny(), capsys, devices="cpu:0,cpu:1")
     assert result["devices"] == ["cpu:0", "cpu:1"] and said == []
     result, said = fit(tiny(), capsys, log=None)
@@ -60,7 +75,7 @@ def test_the_virtual_devices_are_taken_when_clearly_faster(capsys, monkeypatch):
         if len(self.devices) == 1:
             calls.append(1)
             import time
-            time.sleep(0.01)
+            time.sleep(0.05)
         return real(self, batch, **kw)
     monkeypatch.setattr(auto_devices.ModelEngine, "train_batch", slow_on_one)
     result, said = fit(tiny(), capsys)
