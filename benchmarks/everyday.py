@@ -221,13 +221,17 @@ def _loader(program: Program, batch: int, sampler=None, shuffle: bool = True) ->
                       persistent_workers=program.workers > 0, drop_last=True)
 
 
+def _plain(program: Program, device: str):
+    """The plain loop's device, model, optimizer and DataLoader."""
+    dev = torch.device(device)
+    model = _model(program, dev)
+    return dev, model, program.optimizer(model.parameters(), lr=program.lr), _loader(program, program.batch)
+
+
 def run_plain(program: Program, epochs: int, device: str = "cpu") -> Dict[str, Any]:
     """The plain loop: a DataLoader, ``.to(device)``, forward, backward, step."""
     start = time.perf_counter()
-    dev = torch.device(device)
-    model = _model(program, dev)
-    opt = program.optimizer(model.parameters(), lr=program.lr)
-    loader = _loader(program, program.batch)
+    dev, model, opt, loader = _plain(program, device)
     return {"epochs": _epochs(epochs, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev),
             "total": time.perf_counter() - start, "steps": len(loader)}
 
@@ -380,10 +384,7 @@ def _evaluate(program: Program, model: nn.Module, loader, dev: torch.device) -> 
 def run_plain_eval(program: Program, epochs: int, device: str = "cpu") -> Dict[str, Any]:
     """The plain loop with an evaluation after every epoch; the evaluations' seconds."""
     start = time.perf_counter()
-    dev = torch.device(device)
-    model = _model(program, dev)
-    opt = program.optimizer(model.parameters(), lr=program.lr)
-    loader = _loader(program, program.batch)
+    dev, model, opt, loader = _plain(program, device)
     data = held_out(program)
     evals = DataLoader(TensorDataset(*data) if isinstance(data, tuple) else data, batch_size=program.batch,
                        collate_fn=program.collate, num_workers=program.workers, persistent_workers=program.workers > 0)
