@@ -8,7 +8,7 @@ objects (torchmetrics) are updated per shard and computed over the whole set
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -114,16 +114,17 @@ def _accumulate(out: Dict[str, List[Any]], key: str, value: Any) -> None:
         return
     values.append(value)
     if len(values) >= FOLD_EVERY:
+        out[key] = [_total(values)]
+
+
+def _total(values: List[Any], device: Optional[torch.device] = None) -> torch.Tensor:
+    """The float64 sum of one figure's values on ``device`` (None: where its first tensor
+    is), in a few operations (not two or three per batch: on a GPU each costs host time, on
+    a CPU a small batch's evaluation was 20% bookkeeping)."""
+    if device is None:
         first = next((v for v in values if isinstance(v, (torch.Tensor, LazyCount))), None)
         device = first.device if isinstance(first, torch.Tensor) else \
             first.target.device if first is not None else torch.device("cpu")
-        out[key] = [_total(values, device)]
-
-
-def _total(values: List[Any], device: torch.device) -> torch.Tensor:
-    """The float64 sum of one figure's values on ``device``, in a few operations (not two
-    or three per batch: on a GPU each costs host time, on a CPU a small batch's evaluation
-    was 20% bookkeeping)."""
     lazy = [v for v in values if isinstance(v, LazyCount)]
     tensors = [v.detach().reshape(()) for v in values if isinstance(v, torch.Tensor)]
     number = sum(float(v) for v in values if not isinstance(v, (torch.Tensor, LazyCount)))
