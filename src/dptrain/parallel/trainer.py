@@ -28,7 +28,7 @@ from torch import nn
 from ..core.devices import DeviceLike
 from ..core.runner import get_runner
 from ..distributed.collective import get_collective
-from . import sync
+from . import bare_step, sync
 from .params import devices_of, parameter_lists
 from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer,
                     load_optimizer_state, optimizer_state)
@@ -201,8 +201,8 @@ class Trainer:
         if max_norm is not None:
             grads = [p.grad for p in self._groups[0] if p.grad is not None]
             norm = scale_and_clip_(grads, None, max_norm, grad_norm(grads, self.devices[0]))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        bare_step.step(optimizer)
+        bare_step.zero_grad(optimizer)
         self.optimizer.step()       # marks the step for lr schedulers
         return True, norm
 

@@ -21,6 +21,7 @@ import contextlib
 import torch
 
 from ...core.runner import DeviceRunner
+from .. import bare_step
 
 Grads = List[List[Optional[torch.Tensor]]]     # [device][parameter]
 Params = List[List[torch.Tensor]]               # [device][parameter]
@@ -175,8 +176,8 @@ class GradientSync:
                 norm = scale_and_clip_(grads, scale, step.max_norm, grad_norm(grads, self.devices[i]))
                 if i == 0:
                     step.grad_norm = norm
-            optimizers[i].step()
-            optimizers[i].zero_grad(set_to_none=True)
+            bare_step.step(optimizers[i])
+            bare_step.zero_grad(optimizers[i])
         return [clear_stale, reduce, update]
 
     def step(self, params: Params, active: Sequence[int], step: SyncStep,

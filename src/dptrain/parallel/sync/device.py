@@ -14,6 +14,7 @@ from typing import Dict, List, Sequence
 import torch
 
 from ...core.devices import format_device
+from .. import bare_step
 from .base import GradientSync, Params, Phase, SyncStep, grad_norm, reciprocal, scale_, scale_and_clip_
 
 
@@ -86,7 +87,7 @@ class OwnerDeviceSync(GradientSync):
                 totals_of[k], parts[k], scales[k] = totals, grad_norm(totals, dev), scale
                 return
             scale_(totals, scale)
-            optimizers[k].step()
+            bare_step.step(optimizers[k])
 
         def clip_and_update(k: int, active: Sequence[int]) -> None:
             # The norm of the parts, from the same numbers in the same order on every owner.
@@ -94,7 +95,7 @@ class OwnerDeviceSync(GradientSync):
             norm = scale_and_clip_(totals_of[k], scales[k], step.max_norm, norm)
             if k == 0:
                 step.grad_norm = norm
-            optimizers[k].step()
+            bare_step.step(optimizers[k])
 
         def fetch(i: int, active: Sequence[int]) -> None:
             with torch.no_grad():

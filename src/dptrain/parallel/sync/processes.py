@@ -7,6 +7,7 @@ from typing import ContextManager, List, Sequence
 import torch
 
 from ...core.runner import DeviceRunner
+from .. import bare_step
 from ...distributed.collective import Collective
 from .base import GradientSync, Params, Phase, SyncStep, clip_, grad_norm, reciprocal, resolve
 from .buckets import DEFAULT_BUCKET_MB, BucketReducer
@@ -93,11 +94,11 @@ class ProcessSync(GradientSync):
                     norm = clip_(grads, grad_norm(grads, self.devices[i]), step.max_norm)
                     if i == 0:
                         step.grad_norm = norm
-                optimizers[i].step()
+                bare_step.step(optimizers[i])
             if self.reducer.views:
                 self.reducer.reset()
             else:
-                optimizers[i].zero_grad(set_to_none=True)
+                bare_step.zero_grad(optimizers[i])
             if i == 0:
                 self.reducer.prepare()
         return [reduce, update]
