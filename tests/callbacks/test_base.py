@@ -115,3 +115,28 @@ def test_the_run_a_callback_sees():
                 callbacks=[Look()], log=None, progress=False)
     assert seen == {"rank": 0, "world": 1, "main": True, "epochs": 2, "batches": 6, "model": model, "devices": 2,
                     "metrics": ["test_loss"], "steps": 12, "history": 2}
+
+
+@pytest.mark.parametrize("with_eval", [True, False])
+def test_the_epoch_hooks_come_in_order_and_evaluate_start_only_with_an_evaluation_set(with_eval):
+    calls = []
+
+    class Order(dptrain.Callback):
+        def on_epoch_start(self, run, epoch):
+            calls.append(("epoch_start", epoch))
+
+        def on_evaluate_start(self, run, epoch):
+            calls.append(("evaluate_start", epoch, run.model.training))
+
+        def on_evaluate_end(self, run, epoch, metrics):
+            calls.append(("evaluate_end", epoch))
+
+        def on_epoch_end(self, run, epoch, row):
+            calls.append(("epoch_end", epoch))
+    dptrain.fit(nn.Linear(5, 1), regression(), regression(40, 1) if with_eval else None, loss=nn.MSELoss(),
+                epochs=2, batch_size=16, devices=1, callbacks=[Order()], log=None, progress=False)
+    if with_eval:
+        assert calls == [("epoch_start", 1), ("evaluate_start", 1, True), ("evaluate_end", 1), ("epoch_end", 1),
+                         ("epoch_start", 2), ("evaluate_start", 2, True), ("evaluate_end", 2), ("epoch_end", 2)]
+    else:
+        assert calls == [("epoch_start", 1), ("epoch_end", 1), ("epoch_start", 2), ("epoch_end", 2)]

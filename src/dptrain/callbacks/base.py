@@ -80,6 +80,9 @@ class Callback:
     def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
         """After every training step."""
 
+    def on_evaluate_start(self, run: Any, epoch: int) -> None:
+        """Before an epoch's evaluation (only with an evaluation set)."""
+
     def on_evaluate_end(self, run: Any, epoch: int, metrics: Dict[str, float]) -> None:
         """After an epoch's evaluation: ``metrics`` are the ``test_*`` figures over every process."""
 
@@ -103,8 +106,8 @@ class Callback:
         """Take back what ``state_dict`` gave, when a run resumes."""
 
 
-HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_start", "on_batch_end", "on_evaluate_end", "on_epoch_end",
-         "on_checkpoint", "on_fit_end", "on_exception")
+HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_start", "on_batch_end", "on_evaluate_start", "on_evaluate_end",
+         "on_epoch_end", "on_checkpoint", "on_fit_end", "on_exception")
 
 
 class CallbackList:

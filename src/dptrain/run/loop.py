@@ -156,8 +156,11 @@ class Run:
         """Train, evaluate, tell the callbacks and save one epoch; whether the run stops here."""
         with stage(lambda: f"training epoch {epoch}, batch {self.batch}"):
             sec, loss_sum, count, skipped, stopped = self._train_epoch(epoch)
-        with stage(f"evaluating after epoch {epoch}"):
-            evals = self.engine.evaluate(self.eval_loader) if self.eval_loader is not None else {}
+        evals = {}
+        if self.eval_loader is not None:
+            with stage(f"evaluating after epoch {epoch}"):
+                self.callbacks.on_evaluate_start(self, epoch)
+                evals = self.engine.evaluate(self.eval_loader)
         zero = torch.zeros((), dtype=torch.float64, device=self.devices[0])
         local = [torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]).reshape(())
                  for v in (loss_sum, count)] + [evals.get(k, zero) for k in keys]
