@@ -34,6 +34,7 @@ from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_lea
                     load_optimizer_state, optimizer_state)
 from .phases import run_fused
 from .replicas import Replicas
+from .step_checks import active_parameters, check_denominator
 from .sync import Denominator, GradientSync, SyncStep
 from .sync.base import grad_norm, scale_and_clip_
 from .sync.buckets import DEFAULT_BUCKET_MB
@@ -261,36 +262,10 @@ class Trainer:
         return self.collective.world_size
 
     def _check_denominator(self, batch_size: Denominator) -> None:
-        if batch_size is None or isinstance(batch_size, torch.Tensor) or callable(batch_size):
-            return
-        # With several processes, one may have no sample in a last, small batch. A float is a
-        # weighted count (class-weighted cross-entropy): any positive number.
-        several = self.collective.world_size > 1
-        least = 0 if several else 1
-        ok = not isinstance(batch_size, bool) and isinstance(batch_size, (int, float)) and \
-            batch_size != float("inf") and (batch_size >= least if isinstance(batch_size, int)
-                                            else batch_size >= 0 if several else batch_size > 0)
-        if not ok:
-            raise ValueError(f"step needs the batch size (a number >= {least}, or a positive weighted count), "
-                             f"got {batch_size!r}")
+        check_denominator(batch_size, self.collective.world_size > 1)
 
     def _active(self, ignore_stale_grad: bool) -> List[int]:
-        """Indices of the parameters to update. Without ``ignore_stale_grad``: every parameter
-        must have a gradient on every device (else an error). With it: those with a gradient
-        on some device (the devices that did not use one count as zeros, as one device on the
-        whole batch would); a parameter no device used is not updated this step."""
-        active = []
-        for j in range(len(self._groups[0])):
-            missing = [i for i, g in enumerate(self._groups) if g[j].grad is None]
-            if not missing or (ignore_stale_grad and len(missing) < len(self._groups)):
-                active.append(j)
-            elif not ignore_stale_grad:
-                raise ValueError(
-                    f"parameter {self._name(j)} got no gradient on device(s) "
-                    f"{', '.join(str(self.devices[i]) for i in missing)} since the last step: the "
-                    f"model used only some of its parameters. Call step(batch_size, "
-                    f"ignore_stale_grad=True) to skip such parameters")
-        return active
+        return active_parameters(self._groups, ignore_stale_grad, self.devices, self._name)
 
     def _broadcast_buffers(self) -> None:
         # As DistributedDataParallel does: running statistics follow device 0 of rank 0, so
