@@ -196,3 +196,26 @@ def test_a_data_worker_stuck_in_getitem_is_named_with_its_samples_not_waited_on_
         list(loader.batches())
     assert time.monotonic() - start < 60
     loader.close()
+
+
+class _Niceness(Dataset):
+    """Each sample: the priority (nice value) of the process reading it."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import os
+        return torch.tensor(os.nice(0))
+
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_reading_workers_run_below_the_training_threads_only_when_asked(lower):
+    import os
+    loader = make_loader(_Niceness(), 2, num_workers=1, lower_priority=lower)
+    try:
+        seen = {int(v) for batch in loader.batches() for v in batch}
+    finally:
+        loader.close()
+    here = os.nice(0)
+    assert seen == ({min(here + 10, 19)} if lower else {here})

@@ -104,8 +104,11 @@ class _Seeded(Dataset):
 
 
 def _yield_to_training(worker_id: int) -> None:
-    """Readers run at a lower priority than the training threads: on a machine whose cores all
-    compute, a reader that preempts one device thread stalls every device at the next step."""
+    """Readers run at a lower priority than the training threads (``lower_priority``): with
+    several device threads on a machine whose cores all compute, a reader that preempts one
+    stalls every device at the next step. Not with one device: there the readers' share of
+    the cores is what the plain DataLoader gives them (the CNN of issue 22 evaluated at
+    0.90x the plain loop with lowered readers, 0.96x without; benchmarks/RESULTS.md)."""
     try:
         os.nice(10)
     except (AttributeError, OSError):
@@ -140,7 +143,7 @@ class DatasetLoader(EpochPlan):
 
     def __init__(self, dataset: Dataset, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, pin_memory: bool = False,
-                 worker_timeout: float = 0.0, **plan: Any):
+                 worker_timeout: float = 0.0, lower_priority: bool = False, **plan: Any):
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
             raise TypeError(f"{type(dataset).__name__} is not a map-style Dataset (with __len__ and __getitem__): "
                             f"the order of an epoch must depend only on (seed, epoch); index your data")
@@ -160,7 +163,8 @@ class DatasetLoader(EpochPlan):
         # Its own generator: making an iterator draws a seed, which must not move the caller's RNG.
         self._loader = DataLoader(_Seeded(dataset), batch_sampler=self._sampler, num_workers=num_workers,
                                   collate_fn=self.collate_fn, pin_memory=pin_memory,
-                                  persistent_workers=num_workers > 0, worker_init_fn=_yield_to_training,
+                                  persistent_workers=num_workers > 0,
+                                  worker_init_fn=_yield_to_training if lower_priority else None,
                                   timeout=self.worker_timeout, generator=torch.Generator().manual_seed(self.seed))
         self._empty: Optional[Batch] = None
 
@@ -237,10 +241,12 @@ def check_sampler(loader: DataLoader) -> None:
 
 
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
-                pin_memory: bool = False, worker_timeout: float = 0.0, **plan: Any) -> EpochPlan:
+                pin_memory: bool = False, worker_timeout: float = 0.0, lower_priority: bool = False,
+                **plan: Any) -> EpochPlan:
     """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
     ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, or a ``DataLoader``
-    (its dataset, collate function and workers are used; the order and batch size are ours)."""
+    (its dataset, collate function and workers are used; the order and batch size are ours).
+    ``lower_priority``: the reading workers run below the training threads (``_yield_to_training``)."""
     if isinstance(data, DataLoader):
         check_sampler(data)
         collate_fn = collate_fn or data.collate_fn
@@ -252,7 +258,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
                                                        and not isinstance(data, (torch.Tensor, np.ndarray, tuple,
                                                                                  list, dict))):
         return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
-                             pin_memory=pin_memory, worker_timeout=worker_timeout, **plan)
+                             pin_memory=pin_memory, worker_timeout=worker_timeout, lower_priority=lower_priority,
+                             **plan)
     if num_workers:
         raise ValueError("num_workers applies to a Dataset; tensors in memory are gathered without workers")
     return TensorLoader(data, batch_size, **plan)

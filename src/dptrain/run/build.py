@@ -60,7 +60,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                              compile=config.compile, clip_grad_norm=config.clip_grad_norm)
     shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
                  worker_timeout=config.worker_timeout,
-                 collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices))
+                 collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices),
+                 lower_priority=len(devices) > 1 and all(d.type == "cpu" for d in devices))
     with stage("loading the training data"):
         train_loader = make_loader(task.load("train_data"), batch_size, shuffle=True, seed=config.seed,
                                    max_batches=config.max_batches, **shard)
