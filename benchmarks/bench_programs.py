@@ -228,8 +228,8 @@ def main() -> None:
     command = "python " + " ".join(sys.argv)
     save_result({"rows": rows, "raw": raw, "smoke": args.smoke}, command, args.out)
     header = (f"Machine: {machine}. Command: `{command}`; {repeats} repetitions, {epochs} epochs each "
-              f"(the first not timed), variants in turns. Ratios: the peer's step time over this variant's "
-              f"(above 1: faster), paired per repetition, medians.")
+              f"(the first not timed; a step: the fastest of the others), variants in turns. Ratios: the peer's "
+              f"step time over this variant's (above 1: faster), paired per repetition, medians.")
     text = markdown(rows, header)
     print(text)
     if not args.smoke and not args.gpu:
