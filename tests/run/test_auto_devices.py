@@ -39,24 +39,63 @@ def test_a_tiny_model_trains_on_one_device_untouched_by_the_measurement(capsys, 
         assert torch.equal(a, b)
 
 
-def test_compute_bound_steps_get_a_short_probe_whose_choice_follows_the_times(capsys, monkeypatch):
-    monkeypatch.setattr(auto_devices, "COMPUTE_BOUND_S", 0.0)
+def counting(monkeypatch, fail_below=0):
+    """Counts ``train_batch`` calls by device count; batches under ``fail_below`` raise (a
+    model whose shapes are fixed to its batch)."""
     steps = {1: 0, 2: 0}
     real = auto_devices.ModelEngine.train_batch
 
     def counted(self, batch, **kw):
+        if batch[0].shape[0] < fail_below:
+            raise RuntimeError("shape '[64, -1]' is invalid for input of size 16")
         steps[len(self.devices)] += 1
         return real(self, batch, **kw)
     monkeypatch.setattr(auto_devices.ModelEngine, "train_batch", counted)
-    monkeypatch.setattr(auto_devices, "MARGIN", 0.0)       # one device "faster": kept
+    return steps
+
+
+def test_a_model_too_slow_to_measure_within_the_budget_keeps_one_device_after_a_small_look(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 0.0)       # every step "too long"
+    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)         # were the virtual devices measured, they would win
+    steps = counting(monkeypatch)
     result, said = fit(tiny(), capsys)
-    probe = auto_devices.WARM_UP + auto_devices.TIMED // auto_devices.BLOCKS
-    assert steps == {1: probe + 2 * 8, 2: sum(auto_devices.SHORT)}      # the probe, then 2 epochs of 8 steps
-    assert len(said) == 1 and "compute-bound, a short probe" in said[0]
+    assert steps == {1: 2 + 2 * 8, 2: 0}           # two steps on PEEK samples, then 2 epochs of 8 steps
     assert result["devices"] == ["cpu:0"]
-    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)            # the virtual devices "faster": taken
+    assert len(said) == 1 and said[0].startswith("dptrain: devices auto: cpu:0: a step of 2 samples took ")
+    assert "so measuring 2 virtual devices would take over 0.0 s and 1% of this run's 16 steps: not measured" in said[0]
+    assert "devices=" in said[0]
+
+
+def test_a_run_long_enough_to_pay_for_the_measurement_is_measured_however_slow_its_steps(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 0.0)       # every step "too long" ...
+    monkeypatch.setattr(auto_devices, "FRACTION", 1.0)       # ... but the run's 16 steps pay for the 16 measured
+    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)
+    steps = counting(monkeypatch)
     result, said = fit(tiny(), capsys)
-    assert result["devices"] == ["cpu:0", "cpu:1"] and "dptrain: devices auto: cpu:0, cpu:1:" in said[0]
+    per_side = auto_devices.WARM_UP + auto_devices.TIMED
+    assert steps == {1: per_side, 2: per_side + 2 * 8}         # no small look: the probe, then the run
+    assert result["devices"] == ["cpu:0", "cpu:1"] and "(median of 6)" in said[0]
+
+
+def test_without_the_small_look_the_first_full_steps_decide(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 0.0)
+    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)
+    monkeypatch.setattr(auto_devices, "PEEK", 64)          # the batch is no larger: no small look
+    steps = counting(monkeypatch)
+    result, said = fit(tiny(), capsys)
+    assert steps == {1: auto_devices.WARM_UP + 2 * 8, 2: 0}
+    assert result["devices"] == ["cpu:0"] and said[0].startswith("dptrain: devices auto: cpu:0: a step took ")
+    assert "not measured" in said[0]
+
+
+def test_a_model_that_cannot_take_the_small_look_is_measured_as_usual(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)          # the virtual devices "faster": taken
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)
+    steps = counting(monkeypatch, fail_below=16)               # PEEK samples raise; 32 a device do not
+    result, said = fit(tiny(), capsys)
+    per_side = auto_devices.WARM_UP + auto_devices.TIMED
+    assert steps == {1: per_side, 2: per_side + 2 * 8}
+    assert result["devices"] == ["cpu:0", "cpu:1"] and "(median of 6)" in said[0]
 
 
 def test_no_measurement_where_the_devices_are_given_or_quiet(capsys, monkeypatch):
@@ -68,6 +107,7 @@ def test_no_measurement_where_the_devices_are_given_or_quiet(capsys, monkeypatch
 
 
 def test_the_virtual_devices_are_taken_when_clearly_faster(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)       # the slowed steps measured all the same
     calls = []
     real = auto_devices.ModelEngine.train_batch
 

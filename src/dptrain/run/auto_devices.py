@@ -6,15 +6,18 @@ more than the compute saved: the tiny MLP of issue 22 took 3x longer a step. So 
 GPU, ``auto`` measures: a few real steps of the model on the first batch, on one device and
 on the virtual devices, in turns, on copies of the model (the run itself is untouched, the
 random state too); the virtual devices are chosen only when their median step is clearly
-shorter (``MARGIN``), and one line says what was chosen and why. A step of more than
-``COMPUTE_BOUND_S`` on one device is compute-bound: the virtual devices then get a short probe
-(``SHORT``: one warm-up and two timed steps; the fastest of each side counts) rather than the
-full one, which would cost many seconds. (They were once taken there unmeasured, on the guess
-that a long step's compute pays for a split: ResNet-18 at batch 64 then ran 0.82x one device's
-speed; intra-op threads split large operations well.) Several processes,
-GPUs, explicit ``devices=``, per-device recipes (whose batch depends on the device count),
-resumed runs (which keep the devices they were started on) and runs with loading workers
-(see ``wanted``) are not probed.
+shorter (``MARGIN``), and one line says what was chosen and why.
+
+The measurement costs at most about ``BUDGET_S`` (issue 22: a run's set-up within 0.5 s of a
+plain loop's), or ``FRACTION`` of the run's estimated time if that is more: a first look (two
+steps on ``PEEK`` samples) and the first steps on one device say what it would cost, and a
+short run of a model too slow for it keeps one device, unmeasured, and says so. (It once ran
+everywhere: ResNet-18's 24 steps of the everyday suite then took 6 s of set-up.) The long
+runs are measured because no rule read off the model holds: on this 2-core CPU two virtual
+devices ran LeNet at batch 1024 1.6x faster than one device in one process and no faster in
+another, ResNet-18 at batch 16 0.87x (RESULTS.md, session 12). Several processes, GPUs, explicit ``devices=``,
+per-device recipes (whose batch depends on the device count), resumed runs (which keep the
+devices they were started on) and runs with loading workers (see ``wanted``) are not probed.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import copy
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -33,9 +36,11 @@ from ..engine.task import Task
 from .config import TrainConfig
 
 WARM_UP, TIMED, BLOCKS = 2, 6, 2        # steps on each side, in blocks
+STEPS = 2 * (WARM_UP + TIMED)           # the measurement's steps, both sides
 MARGIN = 0.95                # the virtual devices' step must be this fraction of one device's, or less
-COMPUTE_BOUND_S = 0.25
-SHORT = 1, 2                 # warm-up and timed steps of the virtual devices for a compute-bound model
+BUDGET_S = 0.4               # the measurement's steps' seconds, at most about (module docstring)
+FRACTION = 0.01              # ... or this fraction of the run's estimated seconds, if more
+PEEK = 2                     # samples of the first look's steps
 
 
 def kvstore(task: Task, config: TrainConfig) -> Optional[str]:
@@ -56,33 +61,47 @@ def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distrib
             and not config.num_workers)
 
 
-def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_size: int,
+def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_size: int, epochs: int,
            log: Callable[[str], None]) -> Tuple[Task, List[torch.device]]:
-    """The devices to train on (see the module docstring), and the task with its training
-    data loaded (so a data factory runs once)."""
+    """The devices to train on for ``epochs`` (see the module docstring), and the task with
+    its training data loaded (so a data factory runs once)."""
     data = task.load("train_data")
     task = dataclasses.replace(task, train_data=data)
     loader = make_loader(data, batch_size, collate_fn=task.collate_fn, shuffle=False, seed=0)
     batch = next(iter(loader.batches()))
     n = len(devices)
+    steps = _steps(loader, epochs)
+    short = steps is None or STEPS > FRACTION * steps      # the budget is BUDGET_S (else the run's FRACTION)
     rng = torch.get_rng_state()
-    engines = {}
+    engines: Dict[int, ModelEngine] = {}
+    slow: Optional[str] = None
+    times: Dict[int, List[float]] = {1: [], n: []}
     try:
-        engines = {k: _engine(task, config, devices[:k], loader.example()) for k in (1, n)}
-        times = {1: [], n: []}
-        for block in range(2 * BLOCKS):           # in blocks, as the loop runs them (and alternating)
+        engines[1] = _engine(task, config, devices[:1], loader.example())
+        if short:
+            slow = _peek(engines, lambda: _engine(task, config, devices[:1], loader.example()),
+                         _first(data, task, batch_size))
+        if slow is None:
+            engines[n] = _engine(task, config, devices, loader.example())
+        for block in range(2 * BLOCKS if slow is None else 0):     # in blocks, as the loop runs them (and alternating)
             k = (1, n)[block % 2] if block // 2 % 2 == 0 else (n, 1)[block % 2]
             with engines[k].runner.coordinating():
                 for _ in range((WARM_UP if block < 2 else 0) + TIMED // BLOCKS):
-                    start = time.perf_counter()
-                    engines[k].train_batch(batch)
-                    times[k].append(time.perf_counter() - start)
-            if k == 1 and block == 0 and min(times[1]) > COMPUTE_BOUND_S:
-                return task, _short(engines[n], batch, times[1][WARM_UP:], devices, log)
+                    times[k].append(_timed(engines[k], batch))
+                    if short and k == 1 and len(times[1]) == WARM_UP and (STEPS - WARM_UP) * times[1][-1] > BUDGET_S:
+                        slow = f"a step took {times[1][-1] * 1e3:.0f} ms on one device"
+                        break
+            if slow is not None:
+                break
     finally:
         for e in engines.values():
             e.trainer.close()
         torch.set_rng_state(rng)
+    if slow is not None:
+        runs = "" if steps is None else f" and {FRACTION:.0%} of this run's {steps} steps"
+        log(f"dptrain: devices auto: {_names(devices[:1])}: {slow}, so measuring {n} virtual devices would take over "
+            f"{BUDGET_S} s{runs}: not measured; pass devices= to choose")
+        return task, devices[:1]
     one, many = (statistics.median(times[k][WARM_UP:]) for k in (1, n))
     pick = devices if many <= MARGIN * one else devices[:1]
     log(f"dptrain: devices auto: {_names(pick)}: a step took {one * 1e3:.2f} ms on one device, {many * 1e3:.2f} ms "
@@ -90,21 +109,43 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     return task, pick
 
 
-def _short(engine: ModelEngine, batch: Any, one: List[float], devices: List[torch.device],
-           log: Callable[[str], None]) -> List[torch.device]:
-    """A compute-bound model: a few steps on the virtual devices, against one device's so far."""
-    many = []
-    with engine.runner.coordinating():
-        for _ in range(sum(SHORT)):
-            start = time.perf_counter()
-            engine.train_batch(batch)
-            many.append(time.perf_counter() - start)
-    best_one, best_many = min(one), min(many[SHORT[0]:])
-    pick = devices if best_many <= MARGIN * best_one else devices[:1]
-    log(f"dptrain: devices auto: {_names(pick)}: a step took {best_one:.2f} s on one device, {best_many:.2f} s on "
-        f"{len(devices)} virtual devices (fastest of {len(one)} and {SHORT[1]}: compute-bound, a short probe); "
-        f"pass devices= to choose")
-    return pick
+def _steps(loader: Any, epochs: int) -> Optional[int]:
+    """The run's steps (batches), if its data has a length."""
+    try:
+        return len(loader) * epochs
+    except TypeError:
+        return None
+
+
+def _first(data: Any, task: Task, batch_size: int) -> Optional[Any]:
+    """The first ``PEEK`` samples as a batch, if the batch is larger."""
+    if batch_size <= PEEK:
+        return None
+    return next(iter(make_loader(data, PEEK, collate_fn=task.collate_fn, shuffle=False, seed=0).batches()))
+
+
+def _peek(engines: Dict[int, ModelEngine], rebuild: Callable[[], ModelEngine], small: Optional[Any]) -> Optional[str]:
+    """Two steps on one device on ``small`` samples: why the measurement would cost over the
+    budget (its every step is at least this long), or None. A model that cannot take so few
+    samples (a shape fixed to its batch) is measured as usual, on a fresh copy."""
+    if small is None:
+        return None
+    try:
+        with engines[1].runner.coordinating():
+            took = min(_timed(engines[1], small) for _ in range(2))
+    except Exception:       # noqa: BLE001 - the full steps will say what is wrong, if anything
+        engines.pop(1).trainer.close()
+        engines[1] = rebuild()
+        return None
+    if STEPS * took > BUDGET_S:
+        return f"a step of {PEEK} samples took {took * 1e3:.0f} ms on one device"
+    return None
+
+
+def _timed(engine: ModelEngine, batch: Any) -> float:
+    start = time.perf_counter()
+    engine.train_batch(batch)
+    return time.perf_counter() - start
 
 
 def _engine(task: Task, config: TrainConfig, devices: List[torch.device], example: Any) -> ModelEngine:

@@ -66,7 +66,7 @@ class Run:
         if auto_devices.wanted(config, task, devices, env.distributed, self.batch_size):     # virtual devices only if they pay
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
             with stage("choosing the devices (a few steps on each choice)"):
-                task, devices = auto_devices.choose(task, config, devices, self.batch_size, say)
+                task, devices = auto_devices.choose(task, config, devices, self.batch_size, self.epochs, say)
             self.task, self.devices = task, devices
         self.device_names = [format_device(d) for d in devices]
         outputs = builtin_callbacks(config, env)        # before any work: a missing package is said now
