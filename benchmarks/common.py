@@ -56,13 +56,14 @@ class ModuleEngine:
     ``dptrain train --recipe lenet-mnist`` runs it), with the ``train_batch(X, y, lr)`` of
     ``ScratchDataParallel`` so the two take the same loop."""
 
-    def __init__(self, net, devices, lr, init=None, channels_last=True):
+    def __init__(self, net, devices, lr, init=None, channels_last=True, kvstore="device"):
         import torch
 
         from dptrain import Task
         from dptrain.engine.model_engine import ModelEngine
         empty = (torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long))
-        self.engine = ModelEngine(Task(net, empty, optimizer="sgd", init=init), devices, channels_last=channels_last)
+        self.engine = ModelEngine(Task(net, empty, optimizer="sgd", init=init), devices, kvstore=kvstore,
+                                  channels_last=channels_last)
         self.engine.prepare((torch.zeros(1, 1, 28, 28), torch.zeros(1, dtype=torch.long)), lr)
 
     @property

@@ -1,5 +1,6 @@
-"""The everyday-programs suite (issue 22) runs, in its smoke mode, so it cannot rot: every
-framework's loop on a program in one process and in two, and the evaluations."""
+"""The benchmark scripts run in their smoke modes, so they cannot rot: the everyday-programs
+suite (issue 22; every framework's loop on a program in one process and in two, and the
+evaluations) and the processes benchmark (lenet-scratch on 2 processes against DDP)."""
 import json
 import os
 import subprocess
@@ -33,3 +34,19 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     assert "x plain loop" in mine and "x accelerate" in mine
     evaluated = next(r for r in rows if r["part"] == "evaluation" and r["variant"] == "dptrain, 1 device")
     assert evaluated["program"] == "text" and evaluated["step_us"] > 0 and "x plain loop" in evaluated
+
+
+@pytest.mark.slow
+def test_the_processes_benchmark_runs_in_smoke_mode(tmp_path):
+    """bench_processes (the reference comparison: lenet-scratch on 2 processes against DDP)
+    rotted once unnoticed; its smoke mode runs every variant on a few random batches."""
+    out = tmp_path / "processes.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_processes.py"), "--smoke",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())["lenet-scratch"]
+    assert set(figures["images_per_sec"]) == {"dptrain 2 proc x 1 thread", "dptrain 1 proc x 1 thread",
+                                              "dptrain 1 proc x 2 threads", "DDP 2 proc x 1 thread"}
+    assert all(rate > 0 for rate in figures["images_per_sec"].values())
+    assert figures["dptrain_over_ddp"] > 0 and len(figures["per_round"]["DDP 2 proc x 1 thread"]) == 1
