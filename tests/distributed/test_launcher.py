@@ -258,6 +258,28 @@ def test_ctrl_c_in_a_launched_script_ends_in_one_line_with_code_130():
         out.stderr
 
 
+def test_ctrl_c_while_the_workers_import_torch_ends_in_one_line_with_code_130(data_dir):
+    """A Ctrl-C a moment after the workers start lands while they import torch (about a
+    second here): they end quietly, not with an import traceback under the launcher's line."""
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--processes", "2",
+                             *QUICK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(children(proc.pid)) >= 2, "the workers did not start"
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "dptrain: SIGINT: all workers stopped" in err and "epoch 1" not in out, (out, err)
+
+
 @pytest.mark.parametrize("endpoint, nnodes, expected", [
     ("node0:29500", "2", ("node0", 29500)),
     ("127.0.0.1", "2", ("127.0.0.1", 29400)),           # torchrun's port when none is given

@@ -34,7 +34,7 @@ from ..core.stage import stage_of
 from ..core.user_errors import user_failure
 from ..distributed.env import DEFAULT_TIMEOUT_S, DistEnv, choose_backend, lost_peer
 from ..distributed.launcher import launch, parse_nnodes
-from ..distributed.worker import record_error
+from ..distributed.worker import BOOTSTRAP, record_error
 from ..engine.balance import Balancer
 from ..outputs.metrics_file import read_metrics
 from ..outputs.plot import describe, draw, plot_runs, plot_timeline
@@ -76,7 +76,7 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
         check_outputs(config, args.plot)        # every file the run writes, tried before any worker starts
         choose_backend(config.backend, use_cuda=num_gpus() > 0)
         _check_batch(config, (args.processes or 1) * parse_nnodes(args.nnodes)[0])
-        return _launch(["-m", "dptrain", *argv], args.processes or 1, args)
+        return _launch(["-c", BOOTSTRAP, *argv], args.processes or 1, args)     # python -m dptrain, quieter
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
     result = train(config, log=log, plot=args.plot)

@@ -14,6 +14,15 @@ from typing import Any, Dict, Optional
 
 from ..core.errors import INTERRUPTED, Interrupted
 
+#: How ``dptrain train --processes`` starts its workers: ``python -c BOOTSTRAP train ...``, as
+#: ``python -m dptrain train ...`` would, except that a Ctrl-C that lands while torch is still
+#: importing (a second or more) ends the worker quietly with code 130 (``INTERRUPTED``) rather
+#: than with an import traceback under the launcher's one line; once imported, Ctrl-C is the
+#: run's to handle (saved at a batch boundary, or one line naming the stage it stopped).
+BOOTSTRAP = ("import os, signal, sys; sys.argv[0] = 'dptrain'; "
+             f"signal.signal(signal.SIGINT, lambda *_: os._exit({INTERRUPTED})); "
+             "from dptrain.cli.main import entry; signal.signal(signal.SIGINT, signal.default_int_handler); entry()")
+
 
 def die_with_launcher() -> None:
     """In a worker the launcher started: be killed (SIGKILL) when the launcher dies, so no
