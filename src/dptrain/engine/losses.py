@@ -30,6 +30,7 @@ from torch import nn
 
 from ..data.batch import batch_size
 from .class_counts import LazyCount, class_count
+from .loss_checks import check_classification, check_reduction, check_same_shape
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
 REDUCTIONS = ("mean", "sum")
@@ -222,80 +223,6 @@ class LossAdapter:
         ignore = getattr(self.loss, "ignore_index", -100)
         kept = target != ignore
         return (hits & kept).sum(), kept.sum()
-
-
-def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> None:
-    """A classification loss on targets it cannot fit is a clear error, not a silent 0."""
-    name = type(loss).__name__
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"{name} needs tensor targets, got {type(target).__name__}")
-    if output.dim() < 2 or output.shape[1] < 2:
-        raise ValueError(f"{name} needs one score per class in dimension 1 (at least 2 classes); the model gave "
-                         f"shape {tuple(output.shape)}, for which the loss is always 0. For regression use "
-                         f"loss=nn.MSELoss()")
-    if not target.is_floating_point():
-        ignore = getattr(loss, "ignore_index", -100)
-        kept = target[target != ignore]
-        if kept.numel() and (int(kept.min()) < 0 or int(kept.max()) >= output.shape[1]):
-            bad = int(kept.max()) if int(kept.max()) >= output.shape[1] else int(kept.min())
-            raise ValueError(f"{name} got label {bad} for {output.shape[1]} classes (the model gives {output.shape[1]} "
-                             f"scores per sample): labels must be in [0, {output.shape[1]}); give the model more "
-                             f"outputs, or fix the labels")
-    if target.is_floating_point():
-        if target.shape != output.shape:
-            raise ValueError(f"{name} got float targets of shape {tuple(target.shape)} for outputs of shape "
-                             f"{tuple(output.shape)}: give class indices as integers (e.g. y.long()), or class "
-                             f"probabilities of the outputs' shape; for regression use loss=nn.MSELoss()")
-        sums = target.sum(dim=1)
-        if bool((target < 0).any()) or not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
-            raise ValueError(f"{name} got float targets that are not class probabilities (each row >= 0, "
-                             f"summing to 1): for regression use loss=nn.MSELoss(); for labels use integers")
-
-
-def check_same_shape(output: torch.Tensor, target: torch.Tensor, loss: Callable) -> None:
-    """An elementwise loss on tensors of two shapes broadcasts them: its mean (and what each
-    device's part means) then depends on the split. An error, with the fix."""
-    name = type(loss).__name__
-    try:
-        both = tuple(torch.broadcast_shapes(output.shape, target.shape))
-    except RuntimeError:
-        both = None
-    compared = f"PyTorch would broadcast them to {both}, comparing every output with every target" if both \
-        else "they do not broadcast"
-    fix = "e.g. y.unsqueeze(1) or output.squeeze(1)" if output.numel() == target.numel() else "e.g. y.view_as(output)"
-    raise ValueError(f"{name} got outputs of shape {tuple(output.shape)} and targets of shape {tuple(target.shape)}: "
-                     f"{compared}; give targets of the outputs' shape ({fix})")
-
-
-def check_reduction(loss: Callable, reduction: str, declared: bool, output: Any, target: Any,
-                    value: torch.Tensor) -> None:
-    """A loss taken as a mean that returns a sum (or the reverse) would train differently on
-    1, 2 and 4 devices. Once, on the first shard: the loss of the whole against the losses of
-    its two halves tells which it is (a mean: their weighted mean; a sum: their sum)."""
-    n = samples_of(target)
-    if n < 2 or not isinstance(output, torch.Tensor) or not isinstance(target, torch.Tensor):
-        return
-    h = n // 2
-    with torch.no_grad():
-        try:
-            a = float(loss(output[:h], target[:h]))
-            b = float(loss(output[h:], target[h:]))
-        except Exception:       # a loss that cannot take a part (pairs, a fixed shape...): not told
-            return
-    whole = float(value.detach())
-    as_mean, as_sum = (a * h + b * (n - h)) / n, a + b
-
-    def near(x: float, y: float) -> bool:
-        return abs(x - y) <= 1e-4 * max(abs(x), abs(y), 1e-12)
-    if near(as_mean, as_sum) or (near(whole, as_mean) == near(whole, as_sum)):
-        return                  # cannot tell (zero loss, or neither): nothing to say
-    found = "sum" if near(whole, as_sum) else "mean"
-    if found != reduction:
-        name = getattr(loss, "__name__", type(loss).__name__)
-        said = f"reduction={reduction!r}" if declared else "a mean (the default without reduction=)"
-        raise ValueError(f"the loss {name} returns a {found} over the samples (its value on a batch is the {found} "
-                         f"of its values on the two halves), but is taken as {said}: pass "
-                         f"reduction={found!r} so that every device count gives the same training")
 
 
 def host_number(count: Count) -> Count:
