@@ -15,9 +15,10 @@ short run of a model too slow for it keeps one device, unmeasured, and says so. 
 everywhere: ResNet-18's 24 steps of the everyday suite then took 6 s of set-up.) The long
 runs are measured because no rule read off the model holds: on this 2-core CPU two virtual
 devices ran LeNet at batch 1024 1.6x faster than one device in one process and no faster in
-another, ResNet-18 at batch 16 0.87x (RESULTS.md, session 12). Several processes, GPUs, explicit ``devices=``,
-per-device recipes (whose batch depends on the device count), resumed runs (which keep the
-devices they were started on) and runs with loading workers (see ``wanted``) are not probed.
+another, ResNet-18 at batch 16 0.87x (RESULTS.md, session 12). Several processes, GPUs,
+explicit ``devices=``, per-device recipes (whose batch depends on the device count), resumed
+runs (which keep the devices they were started on) and runs with loading workers (see
+``wanted``) are not probed.
 """
 from __future__ import annotations
 
