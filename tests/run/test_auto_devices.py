@@ -77,6 +77,16 @@ def test_a_run_long_enough_to_pay_for_the_measurement_is_measured_however_slow_i
     assert result["devices"] == ["cpu:0", "cpu:1"] and "(median of 6)" in said[0]
 
 
+def test_max_batches_shortens_the_run_the_budget_is_judged_on(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 0.0)
+    monkeypatch.setattr(auto_devices, "FRACTION", 1.0)       # 16 steps would pay for the measurement ...
+    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)
+    steps = counting(monkeypatch)
+    result, said = fit(tiny(), capsys, max_batches=4)         # ... but the run takes 2 x 4
+    assert steps == {1: 2 + 2 * 4, 2: 0}
+    assert result["devices"] == ["cpu:0"] and "100% of this run's 8 steps: not measured" in said[0]
+
+
 def test_without_the_small_look_the_first_full_steps_decide(capsys, monkeypatch):
     monkeypatch.setattr(auto_devices, "BUDGET_S", 0.0)
     monkeypatch.setattr(auto_devices, "MARGIN", 1e9)

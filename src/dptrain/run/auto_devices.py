@@ -71,7 +71,7 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     loader = make_loader(data, batch_size, collate_fn=task.collate_fn, shuffle=False, seed=0)
     batch = next(iter(loader.batches()))
     n = len(devices)
-    steps = _steps(loader, epochs)
+    steps = _steps(loader, epochs, config.max_batches)
     short = steps is None or STEPS > FRACTION * steps      # the budget is BUDGET_S (else the run's FRACTION)
     rng = torch.get_rng_state()
     engines: Dict[int, ModelEngine] = {}
@@ -110,12 +110,13 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     return task, pick
 
 
-def _steps(loader: Any, epochs: int) -> Optional[int]:
-    """The run's steps (batches), if its data has a length."""
+def _steps(loader: Any, epochs: int, max_batches: Optional[int]) -> Optional[int]:
+    """The run's steps (batches, ``--max-batches`` of them at most an epoch), if its data has a length."""
     try:
-        return len(loader) * epochs
+        batches = len(loader)
     except TypeError:
         return None
+    return (batches if not max_batches else min(batches, max_batches)) * epochs
 
 
 def _first(data: Any, task: Task, batch_size: int) -> Optional[Any]:
