@@ -116,6 +116,19 @@ def test_no_measurement_where_the_devices_are_given_or_quiet(capsys, monkeypatch
     assert result["devices"] == ["cpu:0"] and said == []      # measured, not said
 
 
+def test_a_dataloader_with_workers_is_not_measured_as_loading_workers_are_not(capsys, monkeypatch):
+    from torch.utils.data import DataLoader, TensorDataset
+    probed, real = [], auto_devices.choose
+    monkeypatch.setattr(auto_devices, "choose", lambda *a, **k: probed.append(1) or real(*a, **k))
+    X, y = data()
+    result = dptrain.fit(tiny(), DataLoader(TensorDataset(X, y), batch_size=64, num_workers=1), epochs=1, lr=0.2,
+                         optimizer=torch.optim.SGD, progress=False, max_batches=2)
+    assert probed == [] and result["devices"] == ["cpu:0", "cpu:1"]      # the virtual devices stay, as with num_workers=
+    result = dptrain.fit(tiny(), DataLoader(TensorDataset(X, y), batch_size=64), epochs=1, lr=0.2,
+                         optimizer=torch.optim.SGD, progress=False, max_batches=2, devices="auto")
+    assert probed == [1]             # without workers it is measured
+
+
 def test_the_virtual_devices_are_taken_when_clearly_faster(capsys, monkeypatch):
     monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)       # the slowed steps measured all the same
     calls = []

@@ -55,11 +55,12 @@ def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distrib
     nothing), ``--sync-bn`` (BatchNorm across the devices), a batch smaller than the devices.
     Nor with loading workers: the probe would read its batch without them, unbounded by
     ``--worker-timeout``, and the workers' share of the cores is not in its steps (the CNN of
-    issue 22 with 2 workers ran 1.13x faster on the virtual devices): they stay."""
+    issue 22 with 2 workers ran 1.13x faster on the virtual devices): they stay. A ``DataLoader``
+    given as the data brings its own workers (which ``make_loader`` uses): the same."""
     return (config.devices in (None, "", "auto") and not distributed and not config.resume and not task.per_device
             and len(devices) > 1 and all(d.type == "cpu" for d in devices) and config.balance in (None, "even")
             and kvstore(task, config) is not None and not config.sync_batchnorm and batch_size >= len(devices)
-            and not config.num_workers)
+            and not config.num_workers and not getattr(task.train_data, "num_workers", 0))
 
 
 def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_size: int, epochs: int,
