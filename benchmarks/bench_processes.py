@@ -20,9 +20,7 @@ Every figure is a median over repetitions after a warm-up; the variants take tur
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,8 +34,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import dptrain
-from common import ModuleEngine
-from dptrain.core.atomic import atomic_file
+from common import ModuleEngine, paired, save_result
 from dptrain.data import ArrayLoader, load_dataset
 from dptrain.distributed.collective import get_collective
 from dptrain.parallel.sync.buckets import BucketReducer
@@ -198,8 +195,7 @@ def main():
     if args.smoke:
         args.data_dir, args.models, args.lenet_batches, args.repeats, args.rounds = None, ["lenet-scratch"], 3, 1, 1
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    result = {"machine": f"{platform.machine()}, {dptrain.core.devices.host_cores()} cores, torch {torch.__version__}",
-              "command": "python benchmarks/bench_processes.py " + " ".join(sys.argv[1:])}
+    result = {}
     plans = {"lenet-scratch": (args.lenet_batches, 256), "gluon-lenet": (args.lenet_batches, 256),
              "resnet18": (args.resnet_batches, args.resnet_batch_size)}
     variants = [("dptrain 2 proc x 1 thread", 2, "dptrain"), ("dptrain 1 proc x 1 thread", 1, "1x1"),
@@ -213,8 +209,7 @@ def main():
                 rates[label].append(spawn(worker, world, args.data_dir, model, kind, n, bs, args.repeats))
                 print(f"{model:14s} round {r + 1} {label:28s} {rates[label][-1]:9.1f} img/s", flush=True)
         medians = {label: statistics.median(v) for label, v in rates.items()}
-        eff = statistics.median(a / (2 * b) for a, b in zip(rates[two], rates[one]))
-        vs_ddp = statistics.median(a / b for a, b in zip(rates[two], rates[ddp]))
+        eff, vs_ddp = paired(rates, two, one) / 2, paired(rates, two, ddp)
         print(f"{model:14s} per-core scaling efficiency {eff:.3f}, dptrain/DDP {vs_ddp:.3f} (paired, median of "
               f"{args.rounds} rounds)", flush=True)
         result[model] = {"images_per_sec": medians, "per_round": rates, "scaling_efficiency": eff,
@@ -225,9 +220,7 @@ def main():
         print(f"bus bandwidth: bucketed {bw['bucketed']['bus_GBps']:.2f} GB/s, flat {bw['flat']['bus_GBps']:.2f} GB/s, "
               f"ratio {bw['ratio']:.3f} ({bw['bytes'] / 2**20:.1f} MiB)", flush=True)
         result["bus_bandwidth"] = bw
-    if args.out:
-        with atomic_file(args.out) as f:
-            f.write(json.dumps(result, indent=1).encode())
+    save_result(result, "python benchmarks/bench_processes.py " + " ".join(sys.argv[1:]), args.out)
 
 
 if __name__ == "__main__":
