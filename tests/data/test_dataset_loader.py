@@ -154,8 +154,9 @@ def test_a_dataset_that_draws_no_random_number_is_read_without_seeding_after_a_f
     assert [[t.item() for t in part] for part in later] == [[t.item() for t in part] for part in first]
 
 
-@pytest.mark.parametrize("draw", [lambda: torch.rand(1), lambda: random.random(), lambda: np.random.rand()])
-def test_a_dataset_drawing_from_any_generator_stays_seeded_and_reproducible(draw):
+@pytest.mark.parametrize("name, draw", [("torch", lambda: torch.rand(1)), ("random", lambda: random.random()),
+                                        ("numpy", lambda: np.random.rand())])
+def test_a_dataset_drawing_from_any_generator_stays_seeded_and_reproducible(name, draw):
     from dptrain.data.dataset_loader import _Seeded
     seen = []
 
@@ -164,12 +165,26 @@ def test_a_dataset_drawing_from_any_generator_stays_seeded_and_reproducible(draw
     seeded = _Seeded(_Numbers(recorded))
     for p in _parts(_Seeded.WATCH + 2):
         seeded.__getitems__(p)
-    assert seeded._draws
+    assert seeded._draws == {name}          # only that generator is seeded (and saved) from then on
     again = _Seeded(_Numbers(recorded))
     first, seen[:] = list(seen), []
     for p in _parts(_Seeded.WATCH + 2):
         again.__getitems__(p)
     assert seen == first            # the same numbers: drawn under (seed, epoch, position) seeds
+
+
+@pytest.mark.parametrize("draw", [lambda: torch.rand(1), lambda: random.random(), lambda: np.random.rand()])
+def test_the_callers_generators_are_left_alone_after_the_watch_too(draw):
+    from dptrain.data.dataset_loader import _Seeded
+    seeded = _Seeded(_Numbers(draw))
+    for p in _parts(_Seeded.WATCH):
+        seeded.__getitems__(p)
+    torch.manual_seed(5), random.seed(5), np.random.seed(5)
+    expected = torch.rand(2).tolist(), random.random(), np.random.rand()
+    torch.manual_seed(5), random.seed(5), np.random.seed(5)
+    for p in _parts(3):
+        seeded.__getitems__(p)
+    assert (torch.rand(2).tolist(), random.random(), np.random.rand()) == expected
 
 
 class _StuckAt(Dataset):

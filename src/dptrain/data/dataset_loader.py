@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import random
 import weakref
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -45,17 +45,19 @@ class _Seeded(Dataset):
     (``torch.manual_seed`` took 116 us here, the generator's own ``manual_seed`` 1.3 us);
     Python's ``random`` and NumPy's (4.5 and 3 us to seed) once per part of a batch. A
     dataset with ``__getitems__`` (a batched read) is called once per part, under the part's
-    seeds. The first ``WATCH`` parts are also watched: a dataset that drew no random number
-    from any of the three there (text, lookups, fixed transforms) is read without seeding
-    from then on (the seeding cost 1-2 us a sample and 30 us a part: 4-6% of a text
-    classifier's step, issue 22); one that drew is seeded for good.
+    seeds. The first ``WATCH`` parts are also watched: each generator the dataset drew no
+    number from there is left alone from then on (neither seeded nor saved and restored), so
+    text, lookups and fixed transforms are read as they are (the seeding cost 1-2 us a sample
+    and 30 us a part: 4-6% of a text classifier's step, issue 22), and torch-only
+    augmentation does not pay for Python's and NumPy's states (68 us a part).
     """
     WATCH = 8
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
         self._batched = callable(getattr(dataset, "__getitems__", None))
-        self._watch, self._draws = self.WATCH, False
+        self._watch = self.WATCH
+        self._draws: Set[str] = set()       # the generators it drew from while watched
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -68,39 +70,58 @@ class _Seeded(Dataset):
 
     def __getitems__(self, indices: List[int]) -> List[Any]:
         where = getattr(indices, "seed", None)
-        if where is None or (not self._draws and self._watch == 0):
+        watching = self._watch > 0
+        if where is None or not (watching or self._draws):
             return self._read(indices)
-        watching = not self._draws
         self._watch -= watching
+        uses = _GENERATORS if watching else self._draws
         seed_, epoch, start = where
-        state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+        saved = {name: _GENERATORS[name][0]() for name in uses}
         try:
             part_seed = hash((seed_, epoch, start, "part")) % 2**32    # ints hash alike in every process
-            random.seed(part_seed)
-            np.random.seed(part_seed)
-            seeded = (random.getstate(), np.random.get_state()) if watching else None
-            generator = torch.default_generator
-            if self._batched:
-                generator.manual_seed(part_seed)
-                fresh = generator.get_state() if watching else None
-                out = self.dataset.__getitems__(list(indices))
-                self._draws |= watching and not torch.equal(fresh, generator.get_state())
+            for name in uses:
+                if name != "torch":
+                    _GENERATORS[name][2](part_seed)
+            seeded = {name: _GENERATORS[name][0]() for name in uses if name != "torch"} if watching else {}
+            if "torch" not in uses:
+                out = self._read(indices)
+            elif self._batched:
+                out = self._torch_seeded(watching, part_seed, lambda: self.dataset.__getitems__(list(indices)))
             else:
-                out = []
-                for k, i in enumerate(indices):
-                    generator.manual_seed(hash((seed_, epoch, start + k)) % 2**63)
-                    fresh = generator.get_state() if watching else None
-                    out.append(self.dataset[i])
-                    self._draws |= watching and not torch.equal(fresh, generator.get_state())
-            if seeded is not None:
-                numpy_now = np.random.get_state()
-                self._draws |= random.getstate() != seeded[0] or numpy_now[2] != seeded[1][2] or \
-                    not np.array_equal(numpy_now[1], seeded[1][1])
+                out = [self._torch_seeded(watching, hash((seed_, epoch, start + k)) % 2**63,
+                                          lambda i=i: self.dataset[i]) for k, i in enumerate(indices)]
+            self._draws.update(name for name, state in seeded.items()
+                               if not _same_state(state, _GENERATORS[name][0]()))
             return out
         finally:
-            torch.set_rng_state(state[0])
-            random.setstate(state[1])
-            np.random.set_state(state[2])
+            for name, state in saved.items():
+                _GENERATORS[name][1](state)
+
+    def _torch_seeded(self, watching: bool, seed: int, read: Callable[[], Any]) -> Any:
+        """``read()`` under torch's generator seeded with ``seed`` (noting, while watched,
+        whether it drew)."""
+        generator = torch.default_generator
+        generator.manual_seed(seed)
+        fresh = generator.get_state() if watching else None
+        out = read()
+        if watching and "torch" not in self._draws and not torch.equal(fresh, generator.get_state()):
+            self._draws.add("torch")
+        return out
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two states of Python's or NumPy's generator are the same."""
+    if isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], np.ndarray):    # NumPy's
+        return a[0] == b[0] and a[2:] == b[2:] and np.array_equal(a[1], b[1])
+    return a == b
+
+
+# name: (get the state, set it, seed it)
+_GENERATORS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], None], Callable[[int], None]]] = {
+    "torch": (torch.get_rng_state, torch.set_rng_state, torch.default_generator.manual_seed),
+    "random": (random.getstate, random.setstate, random.seed),
+    "numpy": (np.random.get_state, np.random.set_state, np.random.seed),
+}
 
 
 def _yield_to_training(worker_id: int) -> None:
