@@ -68,8 +68,16 @@ def test_accuracy_counts_the_targets_that_are_not_ignored():
     adapter = LossAdapter(nn.CrossEntropyLoss())
     correct, count = adapter.correct(LOGITS, PADDED)
     kept = PADDED != -100
-    assert int(count) == int(kept.sum())
+    assert float(count) == int(kept.sum())
     assert int(correct) == int(((LOGITS.argmax(1) == PADDED) & kept).sum())
+    # An ignored class that an arg-max can be (0 here) is neither a hit nor counted, and
+    # class weights do not weigh accuracy.
+    weighted = LossAdapter(nn.CrossEntropyLoss(ignore_index=0, weight=torch.rand(LOGITS.shape[1]) + 1))
+    correct, count = weighted.correct(LOGITS, PADDED.clamp(min=0))
+    kept = PADDED.clamp(min=0) != 0
+    assert float(count) == int(kept.sum()) and 0 < int(kept.sum()) < len(PADDED)
+    assert int(correct) == int(((LOGITS.argmax(1) == PADDED.clamp(min=0)) & kept).sum())
+    assert ((LOGITS.argmax(1) == 0) & ~kept).any()      # the case that matters is there
     assert LossAdapter(nn.MSELoss()).correct(PRED, TRUE) is None
 
 

@@ -29,11 +29,20 @@ def class_count(target: torch.Tensor, loss: nn.Module) -> torch.Tensor:
     return weight.to(target.device)[target.clamp(min=0) * kept].mul(kept).sum()
 
 
+class KeptTargets:
+    """Stands for a loss in ``LazyCount`` to count the targets that are not ``ignore_index``,
+    unweighted: what accuracy divides by."""
+    weight = None
+
+    def __init__(self, ignore_index: int):
+        self.ignore_index = ignore_index
+
+
 class LazyCount:
     """``class_count(target, loss)``, computed when first asked (``value``, ``float``)."""
     __slots__ = ("target", "loss", "_value")
 
-    def __init__(self, target: torch.Tensor, loss: nn.Module):
+    def __init__(self, target: torch.Tensor, loss: "nn.Module | KeptTargets"):
         self.target, self.loss, self._value = target, loss, None
 
     def value(self) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.batch import batch_size
-from .class_counts import LazyCount, class_count
+from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import check_classification, check_reduction, check_same_shape
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
@@ -129,6 +129,7 @@ class LossAdapter:
             self._sum = copy.copy(loss)
             self._sum.reduction = "sum"
         self._checked = False
+        self._kept: Optional[KeptTargets] = None
         self.takes_batch = not self.known and takes_batch(loss)
         #: Whether the loss returns ``(sum, count)`` (None: not known before its first call).
         self.pairs: Optional[bool] = False if self.known else None
@@ -220,9 +221,14 @@ class LossAdapter:
             hits = output.argmax(dim=1) == target.argmax(dim=1)
             return hits.sum(), hits.numel()
         hits = output.argmax(dim=1) == target
-        ignore = getattr(self.loss, "ignore_index", -100)
-        kept = target != ignore
-        return (hits & kept).sum(), kept.sum()
+        kept = self._kept
+        if kept is None or kept.ignore_index != getattr(self.loss, "ignore_index", -100):
+            kept = self._kept = KeptTargets(getattr(self.loss, "ignore_index", -100))
+        if kept.ignore_index >= 0:      # (a negative one is never an arg-max: never a hit)
+            hits &= target != kept.ignore_index
+        # The count is computed later, for many batches at once: 3 operations a batch, as a
+        # plain loop's accuracy takes (6 took 70 us more a batch of a text evaluation here).
+        return hits.sum(), LazyCount(target, kept)
 
 
 def host_number(count: Count) -> Count:
