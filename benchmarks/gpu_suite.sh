@@ -4,8 +4,10 @@
 # 1. the tests that need CUDA (pytest -m cuda; stopped after 180 s, so a hang cannot eat the
 # lease), 2. benchmarks/gpu_bench.py: dptrain against plain PyTorch loops on one GPU, into
 # OUTDIR/gpu.json and OUTDIR/gpu.md (rewritten after every variant; variants not started
-# within 360 s are skipped). Under 10 minutes on one H100. --smoke runs it all on the CPU for
-# a few batches (CI does, so it cannot rot).
+# within 360 s are skipped), 3. benchmarks/host_profile.py: where a step's host time goes on
+# the GPU (ATen operations, syncs and Python calls a step, the plain loop against dptrain) for
+# the small programs, into OUTDIR/host.json and OUTDIR/host.md. Under 10 minutes on one H100.
+# --smoke runs it all on the CPU for a few batches (CI does, so it cannot rot).
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu_suite.sh OUTDIR --data-dir DIR [--smoke]}
 shift
@@ -21,5 +23,11 @@ if [ "$tests" -ne 0 ] && [ "$tests" -ne 5 ]; then     # 5: no test ran (no GPU h
 fi
 "$py" benchmarks/gpu_bench.py --out "$out/gpu.json" --md "$out/gpu.md" "$@" 2>&1 | tee "$out/bench.txt"
 bench=${PIPESTATUS[0]}
+host_args=(--device cuda:0 --programs tiny-mlp,text,hf-style)
+case " $* " in *" --smoke "*) host_args=(--device cpu:0 --programs tiny-mlp,text --smoke) ;; esac
+timeout 300 "$py" benchmarks/host_profile.py "${host_args[@]}" --out "$out/host.json" --md "$out/host.md" 2>&1 \
+    | tee "$out/host.txt"
+host=${PIPESTATUS[0]}
 if [ "$bench" -ne 0 ]; then exit "$bench"; fi
+if [ "$host" -ne 0 ]; then exit "$host"; fi
 if [ "$tests" -ne 0 ] && [ "$tests" -ne 5 ]; then exit "$tests"; fi

@@ -24,6 +24,14 @@ def test_the_gpu_suite_runs_in_smoke_mode(data_dir, tmp_path):
     assert [r["model"] for r in mixed] == ["tutorial LeNet", "ResNet-18"] and all(sum(r["split"]) > 0 for r in mixed)
     assert all(r["images_per_sec"] > 0 for r in result["rows"])
     assert "| model | variant | s/epoch |" in (tmp_path / "gpu.md").read_text()
+    host = json.loads((tmp_path / "host.json").read_text())["results"]
+    for program in ("tiny-mlp", "text"):
+        for variant in ("plain loop", "dptrain"):
+            seen = host[program][variant]
+            assert seen["step_us"] > 0 and seen["calls_per_step"] > 0
+            assert seen["ops_per_step"]["aten.addmm.default"] >= 1        # a Linear layer's forward, each step
+        assert any("direct_step" in k for k in host[program]["dptrain"]["dptrain_us_per_step"])
+    assert "ATen operations a step, dptrain minus the plain loop" in (tmp_path / "host.md").read_text()
 
 
 def load_gpu_bench():
