@@ -1,10 +1,14 @@
 """One device of one process takes the direct step (the plain loop's): the same training as
 the general step, every loss kind, NaN handling and clipping included."""
+import collections
+import contextlib
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dptrain
 from dptrain.data.loader import TensorLoader
@@ -145,3 +149,61 @@ def test_a_batch_whose_targets_are_all_ignored_is_skipped_or_stops_alike_on_one_
     assert rows["cpu:0"]["skipped"] == rows["cpu:0,cpu:1"]["skipped"] == 3
     assert rows["cpu:0"]["train_loss"] == pytest.approx(rows["cpu:0,cpu:1"]["train_loss"], rel=1e-6)
     assert math.isfinite(rows["cpu:0"]["train_loss"])
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the ATen operations dispatched while on (each a kernel launch on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Keywords(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = net()
+
+    def forward(self, x):
+        return self.body(x)
+
+
+PROGRAMS = {      # what dptrain is given; the plain loop's loss on the same batch
+    "loss module": (lambda: dict(loss=nn.CrossEntropyLoss()), lambda m, X, y: F.cross_entropy(m(X), y)),
+    "mse": (lambda: dict(loss=nn.MSELoss()), lambda m, X, y: F.mse_loss(m(X), y.float().unsqueeze(1).expand(-1, 3))),
+    "step function, mean": (lambda: dict(step=lambda m, b: {"loss": F.cross_entropy(m(b[0]), b[1]), "logits": None}),
+                            lambda m, X, y: F.cross_entropy(m(X), y)),
+    "dict batch": (lambda: dict(loss=nn.CrossEntropyLoss()), lambda m, X, y: F.cross_entropy(m(x=X), y)),
+}
+
+
+@pytest.mark.parametrize("kind", list(PROGRAMS))
+def test_the_direct_step_dispatches_the_plain_loops_operations(kind):
+    """On a GPU every operation a step adds is host time (issue 22): one device of one process
+    runs exactly the plain loop's operations, plus detaching the loss it reports."""
+    given, plain_loss = PROGRAMS[kind]
+    X, y = data(16)
+    target = y.float().unsqueeze(1).expand(-1, 3).contiguous() if kind == "mse" else y
+    batch = {"x": X, "labels": target} if kind == "dict batch" else (X, target)
+    model = _Keywords() if kind == "dict batch" else net()
+    engine = ModelEngine(dptrain.Task(model, batch, optimizer=torch.optim.SGD, **given()), [torch.device("cpu")])
+    engine.prepare(batch, 0.1)
+    engine.train_batch(batch)                   # the first step checks the loss once
+    with _Ops() as ours:
+        engine.train_batch(batch)
+    plain = _Keywords() if kind == "dict batch" else net()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for counting in (False, True):
+        with _Ops() if counting else contextlib.nullcontext() as theirs:
+            opt.zero_grad()
+            plain_loss(plain, X, y).backward()
+            opt.step()
+    launched = [op for op in ours.counts if not op.startswith("profiler.")]      # (torch.optim's step records itself)
+    extra = collections.Counter({op: ours.counts[op] for op in launched}) - theirs.counts
+    assert extra == collections.Counter({"aten.detach.default": 1}), extra
+    for a, b in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b)

@@ -67,5 +67,5 @@ def whole_loss(engine: Any, shard: Batch, device: torch.device):
         if engine.adapter is not None:
             output, target = engine.forward(net, shard)
             return engine.adapter.whole(output, target, shard)
-    total, count, _ = engine._loss_and_output(net, shard, device)        # a step function's
-    return (total if count is None else total / count), count
+    value, count, _, mean = engine._step_loss(net, shard, device)          # a step function's
+    return (value if mean or count is None else value / count), count

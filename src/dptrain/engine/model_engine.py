@@ -170,25 +170,33 @@ class ModelEngine:
                          count: bool = True) -> Tuple[torch.Tensor, Count, Any]:
         """``_loss``, and the output a step function returned besides its loss (its
         ``logits``, for metrics; None if none)."""
-        with self._autocast(device):
-            if self.adapter is not None:
+        if self.adapter is not None:
+            with self._autocast(device):
                 output, target = self.forward(net, shard)
                 value, denominator = self.adapter.measure(output, target, shard, count)
-                return value, denominator, None
+            return value, denominator, None
+        value, denominator, output, mean = self._step_loss(net, shard, device)
+        return (value * denominator if mean else value), denominator, output
+
+    def _step_loss(self, net: nn.Module, shard: Batch, device: torch.device) -> Tuple[torch.Tensor, Count, Any, bool]:
+        """The step function's loss as it gave it: ``(value, denominator, output, mean)``,
+        ``mean`` when the value is a mean over the denominator's samples (else a sum; one
+        device of one process trains on it as it is, ``direct_step.py``)."""
+        with self._autocast(device):
             out, output = read_step(self.task.step(net, shard))
         if isinstance(out, (tuple, list)):
             if len(out) != 2:
                 raise ValueError(f"step returned {len(out)} values: return the loss, or (sum, count)")
             self._step_pairs = True
-            return out[0].reshape(()), out[1], output
+            return out[0].reshape(()), out[1], output, False
         if not isinstance(out, torch.Tensor) or out.numel() != 1:
             raise ValueError(f"step must return the loss (one number) or (sum, count), got "
                              f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
         self._step_pairs = False
+        value = out if out.dim() == 0 else out.reshape(())      # (a view: an operation, and one in backward)
         if self.task.reduction == "sum":
-            return out.reshape(()), None, output
-        n = batch_size(shard)
-        return out.reshape(()) * n, n, output
+            return value, None, output, False
+        return value, batch_size(shard), output, True
 
     _step_pairs: Optional[bool] = None      # whether the step function returns (sum, count)
 
