@@ -234,3 +234,26 @@ def test_reading_workers_run_below_the_training_threads_only_when_asked(lower):
         loader.close()
     here = os.nice(0)
     assert seen == ({min(here + 10, 19)} if lower else {here})
+
+
+class _LateTorch(Dataset):
+    """Draws from NumPy for every sample, from torch only past the watched parts."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        np.random.rand()
+        return torch.rand(()).item() if i >= 4 * 8 else 0.0
+
+
+def test_torch_stays_seeded_for_a_dataset_that_draws_even_if_torch_was_not_seen_drawing():
+    from dptrain.data.dataset_loader import _Seeded
+    assert _Seeded.WATCH == 8
+    runs = []
+    for caller_seed in (1, 2):          # the caller's own torch state must not show through
+        torch.manual_seed(caller_seed)
+        seeded = _Seeded(_LateTorch())
+        runs.append([seeded.__getitems__(p) for p in _parts(16)])
+        assert seeded._draws == {"numpy"}
+    assert runs[0] == runs[1] and len(set(runs[0][-1])) == 4

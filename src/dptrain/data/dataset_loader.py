@@ -45,11 +45,11 @@ class _Seeded(Dataset):
     (``torch.manual_seed`` took 116 us here, the generator's own ``manual_seed`` 1.3 us);
     Python's ``random`` and NumPy's (4.5 and 3 us to seed) once per part of a batch. A
     dataset with ``__getitems__`` (a batched read) is called once per part, under the part's
-    seeds. The first ``WATCH`` parts are also watched: each generator the dataset drew no
-    number from there is left alone from then on (neither seeded nor saved and restored), so
-    text, lookups and fixed transforms are read as they are (the seeding cost 1-2 us a sample
-    and 30 us a part: 4-6% of a text classifier's step, issue 22), and torch-only
-    augmentation does not pay for Python's and NumPy's states (68 us a part).
+    seeds. The first ``WATCH`` parts are also watched: a dataset that drew no number there is
+    read as it is from then on (text, lookups, fixed transforms: the seeding cost 1-2 us a
+    sample and 30 us a part, 4-6% of a text classifier's step, issue 22); one that drew keeps
+    torch's generator seeded, and Python's and NumPy's only if it drew from them (torch-only
+    augmentation does not pay for their states: 68 us a part).
     """
     WATCH = 8
 
@@ -74,7 +74,9 @@ class _Seeded(Dataset):
         if where is None or not (watching or self._draws):
             return self._read(indices)
         self._watch -= watching
-        uses = _GENERATORS if watching else self._draws
+        # torch's generator stays seeded for any dataset that draws (its numbers are the ones
+        # that must not depend on the processes, and a rare draw can hide from the watch).
+        uses = _GENERATORS if watching else self._draws | {"torch"}
         seed_, epoch, start = where
         saved = {name: _GENERATORS[name][0]() for name in uses}
         try:
