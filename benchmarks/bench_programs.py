@@ -1,9 +1,9 @@
 """Everyday programs, dptrain against what their users would otherwise pick, in one run.
 
-    python benchmarks/bench_programs.py --data-dir ../shared/datasets          # about 25 minutes
+    python benchmarks/bench_programs.py --data-dir ../shared/datasets          # about 30 minutes
     python benchmarks/bench_programs.py --smoke                               # a few steps (CI)
 
-The programs and the framework loops are in ``everyday.py``. Two parts, each variant in
+The programs and the framework loops are in ``everyday.py``. Four parts, each variant in
 turns, ``--repeats`` times:
 1. **One process** (in this process): the plain loop (a DataLoader; and for tensors in
    memory the fastest hand loop, whole batches indexed), ``dptrain.fit`` on 1 device, on its
@@ -11,7 +11,13 @@ turns, ``--repeats`` times:
 2. **Two processes** (``--processes``, each under ``torchrun --nproc-per-node 2``, one
    thread each): DDP with a ``DistributedSampler``, Accelerate (``ACCELERATE_USE_CPU=1``:
    without it, under torchrun on a CPU, it trains each rank alone), and ``dptrain.fit``.
-3. **Evaluation** (``--evaluation``): the plain loop and ``dptrain.fit`` on 1 device, each
+3. **Interleaved** (``--interleaved``): the plain loop and ``dptrain.fit`` on 1 device in two
+   processes taking turns epoch by epoch (``turns.py``), so each epoch is paired with the
+   other's next to it in time; the ratio is the median over every pair of epochs after the
+   first, of every repetition: the least noisy figure of the goal "1 device >= 0.97x the
+   plain loop" on this VM (session 13: pairs within 0.78-1.35 where whole runs in turns gave
+   0.71-1.22).
+4. **Evaluation** (``--evaluation``): the plain loop and ``dptrain.fit`` on 1 device, each
    evaluating a quarter of the data after every epoch; the evaluation's time per batch
    (dptrain's seen by a callback, from ``on_evaluate_start`` to ``on_evaluate_end``).
 
@@ -43,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import everyday  # noqa: E402
 from common import save_result  # noqa: E402
+from turns import take_turns  # noqa: E402
 
 START, END = "<!-- bench_programs: start -->", "<!-- bench_programs: end -->"
 TENSOR_PROGRAMS = ("tiny-mlp", "lenet", "resnet18")
@@ -106,6 +113,34 @@ def launched(framework: str, name: str, epochs: int, samples: int = 0) -> Dict[s
         return result
 
 
+def interleaved(name: str, epochs: int, samples: int = 0, plain_first: bool = True) -> Dict[str, Dict[str, Any]]:
+    """The plain loop and dptrain on 1 device, taking turns epoch by epoch (``turns.py``)."""
+    runners = [("plain loop", (everyday.run_named, ("plain", name, epochs, samples))),
+               ("dptrain, 1 device", (everyday.run_named, ("dptrain", name, epochs, samples, "cpu:0")))]
+    return take_turns(dict(runners if plain_first else runners[::-1]))
+
+
+def interleaved_rows(raw: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per program: each variant's median step, and dptrain's median ratio over the pairs of
+    epochs (the plain loop's epoch over dptrain's; above 1: faster)."""
+    rows = []
+    mine = [r for r in raw if r["part"] == "1 process, interleaved"]
+    for program in dict.fromkeys(r["program"] for r in mine):
+        runs = [r for r in mine if r["program"] == program]
+        ratios = [p / d for r in runs if r["variant"] == "dptrain, 1 device"
+                  for q in runs if q["variant"] == "plain loop" and q["repeat"] == r["repeat"]
+                  for p, d in zip(q["epochs"][1:], r["epochs"][1:])]
+        for variant in ("plain loop", "dptrain, 1 device"):
+            steps = [t / r["steps"] for r in runs if r["variant"] == variant for t in r["epochs"][1:]]
+            row = {"part": "1 process, interleaved", "program": program, "variant": variant,
+                   "step_us": round(1e6 * statistics.median(steps), 1), "pairs": len(ratios)}
+            if variant != "plain loop":
+                row["x plain loop"] = round(statistics.median(ratios), 3)
+                row["ratio range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+            rows.append(row)
+    return rows
+
+
 def summarise(raw: List[Dict[str, Any]], peers: Dict[str, List[str]]) -> List[Dict[str, Any]]:
     """Per program and variant: median step time, and the median paired ratio to each peer."""
     rows = []
@@ -116,7 +151,7 @@ def summarise(raw: List[Dict[str, Any]], peers: Dict[str, List[str]]) -> List[Di
         ["ddp", "accelerate", "dptrain"]
     keys = sorted({(r["part"], r["program"], r["variant"]) for r in raw},
                   key=lambda k: (k[0], order[k[1]], variants.index(k[2]) if k[2] in variants else 99))
-    for part, program, variant in keys:
+    for part, program, variant in [k for k in keys if k[0] != "1 process, interleaved"]:
         mine = {r["repeat"]: r for r in raw if (r["part"], r["program"], r["variant"]) == (part, program, variant)}
         row = {"part": part, "program": program, "variant": variant,
                "step_us": round(1e6 * statistics.median(r["step"] for r in mine.values()), 1),
@@ -149,6 +184,16 @@ def markdown(rows: List[Dict[str, Any]], header: str) -> str:
                          f"{'' if part == 'evaluation' else r['setup_s']} | "
                          + " | ".join(str(r.get(k, "")) for k in ratio_keys) + " |")
         lines.append("")
+    mine = [r for r in rows if r["part"] == "1 process, interleaved"]
+    if mine:
+        lines += ["**1 process, interleaved** (the plain loop and dptrain on 1 device taking turns epoch by "
+                  "epoch; ratio: the median over the pairs of epochs, and their range)", "",
+                  "| program | variant | us/step | x plain loop | pairs | range |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in mine:
+            spread = "-".join(map(str, r.get("ratio range", [])))
+            lines.append(f"| {r['program']} | {r['variant']} | {r['step_us']:,.0f} | {r.get('x plain loop', '')} | "
+                         f"{r['pairs'] if 'x plain loop' in r else ''} | {spread} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -175,6 +220,9 @@ def main() -> None:
                         help="programs also run in 2 processes ('' for none)")
     parser.add_argument("--evaluation", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
                         help="programs whose evaluation is timed too ('' for none)")
+    parser.add_argument("--interleaved", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
+                        help="programs also run interleaved, epoch by epoch ('' for none)")
+    parser.add_argument("--interleaved-epochs", type=int, default=6)
     parser.add_argument("--smoke", action="store_true",
                         help="two batches of each program (CI: the suite cannot rot); figures mean nothing")
     parser.add_argument("--gpu", action="store_true", help="one process on cuda:0: the plain loops and dptrain")
@@ -204,6 +252,15 @@ def main() -> None:
             shift = rep % len(variants)         # no variant always runs after the same other one
             for variant, run in variants[shift:] + variants[:shift]:
                 record("1 process", name, variant, rep, run(program, epochs), steps)
+        for name in [n for n in args.interleaved.split(",") if n] if not args.gpu else []:
+            program = everyday.PROGRAMS[name]
+            samples = 2 * program.batch if args.smoke else 0
+            epochs_each = 3 if args.smoke else args.interleaved_epochs
+            for variant, result in interleaved(name, epochs_each, samples, plain_first=rep % 2 == 0).items():
+                raw.append({"part": "1 process, interleaved", "program": name, "variant": variant, "repeat": rep,
+                            "epochs": result["epochs"],
+                            "steps": steps_of(everyday.shrink(program, samples) if samples else program)})
+                print(json.dumps(raw[-1]), flush=True)
         for name in [n for n in args.evaluation.split(",") if n]:
             program = everyday.PROGRAMS[name]
             if args.smoke:
@@ -222,7 +279,7 @@ def main() -> None:
                 record("2 processes", name, framework, rep, launched(framework, name, epochs, samples), steps)
     peers = {"1 process": ["plain loop", "plain loop, tensors indexed", "accelerate"],
              "2 processes": ["ddp", "accelerate"], "evaluation": ["plain loop"]}
-    rows = summarise(raw, peers)
+    rows = summarise(raw, peers) + interleaved_rows(raw)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}" + (
         f", {torch.cuda.get_device_name(0)}" if args.gpu else "")
     command = "python " + " ".join(sys.argv)

@@ -228,11 +228,13 @@ def _plain(program: Program, device: str):
     return dev, model, program.optimizer(model.parameters(), lr=program.lr), _loader(program, program.batch)
 
 
-def run_plain(program: Program, epochs: int, device: str = "cpu") -> Dict[str, Any]:
-    """The plain loop: a DataLoader, ``.to(device)``, forward, backward, step."""
+def run_plain(program: Program, epochs: int, device: str = "cpu", gate: Optional[Callable[[], None]] = None
+              ) -> Dict[str, Any]:
+    """The plain loop: a DataLoader, ``.to(device)``, forward, backward, step. ``gate()`` is
+    called before each epoch (``bench_programs``'s interleaved part: variants take turns)."""
     start = time.perf_counter()
     dev, model, opt, loader = _plain(program, device)
-    return {"epochs": _epochs(epochs, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev),
+    return {"epochs": _epochs(epochs, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev, gate),
             "total": time.perf_counter() - start, "steps": len(loader)}
 
 
@@ -258,9 +260,12 @@ def run_plain_tensors(program: Program, epochs: int, device: str = "cpu") -> Dic
     return {"epochs": times, "total": time.perf_counter() - start, "steps": n // program.batch}
 
 
-def _epochs(epochs: int, loader, loss_of: Callable, opt, dev: torch.device) -> List[float]:
+def _epochs(epochs: int, loader, loss_of: Callable, opt, dev: torch.device,
+            gate: Optional[Callable[[], None]] = None) -> List[float]:
     times = []
     for epoch in range(epochs):
+        if gate is not None:
+            gate()
         if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
         _sync(dev)
@@ -279,8 +284,10 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None) -> Dict[str, Any]:
-    """``dptrain.fit`` as its README writes it: the Dataset (or tensors) and the settings."""
+def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None,
+                gate: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """``dptrain.fit`` as its README writes it: the Dataset (or tensors) and the settings
+    (``gate``: as ``run_plain``'s, called by a callback as each epoch starts, before its clock)."""
     import dptrain
     start = time.perf_counter()
     torch.manual_seed(0)
@@ -294,6 +301,11 @@ def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None) ->
         kwargs["step"] = program.step
     if devices:
         kwargs["devices"] = devices
+    if gate is not None:
+        class Gate(dptrain.Callback):
+            def on_epoch_start(self, run, epoch):
+                gate()
+        kwargs["callbacks"] = [Gate()]
     result = dptrain.fit(model, data, **kwargs)
     return {"epochs": [row["sec"] for row in result["history"]], "total": time.perf_counter() - start,
             "devices": result["devices"], "steps": None}
@@ -425,6 +437,14 @@ def run_dptrain_eval(program: Program, epochs: int, devices: str = "cpu:0") -> D
     n = len(data[0]) if isinstance(data, tuple) else len(data)
     dptrain.fit(program.model(), program.data(), data, **kwargs)
     return {"epochs": timer.times, "total": time.perf_counter() - start, "steps": -(-n // program.batch)}
+
+
+def run_named(framework: str, name: str, epochs: int, samples: int = 0, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+    """``FRAMEWORKS[framework](program, epochs, *args, **kwargs)`` on the program called
+    ``name`` (its first ``samples`` only, if given): what another process can be asked to run
+    by name (``turns.py``)."""
+    program = PROGRAMS[name] if not samples else shrink(PROGRAMS[name], samples)
+    return FRAMEWORKS[framework](program, epochs, *args, **kwargs)
 
 
 FRAMEWORKS = {"plain": run_plain, "plain-tensors": run_plain_tensors, "dptrain": run_dptrain,
