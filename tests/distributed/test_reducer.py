@@ -3,8 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from dptrain.distributed.collective import get_collective
+from dptrain.distributed.collective import Collective, get_collective
 from dptrain.parallel.sync.buckets import BucketReducer, plan_buckets
 from dptrain.models import GluonLeNet
 from tests.distributed.helpers import run_workers
@@ -40,3 +41,39 @@ def test_buckets_go_last_parameter_first_and_respect_the_cap():
     sizes = [(100, torch.float32), (10, torch.float32), (300, torch.float32), (5, torch.float64)]
     assert plan_buckets(sizes, cap_bytes=1600) == [[3], [2, 1], [0]]     # 1200 + 40 B fit, + 400 B not
     assert plan_buckets(sizes, cap_bytes=10**6) == [[3], [2, 1, 0]]    # one dtype per bucket
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def reducer_operations(layers):
+    """ATen operations a step of the reducer adds to a plain backward, for ``layers`` Linears."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)])
+    reducer = BucketReducer([list(model.parameters())], Collective())
+    X = torch.randn(8, 4)
+
+    def step(enabled):
+        reducer.enabled = enabled
+        reducer.prepare(len(X))
+        with _Ops() as ops:
+            model(X).sum().backward()
+            if enabled:
+                used, total = reducer.finish()
+                reducer.scatter(0, used, 1.0 / total)
+        return ops.count
+    step(True)
+    return step(True) - step(False)
+
+
+def test_the_reducers_operations_a_step_do_not_grow_with_the_parameters():
+    """Each is a kernel launch on a GPU: per bucket, not per parameter (was 3-4 a parameter)."""
+    few, many = reducer_operations(1), reducer_operations(30)
+    assert few == many and few < 20, (few, many)
