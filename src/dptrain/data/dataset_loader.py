@@ -85,9 +85,7 @@ class _Seeded(Dataset):
                 if name != "torch":
                     _GENERATORS[name][2](part_seed)
             seeded = {name: _GENERATORS[name][0]() for name in uses if name != "torch"} if watching else {}
-            if "torch" not in uses:
-                out = self._read(indices)
-            elif self._batched:
+            if self._batched:
                 out = self._torch_seeded(watching, part_seed, lambda: self.dataset.__getitems__(list(indices)))
             else:
                 out = [self._torch_seeded(watching, hash((seed_, epoch, start + k)) % 2**63,
@@ -118,7 +116,7 @@ def _same_state(a: Any, b: Any) -> bool:
     return a == b
 
 
-# name: (get the state, set it, seed it)
+# name: (get the state, set it, seed it); torch's is seeded per sample by _Seeded._torch_seeded
 _GENERATORS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], None], Callable[[int], None]]] = {
     "torch": (torch.get_rng_state, torch.set_rng_state, torch.default_generator.manual_seed),
     "random": (random.getstate, random.setstate, random.seed),
