@@ -227,7 +227,7 @@ class LossAdapter:
         if kept.ignore_index >= 0:      # (a negative one is never an arg-max: never a hit)
             hits &= target != kept.ignore_index
         # The count is computed later, for many batches at once: 3 operations a batch, as a
-        # plain loop's accuracy takes (6 took 70 us more a batch of a text evaluation here).
+        # plain loop's accuracy takes (6 took 12 us a batch of 64 here, 3 take 7).
         return hits.sum(), LazyCount(target, kept)
 
 
