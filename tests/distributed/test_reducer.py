@@ -77,3 +77,20 @@ def test_the_reducers_operations_a_step_do_not_grow_with_the_parameters():
     """Each is a kernel launch on a GPU: per bucket, not per parameter (was 3-4 a parameter)."""
     few, many = reducer_operations(1), reducer_operations(30)
     assert few == many and few < 20, (few, many)
+
+
+def test_the_counts_are_read_back_only_when_this_process_lacked_a_gradient():
+    """On a GPU each read of the summed counts is a host wait for the all_reduce: a reducer
+    on the meta device (whose tensors cannot be read) shows when one happens."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to("meta")
+    reducer = BucketReducer([list(model.parameters())], Collective(), comm_device=torch.device("meta"))
+    X = torch.randn(8, 4, device="meta")
+    reducer.prepare(len(X))
+    model(X).sum().backward()
+    used, _ = reducer.finish()                  # every gradient here: no read
+    assert used == [0, 1, 2, 3]
+    reducer.reset()
+    reducer.prepare(len(X))
+    model[0](X).sum().backward()                # the second layer unused here: its counts must be read
+    with pytest.raises(NotImplementedError, match="meta"):
+        reducer.finish()

@@ -101,6 +101,8 @@ class BucketReducer:
         self._next = 0
         self._denominator = None
         self._extras: Optional[torch.Tensor] = None
+        self._every = list(range(len(first)))
+        self._missing = False       # some parameter of this process had no gradient this step
         self.enabled = True
         # One replica in this process: its gradients *are* views into the buckets, so
         # backward accumulates straight into them and nothing is copied in or out (as DDP's
@@ -149,6 +151,7 @@ class BucketReducer:
             self._next = 0
             self._denominator = denominator
             self._extras = extras
+            self._missing = False
             for b in self.buckets:
                 b.pending, b.written, b.work = len(b.params), [False] * len(b.params), None
                 b.present = [0] * len(b.params)
@@ -177,6 +180,7 @@ class BucketReducer:
             if have == 0:
                 self._views[j].zero_()
         bucket.present[slot] = have         # written into the bucket with the others at its launch
+        self._missing = self._missing or have == 0
         bucket.written[slot] = True
         bucket.pending -= 1
         if bucket.pending == 0:
@@ -219,10 +223,16 @@ class BucketReducer:
                 # Drop the handle now: a gloo work object still alive when the interpreter
                 # exits can abort the process ("terminate called without an active exception").
                 bucket.work = None
-        used = []
-        for bucket in self.buckets:        # one device-to-host copy per bucket, not per parameter
-            counts = bucket.buffer[bucket.numel:bucket.numel + len(bucket.params)].cpu()
-            used += [j for j, c in zip(bucket.params, counts.tolist()) if c > 0]
+        if self._missing:
+            used = []
+            for bucket in self.buckets:        # one device-to-host copy per bucket, not per parameter
+                counts = bucket.buffer[bucket.numel:bucket.numel + len(bucket.params)].cpu()
+                used += [j for j, c in zip(bucket.params, counts.tolist()) if c > 0]
+        else:
+            # This process had every gradient, so every summed count is > 0: nothing to read.
+            # (On a GPU a read is a wait: the host could not queue the update and the next
+            # forward while the all_reduce runs.)
+            used = self._every
         last = self.buckets[-1]
         tail = last.buffer[last.numel + len(last.params):]
         total = tail[0] if self._denominator is not None else None
