@@ -49,9 +49,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import everyday  # noqa: E402
 from common import save_result  # noqa: E402
+from job_turns import take_job_turns  # noqa: E402
+from programs_table import interleaved_rows, markdown, summarise, write_results_md  # noqa: E402
 from turns import take_turns  # noqa: E402
 
-START, END = "<!-- bench_programs: start -->", "<!-- bench_programs: end -->"
 TENSOR_PROGRAMS = ("tiny-mlp", "lenet", "resnet18")
 
 
@@ -93,16 +94,23 @@ def eval_variants(gpu: bool) -> Dict[str, Any]:
             "dptrain, 1 device": lambda p, e: everyday.run_dptrain_eval(p, e, f"{device}:0")}
 
 
+LAUNCH_ENV = {"OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def launch_command(framework: str, name: str, epochs: int, out: str, samples: int = 0) -> List[str]:
+    """torchrun, 2 processes, ``everyday.py`` running one framework on one program."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            str(HERE / "everyday.py"), "--framework", framework, "--program", name, "--epochs", str(epochs),
+            "--out", out] + (["--samples", str(samples)] if samples else [])
+
+
 def launched(framework: str, name: str, epochs: int, samples: int = 0) -> Dict[str, Any]:
     """One framework on one program in 2 processes under torchrun; rank 0's result."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(HERE / "everyday.py"), "--framework", framework, "--program", name, "--epochs", str(epochs),
-               "--out", out] + (["--samples", str(samples)] if samples else [])
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", "PYTHONUNBUFFERED": "1"}
         start = time.perf_counter()
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(launch_command(framework, name, epochs, out, samples), env={**os.environ, **LAUNCH_ENV},
+                              capture_output=True, text=True, timeout=600)
         if done.returncode != 0:        # the first worker's traceback, not torchrun's own
             err = done.stderr
             first = err.find("Traceback")
@@ -113,101 +121,21 @@ def launched(framework: str, name: str, epochs: int, samples: int = 0) -> Dict[s
         return result
 
 
+def launched_in_turns(frameworks: List[str], name: str, epochs: int, samples: int = 0) -> Dict[str, Dict[str, Any]]:
+    """The frameworks on one program, each in 2 processes under torchrun, the jobs taking
+    turns epoch by epoch (``job_turns.py``); rank 0's result of each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = {f: os.path.join(tmp, f"{f}.json") for f in frameworks}
+        take_job_turns({f: launch_command(f, name, epochs, outs[f], samples) for f in frameworks}, workers=2,
+                       env={**os.environ, **LAUNCH_ENV})
+        return {f: json.loads(Path(out).read_text()) for f, out in outs.items()}
+
+
 def interleaved(name: str, epochs: int, samples: int = 0, plain_first: bool = True) -> Dict[str, Dict[str, Any]]:
     """The plain loop and dptrain on 1 device, taking turns epoch by epoch (``turns.py``)."""
     runners = [("plain loop", (everyday.run_named, ("plain", name, epochs, samples))),
                ("dptrain, 1 device", (everyday.run_named, ("dptrain", name, epochs, samples, "cpu:0")))]
     return take_turns(dict(runners if plain_first else runners[::-1]))
-
-
-def interleaved_rows(raw: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Per program: each variant's median step, and dptrain's median ratio over the pairs of
-    epochs (the plain loop's epoch over dptrain's; above 1: faster)."""
-    rows = []
-    mine = [r for r in raw if r["part"] == "1 process, interleaved"]
-    for program in dict.fromkeys(r["program"] for r in mine):
-        runs = [r for r in mine if r["program"] == program]
-        ratios = [p / d for r in runs if r["variant"] == "dptrain, 1 device"
-                  for q in runs if q["variant"] == "plain loop" and q["repeat"] == r["repeat"]
-                  for p, d in zip(q["epochs"][1:], r["epochs"][1:])]
-        for variant in ("plain loop", "dptrain, 1 device"):
-            steps = [t / r["steps"] for r in runs if r["variant"] == variant for t in r["epochs"][1:]]
-            row = {"part": "1 process, interleaved", "program": program, "variant": variant,
-                   "step_us": round(1e6 * statistics.median(steps), 1), "pairs": len(ratios)}
-            if variant != "plain loop":
-                row["x plain loop"] = round(statistics.median(ratios), 3)
-                row["ratio range"] = [round(min(ratios), 3), round(max(ratios), 3)]
-            rows.append(row)
-    return rows
-
-
-def summarise(raw: List[Dict[str, Any]], peers: Dict[str, List[str]]) -> List[Dict[str, Any]]:
-    """Per program and variant: median step time, and the median paired ratio to each peer."""
-    rows = []
-    order = {}
-    for r in raw:           # programs and variants in the order they first ran
-        order.setdefault(r["program"], len(order))
-    variants = list(one_process_variants("tiny-mlp")) + list(gpu_variants("tiny-mlp")) + \
-        ["ddp", "accelerate", "dptrain"]
-    keys = sorted({(r["part"], r["program"], r["variant"]) for r in raw},
-                  key=lambda k: (k[0], order[k[1]], variants.index(k[2]) if k[2] in variants else 99))
-    for part, program, variant in [k for k in keys if k[0] != "1 process, interleaved"]:
-        mine = {r["repeat"]: r for r in raw if (r["part"], r["program"], r["variant"]) == (part, program, variant)}
-        row = {"part": part, "program": program, "variant": variant,
-               "step_us": round(1e6 * statistics.median(r["step"] for r in mine.values()), 1),
-               "setup_s": round(statistics.median(r["setup"] for r in mine.values()), 2)}
-        for peer in peers.get(part, []):
-            pairs = [r["step"] for r in raw if (r["part"], r["program"], r["variant"]) == (part, program, peer)]
-            theirs = {r["repeat"]: r["step"] for r in raw if (r["part"], r["program"], r["variant"]) ==
-                      (part, program, peer)}
-            ratios = [theirs[k] / m["step"] for k, m in mine.items() if k in theirs]
-            if pairs and ratios and peer != variant:
-                row[f"x {peer}"] = round(statistics.median(ratios), 3)
-        rows.append(row)
-    return rows
-
-
-def markdown(rows: List[Dict[str, Any]], header: str) -> str:
-    lines = [header, ""]
-    for part in ("1 process", "2 processes", "evaluation"):
-        mine = [r for r in rows if r["part"] == part]
-        if not mine:
-            continue
-        ratio_keys = sorted({k for r in mine for k in r if k.startswith("x ")})
-        unit, setup = ("us/batch", "") if part == "evaluation" else ("us/step", "set-up s")
-        title = "evaluation after each epoch (1 process; a quarter of the data; us per evaluation batch)" \
-            if part == "evaluation" else part
-        lines += [f"**{title}**", "", f"| program | variant | {unit} | {setup} | " + " | ".join(ratio_keys) + " |",
-                  "| --- | --- | --- | --- | " + " | ".join("---" for _ in ratio_keys) + " |"]
-        for r in mine:
-            lines.append(f"| {r['program']} | {r['variant']} | {r['step_us']:,.0f} | "
-                         f"{'' if part == 'evaluation' else r['setup_s']} | "
-                         + " | ".join(str(r.get(k, "")) for k in ratio_keys) + " |")
-        lines.append("")
-    mine = [r for r in rows if r["part"] == "1 process, interleaved"]
-    if mine:
-        lines += ["**1 process, interleaved** (the plain loop and dptrain on 1 device taking turns epoch by "
-                  "epoch; ratio: the median over the pairs of epochs, and their range)", "",
-                  "| program | variant | us/step | x plain loop | pairs | range |", "| --- | --- | --- | --- | --- | --- |"]
-        for r in mine:
-            spread = "-".join(map(str, r.get("ratio range", [])))
-            lines.append(f"| {r['program']} | {r['variant']} | {r['step_us']:,.0f} | {r.get('x plain loop', '')} | "
-                         f"{r['pairs'] if 'x plain loop' in r else ''} | {spread} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def write_results_md(text: str, path: Path) -> None:
-    """Replace the part between the markers (or append it) in RESULTS.md, atomically."""
-    old = path.read_text() if path.exists() else ""
-    block = f"{START}\n{text}\n{END}"
-    if START in old and END in old:
-        new = old[:old.index(START)] + block + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(new)
-    os.replace(tmp, path)
 
 
 def main() -> None:
@@ -222,6 +150,8 @@ def main() -> None:
                         help="programs whose evaluation is timed too ('' for none)")
     parser.add_argument("--interleaved", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
                         help="programs also run interleaved, epoch by epoch ('' for none)")
+    parser.add_argument("--interleaved-processes", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
+                        help="programs also run in 2 processes interleaved, epoch by epoch ('' for none)")
     parser.add_argument("--interleaved-epochs", type=int, default=6)
     parser.add_argument("--smoke", action="store_true",
                         help="two batches of each program (CI: the suite cannot rot); figures mean nothing")
@@ -269,6 +199,17 @@ def main() -> None:
             for variant, run in variants[rep % 2:] + variants[:rep % 2]:
                 result = run(program, epochs)
                 record("evaluation", name, variant, rep, result, result["steps"])
+        for name in [n for n in args.interleaved_processes.split(",") if n] if not args.gpu else []:
+            program = everyday.PROGRAMS[name]
+            samples = 2 * program.batch if args.smoke else 0
+            steps = steps_of(everyday.shrink(program, samples) if samples else program)
+            frameworks = ["ddp", "accelerate", "dptrain"]
+            results = launched_in_turns(frameworks[rep % 3:] + frameworks[:rep % 3], name,
+                                        3 if args.smoke else args.interleaved_epochs, samples)
+            for variant, result in results.items():
+                raw.append({"part": "2 processes, interleaved", "program": name, "variant": variant, "repeat": rep,
+                            "epochs": result["epochs"], "steps": steps})
+                print(json.dumps(raw[-1]), flush=True)
         for name in processes:
             program = everyday.PROGRAMS[name]
             samples = 2 * program.batch if args.smoke else 0
@@ -279,7 +220,8 @@ def main() -> None:
                 record("2 processes", name, framework, rep, launched(framework, name, epochs, samples), steps)
     peers = {"1 process": ["plain loop", "plain loop, tensors indexed", "accelerate"],
              "2 processes": ["ddp", "accelerate"], "evaluation": ["plain loop"]}
-    rows = summarise(raw, peers) + interleaved_rows(raw)
+    order = list(one_process_variants("tiny-mlp")) + list(gpu_variants("tiny-mlp")) + ["ddp", "accelerate", "dptrain"]
+    rows = summarise(raw, peers, order) + interleaved_rows(raw)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}" + (
         f", {torch.cuda.get_device_name(0)}" if args.gpu else "")
     command = "python " + " ".join(sys.argv)

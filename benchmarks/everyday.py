@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from job_turns import JobGate  # noqa: E402  (this folder: on the path when run as a script or imported)
 
 # -- the programs -----------------------------------------------------------------------------
 @dataclass
@@ -311,7 +312,7 @@ def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None,
             "devices": result["devices"], "steps": None}
 
 
-def run_accelerate(program: Program, epochs: int) -> Dict[str, Any]:
+def run_accelerate(program: Program, epochs: int, gate: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     """Accelerate as its docs write it: ``prepare`` the model, optimizer and DataLoader,
     ``accelerator.backward``. The DataLoader's batch is per process."""
     from accelerate import Accelerator
@@ -324,6 +325,8 @@ def run_accelerate(program: Program, epochs: int) -> Dict[str, Any]:
     model, opt, loader = accelerator.prepare(model, opt, loader)
     times = []
     for epoch in range(epochs):
+        if gate is not None:
+            gate()
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         t = time.perf_counter()
@@ -340,7 +343,7 @@ def run_accelerate(program: Program, epochs: int) -> Dict[str, Any]:
     return {"epochs": times, "total": time.perf_counter() - start, "steps": steps}
 
 
-def run_ddp(program: Program, epochs: int) -> Dict[str, Any]:
+def run_ddp(program: Program, epochs: int, gate: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     """DDP under torchrun as PyTorch's tutorial writes it: a process group, a
     ``DistributedSampler``, the per-process batch, ``DistributedDataParallel``."""
     import torch.distributed as dist
@@ -355,7 +358,7 @@ def run_ddp(program: Program, epochs: int) -> Dict[str, Any]:
     sampler = DistributedSampler(data, shuffle=True, drop_last=True)
     loader = DataLoader(data, batch_size=program.batch // world, sampler=sampler, collate_fn=program.collate,
                         num_workers=program.workers, persistent_workers=program.workers > 0, drop_last=True)
-    times = _epochs(epochs, loader, lambda b: _loss(program, model, b), opt, torch.device("cpu"))
+    times = _epochs(epochs, loader, lambda b: _loss(program, model, b), opt, torch.device("cpu"), gate)
     dist.barrier()
     dist.destroy_process_group()
     return {"epochs": times, "total": time.perf_counter() - start, "steps": len(loader)}
@@ -464,10 +467,15 @@ def main() -> None:
     program = PROGRAMS[args.program]
     if args.samples:
         program = shrink(program, args.samples)
-    result = FRAMEWORKS[args.framework](program, args.epochs)
+    turns = JobGate.from_env()          # taking turns with other jobs (job_turns.py)
+    if turns is not None:
+        turns.gate()                    # the set-up too, in its turn
+    result = FRAMEWORKS[args.framework](program, args.epochs, **({"gate": turns.gate} if turns else {}))
     if int(os.environ.get("RANK", "0")) == 0 and args.out:
         with open(args.out, "w") as f:
             json.dump({k: v for k, v in result.items() if not isinstance(v, float) or math.isfinite(v)}, f)
+    if turns is not None:
+        turns.finish()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Measured and written: leave without the interpreter's teardown, where gloo's threads
         # aborted 1 short Accelerate run in 3 here ("terminate called without an active

@@ -18,7 +18,7 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     out = tmp_path / "programs.json"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke",
                            "--programs", "tiny-mlp,hf-style", "--processes", "tiny-mlp", "--evaluation", "text",
-                           "--interleaved", "tiny-mlp", "--out", str(out)],
+                           "--interleaved", "tiny-mlp", "--interleaved-processes", "tiny-mlp", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -38,6 +38,9 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     assert [(r["program"], r["variant"]) for r in turns] == [("tiny-mlp", "plain loop"),
                                                               ("tiny-mlp", "dptrain, 1 device")]
     assert turns[1]["x plain loop"] > 0 and turns[1]["pairs"] == 2       # 3 epochs each, the first not paired
+    jobs = [r for r in rows if r["part"] == "2 processes, interleaved"]
+    assert [r["variant"] for r in jobs] == ["ddp", "accelerate", "dptrain"]
+    assert jobs[2]["x ddp"] > 0 and jobs[2]["x accelerate"] > 0 and jobs[2]["pairs"] == 2
 
 
 def epochs_logged(log, name, epochs, gate):
@@ -98,3 +101,63 @@ def test_the_processes_benchmark_runs_in_smoke_mode(tmp_path):
                                               "dptrain 1 proc x 2 threads", "DDP 2 proc x 1 thread"}
     assert all(rate > 0 for rate in figures["images_per_sec"].values())
     assert figures["dptrain_over_ddp"] > 0 and len(figures["per_round"]["DDP 2 proc x 1 thread"]) == 1
+
+
+# A job of 2 workers, as torchrun starts them: each logs its epochs of 50 ms between gates.
+JOB = """
+import os, subprocess, sys, time
+sys.path.insert(0, {benchmarks!r})
+from job_turns import JobGate
+name, epochs, worker = sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None
+if worker is None:          # the 'agent': start the workers, fail if one does
+    procs = [subprocess.Popen([sys.executable, sys.argv[0], name, str(epochs), str(w)],
+                              env={{**os.environ, "LOCAL_RANK": str(w)}}) for w in range(2)]
+    sys.exit(max(p.wait() for p in procs))
+turns = JobGate.from_env()
+turns.gate()                # the set-up
+for epoch in range(epochs):
+    turns.gate()
+    if name == "bad" and epoch == 1:
+        raise ValueError("this job broke")
+    start = time.time()
+    time.sleep(0.05)
+    with open({log!r}, "a") as f:
+        f.write(f"{{name}} {{epoch}} {{worker}} {{start}} {{time.time()}}\\n")
+turns.finish()
+print(name, "done")
+"""
+
+
+def job_commands(tmp_path, jobs):
+    script = tmp_path / "job.py"
+    script.write_text(JOB.format(benchmarks=str(REPO / "benchmarks"), log=str(tmp_path / "log.txt")))
+    return {name: [sys.executable, str(script), name, str(epochs)] for name, epochs in jobs}
+
+
+def test_jobs_of_several_processes_take_turns_epoch_by_epoch(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from job_turns import take_job_turns
+        out = take_job_turns(job_commands(tmp_path, [("a", 3), ("b", 2)]), workers=2)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    assert out["a"].count("a done") == 2 and out["b"].count("b done") == 2
+    rows = [line.split() for line in (tmp_path / "log.txt").read_text().splitlines()]
+    turns = [f"{name}{epoch}" for name, epoch, _, _, _ in rows]
+    assert turns == [t for t in ["a0", "a0", "b0", "b0", "a1", "a1", "b1", "b1", "a2", "a2"]], turns
+    spans = {}
+    for name, epoch, _, start, end in rows:     # a job's epoch: from its first worker's start to its last's end
+        lo, hi = spans.get((name, epoch), (float(start), float(end)))
+        spans[(name, epoch)] = (min(lo, float(start)), max(hi, float(end)))
+    ordered = [spans[(t[0], t[1:])] for t in dict.fromkeys(turns)]
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(ordered, ordered[1:]))   # never two at once
+
+
+def test_a_job_that_fails_in_its_turn_is_reported_with_its_traceback(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from job_turns import take_job_turns
+        with pytest.raises(RuntimeError, match="(?s)bad ended .*ValueError: this job broke"):
+            take_job_turns(job_commands(tmp_path, [("a", 3), ("bad", 3)]), workers=2)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
