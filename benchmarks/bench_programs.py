@@ -1,13 +1,13 @@
 """Everyday programs, dptrain against what their users would otherwise pick, in one run.
 
-    python benchmarks/bench_programs.py --data-dir ../shared/datasets          # about 30 minutes
+    python benchmarks/bench_programs.py --data-dir ../shared/datasets          # about 45 minutes
     python benchmarks/bench_programs.py --smoke                               # a few steps (CI)
 
-The programs and the framework loops are in ``everyday.py``. Four parts, each variant in
-turns, ``--repeats`` times:
+The programs and the framework loops are in ``everyday.py``; the tables in
+``programs_table.py``. Each part ``--repeats`` times:
 1. **One process** (in this process): the plain loop (a DataLoader; and for tensors in
    memory the fastest hand loop, whole batches indexed), ``dptrain.fit`` on 1 device, on its
-   default devices (``auto``) and on 2 virtual devices, and Accelerate.
+   default devices (``auto``) and on 2 virtual devices, and Accelerate, run after run.
 2. **Two processes** (``--processes``, each under ``torchrun --nproc-per-node 2``, one
    thread each): DDP with a ``DistributedSampler``, Accelerate (``ACCELERATE_USE_CPU=1``:
    without it, under torchrun on a CPU, it trains each rank alone), and ``dptrain.fit``.
@@ -16,7 +16,9 @@ turns, ``--repeats`` times:
    other's next to it in time; the ratio is the median over every pair of epochs after the
    first, of every repetition: the least noisy figure of the goal "1 device >= 0.97x the
    plain loop" on this VM (session 13: pairs within 0.78-1.35 where whole runs in turns gave
-   0.71-1.22).
+   0.71-1.22). ``--interleaved-evaluation``: the same for part 4's evaluations, taking turns
+   evaluation by evaluation; ``--interleaved-processes``: part 2's three torchrun jobs taking
+   turns epoch by epoch (``job_turns.py``).
 4. **Evaluation** (``--evaluation``): the plain loop and ``dptrain.fit`` on 1 device, each
    evaluating a quarter of the data after every epoch; the evaluation's time per batch
    (dptrain's seen by a callback, from ``on_evaluate_start`` to ``on_evaluate_end``).
@@ -131,10 +133,13 @@ def launched_in_turns(frameworks: List[str], name: str, epochs: int, samples: in
         return {f: json.loads(Path(out).read_text()) for f, out in outs.items()}
 
 
-def interleaved(name: str, epochs: int, samples: int = 0, plain_first: bool = True) -> Dict[str, Dict[str, Any]]:
-    """The plain loop and dptrain on 1 device, taking turns epoch by epoch (``turns.py``)."""
-    runners = [("plain loop", (everyday.run_named, ("plain", name, epochs, samples))),
-               ("dptrain, 1 device", (everyday.run_named, ("dptrain", name, epochs, samples, "cpu:0")))]
+def interleaved(name: str, epochs: int, samples: int = 0, plain_first: bool = True,
+                evaluation: bool = False) -> Dict[str, Dict[str, Any]]:
+    """The plain loop and dptrain on 1 device, taking turns epoch by epoch, or evaluation by
+    evaluation (``turns.py``)."""
+    plain, mine = ("plain-eval", "dptrain-eval") if evaluation else ("plain", "dptrain")
+    runners = [("plain loop", (everyday.run_named, (plain, name, epochs, samples))),
+               ("dptrain, 1 device", (everyday.run_named, (mine, name, epochs, samples, "cpu:0")))]
     return take_turns(dict(runners if plain_first else runners[::-1]))
 
 
@@ -150,6 +155,8 @@ def main() -> None:
                         help="programs whose evaluation is timed too ('' for none)")
     parser.add_argument("--interleaved", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
                         help="programs also run interleaved, epoch by epoch ('' for none)")
+    parser.add_argument("--interleaved-evaluation", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
+                        help="programs whose evaluations also run interleaved, one by one ('' for none)")
     parser.add_argument("--interleaved-processes", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
                         help="programs also run in 2 processes interleaved, epoch by epoch ('' for none)")
     parser.add_argument("--interleaved-epochs", type=int, default=6)
@@ -182,13 +189,15 @@ def main() -> None:
             shift = rep % len(variants)         # no variant always runs after the same other one
             for variant, run in variants[shift:] + variants[:shift]:
                 record("1 process", name, variant, rep, run(program, epochs), steps)
-        for name in [n for n in args.interleaved.split(",") if n] if not args.gpu else []:
+        turns = [("1 process, interleaved", name, False) for name in args.interleaved.split(",") if name] + \
+            [("evaluation, interleaved", name, True) for name in args.interleaved_evaluation.split(",") if name]
+        for part, name, evaluation in turns if not args.gpu else []:
             program = everyday.PROGRAMS[name]
-            samples = 2 * program.batch if args.smoke else 0
+            samples = (4 if evaluation else 2) * program.batch if args.smoke else 0
             epochs_each = 3 if args.smoke else args.interleaved_epochs
-            results = interleaved(name, epochs_each, samples, plain_first=rep % 2 == 0)
+            results = interleaved(name, epochs_each, samples, plain_first=rep % 2 == 0, evaluation=evaluation)
             for variant, result in results.items():     # (the plain loop counts the steps: its DataLoader's)
-                raw.append({"part": "1 process, interleaved", "program": name, "variant": variant, "repeat": rep,
+                raw.append({"part": part, "program": name, "variant": variant, "repeat": rep,
                             "epochs": result["epochs"], "steps": results["plain loop"]["steps"]})
                 print(json.dumps(raw[-1]), flush=True)
         for name in [n for n in args.evaluation.split(",") if n]:
@@ -227,7 +236,8 @@ def main() -> None:
     command = "python " + " ".join(sys.argv)
     save_result({"rows": rows, "raw": raw, "smoke": args.smoke}, command, args.out)
     header = (f"Machine: {machine}. Command: `{command}`; {repeats} repetitions, {epochs} epochs each "
-              f"(the first not timed; a step: the fastest of the others), variants in turns. Ratios: the peer's "
+              f"(the first not timed; a step: the fastest of the others), variants in turns; the interleaved parts "
+              f"{3 if args.smoke else args.interleaved_epochs} epochs each. Ratios: the peer's "
               f"step time over this variant's (above 1: faster), paired per repetition, medians.")
     text = markdown(rows, header)
     print(text)

@@ -396,8 +396,10 @@ def _evaluate(program: Program, model: nn.Module, loader, dev: torch.device) -> 
     return float(loss_sum) + float(correct)
 
 
-def run_plain_eval(program: Program, epochs: int, device: str = "cpu") -> Dict[str, Any]:
-    """The plain loop with an evaluation after every epoch; the evaluations' seconds."""
+def run_plain_eval(program: Program, epochs: int, device: str = "cpu",
+                   gate: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """The plain loop with an evaluation after every epoch; the evaluations' seconds (``gate()``
+    before each evaluation's clock, to take turns: ``turns.py``)."""
     start = time.perf_counter()
     dev, model, opt, loader = _plain(program, device)
     data = held_out(program)
@@ -407,15 +409,19 @@ def run_plain_eval(program: Program, epochs: int, device: str = "cpu") -> Dict[s
     for epoch in range(epochs):
         _epochs(1, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev)
         _sync(dev)
+        if gate is not None:
+            gate()
         t = time.perf_counter()
         _evaluate(program, model, evals, dev)
         times.append(time.perf_counter() - t)
     return {"epochs": times, "total": time.perf_counter() - start, "steps": len(evals)}
 
 
-def run_dptrain_eval(program: Program, epochs: int, devices: str = "cpu:0") -> Dict[str, Any]:
+def run_dptrain_eval(program: Program, epochs: int, devices: str = "cpu:0",
+                     gate: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     """``dptrain.fit`` with the same evaluation set; each evaluation's seconds, seen by a
-    callback: from its start to its figures (summed over the processes)."""
+    callback: from its start to its figures (summed over the processes); ``gate()`` as
+    ``run_plain_eval``'s."""
     import dptrain
 
     class EvalTime(dptrain.Callback):
@@ -423,6 +429,8 @@ def run_dptrain_eval(program: Program, epochs: int, devices: str = "cpu:0") -> D
             self.began, self.times = 0.0, []
 
         def on_evaluate_start(self, run, epoch):
+            if gate is not None:
+                gate()
             self.began = time.perf_counter()
 
         def on_evaluate_end(self, run, epoch, metrics):
@@ -451,7 +459,8 @@ def run_named(framework: str, name: str, epochs: int, samples: int = 0, *args: A
 
 
 FRAMEWORKS = {"plain": run_plain, "plain-tensors": run_plain_tensors, "dptrain": run_dptrain,
-              "accelerate": run_accelerate, "ddp": run_ddp}
+              "accelerate": run_accelerate, "ddp": run_ddp, "plain-eval": run_plain_eval,
+              "dptrain-eval": run_dptrain_eval}
 
 
 def main() -> None:

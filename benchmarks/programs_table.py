@@ -19,11 +19,14 @@ from typing import Any, Dict, List, Sequence
 START, END = "<!-- bench_programs: start -->", "<!-- bench_programs: end -->"
 #: Interleaved parts: (the variant measured, its peers).
 INTERLEAVED = {"1 process, interleaved": ("dptrain, 1 device", ["plain loop"]),
+               "evaluation, interleaved": ("dptrain, 1 device", ["plain loop"]),
                "2 processes, interleaved": ("dptrain", ["ddp", "accelerate"])}
 TITLES = {
     "evaluation": "evaluation after each epoch (1 process; a quarter of the data; us per evaluation batch)",
     "1 process, interleaved": "1 process, interleaved (the plain loop and dptrain on 1 device taking turns epoch "
                               "by epoch; ratio: the median over the pairs of epochs, and their range)",
+    "evaluation, interleaved": "evaluation, interleaved (the same, taking turns evaluation by evaluation; us per "
+                               "evaluation batch)",
     "2 processes, interleaved": "2 processes, interleaved (DDP, Accelerate and dptrain, each under torchrun, "
                                 "taking turns epoch by epoch; ratio: the median over the pairs of epochs, and "
                                 "their range)",

@@ -18,7 +18,8 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     out = tmp_path / "programs.json"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke",
                            "--programs", "tiny-mlp,hf-style", "--processes", "tiny-mlp", "--evaluation", "text",
-                           "--interleaved", "tiny-mlp", "--interleaved-processes", "tiny-mlp", "--out", str(out)],
+                           "--interleaved", "tiny-mlp", "--interleaved-processes", "tiny-mlp",
+                           "--interleaved-evaluation", "text", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -38,6 +39,9 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     assert [(r["program"], r["variant"]) for r in turns] == [("tiny-mlp", "plain loop"),
                                                               ("tiny-mlp", "dptrain, 1 device")]
     assert turns[1]["x plain loop"] > 0 and turns[1]["pairs"] == 2       # 3 epochs each, the first not paired
+    evaluations = [r for r in rows if r["part"] == "evaluation, interleaved"]
+    assert [(r["program"], r["variant"]) for r in evaluations] == [("text", "plain loop"), ("text", "dptrain, 1 device")]
+    assert evaluations[1]["x plain loop"] > 0 and evaluations[1]["pairs"] == 2
     jobs = [r for r in rows if r["part"] == "2 processes, interleaved"]
     assert [r["variant"] for r in jobs] == ["ddp", "accelerate", "dptrain"]
     assert jobs[2]["x ddp"] > 0 and jobs[2]["x accelerate"] > 0 and jobs[2]["pairs"] == 2
