@@ -22,7 +22,7 @@ def decide(rank, world):
         if batch == 2 and rank == 1:
             stops.signum = signal.SIGINT       # lands in rank 1 only, during batch 2
         # The flags ride with the gradients (summed here by hand), or, batch 3, could not ride.
-        received = None if batch == 3 else collective.all_reduce(flags.clone())
+        received = None if batch == 3 else collective.all_reduce(torch.tensor(flags))
         answers.append(stops.after_batch(batch, non_finite=batch == 1 and rank == 0, received=received))
         if batch == 3 and rank == 0:
             stops.signum = signal.SIGTERM
@@ -59,7 +59,7 @@ def request_on_one_rank(rank, world):
         flags = stops.before_batch()
         if batch == 1 and rank == 1:
             stops.request()                    # a callback of rank 1 asks, during batch 1
-        answers.append(stops.after_batch(batch, False, collective.all_reduce(flags.clone())).requested)
+        answers.append(stops.after_batch(batch, False, collective.all_reduce(torch.tensor(flags))).requested)
     agreed = stops.agree()
     stops.barrier()
     return answers, agreed

@@ -21,6 +21,7 @@ import torch
 from ..core import tracing as trace
 from ..data.accumulate import MicroBatches
 from ..data.batch import Batch, batch_size, to_device
+from ..parallel.sync.base import Extras
 from .step_plan import StepResult
 
 _NO_CHANGE = contextlib.nullcontext()
@@ -36,7 +37,7 @@ def applies(engine: Any, batch: Batch, sizes: Optional[Sequence[int]], timed: bo
 
 
 def direct_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
-                extras: Optional[torch.Tensor] = None) -> StepResult:
+                extras: Extras = None) -> StepResult:
     """One step on ``batch`` on the engine's only device; see the module docstring."""
     device = engine.devices[0]
     shard = to_device(batch, device, engine.memory_format)

@@ -18,6 +18,7 @@ from ..core.parts import even_parts
 from ..data.accumulate import MicroBatches
 from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
 from ..parallel.replicas import replicate
+from ..parallel.sync.base import Extras
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..parallel.trainer import Trainer
 from . import direct_step as direct
@@ -213,7 +214,7 @@ class ModelEngine:
         _, target = input_and_target(batch)
         return True, host_number(self.adapter.count(target))
 
-    def train_batch(self, batch: Batch, skip_nonfinite: bool = False, extras: Optional[torch.Tensor] = None,
+    def train_batch(self, batch: Batch, skip_nonfinite: bool = False, extras: Extras = None,
                     sizes: Optional[Sequence[int]] = None, timed: bool = False) -> StepResult:
         """One step on this process's ``batch``; returns what it did (``StepResult``).
 

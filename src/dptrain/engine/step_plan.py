@@ -17,6 +17,7 @@ import torch
 from ..core import tracing as trace
 from ..data.batch import Batch, to_device
 from ..parallel.syncbn import synchronized
+from ..parallel.sync.base import Extras
 from .losses import Count, add_counts, host_number
 
 
@@ -36,7 +37,7 @@ class StepResult:
     loss: torch.Tensor
     count: Count
     stepped: bool = True
-    flags: Optional[torch.Tensor] = None
+    flags: Extras = None
     seconds: Optional[List[float]] = None
     grad_norm: Optional[torch.Tensor] = None
     mean: bool = False

@@ -36,7 +36,7 @@ from .phases import run_fused
 from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
 from .sync import Denominator, GradientSync, SyncStep
-from .sync.base import grad_norm, scale_and_clip_
+from .sync.base import Extras, grad_norm, scale_and_clip_
 from .sync.buckets import DEFAULT_BUCKET_MB
 
 T = TypeVar("T")
@@ -49,7 +49,7 @@ class StepOutcome(Generic[T]):
     the parameters, and the processes' sum of the ``extras`` (None if they could not ride)."""
     outputs: List[T]
     stepped: bool
-    summed_extras: Optional[torch.Tensor] = None
+    summed_extras: Extras = None
     grad_norm: Optional[torch.Tensor] = None        # before clipping (with max_norm)
 
 
@@ -157,14 +157,15 @@ class Trainer:
 
     def step_with(self, compute: Callable[[int], T], batch_size: Denominator,
                   ignore_stale_grad: bool = False, skip_nonfinite: bool = False,
-                  extras: Optional[torch.Tensor] = None, max_norm: Optional[float] = None) -> StepOutcome[T]:
+                  extras: Extras = None, max_norm: Optional[float] = None) -> StepOutcome[T]:
         """Run ``compute(i)`` (forward and backward of shard ``i``) on every device, then ``step``.
 
         The same result as calling ``compute`` on every device and then ``step``, in one
         dispatch to the device threads (``phases.py``). With several processes the gradients
         are sent in buckets while backward runs, and ``batch_size`` (this process's) rides in
-        the last bucket, with ``extras`` (a few numbers to sum over the processes). Returns
-        the outputs, whether it updated, and the summed extras, as a ``StepOutcome``.
+        the last bucket, with ``extras`` (a few numbers to sum over the processes: a tensor, or
+        Python numbers, which cost no operation of their own). Returns the outputs, whether it
+        updated, and the summed extras, as a ``StepOutcome``.
         """
         self._check_denominator(batch_size)
         if not self._optimizers:      # the first step (lazy modules): the plain way

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Callable, Deque, Iterator, NamedTuple, Optional
+from typing import Callable, Deque, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -80,7 +80,7 @@ class StopRequests:
         self._bad = False                                # a non-finite loss here, not yet shared
         self._requested = False                          # a callback asked to stop
         self._batch = 0                                  # the last batch done
-        self._sent: Deque[torch.Tensor] = collections.deque()   # flags given to batches not yet decided on
+        self._sent: Deque[Tuple[float, ...]] = collections.deque()   # flags given to batches not yet decided on
 
     @contextmanager
     def catching(self) -> Iterator[None]:
@@ -117,21 +117,24 @@ class StopRequests:
         """A callback asks the run to stop: every process hears it with the next flags."""
         self._requested = True
 
-    def _flags(self) -> torch.Tensor:
-        flags = torch.tensor([float(self.signum == s) for s in SIGNALS] + [float(self._bad), float(self._requested)],
-                             device=self.device)
+    def _flags(self) -> Tuple[float, ...]:
+        """Python numbers, not a tensor: the gradients' last bucket writes them with its
+        counts in one copy (a tensor: 1-2 operations to make it, 3 to write it; each a
+        kernel on a GPU)."""
+        flags = tuple(float(self.signum == s) for s in SIGNALS) + (float(self._bad), float(self._requested))
         self._bad = False
         return flags
 
-    def before_batch(self) -> Optional[torch.Tensor]:
+    def before_batch(self) -> Optional[Tuple[float, ...]]:
         """What this process saw so far, to send with the next batch's gradients (several
-        processes; None with one)."""
+        processes; None with one): four numbers."""
         if not self._shared:
             return None
         self._sent.append(self._flags())
         return self._sent[-1]
 
-    def after_batch(self, batch: int, non_finite: bool, received: Optional[torch.Tensor] = None) -> Decision:
+    def after_batch(self, batch: int, non_finite: bool,
+                    received: Union[torch.Tensor, Sequence[float], None] = None) -> Decision:
         """The decision every process takes after ``batch``.
 
         One process: about this batch. Several: about what the processes saw up to the batch
@@ -149,14 +152,14 @@ class StopRequests:
             return GO_ON
         sent = self._sent.popleft()
         if received is None:
-            received = self.collective.all_reduce(sent.clone())
+            received = self.collective.all_reduce(torch.tensor(sent, device=self.device))
         return self._decide(received, batch - 1)
 
     def flush(self) -> Decision:
         """After the last batch of an epoch: share what it saw and decide (a blocking message)."""
         if not self._shared:
             return Decision(self.signum, None, self._requested)
-        return self._decide(self.collective.all_reduce(self._flags()), self._batch)
+        return self._decide(self.collective.all_reduce(torch.tensor(self._flags(), device=self.device)), self._batch)
 
     def agree(self) -> bool:
         """After an epoch's callbacks: whether any process's callback asked to stop (one
@@ -166,8 +169,8 @@ class StopRequests:
         return bool(self.collective.all_reduce(torch.tensor([float(self._requested)], device=self.device)).item())
 
     @staticmethod
-    def _decide(flags: torch.Tensor, flagged_batch: int) -> Decision:
-        seen_int, seen_term, any_bad, requested = flags.tolist()[:4]
+    def _decide(flags: Union[torch.Tensor, Sequence[float]], flagged_batch: int) -> Decision:
+        seen_int, seen_term, any_bad, requested = (flags.tolist() if isinstance(flags, torch.Tensor) else flags)[:4]
         signum = signal.SIGTERM if seen_term else signal.SIGINT if seen_int else None
         return Decision(signum, flagged_batch if any_bad else None, bool(requested))
 

@@ -28,6 +28,9 @@ Params = List[List[torch.Tensor]]               # [device][parameter]
 #: What the summed gradient is divided by: a count, a 0-d tensor (e.g. a loss's weighted
 #: count, left on its device so nothing waits for it), or None for no division.
 Denominator = Union[int, float, torch.Tensor, None]
+#: A few numbers to sum over the processes with the gradients: a tensor, or Python numbers
+#: (cheaper to send: written with the gradients' bookkeeping in one copy).
+Extras = Union[torch.Tensor, Sequence[float], None]
 Phase = Callable[[int, Sequence[int]], None]      # (device index, active parameters)
 
 
@@ -44,13 +47,17 @@ class SyncStep:
     ride) and ``grad_norm`` (the norm before clipping, when clipping).
     """
     denominator: Union[Denominator, Callable[[], Denominator]] = None
-    extras: Optional[torch.Tensor] = None
+    extras: Extras = None
     ignore_stale_grad: bool = False
     check_finite: bool = False
     max_norm: Optional[float] = None
     skipped: bool = False
-    summed_extras: Optional[torch.Tensor] = None
+    summed_extras: Extras = None
     grad_norm: Optional[torch.Tensor] = None
+
+
+def extra_count(extras: Extras) -> int:
+    return 0 if extras is None else extras.numel() if isinstance(extras, torch.Tensor) else len(extras)
 
 
 def resolve(denominator: Union[Denominator, Callable[[], Denominator]]) -> Denominator:

@@ -25,6 +25,7 @@ import torch
 
 from ...core import tracing as trace
 from ...distributed.collective import Collective
+from .base import Extras, extra_count
 
 DEFAULT_BUCKET_MB = 25.0
 #: Numbers besides the gradients the last bucket can sum (see ``prepare``).
@@ -100,7 +101,7 @@ class BucketReducer:
         self._arrived = [0] * len(first)
         self._next = 0
         self._denominator = None
-        self._extras: Optional[torch.Tensor] = None
+        self._extras: Extras = None
         self._every = list(range(len(first)))
         self._missing = False       # some parameter of this process had no gradient this step
         self.enabled = True
@@ -141,11 +142,13 @@ class BucketReducer:
                     self._write(j, arrived=True)
         return hook
 
-    def prepare(self, denominator=None, extras: Optional[torch.Tensor] = None) -> None:
+    def prepare(self, denominator=None, extras: Extras = None) -> None:
         """Start a step; ``denominator`` (this process's: a number or a 0-d tensor) and
-        ``extras`` (at most ``EXTRA_SLOTS`` numbers) ride in the last bucket when given."""
-        if extras is not None and extras.numel() > EXTRA_SLOTS:
-            raise ValueError(f"at most {EXTRA_SLOTS} extra numbers ride with the gradients, got {extras.numel()}")
+        ``extras`` (at most ``EXTRA_SLOTS`` numbers: a tensor, or Python numbers) ride in the
+        last bucket when given. Python numbers are written with the bucket's counts, in the
+        same copy; a tensor costs a copy of its own."""
+        if extras is not None and extra_count(extras) > EXTRA_SLOTS:
+            raise ValueError(f"at most {EXTRA_SLOTS} extra numbers ride with the gradients, got {extra_count(extras)}")
         with self._lock:
             self._arrived = [0] * len(self._arrived)
             self._next = 0
@@ -190,16 +193,21 @@ class BucketReducer:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
             bucket = self.buckets[self._next]
             last = self._next == len(self.buckets) - 1
-            # The counts and the zeros after them in one copy (not 2-3 operations a parameter:
-            # each a kernel on a GPU, 62 a step for ResNet-18).
+            # The counts, and the denominator and extras given as numbers, in one copy (not
+            # 2-3 operations a parameter: each a kernel on a GPU, 62 a step for ResNet-18).
             head = bucket.buffer[bucket.numel:]
-            head.copy_(torch.tensor(bucket.present + [0] * (head.numel() - len(bucket.present)), dtype=head.dtype),
-                       non_blocking=True)
-            tail = head[len(bucket.params):]
-            if last and self._denominator is not None:
-                tail[0] = self._denominator
-            if last and self._extras is not None:
-                tail[1:1 + self._extras.numel()] = self._extras.reshape(-1)
+            numbers = bucket.present + [0] * (head.numel() - len(bucket.present))
+            at = len(bucket.params)
+            denominator, extras = (self._denominator, self._extras) if last else (None, None)
+            if denominator is not None and not isinstance(denominator, torch.Tensor):
+                numbers[at] = denominator
+            if extras is not None and not isinstance(extras, torch.Tensor):
+                numbers[at + 1:at + 1 + len(extras)] = extras
+            head.copy_(torch.tensor(numbers, dtype=head.dtype), non_blocking=True)
+            if isinstance(denominator, torch.Tensor):
+                head[at] = denominator
+            if isinstance(extras, torch.Tensor):
+                head[at + 1:at + 1 + extras.numel()] = extras.reshape(-1)
             bucket.launched_us = trace.now_us()
             bucket.work = self.collective.all_reduce_async(bucket.buffer)
             self._next += 1
@@ -236,7 +244,7 @@ class BucketReducer:
         last = self.buckets[-1]
         tail = last.buffer[last.numel + len(last.params):]
         total = tail[0] if self._denominator is not None else None
-        self.summed_extras = tail[1:1 + self._extras.numel()].clone() if self._extras is not None else None
+        self.summed_extras = tail[1:1 + extra_count(self._extras)].clone() if self._extras is not None else None
         return sorted(used), total
 
     summed_extras: Optional[torch.Tensor] = None
