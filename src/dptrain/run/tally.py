@@ -43,13 +43,14 @@ class Tally:
     def add(self, result: StepResult) -> Any:
         """Count a step that updated; return its verdict (see ``finite``)."""
         loss, count = result.loss, result.count
+        read = None
         if isinstance(count, LazyCount):
             self._lazy.append((loss, count))
             if len(self._lazy) >= 64:
                 self._fold()
         elif self.on_host:
-            value, number = result.numbers()
-            self._sum += value
+            read, number = loss.item(), float(count)
+            self._sum += read * number if result.mean else read
             self._count += number
         else:
             if not result.mean:
@@ -61,7 +62,7 @@ class Tally:
             self._count = add_counts(self._count, count)
         # The loss is finite exactly when its sum is (a mean over no sample is NaN).
         if self.on_host:
-            return loss.item()
+            return loss.item() if read is None else read
         if loss.device.type != "cuda":
             return loss
         if self._snapshot is None:
