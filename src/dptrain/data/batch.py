@@ -7,7 +7,8 @@ length are split like tensors, other values are given whole to every shard.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping      # (typing's Mapping: isinstance 2.5x slower, every batch)
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -21,8 +22,10 @@ TARGET_KEYS = ("y", "target", "targets", "label", "labels")
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
     """Apply ``fn`` to every tensor of ``batch``, keeping its structure."""
     kind = type(batch)
-    if kind is tuple or kind is list:       # the usual batch, first: this runs every step
+    if kind is tuple or kind is list:       # the usual batches, first: this runs every step
         return kind([fn(v) if type(v) is torch.Tensor else map_tensors(fn, v) for v in batch])
+    if kind is dict:
+        return {k: fn(v) if type(v) is torch.Tensor else map_tensors(fn, v) for k, v in batch.items()}
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, Mapping):
