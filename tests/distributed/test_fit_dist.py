@@ -288,3 +288,29 @@ def test_a_batch_with_no_counted_target_is_skipped_or_named_as_on_one_process():
         assert skipped == want[1] and said == want[2]       # the same batch named, not the next one
         for p, q in zip(params, want[0]):
             torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+
+
+def run_freed_after_fit(rank, world):
+    """Whether fit's run was freed when fit returned, with the collector off (2 processes: the
+    bucket reducer, the collective, gloo's objects go with it)."""
+    import gc
+    import weakref
+    seen = {}
+
+    class Keep(dptrain.Callback):
+        def on_fit_start(self, run):
+            seen["run"] = weakref.ref(run)
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)   # torch._dynamo's import cycle, outside
+    g = torch.Generator().manual_seed(0)             # the same data in every process
+    X, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+    gc.collect()
+    gc.disable()
+    try:
+        dptrain.fit(nn.Linear(4, 3), (X, y), epochs=2, batch_size=16, log=None, progress=False, callbacks=[Keep()])
+        return seen["run"]() is not None
+    finally:
+        gc.enable()
+
+
+def test_fit_frees_its_run_in_every_process():
+    assert run_workers(run_freed_after_fit) == [False, False]

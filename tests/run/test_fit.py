@@ -151,3 +151,29 @@ def test_an_evaluation_set_that_does_not_fit_the_model_fails_before_training(tmp
                     (torch.randn(16, 5), torch.randint(0, 2, (16,))), epochs=1, batch_size=8, devices=1,
                     callbacks=[Count()], checkpoint_dir=str(tmp_path / "ck"), log=None)
     assert trained == []            # not one batch, not an epoch lost
+
+
+@pytest.mark.parametrize("devices", ["cpu:0", "cpu:0,cpu:1"])
+def test_fit_frees_its_run_when_it_returns_without_the_collector(devices):
+    """Nothing of a run sits in a reference cycle: its model copies, optimizer and buckets (GPU
+    memory, gloo objects) go when fit returns, not whenever Python's collector next runs."""
+    import gc
+    import weakref
+    seen = {}
+
+    class Keep(dptrain.Callback):
+        def on_fit_start(self, run):
+            seen["run"] = weakref.ref(run)
+    # torch's first optimizer imports torch._dynamo, whose frames sit in a cycle of torch's own
+    # with the frames that imported it: made here, outside the run.
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    X, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    gc.collect()
+    gc.disable()
+    try:
+        dptrain.fit(nn.Linear(4, 3), (X, y), epochs=2, batch_size=16, devices=devices, log=None,
+                    progress=False, callbacks=[Keep()])
+        alive = seen["run"]() is not None
+    finally:
+        gc.enable()
+    assert not alive

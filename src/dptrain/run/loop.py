@@ -14,6 +14,7 @@ import collections
 import signal
 import sys
 import time
+import weakref
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -229,7 +230,11 @@ class Run:
                 bad = not skip_nan and not Tally.finite(verdict)
                 decision = self.stops.after_batch(done, bad, received)
                 if decision is not GO_ON:
-                    ending[0] |= self._decide(decision, epoch, latest, so_far, resolve)
+                    ending[0] |= self._decide(decision, epoch, latest, so_far, itself())
+        # Weakly: a function holding itself is a reference cycle, which kept this run (its
+        # model copies, optimizer, buckets: GPU memory too) alive after fit until Python's
+        # collector ran (a test checks it is freed at once).
+        itself = weakref.ref(resolve)
         first_step = (epoch - 1) * self.batches
         self.batch = at.batch + 1
         with self.runner.coordinating():
