@@ -20,11 +20,12 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Callable, Deque, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Iterator, NamedTuple, Optional, Tuple
 
 import torch
 
 from ..distributed.collective import Collective
+from ..parallel.sync.base import Extras
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -133,8 +134,7 @@ class StopRequests:
         self._sent.append(self._flags())
         return self._sent[-1]
 
-    def after_batch(self, batch: int, non_finite: bool,
-                    received: Union[torch.Tensor, Sequence[float], None] = None) -> Decision:
+    def after_batch(self, batch: int, non_finite: bool, received: Extras = None) -> Decision:
         """The decision every process takes after ``batch``.
 
         One process: about this batch. Several: about what the processes saw up to the batch
@@ -169,7 +169,7 @@ class StopRequests:
         return bool(self.collective.all_reduce(torch.tensor([float(self._requested)], device=self.device)).item())
 
     @staticmethod
-    def _decide(flags: Union[torch.Tensor, Sequence[float]], flagged_batch: int) -> Decision:
+    def _decide(flags: Extras, flagged_batch: int) -> Decision:
         seen_int, seen_term, any_bad, requested = (flags.tolist() if isinstance(flags, torch.Tensor) else flags)[:4]
         signum = signal.SIGTERM if seen_term else signal.SIGINT if seen_int else None
         return Decision(signum, flagged_batch if any_bad else None, bool(requested))
