@@ -113,15 +113,21 @@ import os, subprocess, sys, time
 sys.path.insert(0, {benchmarks!r})
 from job_turns import JobGate
 name, epochs, worker = sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None
-if worker is None:          # the 'agent': start the workers, fail if one does
+if worker is None:          # the 'agent', as torchrun's: a worker fails, the others are stopped
     procs = [subprocess.Popen([sys.executable, sys.argv[0], name, str(epochs), str(w)],
                               env={{**os.environ, "LOCAL_RANK": str(w)}}) for w in range(2)]
-    sys.exit(max(p.wait() for p in procs))
+    while any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            for p in procs:
+                p.kill()
+            sys.exit(1)
+        time.sleep(0.02)
+    sys.exit(max(p.returncode for p in procs))
 turns = JobGate.from_env()
 turns.gate()                # the set-up
 for epoch in range(epochs):
     turns.gate()
-    if name == "bad" and epoch == 1:
+    if name == "bad" and epoch == 1 and worker == "0":       # (one traceback in the shared log)
         raise ValueError("this job broke")
     start = time.time()
     time.sleep(0.05)
