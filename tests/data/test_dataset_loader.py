@@ -173,6 +173,48 @@ def test_a_dataset_drawing_from_any_generator_stays_seeded_and_reproducible(name
     assert seen == first            # the same numbers: drawn under (seed, epoch, position) seeds
 
 
+class _Noisy(Dataset):
+    """Sample i is torch's next number (an augmentation's draw)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.rand(()).item()
+
+
+def test_a_sample_draws_the_same_numbers_read_during_the_watch_and_after_it():
+    from dptrain.data.dataset_loader import _Seeded
+    watched = _Seeded(_Noisy())
+    during = [x for p in _parts(_Seeded.WATCH) for x in watched.__getitems__(p)]
+    assert watched._watch == 0 and watched._draws == {"torch"}
+    after = [x for p in _parts(_Seeded.WATCH) for x in watched.__getitems__(p)]     # the inline read
+    assert after == during and len(set(during)) == len(during)
+
+
+_DRAWS_IN_A_FRESH_INTERPRETER = """
+import random, numpy as np, torch
+from torch.utils.data import Dataset
+from dptrain.data import DatasetLoader
+class D(Dataset):
+    def __len__(self): return 12
+    def __getitem__(self, i): return torch.tensor([random.random(), np.random.rand(), torch.rand(()).item()])
+loader = DatasetLoader(D(), 4, shuffle=True, seed=5)
+print([b.tolist() for b in loader])
+"""
+
+
+def test_python_and_numpy_draws_are_the_same_in_every_run_whatever_the_hash_seed():
+    # str hashes change with PYTHONHASHSEED, random in every run (and every process of a job)
+    import subprocess
+    import sys
+    runs = [subprocess.run([sys.executable, "-c", _DRAWS_IN_A_FRESH_INTERPRETER], capture_output=True, text=True,
+                           timeout=120, env={**__import__("os").environ, "PYTHONHASHSEED": seed})
+            for seed in ("1", "2")]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    assert runs[0].stdout == runs[1].stdout and runs[0].stdout.count("[") > 3
+
+
 @pytest.mark.parametrize("draw", [lambda: torch.rand(1), lambda: random.random(), lambda: np.random.rand()])
 def test_the_callers_generators_are_left_alone_after_the_watch_too(draw):
     from dptrain.data.dataset_loader import _Seeded

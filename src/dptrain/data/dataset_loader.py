@@ -80,16 +80,21 @@ class _Seeded(Dataset):
         seed_, epoch, start = where
         saved = {name: _GENERATORS[name][0]() for name in uses}
         try:
-            part_seed = hash((seed_, epoch, start, "part")) % 2**32    # ints hash alike in every process
+            part_seed = hash((seed_, epoch, start, 1)) % 2**32     # ints (not str) hash alike in every run
             for name in uses:
                 if name != "torch":
                     _GENERATORS[name][2](part_seed)
             seeded = {name: _GENERATORS[name][0]() for name in uses if name != "torch"} if watching else {}
             if self._batched:
                 out = self._torch_seeded(watching, part_seed, lambda: self.dataset.__getitems__(list(indices)))
-            else:
-                out = [self._torch_seeded(watching, hash((seed_, epoch, start + k)) % 2**63,
-                                          lambda i=i: self.dataset[i]) for k, i in enumerate(indices)]
+            elif watching:
+                out = [self._torch_seeded(True, _sample_seed(seed_, epoch, k), lambda i=i: self.dataset[i])
+                       for k, i in enumerate(indices, start)]
+            else:   # the usual read, inline: the seeding cost 1.8 us a sample with two calls more, 1.6 inline
+                out, dataset, manual_seed = [], self.dataset, torch.default_generator.manual_seed
+                for k, i in enumerate(indices, start):
+                    manual_seed(_sample_seed(seed_, epoch, k))
+                    out.append(dataset[i])
             self._draws.update(name for name, state in seeded.items()
                                if not _same_state(state, _GENERATORS[name][0]()))
             return out
@@ -107,6 +112,11 @@ class _Seeded(Dataset):
         if watching and "torch" not in self._draws and not torch.equal(fresh, generator.get_state()):
             self._draws.add("torch")
         return out
+
+
+def _sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The seed of torch's generator for the sample at ``position`` in epoch ``epoch``'s order."""
+    return hash((seed, epoch, position)) % 2**63       # ints hash alike in every process
 
 
 def _same_state(a: Any, b: Any) -> bool:
