@@ -1,10 +1,15 @@
 """A user's own Task for the CLI tests: ``dptrain train --recipe tests/tasks/user_task.py:make``.
 
-A small MLP, AdamW with a per-batch cosine schedule, dict batches from a map-style Dataset,
-and an extra metric: everything a recipe does, through the public API only.
+A small MLP, AdamW with a per-batch cosine schedule, dict batches from a map-style Dataset
+whose training samples are augmented with noise from torch, NumPy and Python's ``random``
+(a resumed run, a fresh interpreter, must draw what the unbroken one drew), and an extra
+metric: everything a recipe does, through the public API only.
 """
-import os
 import functools
+import os
+import random
+
+import numpy as np
 
 import torch
 from torch import nn
@@ -14,16 +19,20 @@ import dptrain
 
 
 class Pairs(Dataset):
-    def __init__(self, n, seed):
+    def __init__(self, n, seed, noise=0.0):
         g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, 6, generator=g)
         self.y = (self.x[:, :3].sum(1) > 0).long() + (self.x[:, 3] > 1).long()
+        self.noise = noise
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
-        return {"features": self.x[i], "label": self.y[i]}
+        x = self.x[i]
+        if self.noise:
+            x = x + self.noise * (torch.randn(6) + float(np.random.randn()) + random.gauss(0.0, 1.0))
+        return {"features": x, "label": self.y[i]}
 
 
 class Net(nn.Module):
@@ -38,7 +47,7 @@ class Net(nn.Module):
 def make(config):
     n = 16 * (config.max_batches or 50)
     return dptrain.Task(
-        Net(), Pairs(n, 1), Pairs(100, 2), loss=nn.CrossEntropyLoss(),
+        Net(), Pairs(n, 1, noise=0.05), Pairs(100, 2), loss=nn.CrossEntropyLoss(),
         optimizer=functools.partial(torch.optim.AdamW, lr=0.01),
         scheduler=functools.partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=1000),
         scheduler_interval="batch", metrics={"zeros": lambda out, y: ((y == 0).sum(), y.numel())},
