@@ -18,7 +18,11 @@ The programs and the framework loops are in ``everyday.py``; the tables in
    plain loop" on this VM (session 13: pairs within 0.78-1.35 where whole runs in turns gave
    0.71-1.22). ``--interleaved-evaluation``: the same for part 4's evaluations, taking turns
    evaluation by evaluation; ``--interleaved-processes``: part 2's three torchrun jobs taking
-   turns epoch by epoch (``job_turns.py``).
+   turns epoch by epoch (``job_turns.py``). ``--paired`` (and ``--paired-evaluation``): the
+   plain loop and ``dptrain.fit`` on 1 device in one process, a callback of dptrain's running
+   the plain loop's epoch just before dptrain's, then just after the next, and so on
+   (``everyday.run_paired``): one interpreter for both, the least noisy measure (session 15:
+   the CNN's 1.6 us of seeding a sample showed as 0.978x against 1.000x without it).
 4. **Evaluation** (``--evaluation``): the plain loop and ``dptrain.fit`` on 1 device, each
    evaluating a quarter of the data after every epoch; the evaluation's time per batch
    (dptrain's seen by a callback, from ``on_evaluate_start`` to ``on_evaluate_end``).
@@ -143,6 +147,12 @@ def interleaved(name: str, epochs: int, samples: int = 0, plain_first: bool = Tr
     return take_turns(dict(runners if plain_first else runners[::-1]))
 
 
+def paired(name: str, epochs: int, samples: int = 0, evaluation: bool = False) -> Dict[str, Any]:
+    """The plain loop and dptrain on 1 device in one fresh process, epoch by epoch or
+    evaluation by evaluation (``everyday.run_paired``)."""
+    return take_turns({"paired": (everyday.run_named, ("paired", name, epochs, samples, evaluation))})["paired"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", help="where fashion-mnist/ is (else random images)")
@@ -159,6 +169,10 @@ def main() -> None:
                         help="programs whose evaluations also run interleaved, one by one ('' for none)")
     parser.add_argument("--interleaved-processes", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
                         help="programs also run in 2 processes interleaved, epoch by epoch ('' for none)")
+    parser.add_argument("--paired", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
+                        help="programs also run paired in one process, epoch by epoch ('' for none)")
+    parser.add_argument("--paired-evaluation", default="tiny-mlp,text,cnn-augment,hf-style,lenet",
+                        help="programs whose evaluations also run paired in one process ('' for none)")
     parser.add_argument("--interleaved-epochs", type=int, default=6)
     parser.add_argument("--smoke", action="store_true",
                         help="two batches of each program (CI: the suite cannot rot); figures mean nothing")
@@ -199,6 +213,17 @@ def main() -> None:
             for variant, result in results.items():     # (the plain loop counts the steps: its DataLoader's)
                 raw.append({"part": part, "program": name, "variant": variant, "repeat": rep,
                             "epochs": result["epochs"], "steps": results["plain loop"]["steps"]})
+                print(json.dumps(raw[-1]), flush=True)
+        in_one = [("1 process, paired", name, False) for name in args.paired.split(",") if name] + \
+            [("evaluation, paired", name, True) for name in args.paired_evaluation.split(",") if name]
+        for part, name, evaluation in in_one if not args.gpu else []:
+            program = everyday.PROGRAMS[name]
+            samples = (4 if evaluation else 2) * program.batch if args.smoke else 0
+            results = paired(name, 3 if args.smoke else args.interleaved_epochs, samples, evaluation)
+            for variant in ("plain loop", "dptrain, 1 device"):
+                raw.append({"part": part, "program": name, "variant": variant, "repeat": rep,
+                            "epochs": results[variant]["epochs"], "steps": results["plain loop"]["steps"],
+                            "first": results["first"]})
                 print(json.dumps(raw[-1]), flush=True)
         for name in [n for n in args.evaluation.split(",") if n]:
             program = everyday.PROGRAMS[name]

@@ -285,6 +285,22 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def fit_settings(program: Program, epochs: int, devices: Optional[str] = None,
+                 callbacks: Optional[List[Any]] = None) -> Dict[str, Any]:
+    """``dptrain.fit``'s keyword arguments for the program, as its README writes them."""
+    kwargs: Dict[str, Any] = dict(optimizer=program.optimizer, lr=program.lr, epochs=epochs,
+                                  batch_size=program.batch, num_workers=program.workers, log=None, progress=False)
+    if program.collate is not None:
+        kwargs["collate_fn"] = program.collate
+    if program.step is not None:
+        kwargs["step"] = program.step
+    if devices:
+        kwargs["devices"] = devices
+    if callbacks:
+        kwargs["callbacks"] = callbacks
+    return kwargs
+
+
 def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None,
                 gate: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
     """``dptrain.fit`` as its README writes it: the Dataset (or tensors) and the settings
@@ -294,20 +310,13 @@ def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None,
     torch.manual_seed(0)
     model = program.model()
     data = program.data()
-    kwargs = dict(optimizer=program.optimizer, lr=program.lr, epochs=epochs, batch_size=program.batch,
-                  num_workers=program.workers, log=None, progress=False)
-    if program.collate is not None:
-        kwargs["collate_fn"] = program.collate
-    if program.step is not None:
-        kwargs["step"] = program.step
-    if devices:
-        kwargs["devices"] = devices
+    callbacks = None
     if gate is not None:
         class Gate(dptrain.Callback):
             def on_epoch_start(self, run, epoch):
                 gate()
-        kwargs["callbacks"] = [Gate()]
-    result = dptrain.fit(model, data, **kwargs)
+        callbacks = [Gate()]
+    result = dptrain.fit(model, data, **fit_settings(program, epochs, devices, callbacks))
     return {"epochs": [row["sec"] for row in result["history"]], "total": time.perf_counter() - start,
             "devices": result["devices"], "steps": None}
 
@@ -402,9 +411,7 @@ def run_plain_eval(program: Program, epochs: int, device: str = "cpu",
     before each evaluation's clock, to take turns: ``turns.py``)."""
     start = time.perf_counter()
     dev, model, opt, loader = _plain(program, device)
-    data = held_out(program)
-    evals = DataLoader(TensorDataset(*data) if isinstance(data, tuple) else data, batch_size=program.batch,
-                       collate_fn=program.collate, num_workers=program.workers, persistent_workers=program.workers > 0)
+    evals = _eval_loader(program)
     times = []
     for epoch in range(epochs):
         _epochs(1, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev)
@@ -438,16 +445,84 @@ def run_dptrain_eval(program: Program, epochs: int, devices: str = "cpu:0",
     start = time.perf_counter()
     torch.manual_seed(0)
     timer = EvalTime()
-    kwargs = dict(optimizer=program.optimizer, lr=program.lr, epochs=epochs, batch_size=program.batch,
-                  num_workers=program.workers, log=None, progress=False, devices=devices, callbacks=[timer])
-    if program.collate is not None:
-        kwargs["collate_fn"] = program.collate
-    if program.step is not None:
-        kwargs["step"] = program.step
     data = held_out(program)
     n = len(data[0]) if isinstance(data, tuple) else len(data)
-    dptrain.fit(program.model(), program.data(), data, **kwargs)
+    dptrain.fit(program.model(), program.data(), data, **fit_settings(program, epochs, devices, [timer]))
     return {"epochs": timer.times, "total": time.perf_counter() - start, "steps": -(-n // program.batch)}
+
+
+def _eval_loader(program: Program) -> DataLoader:
+    """The plain loop's DataLoader over ``held_out``'s set."""
+    data = held_out(program)
+    return DataLoader(TensorDataset(*data) if isinstance(data, tuple) else data, batch_size=program.batch,
+                      collate_fn=program.collate, num_workers=program.workers, persistent_workers=program.workers > 0)
+
+
+def run_paired(program: Program, epochs: int, evaluation: bool = False,
+               gate: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """The plain loop and ``dptrain.fit`` on 1 device in one process, epoch by epoch (or
+    evaluation by evaluation): a callback of dptrain's runs one epoch of the plain loop (its
+    own model, optimizer and DataLoader, whose workers wait meanwhile, as dptrain's do during
+    the plain loop's epoch) just before dptrain's epoch, then just after the next one, and so
+    on, so neither always runs first. The same interpreter, memory and threads for both; the
+    two only share the machine's weather of the same seconds. ``gate`` is called once, before
+    the set-up (``turns.py``: a part of its own, in a fresh process)."""
+    import dptrain
+    if gate is not None:
+        gate()
+    dev, model, opt, loader = _plain(program, "cpu")
+    evals = _eval_loader(program) if evaluation else None
+    plain: List[float] = []
+    first: List[str] = []           # which ran first in each pair
+
+    def plain_once() -> None:
+        if evaluation:
+            t = time.perf_counter()
+            _evaluate(program, model, evals, dev)
+            plain.append(time.perf_counter() - t)
+        else:
+            plain.extend(_epochs(1, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev))
+
+    class Paired(dptrain.Callback):
+        def __init__(self):
+            self.mine: List[float] = []
+            self.began = 0.0
+
+        def _before(self, k: int) -> None:
+            if k % 2:
+                first.append("plain loop")
+                plain_once()
+            self.began = time.perf_counter()
+
+        def _after(self, k: int) -> None:
+            if evaluation:
+                self.mine.append(time.perf_counter() - self.began)
+            if not k % 2:
+                first.append("dptrain")
+                plain_once()
+
+        def on_epoch_start(self, run, epoch):
+            if not evaluation:
+                self._before(epoch)
+
+        def on_epoch_end(self, run, epoch, row):
+            if not evaluation:
+                self._after(epoch)
+
+        def on_evaluate_start(self, run, epoch):
+            if evaluation:
+                self._before(epoch)
+
+        def on_evaluate_end(self, run, epoch, metrics):
+            if evaluation:
+                self._after(epoch)
+    paired = Paired()
+    torch.manual_seed(0)
+    result = dptrain.fit(program.model(), program.data(), held_out(program) if evaluation else None,
+                         **fit_settings(program, epochs, "cpu:0", [paired]))
+    mine = paired.mine if evaluation else [row["sec"] for row in result["history"]]
+    return {"plain loop": {"epochs": plain, "steps": len(evals if evaluation else loader)},
+            "dptrain, 1 device": {"epochs": mine}, "first": first}
 
 
 def run_named(framework: str, name: str, epochs: int, samples: int = 0, *args: Any, **kwargs: Any) -> Dict[str, Any]:
@@ -460,7 +535,7 @@ def run_named(framework: str, name: str, epochs: int, samples: int = 0, *args: A
 
 FRAMEWORKS = {"plain": run_plain, "plain-tensors": run_plain_tensors, "dptrain": run_dptrain,
               "accelerate": run_accelerate, "ddp": run_ddp, "plain-eval": run_plain_eval,
-              "dptrain-eval": run_dptrain_eval}
+              "dptrain-eval": run_dptrain_eval, "paired": run_paired}
 
 
 def main() -> None:

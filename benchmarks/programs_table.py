@@ -5,8 +5,9 @@ Two kinds of part:
 - **in turns, run by run** ("1 process", "2 processes", "evaluation"): a run's step is its
   fastest epoch after the first; a ratio is the peer's step over the variant's, paired
   within a repetition; medians over the repetitions;
-- **interleaved, epoch by epoch** (``INTERLEAVED``): every epoch after the first is paired with
-  the peer's epoch of the same number, run next to it in time; a ratio is the median over
+- **interleaved or paired, epoch by epoch** (``INTERLEAVED``): every epoch after the first is
+  paired with the peer's epoch of the same number, run next to it in time (by another process,
+  or in the same one); a ratio is the median over
   every pair of every repetition, shown with its range.
 """
 from __future__ import annotations
@@ -20,13 +21,20 @@ START, END = "<!-- bench_programs: start -->", "<!-- bench_programs: end -->"
 #: Interleaved parts: (the variant measured, its peers).
 INTERLEAVED = {"1 process, interleaved": ("dptrain, 1 device", ["plain loop"]),
                "evaluation, interleaved": ("dptrain, 1 device", ["plain loop"]),
-               "2 processes, interleaved": ("dptrain", ["ddp", "accelerate"])}
+               "2 processes, interleaved": ("dptrain", ["ddp", "accelerate"]),
+               "1 process, paired": ("dptrain, 1 device", ["plain loop"]),
+               "evaluation, paired": ("dptrain, 1 device", ["plain loop"])}
 TITLES = {
     "evaluation": "evaluation after each epoch (1 process; a quarter of the data; us per evaluation batch)",
     "1 process, interleaved": "1 process, interleaved (the plain loop and dptrain on 1 device taking turns epoch "
                               "by epoch; ratio: the median over the pairs of epochs, and their range)",
     "evaluation, interleaved": "evaluation, interleaved (the same, taking turns evaluation by evaluation; us per "
                                "evaluation batch)",
+    "1 process, paired": "1 process, paired in one process (the plain loop's epoch run by a callback of dptrain's, "
+                         "before and after dptrain's epochs by turns; ratio: the median over the pairs, and "
+                         "their range)",
+    "evaluation, paired": "evaluation, paired in one process (the same, evaluation by evaluation; us per "
+                          "evaluation batch)",
     "2 processes, interleaved": "2 processes, interleaved (DDP, Accelerate and dptrain, each under torchrun, "
                                 "taking turns epoch by epoch; ratio: the median over the pairs of epochs, and "
                                 "their range)",

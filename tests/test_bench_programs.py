@@ -19,7 +19,8 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke",
                            "--programs", "tiny-mlp,hf-style", "--processes", "tiny-mlp", "--evaluation", "text",
                            "--interleaved", "tiny-mlp", "--interleaved-processes", "tiny-mlp",
-                           "--interleaved-evaluation", "text", "--out", str(out)],
+                           "--interleaved-evaluation", "text", "--paired", "tiny-mlp", "--paired-evaluation", "text",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -42,9 +43,28 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     evaluations = [r for r in rows if r["part"] == "evaluation, interleaved"]
     assert [(r["program"], r["variant"]) for r in evaluations] == [("text", "plain loop"), ("text", "dptrain, 1 device")]
     assert evaluations[1]["x plain loop"] > 0 and evaluations[1]["pairs"] == 2
+    for part, program in (("1 process, paired", "tiny-mlp"), ("evaluation, paired", "text")):
+        pairs = [r for r in rows if r["part"] == part]
+        assert [(r["program"], r["variant"]) for r in pairs] == [(program, "plain loop"), (program, "dptrain, 1 device")]
+        assert pairs[1]["x plain loop"] > 0 and pairs[1]["pairs"] == 2
     jobs = [r for r in rows if r["part"] == "2 processes, interleaved"]
     assert [r["variant"] for r in jobs] == ["ddp", "accelerate", "dptrain"]
     assert jobs[2]["x ddp"] > 0 and jobs[2]["x accelerate"] > 0 and jobs[2]["pairs"] == 2
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_paired_in_one_process_the_plain_loop_runs_before_and_after_dptrain_by_turns(evaluation):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import everyday
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    program = everyday.shrink(everyday.PROGRAMS["tiny-mlp"], 4 * 128)
+    got = everyday.run_paired(program, 4, evaluation=evaluation)
+    assert got["first"] == ["plain loop", "dptrain", "plain loop", "dptrain"]
+    assert len(got["plain loop"]["epochs"]) == len(got["dptrain, 1 device"]["epochs"]) == 4
+    assert all(t > 0 for t in got["plain loop"]["epochs"] + got["dptrain, 1 device"]["epochs"])
+    assert got["plain loop"]["steps"] == (1 if evaluation else 4)     # a quarter of 4 batches; 4 batches
 
 
 def epochs_logged(log, name, epochs, gate):
