@@ -1,6 +1,6 @@
 """Everyday programs, dptrain against what their users would otherwise pick, in one run.
 
-    python benchmarks/bench_programs.py --data-dir ../shared/datasets          # about 45 minutes
+    python benchmarks/bench_programs.py --data-dir ../shared/datasets          # about 50 minutes
     python benchmarks/bench_programs.py --smoke                               # a few steps (CI)
 
 The programs and the framework loops are in ``everyday.py``; the tables in
