@@ -1,4 +1,5 @@
-"""Evaluation's sums are kept as they come and added every FOLD_EVERY values: the same figure."""
+"""Evaluation's sums: CPU tensors added as they come, others kept and added every FOLD_EVERY
+values: the same figure."""
 import torch
 
 from dptrain.engine import evaluation
@@ -11,12 +12,24 @@ def test_values_folded_as_they_come_sum_to_the_exact_total(monkeypatch):
     g = torch.Generator().manual_seed(0)
     targets = [torch.randint(0, 3, (5,), generator=g) for _ in range(11)]
     out = {}
+    given = [torch.tensor(0.5 * i) for i in range(11)]
     for i, t in enumerate(targets):
-        evaluation._accumulate(out, "loss", torch.tensor(0.5 * i))
+        evaluation._accumulate(out, "loss", given[i])
         evaluation._accumulate(out, "count", LazyCount(t, loss) if i % 2 else int((t != 0).sum()))
         evaluation._accumulate(out, "n", 5)
-    assert len(out["loss"]) < 4                        # folded along the way, not kept whole
+    assert len(out["loss"]) == 0 and len(out["count"]) < 4     # added at once on a CPU; folded along the way
+    assert [g.item() for g in given] == [0.5 * i for i in range(11)]     # the sum is its own tensor
     assert evaluation._total(out["loss"]).item() == sum(0.5 * i for i in range(11))
     assert evaluation._total(out["count"]).item() == sum(int((t != 0).sum()) for t in targets)
     assert evaluation._total(out["n"]).item() == 55.0
     assert evaluation._total(out["loss"]).dtype == torch.float64
+
+
+def test_gpu_like_tensors_are_kept_and_folded_and_cpu_ones_added_into_one_sum(monkeypatch):
+    monkeypatch.setattr(evaluation, "FOLD_EVERY", 3)
+    out = {}
+    for i in range(7):          # the meta device stands for a GPU: its tensors are kept, not added
+        evaluation._accumulate(out, "m", torch.empty((), device="meta"))
+        evaluation._accumulate(out, "c", torch.tensor(i, dtype=torch.long))
+    assert 0 < len(out["m"]) < 3 and out["m"].cpu_sum is None
+    assert len(out["c"]) == 0 and out["c"].cpu_sum.dtype == torch.float64 and out["c"].cpu_sum.item() == 21
