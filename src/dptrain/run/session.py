@@ -17,6 +17,7 @@ import torch
 
 from .config import TrainConfig
 from ..core.devices import cpu, num_gpus, parse_devices
+from ..core.host_memory import keep_freed_host_memory
 from ..core.stage import stage
 from ..distributed import DistEnv, init_distributed, shutdown_distributed
 from ..outputs.checkpoint import FILENAME
@@ -79,6 +80,7 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     if env.rank == 0:
         check_outputs(config, plot)
     devices = process_devices(config.devices, env)
+    keep_freed_host_memory()        # no page faults for a step's temporaries (core/host_memory.py)
     # Checked even for one process, where it is not used: --backend nccl without GPUs is an error.
     choose_backend(config.backend, use_cuda=any(d.type == "cuda" for d in devices))
     with stage(f"joining the process group as rank {env.rank} of {env.world_size}"):
