@@ -203,28 +203,21 @@ def main() -> None:
             shift = rep % len(variants)         # no variant always runs after the same other one
             for variant, run in variants[shift:] + variants[:shift]:
                 record("1 process", name, variant, rep, run(program, epochs), steps)
-        turns = [("1 process, interleaved", name, False) for name in args.interleaved.split(",") if name] + \
-            [("evaluation, interleaved", name, True) for name in args.interleaved_evaluation.split(",") if name]
-        for part, name, evaluation in turns if not args.gpu else []:
-            program = everyday.PROGRAMS[name]
-            samples = (4 if evaluation else 2) * program.batch if args.smoke else 0
-            epochs_each = 3 if args.smoke else args.interleaved_epochs
-            results = interleaved(name, epochs_each, samples, plain_first=rep % 2 == 0, evaluation=evaluation)
-            for variant, result in results.items():     # (the plain loop counts the steps: its DataLoader's)
-                raw.append({"part": part, "program": name, "variant": variant, "repeat": rep,
-                            "epochs": result["epochs"], "steps": results["plain loop"]["steps"]})
-                print(json.dumps(raw[-1]), flush=True)
-        in_one = [("1 process, paired", name, False) for name in args.paired.split(",") if name] + \
-            [("evaluation, paired", name, True) for name in args.paired_evaluation.split(",") if name]
-        for part, name, evaluation in in_one if not args.gpu else []:
-            program = everyday.PROGRAMS[name]
-            samples = (4 if evaluation else 2) * program.batch if args.smoke else 0
-            results = paired(name, 3 if args.smoke else args.interleaved_epochs, samples, evaluation)
-            for variant in ("plain loop", "dptrain, 1 device"):
-                raw.append({"part": part, "program": name, "variant": variant, "repeat": rep,
-                            "epochs": results[variant]["epochs"], "steps": results["plain loop"]["steps"],
-                            "first": results["first"]})
-                print(json.dumps(raw[-1]), flush=True)
+        side_by_side = [("1 process, interleaved", args.interleaved, False), ("evaluation, interleaved",
+                        args.interleaved_evaluation, True), ("1 process, paired", args.paired, False),
+                        ("evaluation, paired", args.paired_evaluation, True)]
+        for part, names_of_part, evaluation in side_by_side if not args.gpu else []:
+            for name in [n for n in names_of_part.split(",") if n]:
+                program = everyday.PROGRAMS[name]
+                samples = (4 if evaluation else 2) * program.batch if args.smoke else 0
+                epochs_each = 3 if args.smoke else args.interleaved_epochs
+                results = paired(name, epochs_each, samples, evaluation) if part.endswith("paired") else \
+                    interleaved(name, epochs_each, samples, plain_first=rep % 2 == 0, evaluation=evaluation)
+                for variant in ("plain loop", "dptrain, 1 device"):    # (the plain loop counts the steps)
+                    raw.append({"part": part, "program": name, "variant": variant, "repeat": rep,
+                                "epochs": results[variant]["epochs"], "steps": results["plain loop"]["steps"],
+                                **({"first": results["first"]} if "first" in results else {})})
+                    print(json.dumps(raw[-1]), flush=True)
         for name in [n for n in args.evaluation.split(",") if n]:
             program = everyday.PROGRAMS[name]
             if args.smoke:

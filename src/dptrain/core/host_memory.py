@@ -15,7 +15,7 @@ and its evaluation 1.3-1.6x slower for them, in the plain loop as in dptrain.
 The cost: memory a run freed is not given back to the system until the process ends (as
 with PyTorch's own CPU launcher, ``torch.backends.xeon.run_cpu``, which preloads jemalloc or
 tcmalloc for the same reason). Nothing is changed where the user chose for themselves
-(``MALLOC_*`` or ``GLIBC_TUNABLES`` set, another allocator in ``LD_PRELOAD``), nor with
+(``MALLOC_*_`` or ``GLIBC_TUNABLES`` set, another allocator in ``LD_PRELOAD``), nor with
 ``DPTRAIN_HOST_MALLOC=default``, nor off glibc.
 """
 from __future__ import annotations
