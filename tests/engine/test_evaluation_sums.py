@@ -1,9 +1,10 @@
 """Evaluation's sums: CPU tensors added as they come, others kept and added every FOLD_EVERY
-values: the same figure."""
+values, counts of many batches at once: the same figures."""
+import pytest
 import torch
 
 from dptrain.engine import evaluation
-from dptrain.engine.class_counts import LazyCount
+from dptrain.engine.class_counts import LazyCount, class_count, class_count_total
 
 
 def test_values_folded_as_they_come_sum_to_the_exact_total(monkeypatch):
@@ -33,3 +34,27 @@ def test_gpu_like_tensors_are_kept_and_folded_and_cpu_ones_added_into_one_sum(mo
         evaluation._accumulate(out, "c", torch.tensor(i, dtype=torch.long))
     assert 0 < len(out["m"]) < 3 and out["m"].cpu_sum is None
     assert len(out["c"]) == 0 and out["c"].cpu_sum.dtype == torch.float64 and out["c"].cpu_sum.item() == 21
+
+
+def test_counts_of_many_batches_at_once_equal_their_counts_one_by_one():
+    weighted = torch.nn.CrossEntropyLoss(weight=torch.tensor([0.5, 2.0, 1.0]), ignore_index=2)
+    plain = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(1)
+    targets = [torch.randint(0, 3, shape, generator=g) for shape in ((5,), (5,), (3,), (4, 3))]
+    for losses in ([weighted] * 4, [plain] * 4, [weighted, plain, weighted, plain]):
+        lazy = [LazyCount(t, loss) for t, loss in zip(targets, losses)]
+        one_by_one = sum(float(class_count(t, loss)) for t, loss in zip(targets, losses))
+        total = class_count_total(lazy)
+        assert total.dtype == torch.float64 and total.item() == pytest.approx(one_by_one)
+        float(lazy[1])                                      # one of them already counted
+        assert class_count_total(lazy).item() == pytest.approx(one_by_one)
+
+
+def test_batches_are_moved_only_where_moving_does_something():
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    on_host = {"ids": torch.zeros(2, 3, dtype=torch.long), "labels": torch.zeros(2, dtype=torch.long)}
+    assert not evaluation._needs_move(on_host, cpu, None)
+    assert not evaluation._needs_move((torch.zeros(2, 3), torch.zeros(2)), cpu, None)
+    assert evaluation._needs_move(on_host, cpu, torch.channels_last)           # a memory format to take
+    assert evaluation._needs_move(on_host, meta, None)                         # another device
+    assert evaluation._needs_move({"x": torch.zeros(2, device="meta"), "y": torch.zeros(2)}, cpu, None)

@@ -158,6 +158,25 @@ def test_evaluation_sums_exactly_on_a_set_that_does_not_divide():
     assert totals["mean_label"].item() == y.sum().item() and totals["mean_label_count"].item() == 23
 
 
+@pytest.mark.parametrize("n_devices", [1, 3])
+def test_evaluation_counts_weighted_and_ignored_targets_over_batches_of_unequal_sizes(n_devices):
+    # the counts of all batches at once (class_count_total), the last batch shorter
+    loss = nn.CrossEntropyLoss(weight=torch.tensor([0.5, 2.0, 1.0]), ignore_index=1)
+    torch.manual_seed(0)
+    engine = ModelEngine(Task(cnn(), (), loss=loss), [dptrain.cpu(i) for i in range(n_devices)])
+    g = torch.Generator().manual_seed(6)
+    X, y = data("classification", 29, g)      # (the last batch's targets: 2 0 1 0 2)
+    totals = engine.evaluate(dptrain.TensorLoader((X, y), 8))
+    net = engine.replicas[0].eval()
+    with torch.no_grad():
+        out = net(X)
+    kept = y != 1
+    torch.testing.assert_close(totals["count"].item(), loss.weight[y[kept]].sum().item())
+    torch.testing.assert_close(totals["loss"].item() / totals["count"].item(), loss(out, y).item())
+    assert totals["correct_count"].item() == kept.sum().item()
+    assert totals["correct"].item() == ((out.argmax(1) == y) & kept).sum().item()
+
+
 def test_lazy_modules_are_materialised_by_the_first_sample():
     net = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(2))
     engine = ModelEngine(Task(net, (), loss=nn.MSELoss(), optimizer=torch.optim.Adam),

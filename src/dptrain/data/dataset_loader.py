@@ -153,11 +153,12 @@ class _Parts:
         self.plan, self.skip = plan, 0
 
     def __iter__(self) -> Iterator[_Part]:
-        order = self.plan.order()
+        order = self.plan.order().tolist()      # once an epoch (a tensor's slice and tolist: 3 us a batch)
+        seed, epoch = self.plan.seed, self.plan.epoch
         for b, part in self.plan.parts(self.skip):
             if part.stop > part.start:
-                indices = _Part(order[part].tolist())
-                indices.seed = (self.plan.seed, self.plan.epoch, part.start)
+                indices = _Part(order[part])
+                indices.seed = (seed, epoch, part.start)
                 yield indices
 
     def __len__(self) -> int:
@@ -207,6 +208,9 @@ class DatasetLoader(EpochPlan):
         self._sampler.skip = skip
         parts = [part.stop > part.start for _, part in self.parts(skip)]
         read = iter(self._loader) if any(parts) else iter(())
+        if not self.worker_timeout and all(parts):      # the usual epoch: the DataLoader's batches as they come
+            yield from read
+            return
         asked = 0
         for has_samples in parts:
             if not has_samples:

@@ -14,19 +14,20 @@ operation a step costs host time: 27-40 us a step here, issue 22).
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
 
 
-def class_count(target: torch.Tensor, loss: nn.Module) -> torch.Tensor:
-    """What cross-entropy's mean divides by: the weights of the targets that are not ignored."""
+def class_count(target: torch.Tensor, loss: nn.Module, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """What cross-entropy's mean divides by: the weights of the targets that are not ignored
+    (summed in ``dtype``: None for the targets' or the weights' own)."""
     kept = target != loss.ignore_index
     weight = getattr(loss, "weight", None)
     if weight is None:
-        return kept.sum()
-    return weight.to(target.device)[target.clamp(min=0) * kept].mul(kept).sum()
+        return kept.sum(dtype=dtype)
+    return weight.to(target.device)[target.clamp(min=0) * kept].mul(kept).sum(dtype=dtype)
 
 
 class KeptTargets:
@@ -71,3 +72,14 @@ def class_counts(lazy: Sequence[LazyCount]) -> torch.Tensor:
         return w.reshape(len(lazy), -1).sum(1, dtype=torch.float64)
     values: List[torch.Tensor] = [c.value() for c in lazy]
     return torch.stack([v.to(torch.float64) for v in values])
+
+
+def class_count_total(lazy: Sequence[LazyCount]) -> torch.Tensor:
+    """The sum of many batches' counts, a float64 0-d tensor: one count over all their
+    targets when they share a loss and a device, whatever their sizes (an evaluation's last
+    batch is often shorter: counted one by one, 2 operations a batch)."""
+    first = lazy[0]
+    device = first.target.device
+    if all(c._value is None and c.loss is first.loss and c.target.device == device for c in lazy):
+        return class_count(torch.cat([c.target.reshape(-1) for c in lazy]), first.loss, torch.float64)
+    return class_counts(lazy).sum()

@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..core.parts import even_parts
-from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
-from .class_counts import LazyCount, class_counts
+from ..data.batch import Batch, batch_size, input_and_target, split_structure, tensors_of, to_device
+from .class_counts import LazyCount, class_count_total
 from .losses import loss_input
 from .stateful_metrics import COMPUTED, pair_metric_names
 
@@ -24,42 +24,53 @@ Totals = Dict[str, torch.Tensor]
 def evaluate(engine, batches) -> Totals:
     """Sum the loss, its denominator, correct predictions (classification) and every metric's
     ``(sum, count)`` over ``batches``, split across the devices; in eval mode, without
-    gradients. Sums stay on the devices until the end: one wait, not one per batch."""
+    gradients. Sums stay on the devices until the end: one wait, not one per batch.
+
+    A batch's Python is what a small model's evaluation spends beyond the plain loop's: what
+    is the same for every batch is looked up once, here, not per batch (session 16: the
+    text classifier's bookkeeping took 37-45 us of a ~200 us batch, CPU time)."""
     metrics = {name: engine.task.metrics[name] for name in pair_metric_names(engine.task.metrics)}
     stateful = engine.stateful
+    adapter, forward, own_forward = engine.adapter, engine.forward, engine.task.forward is not None
+    needs_output = bool(engine.task.metrics)
     totals: List[Dict[str, Any]] = [{} for _ in engine.devices]
+    moves: List[Optional[bool]] = [None] * len(engine.devices)
 
     def shard_totals(i: int, shard: Batch) -> None:
         if shard is None:
             return
         net, out, device = engine._net(i), totals[i], engine.devices[i]
-        shard = to_device(shard, device, engine.memory_format)
-        if engine.adapter is None:
+        move = moves[i]
+        if move is None:        # (decided on the first batch: a loader's batches are alike)
+            move = moves[i] = _needs_move(shard, device, engine.memory_format)
+        if move:
+            shard = to_device(shard, device, engine.memory_format)
+        if adapter is None:
             value, count, output = engine._loss_and_output(net, shard, device)
             _accumulate(out, "loss", value)
             _accumulate(out, "count", batch_size(shard) if count is None else count)
-            if not engine.task.metrics:
+            if not needs_output:
                 return
-            if engine.task.forward is None:
+            if not own_forward:
                 if output is None:
                     raise ValueError("metrics need outputs and targets: let step return a dict with 'loss' and "
                                      "'logits' (a Hugging Face model's output does), or also give "
                                      "forward=fn(model, batch) -> (output, target)")
                 target = input_and_target(shard)[1]
-        if engine.adapter is not None or engine.task.forward is not None:
+        if adapter is not None or own_forward:
             with engine._autocast(device):
-                output, target = engine.forward(net, shard)
-        if engine.adapter is not None:
-            value, count = engine.adapter.measure(output, target, shard, count=False)
+                output, target = forward(net, shard)
+        output = loss_input(output)
+        if adapter is not None:
+            value, count = adapter.measure(output, target, shard, count=False)
             if count is None:       # (a loss returning (sum, count) gave its own)
-                count = engine.adapter.lazy_count(target)
+                count = adapter.lazy_count(target)
             _accumulate(out, "loss", value)
             _accumulate(out, "count", batch_size(shard) if count is None else count)
-            hits = engine.adapter.correct(loss_input(output), target)
+            hits = adapter.correct(output, target)
             if hits is not None:
                 _accumulate(out, "correct", hits[0])
                 _accumulate(out, "correct_count", hits[1])
-        output = loss_input(output)
         if stateful:
             stateful.update(i, output, target)
         for name, fn in metrics.items():
@@ -113,19 +124,27 @@ class _Kept(list):
     cpu_sum: Optional[torch.Tensor] = None
 
 
+def _needs_move(batch: Batch, device: torch.device, memory_format: Optional[torch.memory_format]) -> bool:
+    """Whether ``to_device`` has anything to do for batches like ``batch``: not on a CPU
+    device, with no memory format, for CPU tensors (the loader's own; its call cost 8-11 us
+    a batch of the text classifier's evaluation, session 16)."""
+    return device.type != "cpu" or memory_format is not None or not all(t.is_cpu for t in tensors_of(batch))
+
+
 def _accumulate(out: Dict[str, _Kept], key: str, value: Any) -> None:
     """Add ``value`` to figure ``key``. On a CPU an add costs 1-2 us, less than keeping: a
     batch's kept sums sat between the next batch's large temporaries, and the text
     classifier's evaluation ran 12-17% slower with them kept (session 15). On a GPU each add
-    is a kernel launch of host time: kept, and summed in a few operations (``_total``)."""
+    is a kernel launch of host time: kept, and summed in a few operations (``_total``).
+    (No ``detach``: evaluation runs without gradients.)"""
     values = out.get(key)
     if values is None:
         values = out[key] = _Kept()
-    if type(value) is torch.Tensor and value.device.type == "cpu" and value.dim() == 0:
+    if type(value) is torch.Tensor and value.is_cpu and value.ndim == 0:
         if values.cpu_sum is None:
-            values.cpu_sum = value.detach().to(torch.float64, copy=True)
+            values.cpu_sum = value.to(torch.float64, copy=True)
         else:
-            values.cpu_sum.add_(value.detach())
+            values.cpu_sum.add_(value)
         return
     values.append(value)
     if len(values) >= FOLD_EVERY:
@@ -137,13 +156,15 @@ def _total(values: List[Any], device: Optional[torch.device] = None) -> torch.Te
     """The float64 sum of one figure's values on ``device`` (None: where its first tensor
     is), in a few operations (not two or three per batch: on a GPU each costs host time, on
     a CPU a small batch's evaluation was 20% bookkeeping)."""
+    cpu_sum = getattr(values, "cpu_sum", None)
+    if cpu_sum is not None and not values:          # (a CPU figure: summed as it came)
+        return cpu_sum if device is None else cpu_sum.to(device)
     if device is None:
         first = next((v for v in values if isinstance(v, (torch.Tensor, LazyCount))), None)
         device = first.device if isinstance(first, torch.Tensor) else \
             first.target.device if first is not None else torch.device("cpu")
     lazy = [v for v in values if isinstance(v, LazyCount)]
     tensors = [v.detach().reshape(()) for v in values if isinstance(v, torch.Tensor)]
-    cpu_sum = getattr(values, "cpu_sum", None)
     if cpu_sum is not None:
         tensors.append(cpu_sum)
     number = sum(float(v) for v in values if not isinstance(v, (torch.Tensor, LazyCount)))
@@ -154,5 +175,5 @@ def _total(values: List[Any], device: Optional[torch.device] = None) -> torch.Te
     for group in by_kind.values():
         total = total + torch.stack(group).to(device, torch.float64).sum()
     if lazy:
-        total = total + class_counts(lazy).to(device).sum()
+        total = total + class_count_total(lazy).to(device)
     return total
