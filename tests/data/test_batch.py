@@ -4,7 +4,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from dptrain.data.batch import batch_size, input_and_target, split_structure, to_device
+from dptrain.data.batch import batch_size, input_and_target, needs_move, split_structure, to_device
 from dptrain.core.devices import cpu
 
 Pair = namedtuple("Pair", "x y")
@@ -57,3 +57,13 @@ def test_virtual_cpu_devices_share_memory():
     assert to_device((x,), cpu(1))[0].data_ptr() == x.data_ptr()
     nhwc = to_device(x, cpu(0), torch.channels_last)
     assert nhwc.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_batches_are_moved_only_where_moving_does_something():
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    on_host = {"ids": torch.zeros(2, 3, dtype=torch.long), "labels": torch.zeros(2, dtype=torch.long)}
+    assert not needs_move(on_host, cpu, None)
+    assert not needs_move((torch.zeros(2, 3), torch.zeros(2)), cpu, None)
+    assert needs_move(on_host, cpu, torch.channels_last)           # a memory format to take
+    assert needs_move(on_host, meta, None)                         # another device
+    assert needs_move({"x": torch.zeros(2, device="meta"), "y": torch.zeros(2)}, cpu, None)

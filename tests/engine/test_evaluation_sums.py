@@ -48,13 +48,3 @@ def test_counts_of_many_batches_at_once_equal_their_counts_one_by_one():
         assert total.dtype == torch.float64 and total.item() == pytest.approx(one_by_one)
         float(lazy[1])                                      # one of them already counted
         assert class_count_total(lazy).item() == pytest.approx(one_by_one)
-
-
-def test_batches_are_moved_only_where_moving_does_something():
-    cpu, meta = torch.device("cpu"), torch.device("meta")
-    on_host = {"ids": torch.zeros(2, 3, dtype=torch.long), "labels": torch.zeros(2, dtype=torch.long)}
-    assert not evaluation._needs_move(on_host, cpu, None)
-    assert not evaluation._needs_move((torch.zeros(2, 3), torch.zeros(2)), cpu, None)
-    assert evaluation._needs_move(on_host, cpu, torch.channels_last)           # a memory format to take
-    assert evaluation._needs_move(on_host, meta, None)                         # another device
-    assert evaluation._needs_move({"x": torch.zeros(2, device="meta"), "y": torch.zeros(2)}, cpu, None)

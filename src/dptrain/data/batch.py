@@ -114,6 +114,14 @@ def to_device(batch: Batch, device: torch.device, memory_format: Optional[torch.
     return map_tensors(move, batch)
 
 
+def needs_move(batch: Batch, device: torch.device, memory_format: Optional[torch.memory_format] = None) -> bool:
+    """Whether ``to_device`` has anything to do for batches like ``batch``: nothing for a CPU
+    device without a memory format when the batch's tensors are on the CPU, as a loader's
+    are. A loop over alike batches asks once and skips the call (it cost 8-11 us a batch of
+    the text classifier's evaluation, session 16)."""
+    return device.type != "cpu" or memory_format is not None or not all(t.is_cpu for t in tensors_of(batch))
+
+
 def holds_images(batch: Batch) -> bool:
     """Whether the batch's first tensor is a stack of images (N, C, H, W): what a speed is
     counted in (images or samples)."""

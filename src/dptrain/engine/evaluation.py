@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..core.parts import even_parts
-from ..data.batch import Batch, batch_size, input_and_target, split_structure, tensors_of, to_device
+from ..data.batch import Batch, batch_size, input_and_target, needs_move, split_structure, to_device
 from .class_counts import LazyCount, class_count_total
 from .losses import loss_input
 from .stateful_metrics import COMPUTED, pair_metric_names
@@ -42,7 +42,7 @@ def evaluate(engine, batches) -> Totals:
         net, out, device = engine._net(i), totals[i], engine.devices[i]
         move = moves[i]
         if move is None:        # (decided on the first batch: a loader's batches are alike)
-            move = moves[i] = _needs_move(shard, device, engine.memory_format)
+            move = moves[i] = needs_move(shard, device, engine.memory_format)
         if move:
             shard = to_device(shard, device, engine.memory_format)
         if adapter is None:
@@ -122,13 +122,6 @@ class _Kept(list):
     (float64, this figure's own) as they come; GPU tensors, Python numbers and ``LazyCount``s
     are kept and summed every ``FOLD_EVERY``."""
     cpu_sum: Optional[torch.Tensor] = None
-
-
-def _needs_move(batch: Batch, device: torch.device, memory_format: Optional[torch.memory_format]) -> bool:
-    """Whether ``to_device`` has anything to do for batches like ``batch``: nothing for a CPU
-    device without a memory format when the batch's tensors are on the CPU, as a loader's
-    are (the call cost 8-11 us a batch of the text classifier's evaluation, session 16)."""
-    return device.type != "cpu" or memory_format is not None or not all(t.is_cpu for t in tensors_of(batch))
 
 
 def _accumulate(out: Dict[str, _Kept], key: str, value: Any) -> None:
