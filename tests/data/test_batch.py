@@ -67,3 +67,17 @@ def test_batches_are_moved_only_where_moving_does_something():
     assert needs_move(on_host, cpu, torch.channels_last)           # a memory format to take
     assert needs_move(on_host, meta, None)                         # another device
     assert needs_move({"x": torch.zeros(2, device="meta"), "y": torch.zeros(2)}, cpu, None)
+
+
+def test_a_batch_already_on_the_host_is_given_back_as_it_is():
+    ids, labels = torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+    cpu = torch.device("cpu")
+    for batch in ({"ids": ids, "labels": labels}, (ids, ids, labels), [ids, labels]):
+        assert to_device(batch, cpu) is batch
+    nested = {"ids": ids, "extra": {"mask": ids}, "labels": labels}
+    moved = to_device(nested, cpu)                      # nested: rebuilt, the same tensors
+    assert moved is not nested and moved["extra"]["mask"] is ids
+    on_meta = to_device({"ids": ids, "labels": labels}, torch.device("meta"))
+    assert all(t.device.type == "meta" for t in on_meta.values())
+    taken = to_device({"x": torch.zeros(2, 1, 2, 2)}, cpu, torch.channels_last)
+    assert taken["x"].is_contiguous(memory_format=torch.channels_last)

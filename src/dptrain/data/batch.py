@@ -100,9 +100,10 @@ def to_device(batch: Batch, device: torch.device, memory_format: Optional[torch.
 
     ``memory_format``: 4-d float tensors (images) take it (channels_last, say)."""
     on_host = device.type == "cpu"
-    if on_host and memory_format is None and type(batch) is tuple and len(batch) == 2:
-        x, y = batch            # the usual batch on a CPU device: nothing to do, nothing rebuilt
-        if type(x) is torch.Tensor and type(y) is torch.Tensor and x.device.type == "cpu" == y.device.type:
+    if on_host and memory_format is None:     # a loader's batch on a CPU device: nothing to do, nothing rebuilt
+        kind = type(batch)     # (a dict of 3 tensors: 0.5 us to check, 2.4 us to rebuild; in a step 3-10x that)
+        flat = batch.values() if kind is dict else batch if kind is tuple or kind is list else None
+        if flat is not None and all(type(t) is torch.Tensor and t.is_cpu for t in flat):
             return batch
 
     def move(t: torch.Tensor) -> torch.Tensor:
