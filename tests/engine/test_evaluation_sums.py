@@ -1,5 +1,5 @@
-"""Evaluation's sums: CPU tensors added as they come, others kept and added every FOLD_EVERY
-values, counts of many batches at once: the same figures."""
+"""Evaluation's sums: CPU numbers added as they come (as Python numbers), others kept and
+added every FOLD_EVERY values, counts of many batches at once: the same figures."""
 import pytest
 import torch
 
@@ -19,7 +19,7 @@ def test_values_folded_as_they_come_sum_to_the_exact_total(monkeypatch):
         evaluation._accumulate(out, "count", LazyCount(t, loss) if i % 2 else int((t != 0).sum()))
         evaluation._accumulate(out, "n", 5)
     assert len(out["loss"]) == 0 and len(out["count"]) < 4     # added at once on a CPU; folded along the way
-    assert [g.item() for g in given] == [0.5 * i for i in range(11)]     # the sum is its own tensor
+    assert [g.item() for g in given] == [0.5 * i for i in range(11)]     # the values are left as they were
     assert evaluation._total(out["loss"]).item() == sum(0.5 * i for i in range(11))
     assert evaluation._total(out["count"]).item() == sum(int((t != 0).sum()) for t in targets)
     assert evaluation._total(out["n"]).item() == 55.0
@@ -32,8 +32,16 @@ def test_gpu_like_tensors_are_kept_and_folded_and_cpu_ones_added_into_one_sum(mo
     for i in range(7):          # the meta device stands for a GPU: its tensors are kept, not added
         evaluation._accumulate(out, "m", torch.empty((), device="meta"))
         evaluation._accumulate(out, "c", torch.tensor(i, dtype=torch.long))
-    assert 0 < len(out["m"]) < 3 and out["m"].cpu_sum is None
-    assert len(out["c"]) == 0 and out["c"].cpu_sum.dtype == torch.float64 and out["c"].cpu_sum.item() == 21
+    assert 0 < len(out["m"]) < 3 and out["m"].host == 0
+    assert len(out["c"]) == 0 and type(out["c"].host) is int and out["c"].host == 21      # integers: exact
+
+
+def test_float32_numbers_are_summed_in_float64():
+    out = {}
+    for value in [2.0 ** 24] + [1.0] * 10:      # in float32, 2**24 + 1 is 2**24: the ones would vanish
+        evaluation._accumulate(out, "loss", torch.tensor(value, dtype=torch.float32))
+    total = evaluation._total(out["loss"])
+    assert total.dtype == torch.float64 and total.item() == 2.0 ** 24 + 10
 
 
 def test_counts_of_many_batches_at_once_equal_their_counts_one_by_one():
