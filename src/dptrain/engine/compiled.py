@@ -15,10 +15,13 @@ whose steps are bound by kernel launches.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
+
+from ..core.parts import even_parts
+from ..data.batch import Batch, batch_size, split_structure, to_device
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 PREFIX = "_orig_mod."
@@ -42,13 +45,50 @@ def compile_replicas(modules: Sequence[nn.Module], mode: str) -> List[nn.Module]
     return [torch.compile(m, mode=mode) for m in modules]
 
 
-def warm_up(steps: Sequence[Callable[[], None]]) -> float:
-    """Run each compiling call once, one after another (compiling is not done from several
-    threads at once); return the seconds it took."""
+def compile_engine(engine: Any, example: Batch) -> float:
+    """Compile every replica of ``engine`` on ``example`` (a batch of this process, with the
+    sizes of an epoch's shards): a training and an evaluation call on each device, one after
+    another (compiling is not done from several threads at once), each on its device's own
+    thread, as training runs them (dynamo's guards include the thread's intra-op thread
+    count). The model is left as it was (BatchNorm statistics, the random state, the
+    gradients); returns the seconds it took."""
+    if engine._nets is None:
+        engine._nets = compile_replicas(list(engine.replicas), engine.compile_mode)
+    n = batch_size(example)
+    k = min(n, len(engine.devices))
+    shards = split_structure(example, even_parts(n, k)) if k > 1 else [example]
+
+    def shard_loss(i: int, shard: Batch) -> torch.Tensor:
+        device = engine.devices[i]
+        return engine._loss(engine._net(i), to_device(shard, device, engine.memory_format), device, count=False)[0]
+
+    def train(i: int, shard: Batch) -> None:
+        with torch.enable_grad():
+            value = shard_loss(i, shard)
+        value.backward()
+
+    def evaluate(i: int, shard: Batch) -> None:
+        engine.replicas[i].eval()
+        try:
+            with torch.no_grad():
+                shard_loss(i, shard)
+        finally:
+            engine.replicas[i].train()
+    buffers = [[b.clone() for b in m.buffers()] for m in engine.replicas]
+    rng = torch.get_rng_state()
     start = time.perf_counter()
-    for step in steps:
-        step()
-    return time.perf_counter() - start
+    with engine.trainer.no_sync():                # nothing sent: these gradients are thrown away
+        for f in (train, evaluate):
+            for i, shard in enumerate(shards):
+                engine.runner.run(i, f, i, shard)
+    seconds = time.perf_counter() - start
+    engine.trainer.discard_gradients()
+    torch.set_rng_state(rng)
+    with torch.no_grad():
+        for m, saved in zip(engine.replicas, buffers):
+            for b, v in zip(m.buffers(), saved):
+                b.copy_(v)
+    return seconds
 
 
 def without_prefix(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

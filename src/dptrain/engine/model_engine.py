@@ -22,7 +22,7 @@ from ..parallel.sync.base import Extras
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..parallel.trainer import Trainer
 from . import direct_step as direct
-from .compiled import check_mode, compile_replicas, warm_up, without_prefix
+from .compiled import check_mode, compile_engine, without_prefix
 from .evaluation import Totals, evaluate
 from .losses import Count, LossAdapter, add_counts, host_number, read_step
 from .stateful_metrics import StatefulMetrics
@@ -93,42 +93,8 @@ class ModelEngine:
     def compile(self, example: Batch) -> None:
         """With ``--compile``: compile every replica on ``example`` (a batch of this process,
         with the sizes of an epoch's shards), before training; see ``compiled.py``."""
-        if not self.compile_mode:
-            return
-        if self._nets is None:
-            self._nets = compile_replicas(list(self.replicas), self.compile_mode)
-        n = batch_size(example)
-        k = min(n, len(self.devices))
-        shards = split_structure(example, even_parts(n, k)) if k > 1 else [example]
-
-        def train(i: int, shard: Batch) -> None:
-            with torch.enable_grad():
-                value, _ = self._loss(self._net(i), to_device(shard, self.devices[i], self.memory_format),
-                                      self.devices[i], count=False)
-            value.backward()
-
-        def evaluate(i: int, shard: Batch) -> None:
-            self.replicas[i].eval()
-            try:
-                with torch.no_grad():
-                    self._loss(self._net(i), to_device(shard, self.devices[i], self.memory_format), self.devices[i])
-            finally:
-                self.replicas[i].train()
-        # On each device's own thread, as training runs them (dynamo's guards include the
-        # thread's intra-op thread count), one device after another.
-        calls = [lambda i=i, s=s, f=f: self.runner.run(i, f, i, s)
-                 for f in (train, evaluate) for i, s in enumerate(shards)]
-        # Left as they were: BatchNorm statistics, the random state (dropout), the gradients.
-        buffers = [[b.clone() for b in m.buffers()] for m in self.replicas]
-        rng = torch.get_rng_state()
-        with self.trainer.no_sync():                # nothing sent: these gradients are thrown away
-            self.compile_seconds += warm_up(calls)
-        self.trainer.discard_gradients()
-        torch.set_rng_state(rng)
-        with torch.no_grad():
-            for m, saved in zip(self.replicas, buffers):
-                for b, v in zip(m.buffers(), saved):
-                    b.copy_(v)
+        if self.compile_mode:
+            self.compile_seconds += compile_engine(self, example)
 
     @property
     def classification(self) -> bool:
