@@ -79,7 +79,12 @@ def test_the_best_checkpoint_holds_the_best_epochs_weights(tmp_path):
     with pytest.raises(ValueError, match="best.pt already exists .another run's best weights..: pass "
                                          "overwrite=True"):
         train(1, [BestCheckpoint(str(path))], epochs=1)
+    with pytest.raises(ValueError, match="already exists"):        # its own False wins over the run's
+        train(1, [BestCheckpoint(str(path), overwrite=False)], epochs=1, overwrite=True)
     train(1, [BestCheckpoint(str(path))], epochs=1, overwrite=True)
+    assert torch.load(path, weights_only=True)["epoch"] == 1
+    torch.save({"epoch": 99}, path)
+    train(1, [BestCheckpoint(str(path), overwrite=True)], epochs=1)       # as Keras's ModelCheckpoint
     assert torch.load(path, weights_only=True)["epoch"] == 1
 
 

@@ -100,16 +100,20 @@ class BestCheckpoint(Callback):
     ``model.load_state_dict(torch.load(path)["model"])``.
 
     A file already at ``path`` is refused (another run's best weights) unless the run
-    resumes with this callback's state or ``overwrite=True`` is given to the run."""
+    resumes with this callback's state, or ``overwrite`` is true: this callback's own, else
+    the run's (``fit(overwrite=True)``, ``--overwrite``)."""
 
-    def __init__(self, path: str, monitor: str = "test_loss", mode: str = "auto", min_delta: float = 0.0):
-        self.path, self.watch = Path(path), Monitor(monitor, mode, min_delta)
+    def __init__(self, path: str, monitor: str = "test_loss", mode: str = "auto", min_delta: float = 0.0,
+                 overwrite: Optional[bool] = None):
+        self.path, self.watch, self.overwrite = Path(path), Monitor(monitor, mode, min_delta), overwrite
 
     def on_fit_start(self, run: Any) -> None:
         resumed = self.watch.best_epoch is not None
-        if run.is_main and self.path.exists() and not resumed and not run.config.overwrite:
+        overwrite = run.config.overwrite if self.overwrite is None else self.overwrite
+        if run.is_main and self.path.exists() and not resumed and not overwrite:
             raise ValueError(f"{self.path} already exists (another run's best weights?): pass overwrite=True "
-                             f"(--overwrite) to replace it, or give BestCheckpoint another path")
+                             f"(BestCheckpoint(..., overwrite=True), or fit's / --overwrite) to replace it, or "
+                             f"give BestCheckpoint another path")
         if run.is_main and self.path.is_dir():
             raise ValueError(f"BestCheckpoint({str(self.path)!r}) is a folder: give a file path")
 
