@@ -35,3 +35,29 @@ def test_callbacks_snippet_runs(tmp_path, monkeypatch):
     assert "step 50: lr 0.003" in lines and "step 100: lr" in " ".join(lines)
     stopped = [line for line in lines if line.startswith("stopped after epoch")]
     assert len(history) < 60 and stopped == [f"stopped after epoch {len(history)}: test loss not better for 3 epochs"]
+
+
+def test_built_in_callbacks_snippet_runs(tmp_path, monkeypatch):
+    """The README's built-in callbacks, on a small classification task: the best weights
+    file, the averaged weights, predict, both ways back, and the evaluated-average run."""
+    import torch
+    from torch import nn
+    import dptrain
+    text = README.read_text()
+    code = re.search(r"```python\n(from dptrain.callbacks import.*?)```", text[text.index("### Callbacks"):],
+                     re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(320, 6, generator=g)
+    y = (X[:, 0] + X[:, 1] > 0).long()
+    Net = lambda: nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))    # noqa: E731
+    torch.manual_seed(0)
+    model = Net()
+    dptrain.fit(Net(), (X[:256], y[:256]), epochs=1, checkpoint_dir="runs/own", log=None, progress=False)
+    lines = []
+    scope = {"dptrain": dptrain, "Net": Net, "model": model, "lines": lines, "train": (X[:256], y[:256]), "test": (X[256:], y[256:])}
+    exec(compile(code.replace("callbacks=[", "log=lines.append, progress=False, callbacks=["), "README.md", "exec"),
+         scope)                                               # noqa: S102 - our own README
+    assert len(scope["result"]["history"]) >= 4 and (tmp_path / "runs" / "best.pt").is_file()
+    assert scope["outputs"].shape == (64, 2)
+    assert [line for line in lines if line.startswith("restored the weights of epoch")]

@@ -103,3 +103,70 @@ def test_ema_equals_one_computed_by_hand(devices):
         torch.testing.assert_close(ema.weights[k], expected[k], rtol=1e-6, atol=1e-7)
     ema.copy_to(model)
     assert all(torch.equal(model.state_dict()[k], ema.weights[k]) for k in expected)
+
+
+class EMAEachEpoch(dptrain.Callback):
+    """A copy of an EMA's average at every epoch's end."""
+    def __init__(self, ema):
+        self.ema, self.epochs = ema, {}
+
+    def on_epoch_end(self, run, epoch, row):
+        self.epochs[epoch] = {k: v.clone() for k, v in self.ema.weights.items()}
+
+
+def mse_of(weights):
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
+    model.load_state_dict(weights)
+    X, y = regression(40, 1)
+    with torch.no_grad():
+        return float(nn.functional.mse_loss(model(X), y))
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_ema_evaluate_scores_the_average_and_trains_as_without(devices, tmp_path):
+    """EMA(evaluate=True): each epoch's test loss is the average's (computed apart), training
+    is bit for bit the run without it, and BestCheckpoint keeps the average that scored best."""
+    plain_model, plain = train(devices, [EMA(decay=0.9)], epochs=4)
+    ema = EMA(decay=0.9, evaluate=True)
+    seen, best = EMAEachEpoch(ema), BestCheckpoint(str(tmp_path / "best.pt"))
+    model, result = train(devices, [ema, seen, best], epochs=4)
+    for k, v in plain_model.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k            # the trained weights came back
+    losses = [r["test_loss"] for r in result["history"]]
+    assert [r["train_loss"] for r in result["history"]] == [r["train_loss"] for r in plain["history"]]
+    for epoch, loss in enumerate(losses, 1):
+        assert loss == pytest.approx(mse_of(seen.epochs[epoch]), rel=1e-5)
+        assert loss != pytest.approx(plain["history"][epoch - 1]["test_loss"], rel=1e-3)   # not the model's
+    saved = torch.load(tmp_path / "best.pt", weights_only=True)
+    assert saved["epoch"] == losses.index(min(losses)) + 1
+    for k, v in seen.epochs[saved["epoch"]].items():
+        assert torch.equal(saved["model"][k], v), k
+
+
+def test_early_stopping_restores_the_best_epochs_weights():
+    """Stopped 2 epochs after its best epoch (on 2 devices): the model ends with that
+    epoch's weights, not the last epoch's, and says so."""
+    stop, snaps = EarlyStopping("test_loss", patience=2, restore_best_weights=True), Snapshots()
+    lines = []
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
+    result = dptrain.fit(model, regression(), regression(40, 1), loss=nn.MSELoss(), lr=0.3, epochs=30,
+                         batch_size=16, devices=2, callbacks=[stop, snaps], log=lines.append, progress=False)
+    best = stop.watch.best_epoch
+    assert best < len(result["history"]) < 30                       # stopped later than the best epoch
+    for k, v in snaps.epochs[best].items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert f"restored the weights of epoch {best} (test_loss {stop.watch.best:.4g})" in lines
+    assert not torch.equal(model.state_dict()["0.weight"], snaps.epochs[len(result["history"])]["0.weight"])
+    with pytest.raises(TypeError, match="restore_best_weights must be True or False, got 'yes'"):
+        EarlyStopping(restore_best_weights="yes")
+    with pytest.raises(TypeError, match="evaluate must be True or False"):
+        EMA(evaluate=1)
+
+
+def test_weights_that_do_not_fit_are_named():
+    class Wrong(dptrain.Callback):
+        def on_evaluate_start(self, run, epoch):
+            run.load_weights({"0.weight": torch.zeros(3, 3)})
+    with pytest.raises(ValueError, match="the weights given to run.load_weights cannot be loaded into this model: "):
+        train(2, [Wrong()], epochs=1)

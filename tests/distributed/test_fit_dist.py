@@ -106,21 +106,22 @@ def test_a_stop_asked_by_one_rank_ends_every_rank_after_the_same_batch():
 
 
 def early_stopping(rank, world):
-    from dptrain.callbacks import EarlyStopping
+    """Early stopping on the EMA's test loss, restoring the best epoch's average at the end."""
+    from dptrain.callbacks import EMA, EarlyStopping
     from tests.callbacks.test_training import train
-    stop = EarlyStopping("test_loss", patience=2)
-    _, result = train(1, [stop], epochs=30, lr=0.3)
-    return len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch
+    stop = EarlyStopping("test_loss", patience=2, restore_best_weights=True)
+    model, result = train(1, [stop, EMA(0.5, evaluate=True)], epochs=30, lr=0.3)
+    return (len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch,
+            [r["test_loss"] for r in result["history"]], [p.detach().flatten().tolist() for p in model.parameters()])
 
 
 def test_early_stopping_stops_every_rank_at_the_epoch_one_device_stops():
-    from dptrain.callbacks import EarlyStopping
-    from tests.callbacks.test_training import train
-    stop = EarlyStopping("test_loss", patience=2)
-    _, result = train(1, [stop], epochs=30, lr=0.3)
-    one = (len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch)
+    one = early_stopping(0, 1)
     a, b = run_workers(early_stopping)
-    assert a == b == one and one[0] < 30
+    assert a[:3] == b[:3] == one[:3] and one[0] < 30
+    assert a[3] == b[3] and a[3] == pytest.approx(one[3], rel=1e-5)        # the average's figures
+    for p, q, w in zip(a[4], b[4], one[4]):                                # its best epoch's, restored
+        assert p == q and p == pytest.approx(w, rel=1e-5, abs=1e-6)
 
 
 def unused_parameters(rank, world):

@@ -231,17 +231,21 @@ def test_user_callbacks_survive_a_ctrl_c_resume(tmp_path):
 
 
 def test_built_in_callbacks_survive_a_ctrl_c_resume(tmp_path):
-    """EarlyStopping, BestCheckpoint and EMA: SIGINT after epoch 1, --resume, and the run ends
-    as an unbroken one: same epochs, best weights file, EMA weights, to the last bit."""
+    """EarlyStopping (restoring the best weights), BestCheckpoint and EMA (evaluated): SIGINT
+    after epoch 1, --resume, and the run ends as an unbroken one: same epochs, best weights
+    file, EMA weights, weights kept to restore, to the last bit."""
     whole, resumed, _, said = interrupted_and_resumed("tests/tasks/user_task.py:make_with_builtin_callbacks",
                                                       tmp_path, "--max-batches", "1500")
     assert "stopped after epoch 4: test_loss did not improve for 3 epoch(s)" in said
+    assert "restored the weights of epoch 1 (test_loss" in said
     assert len(whole) == 4 and resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
+    kept_a, kept_b = a["EarlyStopping"].pop("best_weights"), b["EarlyStopping"].pop("best_weights")
     assert a["EarlyStopping"] == b["EarlyStopping"] and a["BestCheckpoint"] == b["BestCheckpoint"]
     assert a["EMA"]["updates"] == b["EMA"]["updates"] == 4 * 1500
     for k, v in a["EMA"]["weights"].items():
         assert torch.equal(v, b["EMA"]["weights"][k]), k
+        assert torch.equal(kept_a[k], kept_b[k]), k
     best_a, best_b = (torch.load(tmp_path / d / "best.pt", weights_only=True) for d in "ab")
     assert best_a["epoch"] == best_b["epoch"] == a["BestCheckpoint"]["best_epoch"]
     for k, v in best_a["model"].items():

@@ -6,10 +6,10 @@ which are the same on every process, so every rank decides alike.
 
     stop = EarlyStopping(monitor="test_loss", patience=3)
     best = BestCheckpoint("runs/best.pt", monitor="test_acc")      # mode "max": accuracy
-    ema = EMA(decay=0.999)
+    ema = EMA(decay=0.999, evaluate=True)                           # evaluate the average
     dptrain.fit(model, train, test, epochs=50, callbacks=[stop, best, ema])
-    model.load_state_dict(torch.load("runs/best.pt")["model"])     # the best epoch's weights
-    ema.copy_to(model)                                             # or the averaged ones
+    model.load_state_dict(torch.load("runs/best.pt")["model"])     # the best epoch's average
+    ema.copy_to(model)                                             # or the last one
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from torch import nn
 
 from ..core.atomic import atomic_file
 from .base import BatchEnd, Callback, Row
+
+Weights = Dict[str, torch.Tensor]
 
 
 class Monitor:
@@ -66,19 +68,39 @@ class Monitor:
         self.best, self.best_epoch = state["best"], state["best_epoch"]
 
 
+def monitored_weights(run: Any, monitor: str) -> Weights:
+    """A copy, on the CPU, of the weights ``monitor`` describes: for a ``test_*`` figure those
+    the evaluation ran on (the EMA's with ``EMA(evaluate=True)``), else the model's own."""
+    weights = run.evaluated_weights() if monitor.startswith("test_") else run.model.state_dict()
+    return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 class EarlyStopping(Callback):
     """End the run once ``monitor`` has not improved for ``patience`` epochs (Keras's rule:
-    by more than ``min_delta``; ``mode`` as in ``Monitor``)."""
+    by more than ``min_delta``; ``mode`` as in ``Monitor``). With ``restore_best_weights``
+    the model ends the run with the best epoch's weights (as Keras 3 does, stopped early or
+    not), on every device and process; they are kept on the CPU, and in checkpoints."""
 
-    def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0, mode: str = "auto"):
+    def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0, mode: str = "auto",
+                 restore_best_weights: bool = False):
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
             raise ValueError(f"patience must be a whole number >= 1, got {patience!r}")
         self.watch, self.patience, self.wait = Monitor(monitor, mode, min_delta), patience, 0
+        self.restore_best_weights = _flag("restore_best_weights", restore_best_weights)
         self.stopped_epoch: Optional[int] = None
+        self.best_weights: Optional[Weights] = None
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
         if self.watch.improved(epoch, row):
             self.wait = 0
+            if self.restore_best_weights:
+                self.best_weights = monitored_weights(run, self.watch.monitor)
             return
         self.wait += 1
         if self.wait >= self.patience:
@@ -86,12 +108,20 @@ class EarlyStopping(Callback):
             run.stop(f"{self.watch.monitor} did not improve for {self.patience} epoch(s) "
                      f"(best {self.watch.best:.4g} at epoch {self.watch.best_epoch})")
 
+    def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
+        if self.best_weights is not None and self.restore_best_weights:
+            run.load_weights(self.best_weights)
+            run.log(f"restored the weights of epoch {self.watch.best_epoch} "
+                    f"({self.watch.monitor} {self.watch.best:.4g})")
+
     def state_dict(self) -> Dict[str, Any]:
-        return {**self.watch.state_dict(), "wait": self.wait, "stopped_epoch": self.stopped_epoch}
+        kept = {"best_weights": self.best_weights} if self.best_weights is not None else {}
+        return {**self.watch.state_dict(), "wait": self.wait, "stopped_epoch": self.stopped_epoch, **kept}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.watch.load_state_dict(state)
         self.wait, self.stopped_epoch = state["wait"], state["stopped_epoch"]
+        self.best_weights = state.get("best_weights")
 
 
 class BestCheckpoint(Callback):
@@ -120,7 +150,7 @@ class BestCheckpoint(Callback):
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
         if self.watch.improved(epoch, row) and run.is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            weights = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
+            weights = monitored_weights(run, self.watch.monitor)
             with atomic_file(self.path) as f:
                 torch.save({"model": weights, "epoch": epoch, "monitor": self.watch.monitor,
                             "value": self.watch.best}, f)
@@ -143,15 +173,38 @@ class EMA(Callback):
     weights before the first step, and lives on the model's device, in every process (their
     weights are equal, so theirs are too).
 
+    With ``evaluate=True`` every epoch's evaluation runs on the average (as Keras's
+    ``use_ema`` and Lightning's ``WeightAveraging`` do): it is loaded on every device for
+    the evaluation and the trained weights are put back after it, so training goes on
+    unchanged; ``BestCheckpoint`` and ``EarlyStopping(restore_best_weights=True)`` on a
+    ``test_*`` figure then keep the average that scored it.
+
     >>> ema = EMA(0.999); dptrain.fit(model, data, callbacks=[ema]); ema.copy_to(model)
     """
 
-    def __init__(self, decay: float = 0.999):
+    def __init__(self, decay: float = 0.999, evaluate: bool = False):
         if not (isinstance(decay, (int, float)) and 0.0 <= decay < 1.0):
             raise ValueError(f"decay must be a number in [0, 1), got {decay!r}")
-        self.decay = float(decay)
-        self.weights: Dict[str, torch.Tensor] = {}
+        self.decay, self.evaluate = float(decay), _flag("evaluate", evaluate)
+        self.weights: Weights = {}
         self.updates = 0
+        self._trained: Optional[Weights] = None     # set while the average is loaded
+
+    def on_evaluate_start(self, run: Any, epoch: int) -> None:
+        if self.evaluate:
+            self._trained = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+            run.load_weights(self.weights)
+
+    def on_evaluate_end(self, run: Any, epoch: int, metrics: Dict[str, float]) -> None:
+        self._put_back(run)
+
+    def on_exception(self, run: Any, error: BaseException) -> None:
+        self._put_back(run)
+
+    def _put_back(self, run: Any) -> None:
+        if self._trained is not None:
+            trained, self._trained = self._trained, None
+            run.load_weights(trained)
 
     def on_fit_start(self, run: Any) -> None:
         current = run.model.state_dict()

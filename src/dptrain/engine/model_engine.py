@@ -266,9 +266,15 @@ class ModelEngine:
         return {"model": self.replicas[0].state_dict(), "trainer": self.trainer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        try:
-            for m in self.replicas:
-                m.load_state_dict(without_prefix(state["model"]))
-        except (KeyError, RuntimeError) as e:
-            raise ValueError(f"the checkpoint's model does not fit this one: {str(e).splitlines()[0]}") from None
+        self.load_weights(state["model"], "the checkpoint's model")
         self.trainer.load_state_dict(state["trainer"])
+
+    def load_weights(self, weights: dict, what: str = "the weights") -> None:
+        """Copy a model ``state_dict`` into the model on every device, in place (the
+        optimizer keeps its parameters, the step its buffers)."""
+        try:
+            weights = without_prefix(weights)
+            for m in self.replicas:
+                m.load_state_dict(weights)
+        except (KeyError, RuntimeError) as e:
+            raise ValueError(f"{what} cannot be loaded into this model: {str(e).splitlines()[0]}") from None

@@ -54,7 +54,7 @@ class Run:
 
     What callbacks use: ``rank``, ``world_size``, ``is_main``, ``epoch``, ``epochs``, ``step``,
     ``batches`` (per epoch), ``model``, ``optimizer``, ``scheduler``, ``history``, ``devices``,
-    ``log``, ``stop``, ``record``.
+    ``log``, ``stop``, ``record``, ``load_weights``, ``evaluated_weights``.
     """
 
     def __init__(self, task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
@@ -82,6 +82,7 @@ class Run:
         self.position = Position()
         self.skipped = 0
         self.epoch, self.step, self.batch = 1, 0, 0
+        self._loaded = self._evaluated = None        # see load_weights
         self.run_ahead = run_ahead(devices)
         # Said at once, by rank 0 (the elastic agent passes a signal on, and says nothing).
         announce = say_at_once if self.is_main else None
@@ -104,6 +105,19 @@ class Run:
     @property
     def optimizer(self):
         return self.engine.trainer.optimizer
+
+    def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
+        """Copy ``weights`` (a model ``state_dict``) into the model on every device of this
+        process, in place (the optimizer keeps its parameters). Loaded between
+        ``on_evaluate_start`` and the evaluation, they are what it evaluates (and
+        ``evaluated_weights`` gives them); load the trained ones back at ``on_evaluate_end``."""
+        self.engine.load_weights(weights, "the weights given to run.load_weights")
+        self._loaded = weights
+
+    def evaluated_weights(self) -> Dict[str, torch.Tensor]:
+        """The weights the epoch's evaluation ran on: those a callback loaded for it
+        (``EMA(evaluate=True)``), else the model's own. Read them before training goes on."""
+        return self._evaluated if self._evaluated is not None else self.model.state_dict()
 
     def stop(self, reason: str = "a callback asked") -> None:
         """End the run in step on every process (see ``callbacks/base.py``)."""
@@ -160,7 +174,9 @@ class Run:
         evals = {}
         if self.eval_loader is not None:
             with stage(f"evaluating after epoch {epoch}"):
+                self._loaded = None
                 self.callbacks.on_evaluate_start(self, epoch)
+                self._evaluated = self._loaded
                 evals = self.engine.evaluate(self.eval_loader)
         zero = torch.zeros((), dtype=torch.float64, device=self.devices[0])
         local = [torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]).reshape(())
@@ -172,7 +188,7 @@ class Run:
         if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
             row["skipped"] = skipped
         with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
-            if evals:
+            if self.eval_loader is not None:      # (told even when the set was empty)
                 self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
             self.history.append(row)
             if self.scheduler is not None and self.task.scheduler_interval == "epoch":
