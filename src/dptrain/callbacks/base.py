@@ -65,7 +65,8 @@ class Callback:
     ``run`` gives: ``rank``, ``world_size``, ``is_main`` (rank 0), ``epoch``, ``epochs``,
     ``step`` (batches done in the run), ``model`` (the module being trained), ``optimizer``
     (its ``param_groups`` hold the learning rates), ``scheduler``, ``history`` (the epoch
-    rows so far), ``devices``, ``log(line)`` (rank 0 prints) and ``stop(reason)``.
+    rows so far), ``devices``, ``log(line)`` (rank 0 prints), ``stop(reason)``,
+    ``load_weights(state_dict)`` and ``evaluated_weights()`` (``run/view.py``).
     """
 
     def on_fit_start(self, run: Any) -> None:

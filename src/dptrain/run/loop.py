@@ -38,6 +38,7 @@ from .config import TrainConfig, hyperparameters
 from .resume import Position
 from .stopping import GO_ON, Decision, StopRequests, say_at_once
 from .tally import Tally
+from .view import RunView
 
 Log = Callable[[str], None]
 
@@ -49,13 +50,9 @@ def synchronize(devices: Sequence[torch.device]) -> None:
             torch.cuda.synchronize(d)
 
 
-class Run:
+class Run(RunView):
     """One training run of a Task: built from the config, then ``run()`` epoch by epoch.
-
-    What callbacks use: ``rank``, ``world_size``, ``is_main``, ``epoch``, ``epochs``, ``step``,
-    ``batches`` (per epoch), ``model``, ``optimizer``, ``scheduler``, ``history``, ``devices``,
-    ``log``, ``stop``, ``record``, ``load_weights``, ``evaluated_weights``.
-    """
+    What callbacks see of it is ``RunView`` (``view.py``)."""
 
     def __init__(self, task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
                  backend: Optional[str], log: Optional[Log]):
@@ -95,38 +92,6 @@ class Run:
             with stage(f"resuming from {config.checkpoint_dir}"):
                 self.position = resume.resume(self)
         self.epoch = self.position.epoch
-
-    # -- what callbacks see --------------------------------------------------------------
-    @property
-    def model(self) -> torch.nn.Module:
-        """The module being trained (the first replica: the user's own module)."""
-        return self.engine.replicas[0]
-
-    @property
-    def optimizer(self):
-        return self.engine.trainer.optimizer
-
-    def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
-        """Copy ``weights`` (a model ``state_dict``) into the model on every device of this
-        process, in place (the optimizer keeps its parameters). Loaded between
-        ``on_evaluate_start`` and the evaluation, they are what it evaluates (and
-        ``evaluated_weights`` gives them); load the trained ones back at ``on_evaluate_end``."""
-        self.engine.load_weights(weights, "the weights given to run.load_weights")
-        self._loaded = weights
-
-    def evaluated_weights(self) -> Dict[str, torch.Tensor]:
-        """The weights the epoch's evaluation ran on: those a callback loaded for it
-        (``EMA(evaluate=True)``), else the model's own. Read them before training goes on."""
-        return self._evaluated if self._evaluated is not None else self.model.state_dict()
-
-    def stop(self, reason: str = "a callback asked") -> None:
-        """End the run in step on every process (see ``callbacks/base.py``)."""
-        self.stop_reason = self.stop_reason or reason
-        self.stops.request()
-
-    def record(self, row: Dict[str, Any]) -> Dict[str, Any]:
-        return report.record(row, self.task.name, self.device_names, self.world_size,
-                             self.train_loader.global_num_samples)
 
     def identity(self) -> Dict[str, Any]:
         return {"recipe": self.task.name, "dataset": self.task.dataset, "batch_size": self.batch_size,

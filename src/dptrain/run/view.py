@@ -1,0 +1,58 @@
+"""The run as a callback sees it (``run`` in every hook): its figures, the model, the
+optimizer, and the few things a callback may do to the run.
+
+    rank, world_size, is_main        this process; is_main: rank 0 (the one that prints)
+    epoch, epochs, step, batches     where the run is (step: batches done in the run)
+    model, optimizer, scheduler      the module being trained, its optimizer (param_groups)
+    history, devices                 the epoch rows so far, this process's devices
+    log(line), stop(reason)          print (rank 0), end the run in step on every process
+    record(row)                      an epoch row with what the run is (metrics files)
+    load_weights(state_dict)         into the model on every device of this process
+    evaluated_weights()              what the epoch's evaluation ran on
+
+``Run`` (``loop.py``) sets the figures and drives the hooks; this class holds the methods.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+
+from . import report
+
+
+class RunView:
+    """What callbacks use of a ``Run`` (see the module docstring)."""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The module being trained (the first replica: the user's own module)."""
+        return self.engine.replicas[0]
+
+    @property
+    def optimizer(self):
+        return self.engine.trainer.optimizer
+
+    def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
+        """Copy ``weights`` (a model ``state_dict``) into the model on every device of this
+        process, in place (the optimizer keeps its parameters). Loaded between
+        ``on_evaluate_start`` and the evaluation, they are what it evaluates (and
+        ``evaluated_weights`` gives them); load the trained ones back at ``on_evaluate_end``."""
+        self.engine.load_weights(weights, "the weights given to run.load_weights")
+        self._loaded = weights
+
+    def evaluated_weights(self) -> Dict[str, torch.Tensor]:
+        """The weights the epoch's evaluation ran on: those a callback loaded for it
+        (``EMA(evaluate=True)``), else the model's own. Read them before training goes on."""
+        return self._evaluated if self._evaluated is not None else self.model.state_dict()
+
+    def stop(self, reason: str = "a callback asked") -> None:
+        """End the run in step on every process (see ``callbacks/base.py``)."""
+        self.stop_reason = self.stop_reason or reason
+        self.stops.request()
+
+    def record(self, row: Dict[str, Any]) -> Dict[str, Any]:
+        """An epoch row with what the run is (recipe, devices, processes, samples): a metrics
+        file's line."""
+        return report.record(row, self.task.name, self.device_names, self.world_size,
+                             self.train_loader.global_num_samples)
