@@ -5,6 +5,7 @@ The product: train any model on any data, on every device and process.
 >>> import dptrain
 >>> result = dptrain.fit(model, (X, y), loss=nn.MSELoss(), optimizer=torch.optim.AdamW)   # any model
 >>> result = dptrain.fit(model, train_set, test_set, callbacks=[MyCallback()])           # hooks
+>>> dptrain.evaluate(model, test_set)                         # {"test_loss": ..., "test_acc": ...}
 >>> model = dptrain.load_weights(Net(), "runs/own")           # a run's trained weights, in a fresh module
 >>> devices = dptrain.try_all_gpus()                       # never empty: CPU devices without GPUs
 >>> trainer = dptrain.Trainer(dptrain.replicate(net, devices), "sgd", {"learning_rate": 0.1})
@@ -26,6 +27,7 @@ from .engine.task import Task
 from .parallel.replicas import NotInitializedError, Replicas, replicate
 from .parallel.trainer import Trainer
 from .run.fit import fit
+from .run.evaluate import evaluate
 from .run.predict import predict
 from .run.resume import load_weights
 # The chapter's blocks under the names users already call.
@@ -36,7 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the product
-    "fit", "predict", "load_weights", "Task", "Callback", "BatchEnd", "Trainer", "Replicas", "replicate", "NotInitializedError",
+    "fit", "evaluate", "predict", "load_weights", "Task", "Callback", "BatchEnd", "Trainer", "Replicas", "replicate", "NotInitializedError",
     "ArrayLoader", "DatasetLoader", "TensorLoader", "load_dataset", "rank",
     # devices
     "as_device", "cpu", "gpu", "num_gpus", "try_all_gpus", "try_gpu", "parse_devices", "format_devices",

@@ -187,6 +187,25 @@ def test_predict_on_two_processes_gives_every_sample_once_in_order():
     assert a == b == [float(i) for i in range(29)]
 
 
+def evaluated(rank, world, differ=False):
+    """The test-file model's figures on 53 samples (shards over 2 processes x 2 devices)."""
+    from tests.run.test_evaluate import classification, errors
+    torch.manual_seed(rank if differ else 0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    try:
+        return dptrain.evaluate(model, classification(53, 1), metrics={"err": errors}, batch_size=16, devices=2)
+    except ValueError as e:
+        return str(e)
+
+
+def test_evaluate_on_two_processes_equals_one_device_and_refuses_different_models():
+    want = evaluated(0, 1)
+    a, b = run_workers(evaluated)
+    assert a == b and a == pytest.approx(want, rel=1e-6)
+    a, b = run_workers(evaluated, True)
+    assert a == b and "the model's weights differ between processes (rank 1's from rank 0's)" in a
+
+
 def accumulated(rank, world):
     """Micro-batches of 12 (6 per process, 3 per device) in groups of 3: updates of 36."""
     from tests.run.test_accumulation import train

@@ -21,6 +21,13 @@ from .stateful_metrics import COMPUTED, pair_metric_names
 Totals = Dict[str, torch.Tensor]
 
 
+def sum_keys(engine) -> List[str]:
+    """The sums ``evaluate`` gives, in one order, the same in every process (for one
+    ``all_reduce``)."""
+    keys = ["loss", "count"] + (["correct", "correct_count"] if engine.classification else [])
+    return keys + [k for name in pair_metric_names(engine.task.metrics) for k in (name, f"{name}_count")]
+
+
 def evaluate(engine, batches) -> Totals:
     """Sum the loss, its denominator, correct predictions (classification) and every metric's
     ``(sum, count)`` over ``batches``, split across the devices; in eval mode, without

@@ -63,7 +63,7 @@ class ModelEngine:
     def __init__(self, task: Task, devices: Sequence[torch.device], kvstore: Optional[str] = "device",
                  sync_batchnorm: bool = False, amp: Optional[torch.dtype] = None, channels_last: bool = False,
                  bucket_cap_mb: float = DEFAULT_BUCKET_MB, compile: Optional[str] = None,
-                 clip_grad_norm: Optional[float] = None):
+                 clip_grad_norm: Optional[float] = None, training: bool = True):
         self.task, self.clip_grad_norm, self.sync_batchnorm = task, clip_grad_norm, sync_batchnorm
         self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
         self.forward = task.forward or default_forward
@@ -74,10 +74,11 @@ class ModelEngine:
         self.replicas = replicate(model, devices, init=task.init, sync_batchnorm=sync_batchnorm)
         self.devices = self.replicas.devices
         self.stateful = StatefulMetrics(task.metrics, self.devices)     # torchmetrics objects, per device
+        # Evaluation alone (dptrain.evaluate) needs no optimizer, gradient sync or broadcast.
         self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
-                               bucket_cap_mb=bucket_cap_mb)
+                               bucket_cap_mb=bucket_cap_mb) if training else None
         self.amp = amp
-        self.runner = self.trainer.runner
+        self.runner = self.replicas.runner
         self.compile_mode = check_mode(compile)
         if self.compile_mode and sync_batchnorm:
             raise ValueError("--compile and --sync-bn do not go together: the synchronised BatchNorm waits for "
@@ -115,6 +116,8 @@ class ModelEngine:
                     run(net, eval_example)
             finally:
                 net.train(training)
+        if self.trainer is None:
+            return
         if lr is not None:
             self.trainer.set_learning_rate(lr)
         else:

@@ -27,6 +27,7 @@ from ..core.runner import get_runner
 from ..core.stage import stage
 from ..data.loader import prefetch
 from ..distributed import DistEnv, get_collective
+from ..engine.evaluation import sum_keys
 from ..engine.losses import add_counts
 from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
@@ -106,15 +107,8 @@ class Run(RunView):
         self.engine.trainer.close()
 
     # -- the loop ----------------------------------------------------------------------
-    def _eval_keys(self) -> List[str]:
-        """The sums evaluation gives, the same in every process (for one all_reduce)."""
-        if self.eval_loader is None:
-            return []
-        keys = ["loss", "count"] + (["correct", "correct_count"] if self.engine.classification else [])
-        return keys + [k for name in pair_metric_names(self.task.metrics) for k in (name, f"{name}_count")]
-
     def run(self) -> Dict[str, Any]:
-        keys = self._eval_keys()
+        keys = sum_keys(self.engine) if self.eval_loader is not None else []
         with stage("the callbacks' on_fit_start"):
             self.callbacks.on_fit_start(self)
         try:

@@ -17,6 +17,15 @@ def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str
     row: Row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
     if split is not None:            # each device's part of a full batch, now (--balance)
         row["split"] = split
+    row.update(test_figures(evals, metric_names, computed))
+    return row
+
+
+def test_figures(evals: Dict[str, float], metric_names: Sequence[str],
+                 computed: Mapping[str, Any] = MappingProxyType({})) -> Row:
+    """``test_loss``, ``test_acc`` and ``test_<metric>`` from the evaluation's sums over
+    every process (none without them), and the metric objects' values (``computed``)."""
+    row: Row = {}
     if evals:
         row["test_loss"] = evals["loss"] / evals["count"] if evals["count"] else math.nan
     if "correct" in evals:

@@ -1,0 +1,86 @@
+"""``dptrain.evaluate``: a model's loss, accuracy and metrics over a whole data set, computed
+on every device and process (Keras's ``model.evaluate``, Lightning's ``trainer.test``).
+
+The figures are those a ``fit`` epoch row gives for its ``eval_data``, by the same code
+(``engine/evaluation.py``, ``report.test_figures``): sums over every device and process
+divided once, metric objects over the whole set. So they do not depend on how many devices
+or processes computed them, and equal ``fit``'s last ``test_*`` figures on the same data.
+
+    figures = dptrain.evaluate(model, test_set)          # {"test_loss": 0.31, "test_acc": 0.89}
+    dptrain.evaluate(model, (X, y), loss=nn.MSELoss(), metrics={"mae": mae})
+"""
+from __future__ import annotations
+
+import atexit
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from ..data.dataset_loader import make_loader
+from ..distributed import DistEnv, get_collective, shutdown_distributed
+from ..distributed.env import DEFAULT_TIMEOUT_S
+from ..engine.evaluation import sum_keys
+from ..engine.model_engine import ModelEngine
+from ..engine.stateful_metrics import COMPUTED, pair_metric_names
+from ..engine.task import Task
+from .config import AMP_DTYPES
+from .report import test_figures
+from .session import join_job, process_devices
+
+
+def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, reduction: Optional[str] = None,
+             forward: Optional[Callable] = None, step: Optional[Callable] = None,
+             metrics: Optional[Mapping[str, Any]] = None, batch_size: int = 256,
+             devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
+             num_workers: int = 0, amp: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
+    """Return ``model``'s figures over every sample of ``data``: ``test_loss``, ``test_acc``
+    (classification losses) and ``test_<name>`` for each metric, as ``fit``'s rows name them.
+
+    ``data``, ``loss``, ``reduction``, ``forward``, ``step``, ``metrics``, ``collate_fn`` and
+    ``num_workers`` are what ``fit`` takes; ``batch_size`` is global; ``amp``: ``"bf16"`` or
+    ``"fp16"``. In eval mode, without gradients; the model's mode is restored. With several
+    processes (``WORLD_SIZE`` > 1) each evaluates its part and every one gets the figures;
+    their models must hold the same weights (as after ``fit``), which is checked.
+
+    >>> dptrain.evaluate(model, (X, y), devices=2)     # half of each batch on cpu:0, half on cpu:1
+    {'test_loss': 0.412, 'test_acc': 0.861}
+    """
+    if amp not in AMP_DTYPES:
+        raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
+    env = DistEnv.current()
+    devices = process_devices(devices, env)
+    if join_job(env, "auto", devices, timeout):
+        atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
+    collective = get_collective()
+    task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
+                metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
+    loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
+                         world_size=env.world_size)
+    was_training = model.training
+    try:
+        engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
+        engine.prepare(loader.example())            # lazy layers learn their shapes
+        if env.distributed:
+            same_weights(collective, engine.replicas[0])
+        keys = sum_keys(engine)
+        evals = engine.evaluate(loader)
+        zero = torch.zeros((), dtype=torch.float64, device=engine.devices[0])
+        totals = collective.all_reduce(torch.stack([evals.get(k, zero) for k in keys])).tolist()
+    finally:
+        model.train(was_training)
+        if hasattr(loader, "close"):
+            loader.close()
+    return test_figures(dict(zip(keys, totals)), pair_metric_names(task.metrics), evals.get(COMPUTED, {}))
+
+
+def same_weights(collective: Any, model: nn.Module) -> None:
+    """Refuse models that differ between processes: their figures would mix two models."""
+    with torch.no_grad():
+        digest = torch.stack([t.detach().double().sum() for t in model.state_dict().values()
+                              if t.is_floating_point()] or [torch.zeros((), dtype=torch.float64)]).cpu()
+    sums = collective.all_gather(digest)
+    differ = [r for r, s in enumerate(sums) if not torch.equal(s, sums[0])]
+    if differ:
+        raise ValueError(f"the model's weights differ between processes (rank {differ[0]}'s from rank 0's): "
+                         f"load the same weights in every process (as fit leaves them) before evaluate")
