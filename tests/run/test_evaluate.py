@@ -47,3 +47,15 @@ def test_any_loss_dict_batches_metric_objects_and_a_frozen_model():
     assert got["test_r2"] == pytest.approx(float(torchmetrics.functional.r2_score(model(X), X[:, :1])), rel=1e-5)
     with pytest.raises(ValueError, match="amp must be 'bf16', 'fp16' or None, got 'half'"):
         dptrain.evaluate(model, (X, X[:, :1]), loss=nn.L1Loss(), amp="half")
+
+
+def test_auto_is_one_cpu_device_without_a_gpu():
+    """Prediction and evaluation on virtual devices were slower (session 18): auto keeps one."""
+    from dptrain.distributed import DistEnv
+    from dptrain.run.session import inference_devices
+    env = DistEnv.current()
+    if dptrain.num_gpus():
+        assert inference_devices("auto", env) == [torch.device("cuda", i) for i in range(dptrain.num_gpus())]
+        return
+    assert inference_devices("auto", env) == [dptrain.cpu(0)]
+    assert inference_devices(2, env) == [dptrain.cpu(0), dptrain.cpu(1)]

@@ -26,7 +26,7 @@ from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
 from .config import AMP_DTYPES
 from .report import test_figures
-from .session import join_job, process_devices
+from .session import inference_devices, join_job
 
 
 def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, reduction: Optional[str] = None,
@@ -39,7 +39,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
 
     ``data``, ``loss``, ``reduction``, ``forward``, ``step``, ``metrics``, ``collate_fn`` and
     ``num_workers`` are what ``fit`` takes; ``batch_size`` is global; ``amp``: ``"bf16"`` or
-    ``"fp16"``. In eval mode, without gradients; the model's mode is restored. With several
+    ``"fp16"``; ``devices`` as ``predict``'s (``auto``: every GPU, else one CPU device). In
+    eval mode, without gradients; the model's mode is restored. With several
     processes (``WORLD_SIZE`` > 1) each evaluates its part and every one gets the figures;
     their models must hold the same weights (as after ``fit``), which is checked.
 
@@ -49,7 +50,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
     env = DistEnv.current()
-    devices = process_devices(devices, env)
+    devices = inference_devices(devices, env)
     if join_job(env, "auto", devices, timeout):
         atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
     collective = get_collective()

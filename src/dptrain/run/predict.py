@@ -23,7 +23,7 @@ from ..data.dataset_loader import make_loader
 from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..parallel.replicas import replicate
-from .session import join_job, process_devices
+from .session import inference_devices, join_job
 
 
 def model_input(model: nn.Module, batch: Batch) -> Any:
@@ -63,14 +63,16 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
     ``DataLoader``); a target in it is left out (see ``model_input``). ``forward(model,
     batch) -> output`` when a batch meets the model otherwise. In eval mode, without
-    gradients; the model's mode is restored. With several processes (``WORLD_SIZE`` > 1)
-    every process computes its part and gets all the outputs.
+    gradients; the model's mode is restored. ``devices``: ``auto`` is every GPU, else one
+    CPU device (``session.inference_devices``: virtual devices slow a forward pass down);
+    a count or a list as ``fit``'s. With several processes (``WORLD_SIZE`` > 1) every
+    process computes its part and gets all the outputs.
 
     >>> dptrain.predict(model, (X, y), devices=2).shape     # half the batch on cpu:0, half on cpu:1
     torch.Size([1000, 10])
     """
     env = DistEnv.current()
-    devices = process_devices(devices, env)
+    devices = inference_devices(devices, env)
     if join_job(env, "auto", devices, timeout):
         atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
     collective = get_collective()

@@ -45,6 +45,17 @@ def process_devices(spec: Any, env: DistEnv) -> List[torch.device]:
     return [cpu(0)]
 
 
+def inference_devices(spec: Any, env: DistEnv) -> List[torch.device]:
+    """The devices ``predict`` and ``evaluate`` run on: as ``process_devices``, except that
+    ``auto`` without a GPU is one CPU device. A forward pass already spreads over the cores
+    (intra-op threads), so two virtual devices only add the split and a thread hand-off: on
+    the everyday programs (2 cores, session 18) one device predicted 5x faster on the tiny
+    MLP, 1.27x on the text classifier, 1.13x on LeNet, and 0.95x on ResNet-18."""
+    if not env.distributed and spec in (None, "", "auto") and not num_gpus():
+        return [cpu(0)]
+    return process_devices(spec, env)
+
+
 def after_restart(config: TrainConfig, log: Optional[Log]) -> TrainConfig:
     """After the elastic agent restarted the job: resume from the last checkpoint if there is
     one (the command is the same as the first time, without --resume), else start over."""
