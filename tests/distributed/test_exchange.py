@@ -90,3 +90,20 @@ def test_only_small_contiguous_cpu_tensors_are_exchanged():
     assert not worth_exchanging(torch.zeros(1000, device="meta"), 2)  # not on the CPU
     at_limit = torch.zeros(exchange.MAX_BYTES // 4)
     assert worth_exchanging(at_limit, 2) and not worth_exchanging(at_limit, 3)   # (W - 1) x bytes
+
+
+def objects(rank, world):
+    """Objects of other sizes on each rank (a 5-element and a 100,005-element tensor), through
+    the collective, with torch's all_gather_object made to fail: gloo gathers point to point."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("dist.all_gather_object was called")
+    dist.all_gather_object = refuse
+    mine = {"rank": rank, "t": torch.arange(rank * 100_000 + 5), "nested": [rank] * rank}
+    got = TorchCollective().all_gather_object(mine)
+    return [(o["rank"], o["t"].numel(), int(o["t"][-1]), o["nested"]) for o in got]
+
+
+def test_objects_are_gathered_point_to_point_in_rank_order():
+    """(dist.all_gather_object's worker threads could abort a script exiting just after it.)"""
+    want = [(0, 5, 4, []), (1, 100_005, 100_004, [1])]
+    assert run_workers(objects) == [want, want]

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 import torch.distributed as dist
 
-from .exchange import ExchangeWork, worth_exchanging
+from .exchange import ExchangeWork, gather_objects, worth_exchanging
 from .join import join_from_environment
 
 
@@ -81,6 +81,8 @@ class TorchCollective(Collective):
         return [o.to(tensor.device) for o in out]
 
     def all_gather_object(self, obj: Any) -> List[Any]:
+        if self.gloo:       # point to point: see exchange.gather_objects (an abort at exit)
+            return gather_objects(obj, self.group)
         out: List[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.group)
         return out
