@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 
 from ..data.batch import holds_images
 from ..outputs.metrics_file import MetricsLog
-from ..outputs.progress import ProgressBar as Bar
+from ..outputs.progress import ProgressBar as Bar, seconds
 from ..outputs.tensorboard import TensorBoardLog
 from ..outputs.trace import Window
 from .base import BatchEnd, Callback, Row
@@ -20,7 +20,7 @@ class EpochLog(Callback):
     """``epoch 3, 7.9 sec, train loss 0.512, test loss 0.498, test acc 0.822`` after each epoch."""
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
-        line = f"epoch {row['epoch']}, {row['sec']:.1f} sec, " + ", ".join(
+        line = f"epoch {row['epoch']}, {seconds(row['sec'])} sec, " + ", ".join(
             f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items()
             if k not in ("epoch", "sec", "skipped", "split") and isinstance(v, (int, float)))
         if "split" in row:

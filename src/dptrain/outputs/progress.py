@@ -6,6 +6,12 @@ import time
 from typing import Optional, TextIO
 
 
+def seconds(value: float) -> str:
+    """A duration as the epoch lines show it: ``7.9``, and below a second two significant
+    digits (``0.043``, not ``0.0``: a small model's epoch)."""
+    return f"{value:.1f}" if value >= 0.95 else f"{value:.2g}"
+
+
 class ProgressBar:
     """Redraw ``epoch 3 [#####.....] 120/235  7,812 img/s  loss 0.512`` in place on stderr.
 

@@ -6,6 +6,8 @@ import math
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ..outputs.progress import seconds
+
 Row = Dict[str, Any]
 
 
@@ -62,4 +64,4 @@ def closing_line(result: Dict[str, Any]) -> str:
         where = f"{result['world_size']} processes x {where}"
     shown = ("test acc", result["test_acc"]) if "test_acc" in result else \
         ("test loss", result["test_loss"]) if "test_loss" in result else ("train loss", result["train_loss"])
-    return f"{shown[0]}: {shown[1]:.3f}, {result['sec_per_epoch']:.1f} sec/epoch on {where}"
+    return f"{shown[0]}: {shown[1]:.3f}, {seconds(result['sec_per_epoch'])} sec/epoch on {where}"
