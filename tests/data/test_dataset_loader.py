@@ -299,3 +299,29 @@ def test_torch_stays_seeded_for_a_dataset_that_draws_even_if_torch_was_not_seen_
         runs.append([seeded.__getitems__(p) for p in _parts(16)])
         assert seeded._draws == {"numpy"}
     assert runs[0] == runs[1] and len(set(runs[0][-1])) == 4
+
+
+class _Counted(Dataset):
+    """Counts its reads; sample i is i, or torch's next number when ``noisy``."""
+
+    def __init__(self, noisy):
+        self.noisy, self.reads = noisy, 0
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return torch.rand(()).item() if self.noisy else float(i)
+
+
+def test_the_watch_reads_a_quiet_dataset_once_and_a_drawing_ones_first_part_twice():
+    """Watched parts are read under one seed; only a part where torch's generator moved is read
+    again sample by sample (its numbers those of a sample-by-sample read: the test above)."""
+    from dptrain.data.dataset_loader import _Seeded
+    quiet, noisy = _Seeded(_Counted(False)), _Seeded(_Counted(True))
+    for p in _parts(_Seeded.WATCH):
+        quiet.__getitems__(p)
+        noisy.__getitems__(p)
+    assert quiet.dataset.reads == 4 * _Seeded.WATCH and not quiet._draws
+    assert noisy.dataset.reads == 4 * _Seeded.WATCH + 4 and noisy._draws == {"torch"}
