@@ -137,7 +137,7 @@ class _Numbers(Dataset):
 
 
 def _parts(n):
-    from dptrain.data.dataset_loader import _Part
+    from dptrain.data.seeded_reads import _Part
     for b in range(n):
         part = _Part(range(b * 4, b * 4 + 4))
         part.seed = (0, 1, b * 4)
@@ -145,7 +145,7 @@ def _parts(n):
 
 
 def test_a_dataset_that_draws_no_random_number_is_read_without_seeding_after_a_few_parts():
-    from dptrain.data.dataset_loader import _Seeded
+    from dptrain.data.seeded_reads import _Seeded
     seeded = _Seeded(_Numbers())
     first = [seeded.__getitems__(p) for p in _parts(_Seeded.WATCH)]
     assert not seeded._draws and seeded._watch == 0
@@ -157,7 +157,7 @@ def test_a_dataset_that_draws_no_random_number_is_read_without_seeding_after_a_f
 @pytest.mark.parametrize("name, draw", [("torch", lambda: torch.rand(1)), ("random", lambda: random.random()),
                                         ("numpy", lambda: np.random.rand())])
 def test_a_dataset_drawing_from_any_generator_stays_seeded_and_reproducible(name, draw):
-    from dptrain.data.dataset_loader import _Seeded
+    from dptrain.data.seeded_reads import _Seeded
     seen = []
 
     def recorded():
@@ -184,7 +184,7 @@ class _Noisy(Dataset):
 
 
 def test_a_sample_draws_the_same_numbers_read_during_the_watch_and_after_it():
-    from dptrain.data.dataset_loader import _Seeded
+    from dptrain.data.seeded_reads import _Seeded
     watched = _Seeded(_Noisy())
     during = [x for p in _parts(_Seeded.WATCH) for x in watched.__getitems__(p)]
     assert watched._watch == 0 and watched._draws == {"torch"}
@@ -217,7 +217,7 @@ def test_python_and_numpy_draws_are_the_same_in_every_run_whatever_the_hash_seed
 
 @pytest.mark.parametrize("draw", [lambda: torch.rand(1), lambda: random.random(), lambda: np.random.rand()])
 def test_the_callers_generators_are_left_alone_after_the_watch_too(draw):
-    from dptrain.data.dataset_loader import _Seeded
+    from dptrain.data.seeded_reads import _Seeded
     seeded = _Seeded(_Numbers(draw))
     for p in _parts(_Seeded.WATCH):
         seeded.__getitems__(p)
@@ -290,7 +290,7 @@ class _LateTorch(Dataset):
 
 
 def test_torch_stays_seeded_for_a_dataset_that_draws_even_if_torch_was_not_seen_drawing():
-    from dptrain.data.dataset_loader import _Seeded
+    from dptrain.data.seeded_reads import _Seeded
     assert _Seeded.WATCH == 8
     runs = []
     for caller_seed in (1, 2):          # the caller's own torch state must not show through
@@ -318,7 +318,7 @@ class _Counted(Dataset):
 def test_the_watch_reads_a_quiet_dataset_once_and_a_drawing_ones_first_part_twice():
     """Watched parts are read under one seed; only a part where torch's generator moved is read
     again sample by sample (its numbers those of a sample-by-sample read: the test above)."""
-    from dptrain.data.dataset_loader import _Seeded
+    from dptrain.data.seeded_reads import _Seeded
     quiet, noisy = _Seeded(_Counted(False)), _Seeded(_Counted(True))
     for p in _parts(_Seeded.WATCH):
         quiet.__getitems__(p)
