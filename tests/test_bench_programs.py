@@ -191,3 +191,18 @@ def test_a_job_that_fails_in_its_turn_is_reported_with_its_traceback(tmp_path):
             take_job_turns(job_commands(tmp_path, [("a", 3), ("bad", 3)]), workers=2)
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_the_train_metrics_benchmark_runs_and_pairs_its_variants(tmp_path):
+    out = tmp_path / "train_metrics.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_train_metrics.py"), "--programs",
+                           "tiny-mlp,text", "--rounds", "2", "--epochs", "2", "--samples", "512", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    for program in ("tiny-mlp", "text"):
+        assert set(figures[program]["raw"]) == {"plain loop", "plain loop + accuracy", "dptrain",
+                                                "dptrain, train_metrics"}
+        assert all(len(v) == 2 and all(s > 0 for s in v) for v in figures[program]["raw"].values())
+        assert figures[program]["dptrain with / without train_metrics"] > 0

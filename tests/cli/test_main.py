@@ -44,6 +44,17 @@ def test_json_result(data_dir, capsys):
     assert "epoch 1" in captured.err          # progress goes to stderr with --json
 
 
+def test_train_metrics_adds_the_training_figures_to_rows_lines_and_result(data_dir, capsys):
+    assert main(["train", "--data-dir", data_dir, "--devices", "2", "--epochs", "1", "--max-batches", "2",
+                 "--train-metrics", "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert [list(h) for h in result["history"]] == [["epoch", "sec", "train_loss", "train_acc", "test_loss",
+                                                     "test_acc"]]
+    assert 0.0 <= result["train_acc"] <= 1.0 and result["train_acc"] == result["history"][0]["train_acc"]
+    assert f"train acc {result['train_acc']:.3f}, test loss" in captured.err
+
+
 @pytest.mark.slow
 def test_lenet_scratch_learns_fashion_mnist(data_dir, capsys):
     """Two full epochs on 2 virtual devices. Seeds 0-2 reach 0.60-0.62 (chance: 0.10); the

@@ -334,3 +334,18 @@ def run_freed_after_fit(rank, world):
 
 def test_fit_frees_its_run_in_every_process():
     assert run_workers(run_freed_after_fit) == [False, False]
+
+
+def trained_figures(rank, world):
+    from tests.engine.test_train_figures import fit
+    return fit(1, lr=0.5)[1]["history"]
+
+
+def test_training_figures_on_two_processes_equal_one_device():
+    """train_metrics: each process scores its part of every batch; the sums meet with the loss's."""
+    want = trained_figures(0, 1)
+    for got in run_workers(trained_figures):
+        for row, want_row in zip(got, want):
+            assert row["train_acc"] == pytest.approx(want_row["train_acc"], abs=1e-12)
+            assert row["train_mae"] == pytest.approx(want_row["train_mae"], abs=1e-12)
+            assert row["train_loss"] == pytest.approx(want_row["train_loss"], rel=1e-6)

@@ -15,23 +15,23 @@ def test_values_folded_as_they_come_sum_to_the_exact_total(monkeypatch):
     out = {}
     given = [torch.tensor(0.5 * i) for i in range(11)]
     for i, t in enumerate(targets):
-        evaluation._accumulate(out, "loss", given[i])
-        evaluation._accumulate(out, "count", LazyCount(t, loss) if i % 2 else int((t != 0).sum()))
-        evaluation._accumulate(out, "n", 5)
+        evaluation.accumulate(out, "loss", given[i])
+        evaluation.accumulate(out, "count", LazyCount(t, loss) if i % 2 else int((t != 0).sum()))
+        evaluation.accumulate(out, "n", 5)
     assert len(out["loss"]) == 0 and len(out["count"]) < 4     # added at once on a CPU; folded along the way
     assert [g.item() for g in given] == [0.5 * i for i in range(11)]     # the values are left as they were
-    assert evaluation._total(out["loss"]).item() == sum(0.5 * i for i in range(11))
-    assert evaluation._total(out["count"]).item() == sum(int((t != 0).sum()) for t in targets)
-    assert evaluation._total(out["n"]).item() == 55.0
-    assert evaluation._total(out["loss"]).dtype == torch.float64
+    assert evaluation.sum_values(out["loss"]).item() == sum(0.5 * i for i in range(11))
+    assert evaluation.sum_values(out["count"]).item() == sum(int((t != 0).sum()) for t in targets)
+    assert evaluation.sum_values(out["n"]).item() == 55.0
+    assert evaluation.sum_values(out["loss"]).dtype == torch.float64
 
 
 def test_gpu_like_tensors_are_kept_and_folded_and_cpu_ones_added_into_one_sum(monkeypatch):
     monkeypatch.setattr(evaluation, "FOLD_EVERY", 3)
     out = {}
     for i in range(7):          # the meta device stands for a GPU: its tensors are kept, not added
-        evaluation._accumulate(out, "m", torch.empty((), device="meta"))
-        evaluation._accumulate(out, "c", torch.tensor(i, dtype=torch.long))
+        evaluation.accumulate(out, "m", torch.empty((), device="meta"))
+        evaluation.accumulate(out, "c", torch.tensor(i, dtype=torch.long))
     assert 0 < len(out["m"]) < 3 and out["m"].host == 0
     assert len(out["c"]) == 0 and type(out["c"].host) is int and out["c"].host == 21      # integers: exact
 
@@ -39,8 +39,8 @@ def test_gpu_like_tensors_are_kept_and_folded_and_cpu_ones_added_into_one_sum(mo
 def test_float32_numbers_are_summed_in_float64():
     out = {}
     for value in [2.0 ** 24] + [1.0] * 10:      # in float32, 2**24 + 1 is 2**24: the ones would vanish
-        evaluation._accumulate(out, "loss", torch.tensor(value, dtype=torch.float32))
-    total = evaluation._total(out["loss"])
+        evaluation.accumulate(out, "loss", torch.tensor(value, dtype=torch.float32))
+    total = evaluation.sum_values(out["loss"])
     assert total.dtype == torch.float64 and total.item() == 2.0 ** 24 + 10
 
 

@@ -63,10 +63,15 @@ def direct_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
 def whole_loss(engine: Any, shard: Batch, device: torch.device):
     """The loss as the plain loop has it (to run backward on: the mean, or the sum with a sum
     reduction) and its denominator (None: a sum)."""
-    net = engine._net(0)
-    with engine._autocast(device):
-        if engine.adapter is not None:
+    net, figures = engine._net(0), engine.train_figures
+    if engine.adapter is not None:
+        with engine._autocast(device):
             output, target = engine.forward(net, shard)
-            return engine.adapter.whole(output, target, shard)
-    value, count, _, mean = engine._step_loss(net, shard, device)          # a step function's
+            whole = engine.adapter.whole(output, target, shard)
+        if figures is not None:
+            figures.add(0, output, target)
+        return whole
+    value, count, output, mean = engine._step_loss(net, shard, device)          # a step function's
+    if figures is not None:
+        figures.add_step_output(0, net, shard, output)
     return (value if mean or count is None else value / count), count

@@ -8,7 +8,7 @@ objects (torchmetrics) are updated per shard and computed over the whole set
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -24,7 +24,13 @@ Totals = Dict[str, torch.Tensor]
 def sum_keys(engine) -> List[str]:
     """The sums ``evaluate`` gives, in one order, the same in every process (for one
     ``all_reduce``)."""
-    keys = ["loss", "count"] + (["correct", "correct_count"] if engine.classification else [])
+    return ["loss", "count"] + figure_keys(engine)
+
+
+def figure_keys(engine) -> List[str]:
+    """The sums behind the figures besides the loss, in one order: correct predictions
+    (classification), then each ``(sum, count)`` metric's (training's figures too)."""
+    keys = ["correct", "correct_count"] if engine.classification else []
     return keys + [k for name in pair_metric_names(engine.task.metrics) for k in (name, f"{name}_count")]
 
 
@@ -54,8 +60,8 @@ def evaluate(engine, batches) -> Totals:
             shard = to_device(shard, device, engine.memory_format)
         if adapter is None:
             value, count, output = engine._loss_and_output(net, shard, device)
-            _accumulate(out, "loss", value)
-            _accumulate(out, "count", batch_size(shard) if count is None else count)
+            accumulate(out, "loss", value)
+            accumulate(out, "count", batch_size(shard) if count is None else count)
             if not needs_output:
                 return
             if not own_forward:
@@ -74,22 +80,16 @@ def evaluate(engine, batches) -> Totals:
                 value, count = value
             else:
                 count = adapter.lazy_count(target)
-            _accumulate(out, "loss", value)
-            _accumulate(out, "count", batch_size(shard) if count is None else count)
+            accumulate(out, "loss", value)
+            accumulate(out, "count", batch_size(shard) if count is None else count)
             hits = adapter.correct(output, target)
             if hits is not None:
-                _accumulate(out, "correct", hits[0])
-                _accumulate(out, "correct_count", hits[1])
+                accumulate(out, "correct", hits[0])
+                accumulate(out, "correct_count", hits[1])
         if stateful:
             stateful.update(i, output, target)
-        for name, fn in metrics.items():
-            pair = fn(output, target)
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise TypeError(f"metric {name!r} returned {type(pair).__name__}; a metric returns (sum, count), "
-                                f"e.g. ((output - target).abs().sum(), target.numel())")
-            value, count = pair
-            _accumulate(out, name, value)
-            _accumulate(out, f"{name}_count", count)
+        for key, value in metric_pairs(metrics, output, target):
+            accumulate(out, key, value)
 
     one = len(engine.devices) == 1         # no split, no hand-off to a device thread
     was_training = [m.training for m in engine.replicas]
@@ -110,16 +110,32 @@ def evaluate(engine, batches) -> Totals:
     finally:
         for m, mode in zip(engine.replicas, was_training):
             m.train(mode)
-    out: Dict[str, torch.Tensor] = {}
-    for part, device in zip(totals, engine.devices):
-        for key, values in part.items():
-            total = _total(values, device).to(engine.devices[0])
-            out[key] = total if key not in out else out[key] + total
-    totals = dict(out)
+    totals = over_devices(totals, engine.devices)
     if stateful:        # over the whole set: merged over devices, gathered over processes
         totals[COMPUTED] = stateful.compute()
     return totals
 
+def metric_pairs(metrics: Dict[str, Any], output: Any, target: Any) -> List[Tuple[str, Any]]:
+    """Each ``(sum, count)`` metric's figures for one shard: ``[(name, sum), (name_count,
+    count), ...]``."""
+    figures = []
+    for name, fn in metrics.items():
+        pair = fn(output, target)
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"metric {name!r} returned {type(pair).__name__}; a metric returns (sum, count), "
+                            f"e.g. ((output - target).abs().sum(), target.numel())")
+        figures += [(name, pair[0]), (f"{name}_count", pair[1])]
+    return figures
+
+
+def over_devices(totals: List[Dict[str, Any]], devices: Sequence[torch.device]) -> Totals:
+    """Each figure's float64 sum over the devices' kept values, on the first device."""
+    out: Totals = {}
+    for part, device in zip(totals, devices):
+        for key, values in part.items():
+            total = sum_values(values, device).to(devices[0])
+            out[key] = total if key not in out else out[key] + total
+    return out
 
 
 #: Values of a figure kept before they are summed (a LazyCount holds its batch's targets).
@@ -133,13 +149,13 @@ class _Kept(list):
     host: Any = 0
 
 
-def _accumulate(out: Dict[str, _Kept], key: str, value: Any) -> None:
+def accumulate(out: Dict[str, _Kept], key: str, value: Any) -> None:
     """Add ``value`` to figure ``key``. A CPU tensor is read (``item``: 0.2 us) and added
     as a Python number: a float64 tensor's ``add_`` of a float32 or int64 number took 1.9 us
     (1 us of it the type promotion), and a batch's kept tensors sat between the next batch's
     large temporaries (the text classifier's evaluation ran 12-17% slower with them kept,
     session 15). On a GPU each add is a kernel launch and a read waits for the device: kept,
-    and summed in a few operations (``_total``)."""
+    and summed in a few operations (``sum_values``)."""
     values = out.get(key)
     if values is None:
         values = out[key] = _Kept()
@@ -152,11 +168,11 @@ def _accumulate(out: Dict[str, _Kept], key: str, value: Any) -> None:
         return
     values.append(value)
     if len(values) >= FOLD_EVERY:
-        folded = out[key] = _Kept([_total(list(values))])
+        folded = out[key] = _Kept([sum_values(list(values))])
         folded.host = values.host
 
 
-def _total(values: List[Any], device: Optional[torch.device] = None) -> torch.Tensor:
+def sum_values(values: List[Any], device: Optional[torch.device] = None) -> torch.Tensor:
     """The float64 sum of one figure's values on ``device`` (None: where its first tensor
     is), in a few operations (not two or three per batch: on a GPU each costs host time, on
     a CPU a small batch's evaluation was 20% bookkeeping)."""

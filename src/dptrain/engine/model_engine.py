@@ -28,6 +28,7 @@ from .losses import Count, LossAdapter, add_counts, host_number, read_step
 from .stateful_metrics import StatefulMetrics
 from .step_plan import StepPlan, StepResult
 from .task import Task
+from .train_figures import TrainFigures
 
 _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
 
@@ -86,6 +87,12 @@ class ModelEngine:
         self._nets: Optional[List[nn.Module]] = None
         self.compile_seconds = 0.0
         self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
+        self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
+
+    def keep_train_figures(self) -> None:
+        """Score every training shard from now on (``train_metrics=True``): accuracy and the
+        ``(sum, count)`` metrics of the batches trained (``train_figures.py``)."""
+        self.train_figures = TrainFigures(self)
 
     def _net(self, i: int) -> nn.Module:
         """Replica ``i``, through its ``torch.compile`` wrapper with ``--compile``."""
@@ -129,22 +136,27 @@ class ModelEngine:
             return _NO_CHANGE
         return torch.autocast(device.type, dtype=self.amp)
 
-    def _loss(self, net: nn.Module, shard: Batch, device: torch.device,
-              count: bool = True) -> Tuple[torch.Tensor, Count]:
+    def _loss(self, net: nn.Module, shard: Batch, device: torch.device, count: bool = True,
+              scored: Optional[int] = None) -> Tuple[torch.Tensor, Count]:
         """The shard's loss as a sum, and its denominator (None: a sum, nothing to divide;
-        not computed unless ``count``)."""
-        value, denominator, _ = self._loss_and_output(net, shard, device, count)
-        return value, denominator
-
-    def _loss_and_output(self, net: nn.Module, shard: Batch, device: torch.device,
-                         count: bool = True) -> Tuple[torch.Tensor, Count, Any]:
-        """``_loss``, and the output a step function returned besides its loss (its
-        ``logits``, for metrics; None if none)."""
+        not computed unless ``count``). ``scored``: the device index under which the
+        training figures (``train_metrics``) count this shard, if they are kept."""
+        figures = self.train_figures if scored is not None else None
         if self.adapter is not None:
             with self._autocast(device):
                 output, target = self.forward(net, shard)
                 value, denominator = self.adapter.measure(output, target, shard, count)
-            return value, denominator, None
+            if figures is not None:
+                figures.add(scored, output, target)
+            return value, denominator
+        value, denominator, output = self._loss_and_output(net, shard, device)
+        if figures is not None:
+            figures.add_step_output(scored, net, shard, output)
+        return value, denominator
+
+    def _loss_and_output(self, net: nn.Module, shard: Batch, device: torch.device) -> Tuple[torch.Tensor, Count, Any]:
+        """A step function's loss as a sum, its denominator, and the output it returned
+        besides its loss (its ``logits``, for metrics; None if none)."""
         value, denominator, output, mean = self._step_loss(net, shard, device)
         return (value * denominator if mean else value), denominator, output
 
@@ -195,6 +207,13 @@ class ModelEngine:
         group (``data/accumulate.py``) is one step: forward and backward of each micro-batch
         in turn, the gradients summed locally, then one exchange and one update over them all.
         """
+        result = self._train_batch(batch, skip_nonfinite, extras, sizes, timed)
+        if self.train_figures is not None:
+            self.train_figures.end_step(result.stepped)
+        return result
+
+    def _train_batch(self, batch: Batch, skip_nonfinite: bool, extras: Extras, sizes: Optional[Sequence[int]],
+                     timed: bool) -> StepResult:
         if direct.applies(self, batch, sizes, timed):
             return direct.direct_step(self, batch, skip_nonfinite, extras)
         micro = list(batch) if isinstance(batch, MicroBatches) else [batch]

@@ -71,7 +71,7 @@ class StepPlan:
             start = time.perf_counter()
             with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
                 value, self.counts[i] = engine._loss(engine._net(i), to_device(shard, device, engine.memory_format),
-                                                     device, count=not self.known)
+                                                     device, count=not self.known, scored=i)
             with trace.span("backward", i):
                 value.backward()
             if timed:

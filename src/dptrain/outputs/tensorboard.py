@@ -6,7 +6,7 @@ from typing import Any, Dict
 
 
 class TensorBoardLog:
-    """Write ``train_loss``, ``test_acc``, ``images_per_sec`` and ``sec`` per epoch to DIR."""
+    """Write ``train_loss`` (and ``train_acc``...), ``test_acc``..., ``images_per_sec`` and ``sec`` per epoch to DIR."""
 
     def __init__(self, directory: str, fresh: bool = False):
         """``fresh``: remove the event files another run left in ``directory`` (``--overwrite``)."""
@@ -25,7 +25,7 @@ class TensorBoardLog:
 
     def append(self, record: Dict[str, Any]) -> None:
         for key, value in record.items():       # the losses, every test metric, the speed
-            if (key in ("train_loss", "images_per_sec", "sec") or key.startswith("test_")) \
+            if (key in ("images_per_sec", "sec") or key.startswith(("train_", "test_"))) \
                     and isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, record["epoch"])
         self.writer.flush()

@@ -58,6 +58,11 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp_dtype,
                              channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb,
                              compile=config.compile, clip_grad_norm=config.clip_grad_norm)
+    if config.train_metrics:
+        engine.keep_train_figures()
+        if not engine.train_figures.keys:
+            log("train_metrics: nothing to score on the training batches: no accuracy without a classification "
+                "loss, and no (sum, count) metric given (metrics={'name': fn(output, target) -> (sum, count)})")
     shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
                  worker_timeout=config.worker_timeout,
                  collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices),

@@ -111,6 +111,8 @@ class TrainConfig:
     accumulate_grad_batches: int = option(1, "sum the gradients of N consecutive batches into each update: the "
                                           "update of an N-times larger batch, with the memory of one",
                                           Whole(1), metavar="N")
+    train_metrics: bool = option(False, "also score the training batches as they are trained: train_acc and "
+                                 "train_<metric> for every (sum, count) metric, beside the test ones", Switch())
     on_nan: str = option("stop", "a NaN/infinite loss stops the run, or skips that batch", Choice(["stop", "skip"],
                                                                                                    "--on-nan"))
     # Outputs.

@@ -8,7 +8,6 @@ Runbook (the same script everywhere):
 
     import dptrain, torch
     from torch import nn
-from torch.utils.data import DataLoader
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
     X, y = torch.randn(1000, 8), torch.randn(1000, 1)
     result = dptrain.fit(model, (X, y), loss=nn.MSELoss(), optimizer=torch.optim.AdamW, lr=1e-3,

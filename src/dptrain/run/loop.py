@@ -82,6 +82,8 @@ class Run(RunView):
         self.epoch, self.step, self.batch = 1, 0, 0
         self._loaded = self._evaluated = None        # see load_weights
         self.run_ahead = run_ahead(devices)
+        figures = self.engine.train_figures       # train_metrics: the sums behind train_acc...
+        self.figure_keys: List[str] = figures.keys if figures is not None else []
         # Said at once, by rank 0 (the elastic agent passes a signal on, and says nothing).
         announce = say_at_once if self.is_main else None
         self.stops = StopRequests(self.collective, announce, config.checkpoint_dir)
@@ -129,7 +131,7 @@ class Run(RunView):
     def _epoch(self, epoch: int, keys: List[str]) -> bool:
         """Train, evaluate, tell the callbacks and save one epoch; whether the run stops here."""
         with stage(lambda: f"training epoch {epoch}, batch {self.batch}"):
-            sec, loss_sum, count, skipped, stopped = self._train_epoch(epoch)
+            sec, loss_sum, count, figures, skipped, stopped = self._train_epoch(epoch)
         evals = {}
         if self.eval_loader is not None:
             with stage(f"evaluating after epoch {epoch}"):
@@ -139,11 +141,12 @@ class Run(RunView):
                 evals = self.engine.evaluate(self.eval_loader)
         zero = torch.zeros((), dtype=torch.float64, device=self.devices[0])
         local = [torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]).reshape(())
-                 for v in (loss_sum, count)] + [evals.get(k, zero) for k in keys]
-        totals = self.collective.all_reduce(torch.stack(local)).tolist()
+                 for v in [loss_sum, count] + figures] + [evals.get(k, zero) for k in keys]
+        sums = self.collective.all_reduce(torch.stack(local)).tolist()
+        trained, evaluated = dict(zip(self.figure_keys, sums[2:])), dict(zip(keys, sums[2 + len(figures):]))
         split = self.balancer.sizes(epoch * self.batches, self.batch_size) if self.balancer is not None else None
-        row = report.epoch_row(epoch, sec, totals[0], totals[1], dict(zip(keys, totals[2:])),
-                               pair_metric_names(self.task.metrics), split, evals.get(COMPUTED, {}))
+        row = report.epoch_row(epoch, sec, sums[0], sums[1], evaluated, pair_metric_names(self.task.metrics), split,
+                               evals.get(COMPUTED, {}), trained)
         if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
             row["skipped"] = skipped
         with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
@@ -167,7 +170,7 @@ class Run(RunView):
             return
         self.scheduler.step()
 
-    def _train_epoch(self, epoch: int) -> Tuple[float, Any, Any, int, bool]:
+    def _train_epoch(self, epoch: int) -> Tuple[float, Any, Any, List[Any], int, bool]:
         at = self.position if epoch == self.position.epoch else Position(epoch)
         skipped_at_start = self.skipped - at.skipped
         self.train_loader.set_epoch(epoch - 1)
@@ -175,7 +178,7 @@ class Run(RunView):
         synchronize(self.devices)
         start = time.perf_counter()
         tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices),
-                      group=self.run_ahead)
+                      group=self.run_ahead, figures=self.engine.train_figures)
         batches = self.train_loader.batches(at.batch)
         if any(d.type == "cuda" for d in self.devices) and getattr(self.train_loader, "device", None) is None \
                 and getattr(self.train_loader, "num_workers", 1) > 0:
@@ -193,7 +196,8 @@ class Run(RunView):
 
         def so_far(b: int) -> Position:    # what a save mid-epoch keeps
             loss_sum, count = tally.numbers()
-            return Position(epoch, b, at.loss_sum + loss_sum, at.count + count, at.seconds + time.perf_counter() - start, self.skipped - skipped_at_start)
+            return Position(epoch, b, at.loss_sum + loss_sum, at.count + count, at.seconds + time.perf_counter() - start,
+                            self.skipped - skipped_at_start, tally.figure_numbers(at.figures))
         # On GPUs the host runs one step ahead: what a step says about itself (a NaN loss, the
         # processes' summed stop flags) is read once the next step is queued, so the host never
         # waits for the device inside a step. On CPU devices there is nothing to wait for.
@@ -254,7 +258,7 @@ class Run(RunView):
         synchronize(self.devices)
         loss_sum, count = tally.totals()
         return (at.seconds + time.perf_counter() - start, at.loss_sum + loss_sum, add_counts(at.count, count),
-                self.skipped - skipped_at_start, ending[0])
+                tally.figure_totals(at.figures), self.skipped - skipped_at_start, ending[0])
 
     def _timed(self, batches):
         """The batches, with the wait for each recorded as ``data`` on the main track (--trace)."""
@@ -290,7 +294,7 @@ class Run(RunView):
 
     def _save_mid_epoch(self, at: Position) -> None:
         """Save after batch ``at.batch``; every process keeps its own partial sums."""
-        sums = self.collective.all_gather(torch.tensor([at.loss_sum, at.count], dtype=torch.float64))
+        sums = self.collective.all_gather(torch.tensor([at.loss_sum, at.count] + at.figures, dtype=torch.float64))
         resume.save(self, at, [t.tolist() for t in sums])
 
     def _result(self) -> Dict[str, Any]:

@@ -13,10 +13,13 @@ Row = Dict[str, Any]
 
 def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str, float],
               metric_names: Sequence[str], split: Optional[List[int]] = None,
-              computed: Mapping[str, Any] = MappingProxyType({})) -> Row:
+              computed: Mapping[str, Any] = MappingProxyType({}), trained: Optional[Dict[str, float]] = None) -> Row:
     """The history row of an epoch from the sums over every process (``evals``: the
-    evaluation's sums, empty without an evaluation set)."""
+    evaluation's sums, empty without an evaluation set; ``trained``: the training figures'
+    sums with ``train_metrics``)."""
     row: Row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
+    if trained:
+        row.update(named_figures("train", trained, metric_names))
     if split is not None:            # each device's part of a full batch, now (--balance)
         row["split"] = split
     row.update(test_figures(evals, metric_names, computed))
@@ -30,12 +33,20 @@ def test_figures(evals: Dict[str, float], metric_names: Sequence[str],
     row: Row = {}
     if evals:
         row["test_loss"] = evals["loss"] / evals["count"] if evals["count"] else math.nan
-    if "correct" in evals:
-        row["test_acc"] = evals["correct"] / evals["correct_count"] if evals["correct_count"] else math.nan
-    for name in metric_names if evals else ():
-        row[f"test_{name}"] = evals[name] / evals[f"{name}_count"] if evals[f"{name}_count"] else math.nan
+        row.update(named_figures("test", evals, metric_names))
     for name, value in computed.items():        # metric objects, over the whole set
         row[f"test_{name}"] = value
+    return row
+
+
+def named_figures(prefix: str, sums: Dict[str, float], metric_names: Sequence[str]) -> Row:
+    """``<prefix>_acc`` (with correct predictions) and ``<prefix>_<metric>``: each sum over
+    its count (NaN over none)."""
+    row: Row = {}
+    if "correct" in sums:
+        row[f"{prefix}_acc"] = sums["correct"] / sums["correct_count"] if sums["correct_count"] else math.nan
+    for name in metric_names:
+        row[f"{prefix}_{name}"] = sums[name] / sums[f"{name}_count"] if sums[f"{name}_count"] else math.nan
     return row
 
 
@@ -50,8 +61,8 @@ def run_result(history: List[Row], samples_per_epoch: int, **facts: Any) -> Dict
     the speed, and the history."""
     seconds = sum(h["sec"] for h in history)
     return {**facts,
-            **({k: v for k, v in history[-1].items() if k.startswith("test_")} if history else {}),
-            "train_loss": history[-1]["train_loss"] if history else math.nan,
+            "train_loss": math.nan,
+            **({k: v for k, v in history[-1].items() if k.startswith(("test_", "train_"))} if history else {}),
             "sec_per_epoch": seconds / max(len(history), 1),
             "images_per_sec": samples_per_epoch * len(history) / seconds if seconds else 0.0,
             "history": history}

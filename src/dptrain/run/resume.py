@@ -10,7 +10,7 @@ devices, processes), honouring the change.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -30,13 +30,15 @@ TRAINED = ("model", "loss", "training data")      # see run/agreement.py
 @dataclass
 class Position:
     """Where a run is: ``epoch`` (from 1), ``batch`` (batches done in it), this process's
-    loss sum and denominator so far, the epoch's seconds and batches skipped so far."""
+    loss sum and denominator so far, the epoch's seconds and batches skipped so far, and
+    its training figures' sums so far (``train_metrics``: ``TrainFigures.keys``' order)."""
     epoch: int = 1
     batch: int = 0
     loss_sum: float = 0.0
     count: float = 0.0
     seconds: float = 0.0
     skipped: int = 0
+    figures: List[float] = field(default_factory=list)
 
 
 def has_batchnorm(model: nn.Module) -> bool:
@@ -79,7 +81,7 @@ def set_rng_state(states: List[torch.Tensor], rank: int, devices: List[torch.dev
 
 def save(run: Any, position: Position, partial: List[List[float]]) -> None:
     """Rank 0 writes ``run``'s state at ``position``; ``partial`` holds every process's
-    ``[loss sum, denominator]`` so far. Every process calls it (they send their random states)."""
+    ``[loss sum, denominator, *training figure sums]`` so far. Every process calls it (they send their random states)."""
     directory = run.config.checkpoint_dir
     if not directory:
         return
@@ -134,11 +136,16 @@ def resume(run: Any) -> Position:
     run.skipped = state["skipped"]
     partial = state["partial"]
     if len(partial) != run.world_size:     # another number of processes: rank 0 carries the sums
-        partial = [[sum(p[0] for p in partial), sum(p[1] for p in partial)]] + [[0.0, 0.0]] * (run.world_size - 1)
-    loss, count = partial[run.rank]
+        partial = [[sum(column) for column in zip(*partial)]] + [[0.0] * len(partial[0])] * (run.world_size - 1)
+    loss, count, *figures = partial[run.rank]
     run.log(f"resumed from {checkpoint_path(directory)} at epoch {state['epoch']}, batch {state['batch']}")
+    if len(figures) != len(run.figure_keys):
+        if state["batch"] and run.figure_keys:
+            run.log(f"resuming: the checkpoint has no train_metrics sums for epoch {state['epoch']}: its training "
+                    f"figures cover batches {state['batch'] + 1} to {run.batches} only")
+        figures = [0.0] * len(run.figure_keys)
     _say_what_changed(run, saved, ours)
-    return Position(state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"])
+    return Position(state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"], figures)
 
 
 def _say_what_changed(run: Any, saved: Dict[str, Any], ours: Dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ A classification step's denominator (``LazyCount``) is computed for many steps a
 >>> verdict = tally.add(result)          # after each step that updated
 >>> Tally.finite(verdict)                # was its loss finite?
 >>> tally.numbers()                      # the epoch's (loss sum, count) so far
+>>> tally.figure_totals([])              # and its train_metrics sums (TrainFigures)
 """
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ class Tally:
     """See the module docstring. ``on_host``: read every step's loss at once (CPU devices
     with no run-ahead); ``group``: steps per snapshot on a GPU."""
 
-    def __init__(self, device: torch.device, on_host: bool, group: int = 1):
+    def __init__(self, device: torch.device, on_host: bool, group: int = 1, figures: Optional[Any] = None):
         self.device, self.on_host, self.group = device, on_host, max(1, group)
+        self.figures = figures          # the engine's TrainFigures (train_metrics), from zero
+        if figures is not None:
+            figures.reset()
         self._sum: Union[float, torch.Tensor] = 0.0 if on_host else \
             torch.zeros((), dtype=torch.float64, device=device)
         self._count: Any = 0
@@ -103,6 +107,20 @@ class Tally:
         """``(loss sum, count)`` so far, left where they are (no wait)."""
         self._fold()
         return self._sum, self._count
+
+    def figure_numbers(self, before: List[float]) -> List[float]:
+        """The training figures' sums so far (``train_metrics``; none without), added to
+        ``before`` (a resumed epoch's), as numbers (waits for the device)."""
+        if self.figures is None:
+            return []
+        return [b + n for b, n in zip(before or [0.0] * len(self.figures.keys), self.figures.numbers())]
+
+    def figure_totals(self, before: List[float]) -> List[torch.Tensor]:
+        """``figure_numbers``, left where they are (float64 0-d tensors; no wait)."""
+        if self.figures is None:
+            return []
+        totals = self.figures.totals()
+        return [totals[k] + b for k, b in zip(self.figures.keys, before or [0.0] * len(self.figures.keys))]
 
     @staticmethod
     def finite(verdict: Any) -> bool:
