@@ -150,6 +150,16 @@ def test_your_model_and_data_by_name(capsys):
     assert json.loads(capsys.readouterr().out)["history"][0]["train_loss"] > 0
 
 
+def test_validation_split_holds_out_the_last_samples_from_the_command_line(capsys):
+    assert main(["train", "--model", "tests.tasks.user_task:Net", "--data", "tests.tasks.user_task:train_only",
+                 "--validation-split", "0.25", "--epochs", "1", "--batch-size", "32", "--devices", "1",
+                 "--json"]) == 0
+    assert "test_acc" in json.loads(capsys.readouterr().out)["history"][0]
+    assert main(["train", "--model", "tests.tasks.user_task:Net", "--data", "tests.tasks.user_task:data",
+                 "--validation-split", "0.25", "--epochs", "1", "--devices", "1"]) == 2
+    assert "both an evaluation set and validation_split were given" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "tests.tasks.user_task:Net"], "--model and --data go together"),
     (["--model", "tests.tasks.user_task:Nope", "--data", "tests.tasks.user_task:data"],

@@ -59,6 +59,11 @@ def data():
     return Pairs(320, 1), Pairs(50, 2)
 
 
+def train_only():
+    """For --data with --validation-split: the training Dataset alone."""
+    return Pairs(320, 1)
+
+
 class StuckAt(Pairs):
     """Sample 5 never comes back: a reader stuck in __getitem__ (a dead network share, a lock)."""
 

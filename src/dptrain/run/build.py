@@ -11,6 +11,7 @@ from ..callbacks.outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard,
 from ..core.stage import stage
 from ..data.accumulate import Accumulating
 from ..data.dataset_loader import make_loader
+from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
 from ..engine.balance import Balancer
@@ -68,10 +69,16 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                  collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices),
                  lower_priority=len(devices) > 1 and all(d.type == "cpu" for d in devices))
     with stage("loading the training data"):
-        train_loader = make_loader(task.load("train_data"), batch_size, shuffle=True, seed=config.seed,
+        train_data, eval_data = task.load("train_data"), task.load("eval_data")
+        if config.validation_split is not None:
+            if eval_data is not None:
+                raise ValueError("both an evaluation set and validation_split were given: give one (eval_data "
+                                 "evaluates on that set; validation_split holds out the last part of the "
+                                 "training data)")
+            train_data, eval_data = hold_out(train_data, config.validation_split)
+        train_loader = make_loader(train_data, batch_size, shuffle=True, seed=config.seed,
                                    max_batches=config.max_batches, **shard)
     with stage("loading the evaluation data"):
-        eval_data = task.load("eval_data")
         eval_loader = make_loader(eval_data, batch_size, max_batches=config.eval_batches, **shard) \
             if eval_data is not None else None
     check_agreement(collective, env.rank, describe_data(train_loader, eval_loader))

@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from ..data.holdout import check_fraction
 from ..data.sources import SOURCES
 from ..distributed.env import BACKENDS, DEFAULT_TIMEOUT_S
 from ..engine.balance import parse_balance
@@ -111,6 +112,9 @@ class TrainConfig:
     accumulate_grad_batches: int = option(1, "sum the gradients of N consecutive batches into each update: the "
                                           "update of an N-times larger batch, with the memory of one",
                                           Whole(1), metavar="N")
+    validation_split: Optional[float] = option(None, "hold out the last FRACTION of the training samples (taken "
+                                               "before shuffling) as the evaluation set, as Keras's validation_split",
+                                               check=check_fraction, metavar="FRACTION", type=float)
     train_metrics: bool = option(False, "also score the training batches as they are trained: train_acc and "
                                  "train_<metric> for every (sum, count) metric, beside the test ones", Switch())
     on_nan: str = option("stop", "a NaN/infinite loss stops the run, or skips that batch", Choice(["stop", "skip"],
