@@ -157,6 +157,10 @@ def test_early_stopping_restores_the_best_epochs_weights():
     for k, v in snaps.epochs[best].items():
         assert torch.equal(model.state_dict()[k], v), k
     assert f"restored the weights of epoch {best} (test_loss {stop.watch.best:.4g})" in lines
+    # The result's figures are the restored epoch's, and the closing line says whose they are.
+    assert result["test_loss"] == stop.watch.best == result["history"][best - 1]["test_loss"]
+    assert result["train_loss"] == result["history"][best - 1]["train_loss"] and result["restored_epoch"] == best
+    assert lines[-1].startswith(f"test loss: {stop.watch.best:.3f} (the weights of epoch {best}, restored), ")
     assert not torch.equal(model.state_dict()["0.weight"], snaps.epochs[len(result["history"])]["0.weight"])
     with pytest.raises(TypeError, match="restore_best_weights must be True or False, got 'yes'"):
         EarlyStopping(restore_best_weights="yes")

@@ -111,8 +111,13 @@ class EarlyStopping(Callback):
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
         if self.best_weights is not None and self.restore_best_weights:
             run.load_weights(self.best_weights)
-            run.log(f"restored the weights of epoch {self.watch.best_epoch} "
-                    f"({self.watch.monitor} {self.watch.best:.4g})")
+            best = self.watch.best_epoch
+            run.log(f"restored the weights of epoch {best} ({self.watch.monitor} {self.watch.best:.4g})")
+            # The result's figures are those of the weights the model ends with: that epoch's.
+            row = next((r for r in run.history if r["epoch"] == best), None)
+            if row is not None:
+                result.update({k: v for k, v in row.items() if k.startswith(("train_", "test_"))})
+                result["restored_epoch"] = best
 
     def state_dict(self) -> Dict[str, Any]:
         kept = {"best_weights": self.best_weights} if self.best_weights is not None else {}

@@ -75,4 +75,5 @@ def closing_line(result: Dict[str, Any]) -> str:
         where = f"{result['world_size']} processes x {where}"
     shown = ("test acc", result["test_acc"]) if "test_acc" in result else \
         ("test loss", result["test_loss"]) if "test_loss" in result else ("train loss", result["train_loss"])
-    return f"{shown[0]}: {shown[1]:.3f}, {seconds(result['sec_per_epoch'])} sec/epoch on {where}"
+    restored = f" (the weights of epoch {result['restored_epoch']}, restored)" if "restored_epoch" in result else ""
+    return f"{shown[0]}: {shown[1]:.3f}{restored}, {seconds(result['sec_per_epoch'])} sec/epoch on {where}"
