@@ -247,7 +247,8 @@ def disagreeing(rank, world, what):
     X, y = torch.randn(n, 4, generator=torch.Generator().manual_seed(1)), torch.zeros(n, dtype=torch.long)
     try:
         dptrain.fit(model, (X, y), epochs=1, batch_size=32, lr=0.5 if odd and what == "lr" else 0.1,
-                    optimizer="adam" if odd and what == "optimizer" else "sgd", devices=1, log=None)
+                    optimizer="adam" if odd and what == "optimizer" else "sgd", devices=1, log=None,
+                    eval_every=2 if odd and what == "eval_every" else 1)
     except ValueError as e:
         return str(e)
     return "trained"
@@ -256,6 +257,7 @@ def disagreeing(rank, world, what):
 @pytest.mark.parametrize("what, says", [
     ("lr", "the processes disagree on the learning rate: rank 0 has 0.1, rank 1 has 0.5. Every process"),
     ("optimizer", "the processes disagree on the optimizer: rank 0 has sgd, rank 1 has adam."),
+    ("eval_every", "the processes disagree on the eval_every: rank 0 has 1, rank 1 has 2."),
     ("data", "the processes disagree on the training data: rank 0 has 1024 samples, content "),
     ("model", "the processes disagree on the model: rank 0 has Sequential: 0.weight 8x4 float32"),
 ])

@@ -51,6 +51,16 @@ class Monitor:
                              f"monitor one of them (test_* needs eval_data)")
         return float(row[self.monitor])
 
+    def measured(self, run: Any, row: Row) -> bool:
+        """Whether ``row`` gives the monitored figure: a ``test_*`` one is absent after the
+        epochs ``eval_every`` does not evaluate, which are passed over (as Keras's callbacks
+        pass over epochs without ``val_*`` figures); any other absence is an error."""
+        if self.monitor.startswith("test_") and getattr(run, "eval_loader", None) is not None \
+                and not getattr(run, "evaluated_epoch", True):
+            return False
+        self.value(row)
+        return True
+
     def improved(self, epoch: int, row: Row) -> bool:
         value = self.value(row)
         if math.isnan(value):
@@ -97,6 +107,8 @@ class EarlyStopping(Callback):
         self.best_weights: Optional[Weights] = None
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        if not self.watch.measured(run, row):        # (patience counts the evaluations)
+            return
         if self.watch.improved(epoch, row):
             self.wait = 0
             if self.restore_best_weights:
@@ -153,7 +165,7 @@ class BestCheckpoint(Callback):
             raise ValueError(f"BestCheckpoint({str(self.path)!r}) is a folder: give a file path")
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
-        if self.watch.improved(epoch, row) and run.is_main:
+        if self.watch.measured(run, row) and self.watch.improved(epoch, row) and run.is_main:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             weights = monitored_weights(run, self.watch.monitor)
             with atomic_file(self.path) as f:

@@ -33,16 +33,17 @@ def plot_runs(runs: Sequence[Tuple[str, Records]], path: Union[str, Path], title
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("plotting needs matplotlib: pip install matplotlib (or dptrain[plot])") from None
-    # Test accuracy where every run has it (classification), else the test loss if they have it.
+    # Test accuracy where every run has it (classification), else the test loss if they have
+    # it (on the epochs evaluated: eval_every may skip some).
     left = next((key for key in ("test_acc", "test_loss")
-                 if all(key in r for _, records in runs for r in records)), None)
+                 if all(any(key in r for r in records) for _, records in runs)), None)
     fig, axes = plt.subplots(1, 2 if left else 1, figsize=(10 if left else 5.5, 4), squeeze=False)
     panels = ([(axes[0][0], left, left.replace("test_acc", "test accuracy").replace("_", " "))] if left else []) + \
         [(axes[0][-1], "train_loss", "train loss")]
     for label, records in runs:
-        epochs = [r["epoch"] for r in records]
         for ax, key, _ in panels:
-            ax.plot(epochs, [r[key] for r in records], marker="o", label=label)
+            ax.plot([r["epoch"] for r in records if key in r], [r[key] for r in records if key in r], marker="o",
+                    label=label)
     from matplotlib.ticker import MaxNLocator
     for ax, _, name in panels:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # epochs are whole numbers

@@ -81,6 +81,7 @@ class Run(RunView):
         self.skipped = 0
         self.epoch, self.step, self.batch = 1, 0, 0
         self._loaded = self._evaluated = None        # see load_weights
+        self.evaluated_epoch = False                 # whether the latest epoch was evaluated (eval_every)
         self.run_ahead = run_ahead(devices)
         figures = self.engine.train_figures       # train_metrics: the sums behind train_acc...
         self.figure_keys: List[str] = figures.keys if figures is not None else []
@@ -133,7 +134,11 @@ class Run(RunView):
         with stage(lambda: f"training epoch {epoch}, batch {self.batch}"):
             sec, loss_sum, count, figures, skipped, stopped = self._train_epoch(epoch)
         evals = {}
-        if self.eval_loader is not None:
+        self.evaluated_epoch = self.eval_loader is not None and (
+            epoch % self.config.eval_every == 0 or epoch == self.epochs or stopped)
+        if not self.evaluated_epoch:
+            keys = []
+        else:
             with stage(f"evaluating after epoch {epoch}"):
                 self._loaded = None
                 self.callbacks.on_evaluate_start(self, epoch)
@@ -150,7 +155,7 @@ class Run(RunView):
         if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
             row["skipped"] = skipped
         with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
-            if self.eval_loader is not None:      # (told even when the set was empty)
+            if self.evaluated_epoch:      # (told even when the set was empty)
                 self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
             self.history.append(row)
             if self.scheduler is not None and self.task.scheduler_interval == "epoch":
@@ -165,7 +170,9 @@ class Run(RunView):
 
     def _step_scheduler(self, row: Optional[Dict[str, Any]] = None) -> None:
         if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            if row is not None:         # it needs a metric: the test loss, else the train loss
+            # It needs a metric: the test loss, else (no evaluation set) the train loss; an
+            # epoch that eval_every does not evaluate is not a step (the two do not mix).
+            if row is not None and (self.evaluated_epoch or self.eval_loader is None):
                 self.scheduler.step(row.get("test_loss", row["train_loss"]))
             return
         self.scheduler.step()

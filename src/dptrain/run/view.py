@@ -9,6 +9,7 @@ optimizer, and the few things a callback may do to the run.
     record(row)                      an epoch row with what the run is (metrics files)
     load_weights(state_dict)         into the model on every device of this process
     evaluated_weights()              what the epoch's evaluation ran on
+    evaluated_epoch                  whether this epoch was evaluated (eval_every skips some)
 
 ``Run`` (``loop.py``) sets the figures and drives the hooks; this class holds the methods.
 """
