@@ -138,6 +138,24 @@ def test_a_dataloaders_batch_size_is_taken_and_defaults_are_said():
     result = dptrain.fit(nn.Linear(4, 2), loader, epochs=1, batch_size=32, optimizer="adam", devices=1,
                          log=said.append)
     assert result["batch_size"] == 32 and said[0] == "dptrain: batch_size=32 is used, not the DataLoader's 16"
+    assert said[1] == ("dptrain: the DataLoader does not shuffle, but fit shuffles the training samples every epoch "
+                       "(by seed and epoch); pass shuffle=False to keep their order")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_shuffle_false_keeps_the_order_of_the_samples(shuffle):
+    seen = []
+
+    def forward(model, batch):
+        if model.training and len(batch["id"]) > 1:        # (not the one-sample trial batch)
+            seen.append(batch["id"])
+        return model(batch["x"]), batch["y"]
+    n = 40
+    data = {"x": torch.randn(n, 3), "y": torch.randint(0, 2, (n,)), "id": torch.arange(n)}
+    dptrain.fit(nn.Linear(3, 2), data, forward=forward, epochs=2, batch_size=8, devices=1, shuffle=shuffle, log=None)
+    order = torch.cat(seen).tolist()
+    assert sorted(order) == sorted(list(range(n)) * 2)             # every sample once an epoch
+    assert (order == list(range(n)) * 2) is not shuffle
 
 
 def test_an_evaluation_set_that_does_not_fit_the_model_fails_before_training(tmp_path):

@@ -77,7 +77,7 @@ def describe_settings(task: Task, config: TrainConfig, epochs: int, batch_size: 
         "seed": repr(config.seed),
         **{name: repr(getattr(config, name)) for name in (
             "max_batches", "eval_batches", "accumulate_grad_batches", "clip_grad_norm", "on_nan", "train_metrics",
-            "eval_every", "validation_split", "sync_batchnorm", "amp", "resume")},
+            "eval_every", "validation_split", "shuffle", "sync_batchnorm", "amp", "resume")},
     }
 
 

@@ -76,7 +76,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                                  "evaluates on that set; validation_split holds out the last part of the "
                                  "training data)")
             train_data, eval_data = hold_out(train_data, config.validation_split)
-        train_loader = make_loader(train_data, batch_size, shuffle=True, seed=config.seed,
+        train_loader = make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
                                    max_batches=config.max_batches, **shard)
     with stage("loading the evaluation data"):
         eval_loader = make_loader(eval_data, batch_size, max_batches=config.eval_batches, **shard) \

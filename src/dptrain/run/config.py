@@ -112,6 +112,8 @@ class TrainConfig:
     accumulate_grad_batches: int = option(1, "sum the gradients of N consecutive batches into each update: the "
                                           "update of an N-times larger batch, with the memory of one",
                                           Whole(1), metavar="N")
+    shuffle: bool = option(True, "shuffle the training samples every epoch, by seed and epoch (--no-shuffle keeps "
+                           "their order, as Keras's shuffle=False)", Switch(), action=argparse.BooleanOptionalAction)
     eval_every: int = option(1, "evaluate after every N-th epoch only (and after the last, and one a stop "
                              "ended), as Keras's validation_freq", Whole(1), metavar="N")
     validation_split: Optional[float] = option(None, "hold out the last FRACTION of the training samples (taken "

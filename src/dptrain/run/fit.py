@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, SequentialSampler
 
 from ..distributed.env import rank
 from ..engine.task import Task
@@ -87,6 +87,10 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
                         f"{type(metrics).__name__}")
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
     notes = defaults_said(what, train_data)
+    if isinstance(train_data, DataLoader) and isinstance(train_data.sampler, SequentialSampler) \
+            and "shuffle" not in settings:
+        notes.append("the DataLoader does not shuffle, but fit shuffles the training samples every epoch (by "
+                     "seed and epoch); pass shuffle=False to keep their order")
     if log is not None and rank() == 0:
         for line in notes:
             log(f"dptrain: {line}")
