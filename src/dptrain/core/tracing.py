@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 Track = Union[int, str]
 _NULL = contextlib.nullcontext()
@@ -82,6 +82,19 @@ def event(name: str, track: Track, start_us: int, end_us: int) -> None:
 
 def now_us() -> int:
     return time.time_ns() // 1000
+
+
+def timed_batches(batches: Iterable[Any]) -> Iterator[Any]:
+    """The batches, with the wait for each recorded as ``data`` on the main track (``--trace``)."""
+    it = iter(batches)
+    while True:
+        begun = now_us()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        event("data", "main", begun, now_us())
+        yield batch
 
 
 def start(rank: int, names: Sequence[str]) -> Tracer:

@@ -225,7 +225,8 @@ class Run(RunView):
         self.batch = at.batch + 1
         with self.runner.coordinating():
             b = at.batch
-            for b, batch in enumerate(self._timed(batches) if self.config.trace else batches, start=at.batch + 1):
+            stream = tracing.timed_batches(batches) if self.config.trace else batches
+            for b, batch in enumerate(stream, start=at.batch + 1):
                 self.step, self.batch = first_step + b - 1, b
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
@@ -266,18 +267,6 @@ class Run(RunView):
         loss_sum, count = tally.totals()
         return (at.seconds + time.perf_counter() - start, at.loss_sum + loss_sum, add_counts(at.count, count),
                 tally.figure_totals(at.figures), self.skipped - skipped_at_start, ending[0])
-
-    def _timed(self, batches):
-        """The batches, with the wait for each recorded as ``data`` on the main track (--trace)."""
-        it = iter(batches)
-        while True:
-            start = tracing.now_us()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            tracing.event("data", "main", start, tracing.now_us())
-            yield batch
 
     def _decide(self, decision: Decision, epoch: int, batch: int, so_far: Callable[[int], Position],
                 resolve: Callable[[int, int], None]) -> bool:
