@@ -267,7 +267,7 @@ def test_resume_refuses_another_loss_model_or_data(tmp_path):
                            **kw)
     fit()
     for kw, what in (({"loss": nn.L1Loss()}, "loss 'MSELoss"), ({"width": 6}, "model '"),
-                     ({"n": 60}, "training data '64 samples")):
+                     ({"n": 60}, "training data '64 samples"), ({"shuffle": False}, "shuffle True")):
         with pytest.raises(CheckpointError, match=f"is of another run: {what}"):
             fit(epochs=2, resume=True, **kw)
     assert fit(epochs=2, resume=True)["history"][-1]["epoch"] == 2

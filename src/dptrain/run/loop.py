@@ -100,7 +100,8 @@ class Run(RunView):
     def identity(self) -> Dict[str, Any]:
         return {"recipe": self.task.name, "dataset": self.task.dataset, "batch_size": self.batch_size,
                 "seed": self.config.seed, "devices": self.device_names, "world_size": self.world_size,
-                "lr": self.lr, "kvstore": self.kvstore, **what_it_trains(self.task, self.train_loader)}
+                "lr": self.lr, "kvstore": self.kvstore, "shuffle": self.config.shuffle,
+                **what_it_trains(self.task, self.train_loader)}
 
     def close(self) -> None:
         """Stop the data loaders' worker processes, if any, and detach from the model."""

@@ -24,7 +24,7 @@ from .agreement import around_difference
 
 #: What a resumed run must share with the checkpoint's: the task and the global batches.
 SAME = ("recipe", "dataset", "batch_size", "seed")
-TRAINED = ("model", "loss", "training data")      # see run/agreement.py
+TRAINED = ("model", "loss", "training data", "shuffle")      # see run/agreement.py
 
 
 @dataclass
