@@ -45,7 +45,7 @@ def test_the_same_training_on_one_two_and_three_devices():
             assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
             assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-5)
     assert r1["history"][-1]["train_loss"] < r1["history"][0]["train_loss"]
-    assert "test_acc" not in r1 and set(r1["history"][0]) == {"epoch", "sec", "train_loss", "test_loss"}
+    assert "test_acc" not in r1 and set(r1["history"][0]) == {"epoch", "sec", "train_loss", "test_loss", "lr"}
 
 
 class Recorded(Dataset):
@@ -195,3 +195,15 @@ def test_fit_frees_its_run_when_it_returns_without_the_collector(devices):
     finally:
         gc.enable()
     assert not alive
+
+
+def test_with_a_scheduler_each_row_gives_the_learning_rate_its_last_batch_had():
+    lines = []
+    X, y = regression(64)
+    schedule = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+    result = dptrain.fit(nn.Linear(4, 1), (X, y), loss=nn.MSELoss(), optimizer="sgd", lr=3e-4, scheduler=schedule,
+                         epochs=3, batch_size=16, devices=2, log=lines.append, progress=False)
+    assert [row["lr"] for row in result["history"]] == pytest.approx([3e-4, 1.5e-4, 7.5e-5])
+    assert [line.split(", lr ")[1] for line in lines if line.startswith("epoch ")] == ["0.0003", "0.00015", "7.5e-05"]
+    plain = dptrain.fit(nn.Linear(4, 1), (X, y), loss=nn.MSELoss(), epochs=1, batch_size=16, devices=1, log=None)
+    assert "lr" not in plain["history"][0]                      # a constant rate is in the result already

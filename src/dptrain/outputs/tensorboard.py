@@ -25,7 +25,7 @@ class TensorBoardLog:
 
     def append(self, record: Dict[str, Any]) -> None:
         for key, value in record.items():       # the losses, every test metric, the speed
-            if (key in ("images_per_sec", "sec") or key.startswith(("train_", "test_"))) \
+            if (key in ("images_per_sec", "sec", "lr") or key.startswith(("train_", "test_"))) \
                     and isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, record["epoch"])
         self.writer.flush()

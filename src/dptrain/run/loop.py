@@ -155,6 +155,8 @@ class Run(RunView):
                                evals.get(COMPUTED, {}), trained)
         if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
             row["skipped"] = skipped
+        if self.scheduler is not None:          # the first group's, as the epoch's last batch had it
+            row["lr"] = self.engine.trainer.learning_rate
         with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
             if self.evaluated_epoch:      # (told even when the set was empty)
                 self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
