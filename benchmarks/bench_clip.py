@@ -1,13 +1,15 @@
-"""Gradient clipping's cost: ``fit(clip_grad_norm=...)`` against the same run without it.
+"""Gradient clipping's cost: ``fit(clip_grad_norm=...)`` (``--mode value``:
+``fit(clip_grad_value=...)``) against the same run without it.
 
     python benchmarks/bench_clip.py --data-dir ../shared/datasets --out benchmarks/results/clip.json
+    python benchmarks/bench_clip.py --data-dir ../shared/datasets --mode value --out benchmarks/results/clip_value.json
 
 Two programs, each on 1 and 2 virtual CPU devices: the Gluon tutorial's LeNet on
 Fashion-MNIST (batch 256, SGD 0.04) and a tiny MLP (32-64-4, batch 128, tensors in memory),
 where the per-step host cost of clipping shows most; and, as the reference of what clipping
 costs anyway, the plain PyTorch loop of each on one device with and without
-``torch.nn.utils.clip_grad_norm_``. Clipping at a norm small enough to
-clip every step (the work is the same whether it clips or not). Variants take turns
+``torch.nn.utils.clip_grad_norm_`` (``clip_grad_value_``). Clipping at a norm (a value) small
+enough to clip every step (the work is the same whether it clips or not). Variants take turns
 ``--repeats`` times; each figure is the median epoch (of 3, after one warm-up epoch) in
 images/s; ratios are paired (clip on / off in the same turn).
 """
@@ -39,15 +41,16 @@ def programs(data_dir):
     }
 
 
-def one_run(make, data, batch, devices, clip, extra):
+def one_run(make, data, batch, devices, clip, extra, mode="norm"):
     torch.manual_seed(0)
     result = dptrain.fit(make(), data, loss=nn.CrossEntropyLoss(), optimizer="sgd", epochs=4, batch_size=batch,
-                         devices=devices, clip_grad_norm=clip, log=None, progress=False, **extra)
+                         devices=devices, log=None, progress=False, **{f"clip_grad_{mode}": clip}, **extra)
     return statistics.median(len(data[0]) / h["sec"] for h in result["history"][1:])
 
 
-def plain_run(make, data, batch, clip):
-    """The plain loop: one device, SGD, clip_grad_norm_ or not; median epoch of 3 after one."""
+def plain_run(make, data, batch, clip, mode="norm"):
+    """The plain loop: one device, SGD, clip_grad_norm_ (clip_grad_value_) or not; median
+    epoch of 3 after one."""
     torch.manual_seed(0)
     model = make()
     opt = torch.optim.SGD(model.parameters(), lr=0.04)
@@ -59,7 +62,7 @@ def plain_run(make, data, batch, clip):
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(X[i:i + batch]), y[i:i + batch]).backward()
             if clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                getattr(torch.nn.utils, f"clip_grad_{mode}_")(model.parameters(), clip)
             opt.step()
         if epoch:
             rates.append(len(X) / (time.perf_counter() - start))
@@ -70,6 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--mode", choices=["norm", "value"], default="norm")
     ap.add_argument("--out")
     args = ap.parse_args()
     progs = programs(args.data_dir)
@@ -79,10 +83,10 @@ def main() -> None:
             for devices in (1, 2):
                 for clip in (None, 1e-3):
                     key = f"{name}, {devices} device(s), clip {'on' if clip else 'off'}"
-                    raw.setdefault(key, []).append(one_run(make, data, batch, devices, clip, extra))
+                    raw.setdefault(key, []).append(one_run(make, data, batch, devices, clip, extra, args.mode))
             for clip in (None, 1e-3):
                 key = f"{name}, plain loop, clip {'on' if clip else 'off'}"
-                raw.setdefault(key, []).append(plain_run(make, data, batch, clip))
+                raw.setdefault(key, []).append(plain_run(make, data, batch, clip, args.mode))
     ratios = {}
     for name in progs:
         for where in ("1 device(s)", "2 device(s)", "plain loop"):
@@ -90,7 +94,8 @@ def main() -> None:
             ratios[f"{name}, {where}: on / off"] = round(statistics.median(a / b for a, b in zip(on, off)), 3)
     save_result({"images_per_sec_median": {k: round(statistics.median(v)) for k, v in raw.items()},
                  "paired_ratios": ratios, "raw": raw},
-                f"python benchmarks/bench_clip.py --data-dir {args.data_dir} --repeats {args.repeats}", args.out)
+                f"python benchmarks/bench_clip.py --data-dir {args.data_dir} --repeats {args.repeats} --mode "
+                f"{args.mode}", args.out)
 
 if __name__ == "__main__":
     main()

@@ -148,7 +148,7 @@ def test_parameters_a_step_does_not_use_train_as_plain_pytorch_on_two_processes(
     assert all(diff < 1e-5 for diff in run_workers(unused_parameters))
 
 
-def clipped(rank, world):
+def clipped(rank, world, max_value=None):
     from dptrain.core.parts import even_part
     from dptrain.engine.model_engine import ModelEngine
     from dptrain.engine.task import Task
@@ -156,19 +156,19 @@ def clipped(rank, world):
     g = torch.Generator().manual_seed(4)
     batches = [data("regression", n, g) for n in (12, 12, 7, 12)]
     optimizer = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
-    want, norms = clipped_plain_steps(mlp, batches, nn.MSELoss(), optimizer, 0.1)
+    want, norms = clipped_plain_steps(mlp, batches, nn.MSELoss(), optimizer, 0.1, max_value)
     torch.manual_seed(0)
     engine = ModelEngine(Task(mlp(), (), loss=nn.MSELoss(), optimizer=optimizer), [dptrain.cpu(0)],
-                         clip_grad_norm=0.1)
+                         clip_grad_norm=0.1, clip_grad_value=max_value)
     diffs = []
-    for (X, y), norm in zip(batches, norms):
+    for (X, y), norm in zip(batches, norms[::2] if max_value else norms):
         start, size = even_part(len(X), world, rank)
         diffs.append(abs(float(engine.train_batch((X[start:start + size], y[start:start + size])).grad_norm) - norm))
     return max(diffs), max(float((p - q).abs().max()) for p, q in zip(engine.replicas[0].parameters(), want[-1]))
 
 
 def test_clipping_on_two_processes_takes_the_one_device_steps():
-    for norm_diff, weight_diff in run_workers(clipped):
+    for norm_diff, weight_diff in run_workers(clipped) + run_workers(clipped, 0.01):    # by norm, then by value
         assert norm_diff < 1e-5 and weight_diff < 1e-5
 
 

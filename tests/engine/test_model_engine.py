@@ -257,8 +257,9 @@ def test_parameters_a_step_does_not_use_train_as_plain_pytorch(n_devices, kvstor
     assert torch.equal(engine.replicas[0].never.weight, never)
 
 
-def clipped_plain_steps(make, batches, loss, optimizer, max_norm):
-    """One device, the plain way, clipping with torch.nn.utils.clip_grad_norm_; the norms too."""
+def clipped_plain_steps(make, batches, loss, optimizer, max_norm, max_value=None):
+    """One device, the plain way, clipping with torch.nn.utils.clip_grad_norm_ (then
+    clip_grad_value_); the norms too (and how many elements the value clip changed)."""
     torch.manual_seed(0)
     net = make()
     opt = optimizer(net.parameters())
@@ -266,7 +267,11 @@ def clipped_plain_steps(make, batches, loss, optimizer, max_norm):
     for X, y in batches:
         opt.zero_grad()
         loss(net(X), y).backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)))
+        if max_norm is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)))
+        if max_value is not None:
+            norms.append(sum(int((p.grad.abs() > max_value).sum()) for p in net.parameters()))
+            torch.nn.utils.clip_grad_value_(net.parameters(), max_value)
         opt.step()
         snapshots.append([p.detach().clone() for p in net.parameters()])
     return snapshots, norms
@@ -287,6 +292,26 @@ def test_clipping_uses_the_norm_of_the_whole_summed_gradient(n_devices, kvstore)
     for step, batch in enumerate(batches):
         result = engine.train_batch(batch)
         torch.testing.assert_close(float(result.grad_norm), norms[step], rtol=1e-5, atol=1e-6)
+        for p, q in zip(engine.replicas[0].parameters(), want[step]):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_devices, kvstore", [(1, None), (2, "device"), (3, "device"), (2, "local"),
+                                                (3, "naive"), (2, "ring")])
+@pytest.mark.parametrize("max_norm", [None, 0.1])
+def test_clipping_by_value_clamps_the_summed_gradient_as_one_device_does(n_devices, kvstore, max_norm):
+    """clip_grad_value 0.01 (after the norm clip, if any) changes some elements every step:
+    N devices take the one-device steps of clip_grad_value_."""
+    g = torch.Generator().manual_seed(4)
+    batches = [data("regression", n, g) for n in (12, 12, 7, 12)]
+    optimizer = functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+    want, clamped = clipped_plain_steps(mlp, batches, nn.MSELoss(), optimizer, max_norm, 0.01)
+    assert all(n > 0 for n in clamped[1::2] if max_norm) and all(n > 0 for n in clamped if not max_norm)
+    torch.manual_seed(0)
+    engine = ModelEngine(Task(mlp(), (), loss=nn.MSELoss(), optimizer=optimizer, kvstore=kvstore),
+                         [dptrain.cpu(i) for i in range(n_devices)], clip_grad_norm=max_norm, clip_grad_value=0.01)
+    for step, batch in enumerate(batches):
+        engine.train_batch(batch)
         for p, q in zip(engine.replicas[0].parameters(), want[step]):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 

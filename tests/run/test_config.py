@@ -15,6 +15,7 @@ def test_defaults_are_valid():
     (dict(lr=float("nan")), "lr must be a finite number > 0"),
     (dict(allreduce="tree"), "unknown allreduce algorithm 'tree'"),
     (dict(clip_grad_norm=0.0), "clip-grad-norm must be a finite number > 0, got 0.0"),
+    (dict(clip_grad_value=-1.0), "clip-grad-value must be a finite number > 0, got -1.0"),
 ])
 def test_bad_values(kw, message):
     with pytest.raises(ValueError, match=message):

@@ -51,7 +51,7 @@ def direct_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
         engine.trainer.discard_gradients()
         stepped, norm = False, None
     else:
-        stepped, norm = engine.trainer.local_step(skip_nonfinite, engine.clip_grad_norm)
+        stepped, norm = engine.trainer.local_step(skip_nonfinite, engine.clip_grad_norm, engine.clip_grad_value)
     loss = value.detach()
     if not stepped:
         loss = torch.full_like(loss, float("nan"))

@@ -64,8 +64,10 @@ class ModelEngine:
     def __init__(self, task: Task, devices: Sequence[torch.device], kvstore: Optional[str] = "device",
                  sync_batchnorm: bool = False, amp: Optional[torch.dtype] = None, channels_last: bool = False,
                  bucket_cap_mb: float = DEFAULT_BUCKET_MB, compile: Optional[str] = None,
-                 clip_grad_norm: Optional[float] = None, training: bool = True):
+                 clip_grad_norm: Optional[float] = None, training: bool = True,
+                 clip_grad_value: Optional[float] = None):
         self.task, self.clip_grad_norm, self.sync_batchnorm = task, clip_grad_norm, sync_batchnorm
+        self.clip_grad_value = clip_grad_value
         self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
         self.forward = task.forward or default_forward
         self.memory_format = torch.channels_last if channels_last else None
@@ -239,7 +241,8 @@ class ModelEngine:
         outcome = self.trainer.step_with(plan.compute(timed), plan.denominator(before) if plan.known else
                                          lambda: add_counts(before, plan.shard_counts()),
                                          ignore_stale_grad=True, skip_nonfinite=skip_nonfinite,
-                                         extras=extras, max_norm=self.clip_grad_norm)
+                                         extras=extras, max_norm=self.clip_grad_norm,
+                                         max_value=self.clip_grad_value)
         last_loss = plan.loss(outcome.outputs)
         loss = last_loss if loss is None else loss + last_loss
         denominator = plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts())

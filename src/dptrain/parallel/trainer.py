@@ -36,7 +36,7 @@ from .phases import run_fused
 from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
 from .sync import Denominator, GradientSync, SyncStep
-from .sync.base import Extras, grad_norm, scale_and_clip_
+from .sync.base import Extras, clamp_, grad_norm, scale_and_clip_
 from .sync.buckets import DEFAULT_BUCKET_MB
 
 T = TypeVar("T")
@@ -130,7 +130,7 @@ class Trainer:
             group["lr"] = lr
 
     def step(self, batch_size: Denominator, ignore_stale_grad: bool = False, skip_nonfinite: bool = False,
-             max_norm: Optional[float] = None) -> bool:
+             max_norm: Optional[float] = None, max_value: Optional[float] = None) -> bool:
         """Sum gradients over devices, divide by ``batch_size``, update every replica.
 
         ``batch_size``: this process's number of samples (with several processes the
@@ -140,7 +140,8 @@ class Trainer:
         device of any process, is NaN or infinite, update nothing, clear the gradients and
         return False (as AMP's grad scaler skips a step); every process decides alike.
         ``max_norm``: clip the summed gradient to this norm (over every parameter, device and
-        process, as ``clip_grad_norm_`` on one device). Returns whether it updated.
+        process, as ``clip_grad_norm_`` on one device); ``max_value``: then clip each element
+        of it to ``[-max_value, max_value]`` (``clip_grad_value_``). Returns whether it updated.
         """
         self._check_denominator(batch_size)
         self._ready()
@@ -151,13 +152,14 @@ class Trainer:
         self.optimizer.push(zip(self._optimizers, self._origins))
         # several processes: checked on the summed gradients (the buckets were sent in backward)
         step = SyncStep(batch_size, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
-                        max_norm=max_norm)
+                        max_norm=max_norm, max_value=max_value)
         self.sync.step(self._groups, active, step, self._optimizers)
         return self._finish_step(step.skipped)
 
     def step_with(self, compute: Callable[[int], T], batch_size: Denominator,
                   ignore_stale_grad: bool = False, skip_nonfinite: bool = False,
-                  extras: Extras = None, max_norm: Optional[float] = None) -> StepOutcome[T]:
+                  extras: Extras = None, max_norm: Optional[float] = None,
+                  max_value: Optional[float] = None) -> StepOutcome[T]:
         """Run ``compute(i)`` (forward and backward of shard ``i``) on every device, then ``step``.
 
         The same result as calling ``compute`` on every device and then ``step``, in one
@@ -170,11 +172,11 @@ class Trainer:
         self._check_denominator(batch_size)
         if not self._optimizers:      # the first step (lazy modules): the plain way
             outputs = self.runner.map(lambda i: compute(i))
-            stepped = self.step(batch_size, ignore_stale_grad, skip_nonfinite, max_norm)
+            stepped = self.step(batch_size, ignore_stale_grad, skip_nonfinite, max_norm, max_value)
             return StepOutcome(outputs, stepped, extras if self.collective.world_size == 1 else None)
         self.optimizer.push(zip(self._optimizers, self._origins))
         step = SyncStep(batch_size, extras, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
-                        max_norm=max_norm)
+                        max_norm=max_norm, max_value=max_value)
         self.sync.prepare(step)
         phases = self.sync.phases(self._groups, step, self._optimizers)
         local_check = skip_nonfinite and self.collective.world_size == 1
@@ -189,8 +191,8 @@ class Trainer:
         optimizer is built (after the first step of a model with lazy layers)."""
         return bool(self._optimizers) and type(self.sync) is GradientSync and self.collective.world_size == 1
 
-    def local_step(self, skip_nonfinite: bool = False, max_norm: Optional[float] = None
-                   ) -> Tuple[bool, Optional[torch.Tensor]]:
+    def local_step(self, skip_nonfinite: bool = False, max_norm: Optional[float] = None,
+                   max_value: Optional[float] = None) -> Tuple[bool, Optional[torch.Tensor]]:
         """Update on the gradients backward left, as they are (already the step's: one
         device, one process, a mean loss; see ``alone``): as a plain loop's
         ``optimizer.step(); optimizer.zero_grad()``, with ``step``'s NaN check and clipping.
@@ -200,9 +202,11 @@ class Trainer:
             return False, None
         optimizer, norm = self._optimizers[0], None
         self.optimizer.push(((optimizer, self._origins[0]),))
-        if max_norm is not None:
+        if max_norm is not None or max_value is not None:
             grads = [p.grad for p in self._groups[0] if p.grad is not None]
-            norm = scale_and_clip_(grads, None, max_norm, grad_norm(grads, self.devices[0]))
+            if max_norm is not None:
+                norm = scale_and_clip_(grads, None, max_norm, grad_norm(grads, self.devices[0]))
+            clamp_(grads, max_value)
         bare_step.step(optimizer)
         bare_step.zero_grad(optimizer)
         self.optimizer.step()       # marks the step for lr schedulers

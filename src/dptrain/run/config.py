@@ -109,6 +109,9 @@ class TrainConfig:
     clip_grad_norm: Optional[float] = option(None, "clip the gradient to this norm before each update: the norm of "
                                              "the whole summed gradient, over every device and process, as "
                                              "clip_grad_norm_ on one device", Positive(), metavar="NORM")
+    clip_grad_value: Optional[float] = option(None, "then clip every element of the summed gradient to [-V, V] "
+                                              "before each update, as clip_grad_value_ on one device", Positive(),
+                                              metavar="V")
     accumulate_grad_batches: int = option(1, "sum the gradients of N consecutive batches into each update: the "
                                           "update of an N-times larger batch, with the memory of one",
                                           Whole(1), metavar="N")

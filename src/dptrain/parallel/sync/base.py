@@ -41,7 +41,8 @@ class SyncStep:
     ``denominator``: this process's (or a function giving it once every device computed).
     ``extras``: a few numbers to sum over the processes with the gradients (the stop flags).
     ``check_finite``: skip the update if a summed gradient is NaN or infinite. ``max_norm``:
-    clip the whole summed gradient (every parameter, device and process) to this norm.
+    clip the whole summed gradient (every parameter, device and process) to this norm;
+    ``max_value``: then clip each of its elements to ``[-max_value, max_value]``.
     Filled in by the phases: ``skipped`` (also when the summed denominator is 0: a batch
     with no counted target, whose mean is 0/0), ``summed_extras`` (None if they could not
     ride) and ``grad_norm`` (the norm before clipping, when clipping).
@@ -51,6 +52,7 @@ class SyncStep:
     ignore_stale_grad: bool = False
     check_finite: bool = False
     max_norm: Optional[float] = None
+    max_value: Optional[float] = None
     skipped: bool = False
     summed_extras: Extras = None
     grad_norm: Optional[torch.Tensor] = None
@@ -122,6 +124,16 @@ def scale_and_clip_(grads: Sequence[torch.Tensor], scale, max_norm: float, norm:
     return norm
 
 
+def clamp_(grads: Sequence[torch.Tensor], max_value: Optional[float]) -> None:
+    """Clip every element of the final (summed, divided) gradients to ``[-max_value,
+    max_value]`` in place, as ``clip_grad_value_`` does on one device (nothing when None):
+    element by element, so each device or process clamping its copy gives the same step."""
+    if max_value is not None and grads:
+        grads = list(grads)
+        torch._foreach_clamp_min_(grads, -max_value)
+        torch._foreach_clamp_max_(grads, max_value)
+
+
 def fill_unused(params: Params, active: Sequence[int]) -> None:
     """Zeros for the gradient of an active parameter on a device that did not use it (only
     from one thread, while the others wait: it writes every device's gradients)."""
@@ -183,6 +195,7 @@ class GradientSync:
                 norm = scale_and_clip_(grads, scale, step.max_norm, grad_norm(grads, self.devices[i]))
                 if i == 0:
                     step.grad_norm = norm
+            clamp_(grads, step.max_value)
             bare_step.step(optimizers[i])
             bare_step.zero_grad(optimizers[i])
         return [clear_stale, reduce, update]

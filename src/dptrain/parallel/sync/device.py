@@ -15,7 +15,7 @@ import torch
 
 from ...core.devices import format_device
 from .. import bare_step
-from .base import GradientSync, Params, Phase, SyncStep, grad_norm, reciprocal, scale_, scale_and_clip_
+from .base import GradientSync, Params, Phase, SyncStep, clamp_, grad_norm, reciprocal, scale_, scale_and_clip_
 
 
 def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:
@@ -87,6 +87,7 @@ class OwnerDeviceSync(GradientSync):
                 totals_of[k], parts[k], scales[k] = totals, grad_norm(totals, dev), scale
                 return
             scale_(totals, scale)
+            clamp_(totals, step.max_value)
             bare_step.step(optimizers[k])
 
         def clip_and_update(k: int, active: Sequence[int]) -> None:
@@ -95,6 +96,7 @@ class OwnerDeviceSync(GradientSync):
             norm = scale_and_clip_(totals_of[k], scales[k], step.max_norm, norm)
             if k == 0:
                 step.grad_norm = norm
+            clamp_(totals_of[k], step.max_value)
             bare_step.step(optimizers[k])
 
         def fetch(i: int, active: Sequence[int]) -> None:

@@ -9,7 +9,7 @@ import torch
 from ...core.runner import DeviceRunner
 from .. import bare_step
 from ...distributed.collective import Collective
-from .base import GradientSync, Params, Phase, SyncStep, clip_, grad_norm, reciprocal, resolve
+from .base import GradientSync, Params, Phase, SyncStep, clamp_, clip_, grad_norm, reciprocal, resolve
 from .buckets import DEFAULT_BUCKET_MB, BucketReducer
 
 
@@ -89,11 +89,13 @@ class ProcessSync(GradientSync):
         def update(i: int, active: Sequence[int]) -> None:
             if not step.skipped:
                 self.reducer.scatter(i, state["used"], state["scale"])
-                if step.max_norm is not None:       # the summed gradient, the same in every process
+                if step.max_norm is not None or step.max_value is not None:   # the same sum in every process
                     grads = [p.grad for p in params[i] if p.grad is not None]
-                    norm = clip_(grads, grad_norm(grads, self.devices[i]), step.max_norm)
-                    if i == 0:
-                        step.grad_norm = norm
+                    if step.max_norm is not None:
+                        norm = clip_(grads, grad_norm(grads, self.devices[i]), step.max_norm)
+                        if i == 0:
+                            step.grad_norm = norm
+                    clamp_(grads, step.max_value)
                 bare_step.step(optimizers[i])
             if self.reducer.views:
                 self.reducer.reset()
