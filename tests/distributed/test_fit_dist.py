@@ -340,7 +340,7 @@ def test_fit_frees_its_run_in_every_process():
 
 def trained_figures(rank, world):
     from tests.engine.test_train_figures import fit
-    return fit(1, lr=0.5)[1]["history"]
+    return fit(1, lr=0.5, objects=True)[1]["history"]
 
 
 def test_training_figures_on_two_processes_equal_one_device():
@@ -351,3 +351,4 @@ def test_training_figures_on_two_processes_equal_one_device():
             assert row["train_acc"] == pytest.approx(want_row["train_acc"], abs=1e-12)
             assert row["train_mae"] == pytest.approx(want_row["train_mae"], abs=1e-12)
             assert row["train_loss"] == pytest.approx(want_row["train_loss"], rel=1e-6)
+            assert row["train_f1"] == pytest.approx(want_row["train_f1"], abs=1e-6)     # a metric object

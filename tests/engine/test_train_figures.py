@@ -34,11 +34,16 @@ def abs_error(output, target):
     return (output.argmax(1) - target).abs().sum(), target.numel()
 
 
-def fit(devices, lr=0.0, **kw):
+def fit(devices, lr=0.0, objects=False, **kw):
+    """``objects``: a macro-F1 metric object too (torchmetrics)."""
     X, y = classes()
     model = net()
+    metrics = {"mae": abs_error}
+    if objects:
+        from torchmetrics.classification import MulticlassF1Score
+        metrics["f1"] = MulticlassF1Score(3, average="macro")
     result = dptrain.fit(model, (X, y), loss=nn.CrossEntropyLoss(ignore_index=IGNORED), optimizer="sgd", lr=lr,
-                         metrics={"mae": abs_error}, epochs=2, batch_size=32, devices=devices,
+                         metrics=metrics, epochs=2, batch_size=32, devices=devices,
                          train_metrics=True, log=None, **kw)
     return model, result
 
@@ -182,3 +187,57 @@ def test_a_checkpoint_without_the_sums_is_resumed_and_says_what_the_figures_cove
     assert "resuming: the checkpoint has no train_metrics sums for epoch 1: its training figures cover batches " \
            "4 to 7 only" in said, said
     assert 0.0 <= result["train_acc"] <= 1.0
+
+
+def test_metric_objects_score_the_whole_epochs_training_batches_on_any_devices():
+    """lr 0: a macro-F1 object over an epoch's training batches is its F1 over every training
+    sample (the devices' copies merged), on 1-3 devices; a skipped NaN batch is not in it."""
+    tm = pytest.importorskip("torchmetrics")
+    X, y = classes()
+    y = y.clamp(max=1)              # (no ignored target: torchmetrics would count it)
+    for devices in (1, 2, 3):
+        model = net()
+        result = dptrain.fit(model, (X, y), loss=nn.CrossEntropyLoss(), lr=0.0, epochs=2, batch_size=32,
+                             metrics={"f1": tm.classification.MulticlassF1Score(3, average="macro")},
+                             devices=devices, train_metrics=True, log=None)
+        with torch.no_grad():
+            want = float(tm.functional.classification.multiclass_f1_score(model(X), y, 3, average="macro"))
+        assert [row["train_f1"] for row in result["history"]] == pytest.approx([want, want], abs=1e-6)
+    bad = X.clone()
+    bad[5] = float("nan")
+    shards = []
+
+    def forward(model, batch):
+        if model.training:
+            shards.append(batch["id"])
+        return model(batch["x"]), batch["y"]
+    model = net()
+    result = dptrain.fit(model, {"x": bad, "y": y, "id": torch.arange(N)}, forward=forward, lr=0.0, epochs=1,
+                         batch_size=32, metrics={"f1": tm.classification.MulticlassF1Score(3, average="macro")},
+                         on_nan="skip", devices=1, train_metrics=True, log=None)
+    keep = torch.ones(N, dtype=torch.bool)
+    keep[next(ids for ids in shards if 5 in ids)] = False
+    with torch.no_grad():
+        want = float(tm.functional.classification.multiclass_f1_score(model(X[keep]), y[keep], 3, average="macro"))
+    assert result["history"][0]["skipped"] == 1 and result["train_f1"] == pytest.approx(want, abs=1e-6)
+
+
+def test_a_mid_epoch_resume_gives_the_metric_objects_nan_for_that_epoch_and_says_so(tmp_path):
+    tm = pytest.importorskip("torchmetrics")
+
+    class CtrlC(dptrain.Callback):
+        def on_batch_end(self, run, batch):
+            if batch.epoch == 1 and batch.batch == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+    X, y = classes()
+    y = y.clamp(max=1)
+    kw = dict(loss=nn.CrossEntropyLoss(), epochs=2, batch_size=32, devices=1, train_metrics=True,
+              checkpoint_dir=str(tmp_path), metrics={"f1": tm.classification.MulticlassF1Score(3, average="macro")})
+    with pytest.raises(Interrupted):
+        dptrain.fit(net(), (X, y), log=None, callbacks=[CtrlC()], **kw)
+    said = []
+    rows = dptrain.fit(net(), (X, y), resume=True, log=said.append, progress=False, **kw)["history"]
+    assert "resuming mid-epoch: the metric objects' train_f1 of epoch 1 are NaN (their state is not in " \
+           "checkpoints); later epochs have them" in said, said
+    assert rows[0]["train_f1"] != rows[0]["train_f1"] and 0.0 <= rows[1]["train_f1"] <= 1.0
+    assert 0.0 <= rows[0]["train_acc"] <= 1.0                       # the sums were saved: those are whole

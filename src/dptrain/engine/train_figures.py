@@ -9,10 +9,16 @@ loop adds the processes' with the loss (one ``all_reduce`` an epoch) and divides
 epoch's ``train_acc`` is the plain loop's on one device over the same batches. A step that
 did not update (``on_nan="skip"``) is left out, as its loss is.
 
+Metric objects (torchmetrics: F1, AUC...) get a copy per device, updated with the shards of
+every step that updated, merged and computed over every process at the epoch's end, as the
+evaluation's are. Their state is not in checkpoints: an epoch resumed mid-way gives them NaN
+(said in one line), never a figure of part of the epoch as the whole's.
+
 >>> figures = TrainFigures(engine)      # engine.train_figures: the engine adds each shard
 >>> figures.add(i, output, target)      # on device i's thread, after its forward
 >>> figures.end_step(stepped=True)      # the step's shards count (or not)
 >>> figures.totals()                    # {"correct": ..., "correct_count": ...}: float64, first device
+>>> figures.computed()                  # {"f1": 0.83}: the metric objects, over the epoch
 """
 from __future__ import annotations
 
@@ -20,10 +26,12 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
+import math
+
 from ..data.batch import Batch, input_and_target
 from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values
 from .losses import loss_input
-from .stateful_metrics import pair_metric_names
+from .stateful_metrics import StatefulMetrics, pair_metric_names
 
 
 #: A shard's ``(arg-max, target)``, compared with many others' in ``_fold``.
@@ -31,8 +39,8 @@ PREDICTED = "predicted"
 
 
 class TrainFigures:
-    """See the module docstring. Metric objects (torchmetrics) are left to the evaluation:
-    their state over a whole epoch cannot be carried through a mid-epoch checkpoint."""
+    """See the module docstring. ``partial``: the epoch was resumed mid-way (the metric
+    objects then give NaN)."""
 
     #: Steps whose values are kept before they are summed in a few operations.
     FOLD_EVERY = 32
@@ -46,6 +54,9 @@ class TrainFigures:
         self._step: List[List[Tuple[str, Any]]] = [[] for _ in range(n)]    # this step's, per device
         self._kept: List[List[Tuple[str, Any]]] = [[] for _ in range(n)]    # the epoch's, per device
         self._steps = 0
+        self.objects = StatefulMetrics(engine.task.metrics, engine.devices)    # a copy per device
+        self._updates: List[List[Tuple[Any, Any]]] = [[] for _ in range(n)]    # this step's, for them
+        self.partial = False
 
     def add(self, i: int, output: Any, target: Any) -> None:
         """Score device ``i``'s shard: ``output`` as its forward gave it, ``target`` its target.
@@ -59,6 +70,8 @@ class TrainFigures:
         if self.metrics:
             with torch.no_grad():
                 step += metric_pairs(self.metrics, output, target)
+        if self.objects:        # (updated once the step is known to have updated)
+            self._updates[i].append((output, target))
         adapter = self.engine.adapter
         if adapter is not None and adapter.classification:
             if target.is_floating_point():      # class probabilities (rare): counted now
@@ -70,7 +83,7 @@ class TrainFigures:
     def add_step_output(self, i: int, net: Any, shard: Batch, output: Any) -> None:
         """Score a shard trained by a ``step`` function: the logits it returned, else (with
         ``forward=``) a forward pass without gradients."""
-        if not self.metrics:
+        if not self.metrics and not self.objects:
             return
         if output is None:
             if not self.own_forward:
@@ -91,6 +104,11 @@ class TrainFigures:
             if stepped:
                 self._kept[i] += part
             part.clear()
+        for i, updates in enumerate(self._updates):
+            if stepped:
+                for output, target in updates:
+                    self.objects.update(i, output, target)
+            updates.clear()
         if stepped:
             self._steps += 1
             if self._steps % self.FOLD_EVERY == 0:
@@ -129,10 +147,20 @@ class TrainFigures:
         totals = self.totals()
         return [float(totals[key]) for key in self.keys]
 
+    def computed(self) -> Dict[str, Any]:
+        """The metric objects' values over the epoch (every process calls it: they gather
+        their states), NaN for an epoch resumed mid-way."""
+        if not self.objects:
+            return {}
+        values = self.objects.compute()
+        return {name: math.nan for name in values} if self.partial else values
+
     def reset(self) -> None:
-        for part in self._step + self._kept:
+        for part in self._step + self._kept + self._updates:
             part.clear()
         self._steps = 0
+        self.partial = False
+        self.objects.reset()
 
 
 def _by_key(kept: List[Tuple[str, Any]]) -> Dict[str, List[Any]]:

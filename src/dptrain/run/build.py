@@ -62,7 +62,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                              clip_grad_value=config.clip_grad_value)
     if config.train_metrics:
         engine.keep_train_figures()
-        if not engine.train_figures.keys:
+        if not engine.train_figures.keys and not engine.train_figures.objects:
             log("train_metrics: nothing to score on the training batches: no accuracy without a classification "
                 "loss, and no (sum, count) metric given (metrics={'name': fn(output, target) -> (sum, count)})")
     shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,

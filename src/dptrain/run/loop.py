@@ -151,8 +151,9 @@ class Run(RunView):
         sums = self.collective.all_reduce(torch.stack(local)).tolist()
         trained, evaluated = dict(zip(self.figure_keys, sums[2:])), dict(zip(keys, sums[2 + len(figures):]))
         split = self.balancer.sizes(epoch * self.batches, self.batch_size) if self.balancer is not None else None
+        objects = self.engine.train_figures.computed() if self.engine.train_figures is not None else {}
         row = report.epoch_row(epoch, sec, sums[0], sums[1], evaluated, pair_metric_names(self.task.metrics), split,
-                               evals.get(COMPUTED, {}), trained)
+                               evals.get(COMPUTED, {}), trained, objects)
         if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
             row["skipped"] = skipped
         if self.scheduler is not None:          # the first group's, as the epoch's last batch had it
@@ -188,7 +189,7 @@ class Run(RunView):
         synchronize(self.devices)
         start = time.perf_counter()
         tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices),
-                      group=self.run_ahead, figures=self.engine.train_figures)
+                      group=self.run_ahead, figures=self.engine.train_figures, resumed_at=at.batch)
         batches = self.train_loader.batches(at.batch)
         if any(d.type == "cuda" for d in self.devices) and getattr(self.train_loader, "device", None) is None \
                 and getattr(self.train_loader, "num_workers", 1) > 0:

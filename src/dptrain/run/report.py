@@ -13,13 +13,15 @@ Row = Dict[str, Any]
 
 def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str, float],
               metric_names: Sequence[str], split: Optional[List[int]] = None,
-              computed: Mapping[str, Any] = MappingProxyType({}), trained: Optional[Dict[str, float]] = None) -> Row:
+              computed: Mapping[str, Any] = MappingProxyType({}), trained: Optional[Dict[str, float]] = None,
+              trained_computed: Mapping[str, Any] = MappingProxyType({})) -> Row:
     """The history row of an epoch from the sums over every process (``evals``: the
     evaluation's sums, empty without an evaluation set; ``trained``: the training figures'
-    sums with ``train_metrics``)."""
+    sums with ``train_metrics``, ``trained_computed`` its metric objects' values)."""
     row: Row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
     if trained:
         row.update(named_figures("train", trained, metric_names))
+    row.update({f"train_{name}": value for name, value in trained_computed.items()})
     if split is not None:            # each device's part of a full batch, now (--balance)
         row["split"] = split
     row.update(test_figures(evals, metric_names, computed))

@@ -144,6 +144,10 @@ def resume(run: Any) -> Position:
             run.log(f"resuming: the checkpoint has no train_metrics sums for epoch {state['epoch']}: its training "
                     f"figures cover batches {state['batch'] + 1} to {run.batches} only")
         figures = [0.0] * len(run.figure_keys)
+    objects = run.engine.train_figures.objects if run.engine.train_figures is not None else None
+    if state["batch"] and objects:
+        run.log(f"resuming mid-epoch: the metric objects' {', '.join('train_' + n for n in objects.copies)} of epoch "
+                f"{state['epoch']} are NaN (their state is not in checkpoints); later epochs have them")
     _say_what_changed(run, saved, ours)
     return Position(state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"], figures)
 

@@ -32,11 +32,13 @@ class Tally:
     """See the module docstring. ``on_host``: read every step's loss at once (CPU devices
     with no run-ahead); ``group``: steps per snapshot on a GPU."""
 
-    def __init__(self, device: torch.device, on_host: bool, group: int = 1, figures: Optional[Any] = None):
+    def __init__(self, device: torch.device, on_host: bool, group: int = 1, figures: Optional[Any] = None,
+                 resumed_at: int = 0):
         self.device, self.on_host, self.group = device, on_host, max(1, group)
         self.figures = figures          # the engine's TrainFigures (train_metrics), from zero
         if figures is not None:
             figures.reset()
+            figures.partial = resumed_at > 0        # (the metric objects' state was not saved)
         self._sum: Union[float, torch.Tensor] = 0.0 if on_host else \
             torch.zeros((), dtype=torch.float64, device=device)
         self._count: Any = 0
