@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
-import json
 import os
 import pstats
 import sys

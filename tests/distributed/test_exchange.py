@@ -1,5 +1,4 @@
 """The exchange sum (distributed/exchange.py) against gloo's all_reduce, and when it is used."""
-import pytest
 import torch
 import torch.distributed as dist
 

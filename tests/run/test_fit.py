@@ -1,7 +1,6 @@
 """``dptrain.fit`` trains any model on any data: the same result on 1, 2 or 3 devices, every
 sample once per epoch, the weights left in the user's module, the history returned."""
 import functools
-import importlib.util
 import os
 import subprocess
 import sys
