@@ -48,6 +48,17 @@ def fit(devices, lr=0.0, objects=False, **kw):
     return model, result
 
 
+class CtrlC(dptrain.Callback):
+    """Ctrl-C (SIGINT to this process) after batch ``batch`` of epoch ``epoch``."""
+
+    def __init__(self, epoch, batch):
+        self.at = (epoch, batch)
+
+    def on_batch_end(self, run, batch):
+        if (batch.epoch, batch.batch) == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def scored_apart(model, keep=slice(None)):
     """The figures of ``model`` (frozen) over the training samples ``keep``, by hand."""
     X, y = classes()
@@ -161,26 +172,18 @@ def test_an_epoch_stopped_mid_way_and_resumed_gives_the_unbroken_figures(tmp_pat
     rows are the unbroken run's."""
     whole = fit(2, lr=0.5, checkpoint_dir=str(tmp_path / "a"))[1]["history"]
 
-    class CtrlC(dptrain.Callback):
-        def on_batch_end(self, run, batch):
-            if batch.epoch == 2 and batch.batch == 3:
-                os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(Interrupted, match="stopped by SIGINT at epoch 2, batch 3"):
-        fit(2, lr=0.5, checkpoint_dir=str(tmp_path / "b"), callbacks=[CtrlC()])
+        fit(2, lr=0.5, checkpoint_dir=str(tmp_path / "b"), callbacks=[CtrlC(2, 3)])
     resumed = fit(2, lr=0.5, checkpoint_dir=str(tmp_path / "b"), resume=True)[1]["history"]
     strip = lambda rows: [{k: v for k, v in r.items() if k != "sec"} for r in rows]    # noqa: E731
     assert strip(resumed) == strip(whole)
 
 
 def test_a_checkpoint_without_the_sums_is_resumed_and_says_what_the_figures_cover(tmp_path):
-    class CtrlC(dptrain.Callback):
-        def on_batch_end(self, run, batch):
-            if batch.epoch == 1 and batch.batch == 3:
-                os.kill(os.getpid(), signal.SIGINT)
     X, y = classes()
     with pytest.raises(Interrupted):
         dptrain.fit(net(), (X, y), epochs=1, batch_size=32, devices=1, checkpoint_dir=str(tmp_path), log=None,
-                    callbacks=[CtrlC()])
+                    callbacks=[CtrlC(1, 3)])
     said = []
     result = dptrain.fit(net(), (X, y), epochs=1, batch_size=32, devices=1, checkpoint_dir=str(tmp_path),
                          resume=True, train_metrics=True, log=said.append, progress=False)
@@ -225,16 +228,12 @@ def test_metric_objects_score_the_whole_epochs_training_batches_on_any_devices()
 def test_a_mid_epoch_resume_gives_the_metric_objects_nan_for_that_epoch_and_says_so(tmp_path):
     tm = pytest.importorskip("torchmetrics")
 
-    class CtrlC(dptrain.Callback):
-        def on_batch_end(self, run, batch):
-            if batch.epoch == 1 and batch.batch == 3:
-                os.kill(os.getpid(), signal.SIGINT)
     X, y = classes()
     y = y.clamp(max=1)
     kw = dict(loss=nn.CrossEntropyLoss(), epochs=2, batch_size=32, devices=1, train_metrics=True,
               checkpoint_dir=str(tmp_path), metrics={"f1": tm.classification.MulticlassF1Score(3, average="macro")})
     with pytest.raises(Interrupted):
-        dptrain.fit(net(), (X, y), log=None, callbacks=[CtrlC()], **kw)
+        dptrain.fit(net(), (X, y), log=None, callbacks=[CtrlC(1, 3)], **kw)
     said = []
     rows = dptrain.fit(net(), (X, y), resume=True, log=said.append, progress=False, **kw)["history"]
     assert "resuming mid-epoch: the metric objects' train_f1 of epoch 1 are NaN (their state is not in " \
