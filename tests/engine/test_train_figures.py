@@ -59,6 +59,15 @@ class CtrlC(dptrain.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
+def recording(shards):
+    """A forward for dict batches that records the ids of each training shard in ``shards``."""
+    def forward(model, batch):
+        if model.training:
+            shards.append(batch["id"])
+        return model(batch["x"]), batch["y"]
+    return forward
+
+
 def scored_apart(model, keep=slice(None)):
     """The figures of ``model`` (frozen) over the training samples ``keep``, by hand."""
     X, y = classes()
@@ -117,11 +126,7 @@ def test_a_skipped_batch_is_left_out_as_its_loss_is():
     X, y = classes()
     X[5] = float("nan")
     shards = []
-
-    def forward(model, batch):
-        if model.training:
-            shards.append(batch["id"])
-        return model(batch["x"]), batch["y"]
+    forward = recording(shards)
     rows = []
     for devices in (1, 2):
         model = net()
@@ -209,11 +214,7 @@ def test_metric_objects_score_the_whole_epochs_training_batches_on_any_devices()
     bad = X.clone()
     bad[5] = float("nan")
     shards = []
-
-    def forward(model, batch):
-        if model.training:
-            shards.append(batch["id"])
-        return model(batch["x"]), batch["y"]
+    forward = recording(shards)
     model = net()
     result = dptrain.fit(model, {"x": bad, "y": y, "id": torch.arange(N)}, forward=forward, lr=0.0, epochs=1,
                          batch_size=32, metrics={"f1": tm.classification.MulticlassF1Score(3, average="macro")},

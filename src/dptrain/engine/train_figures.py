@@ -155,11 +155,12 @@ class TrainFigures:
         values = self.objects.compute()
         return {name: math.nan for name in values} if self.partial else values
 
-    def reset(self) -> None:
+    def reset(self, partial: bool = False) -> None:
+        """From zero, for an epoch (``partial``: one resumed mid-way)."""
         for part in self._step + self._kept + self._updates:
             part.clear()
         self._steps = 0
-        self.partial = False
+        self.partial = partial
         self.objects.reset()
 
 

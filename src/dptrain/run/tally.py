@@ -37,8 +37,7 @@ class Tally:
         self.device, self.on_host, self.group = device, on_host, max(1, group)
         self.figures = figures          # the engine's TrainFigures (train_metrics), from zero
         if figures is not None:
-            figures.reset()
-            figures.partial = resumed_at > 0        # (the metric objects' state was not saved)
+            figures.reset(partial=resumed_at > 0)   # (the metric objects' state was not saved)
         self._sum: Union[float, torch.Tensor] = 0.0 if on_host else \
             torch.zeros((), dtype=torch.float64, device=device)
         self._count: Any = 0
