@@ -206,3 +206,16 @@ def test_the_train_metrics_benchmark_runs_and_pairs_its_variants(tmp_path):
                                                 "dptrain, train_metrics"}
         assert all(len(v) == 2 and all(s > 0 for s in v) for v in figures[program]["raw"].values())
         assert figures[program]["dptrain with / without train_metrics"] > 0
+
+
+def test_the_dropout_benchmark_runs_its_four_variants(tmp_path):
+    out = tmp_path / "dropout.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_dropout.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())["models"]
+    assert set(figures) == {"cnn-dropout", "mlp-dropout"}
+    for model in figures.values():
+        assert len(model["epoch_sec"]) == 4 and all(s > 0 for s in model["epoch_sec"].values())
+        assert model["2 devices / shared generator"] > 0

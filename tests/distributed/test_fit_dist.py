@@ -352,3 +352,22 @@ def test_training_figures_on_two_processes_equal_one_device():
             assert row["train_mae"] == pytest.approx(want_row["train_mae"], abs=1e-12)
             assert row["train_loss"] == pytest.approx(want_row["train_loss"], rel=1e-6)
             assert row["train_f1"] == pytest.approx(want_row["train_f1"], abs=1e-6)     # a metric object
+
+
+def limited(rank, world, directory=None):
+    """``max_steps`` 13 (mid-epoch 2), then resumed to 27, against 27 at once."""
+    from tests.run.test_step_limit import train
+    if directory is None:
+        model, result = train(max_steps=27)
+    else:
+        train(max_steps=13, checkpoint_dir=directory)
+        model, result = train(max_steps=27, checkpoint_dir=directory, resume=True)
+    return [p.detach().tolist() for p in model.parameters()], [h["train_loss"] for h in result["history"]]
+
+
+def test_max_steps_on_two_processes_ends_mid_epoch_and_resumes_as_one_device(tmp_path):
+    want_params, want_losses = limited(0, 1)
+    for params, losses in run_workers(limited, str(tmp_path)):
+        for p, q in zip(params, want_params):
+            torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-4, atol=1e-5)
+        assert losses == pytest.approx(want_losses, rel=1e-5) and len(losses) == 3

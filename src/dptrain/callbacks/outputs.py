@@ -22,9 +22,11 @@ class EpochLog(Callback):
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
         line = f"epoch {row['epoch']}, {seconds(row['sec'])} sec, " + ", ".join(
             f"{k.replace('_', ' ')} {v:.3g}" if k == "lr" else f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items()
-            if k not in ("epoch", "sec", "skipped", "split") and isinstance(v, (int, float)))
+            if k not in ("epoch", "sec", "skipped", "split", "batches", "samples") and isinstance(v, (int, float)))
         if "split" in row:
             line += f", split {'/'.join(map(str, row['split']))}"
+        if "batches" in row:             # max_steps ended the epoch
+            line += f", {row['batches']} of {run.batches} batches (max_steps)"
         if row.get("skipped"):
             line += f", {row['skipped']} of {run.batches} batches skipped (loss not finite)"
         run.log(line)

@@ -8,6 +8,7 @@ thread and sums the gradients.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
@@ -48,6 +49,34 @@ class StepResult:
         return (value * count if self.mean else value), count
 
 
+class Turns:
+    """The devices' forward passes one after another, in device order, for a model that draws
+    random numbers (dropout) on several CPU devices of a process: they share one CPU
+    generator, so concurrent forwards would take its numbers in whatever order the threads
+    run, and no run could be repeated or resumed exactly. In turn, device ``i`` always draws
+    the ``i``-th part: the same masks in every run, and a checkpoint's generator state
+    resumes them. The backward passes (no draws) still run at once.
+
+    ``probe``: the first step of a model not yet known to draw: whether it did, told to
+    ``decide(bool)`` by the last device (the generator is read before the first forward and
+    after the last, which no other thread draws between)."""
+
+    def __init__(self, n: int, decide: Optional[Callable[[bool], None]] = None):
+        self.events = [threading.Event() for _ in range(n)]
+        self.events[0].set()
+        self.decide = decide
+        self.before = torch.default_generator.get_state() if decide is not None else None
+
+    def wait(self, i: int) -> None:
+        self.events[i].wait()
+
+    def pass_on(self, i: int) -> None:
+        if i + 1 < len(self.events):
+            self.events[i + 1].set()
+        elif self.decide is not None:
+            self.decide(not torch.equal(self.before, torch.default_generator.get_state()))
+
+
 class StepPlan:
     """``shards[i]``: device ``i``'s part of the batch (None: it has none and adds zeros);
     ``n``: the batch's samples; ``known``: whether ``count`` (the denominator) was known
@@ -58,6 +87,8 @@ class StepPlan:
         devices = engine.devices
         self.counts: List[Count] = [None] * len(devices)
         self.seconds = [0.0] * len(devices)
+        self.turns = None if engine.draws is False else \
+            Turns(len(devices), None if engine.draws else engine.decide_draws)
 
     def compute(self, timed: bool) -> Callable[[int], torch.Tensor]:
         """``compute(i)``: forward and backward of shard ``i`` on device ``i``; its loss sum."""
@@ -65,13 +96,24 @@ class StepPlan:
 
         def compute(i: int) -> torch.Tensor:
             shard = self.shards[i]
+            turns = self.turns
             if shard is None:
+                if turns is not None:
+                    turns.wait(i)
+                    turns.pass_on(i)
                 return engine._idle(i)
             device = engine.devices[i]
             start = time.perf_counter()
-            with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
-                value, self.counts[i] = engine._loss(engine._net(i), to_device(shard, device, engine.memory_format),
-                                                     device, count=not self.known, scored=i)
+            if turns is not None:
+                turns.wait(i)
+            try:
+                with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
+                    value, self.counts[i] = engine._loss(engine._net(i), to_device(shard, device,
+                                                                                   engine.memory_format),
+                                                         device, count=not self.known, scored=i)
+            finally:
+                if turns is not None:
+                    turns.pass_on(i)
             with trace.span("backward", i):
                 value.backward()
             if timed:

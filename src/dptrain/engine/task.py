@@ -23,6 +23,7 @@ from ..parallel.optim import OptimizerSpec, check_learning_rate
 Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
 SCHEDULER_INTERVALS = ("epoch", "batch")
 RESERVED_METRICS = ("loss", "acc", "count", "correct")
+DEFAULT_EPOCHS = 10         # when neither the task nor the run says (nor max_steps)
 
 
 @dataclass
@@ -46,7 +47,8 @@ class Task:
       classification losses); or ``{name: metric object}`` (a ``torchmetrics.Metric``:
       macro-F1, AUC, a confusion matrix...), computed over the whole set.
     - ``init(module)``: runs once before the model is copied to the devices.
-    - ``epochs``, ``batch_size`` (global), ``kvstore``: defaults for ``TrainConfig``;
+    - ``epochs``, ``batch_size`` (global), ``kvstore``: defaults for ``TrainConfig``
+      (``epochs`` None: 10, or with ``max_steps`` as many as its updates need);
       ``per_device``: batch size and lr given per device, scaled by the device count.
     - ``channels_last``: the model takes NHWC images well (convolutions, no ``.view`` of
       them), so dptrain uses that layout where it was measured to pay (CPU devices, amp).
@@ -68,7 +70,7 @@ class Task:
     scheduler_interval: str = "epoch"
     metrics: Dict[str, Metric] = field(default_factory=dict)
     init: Optional[Callable[[nn.Module], None]] = None
-    epochs: int = 10
+    epochs: Optional[int] = None
     batch_size: int = 256
     kvstore: Optional[str] = "device"
     per_device: bool = False
@@ -105,6 +107,8 @@ class Task:
                                  f"their counts): call it something else, e.g. {('my_' + str(name))!r}")
         for name in ("epochs", "batch_size"):
             value = getattr(self, name)
+            if value is None and name == "epochs":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
 

@@ -36,7 +36,7 @@ def lenet_scratch(config: TrainConfig) -> Task:
     train, test, name = _images(config, "fashion-mnist")
     params = lenet_params(generator=torch.Generator().manual_seed(config.seed))
     return Task(FunctionalLeNet(params), train, test, loss=nn.CrossEntropyLoss(), optimizer="sgd", lr=0.2,
-                batch_size=256, epochs=10, kvstore="naive", name="lenet-scratch", dataset=name)
+                batch_size=256, kvstore="naive", name="lenet-scratch", dataset=name)
 
 
 def resnet18_recipe(config: TrainConfig) -> Task:

@@ -63,7 +63,7 @@ def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distrib
             and not config.num_workers and not getattr(task.train_data, "num_workers", 0))
 
 
-def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_size: int, epochs: int,
+def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_size: int, epochs: Optional[int],
            log: Callable[[str], None]) -> Tuple[Task, List[torch.device]]:
     """The devices to train on for ``epochs`` (see the module docstring), and the task with
     its training data loaded (so a data factory runs once)."""
@@ -72,7 +72,7 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     loader = make_loader(data, batch_size, collate_fn=task.collate_fn, shuffle=False, seed=0)
     batch = next(iter(loader.batches()))
     n = len(devices)
-    steps = _steps(loader, epochs, config.max_batches)
+    steps = _steps(loader, epochs, config.max_batches, config.max_steps and config.max_steps * config.accumulate_grad_batches)
     short = steps is None or STEPS > FRACTION * steps      # the budget is BUDGET_S (else the run's FRACTION)
     rng = torch.get_rng_state()
     engines: Dict[int, ModelEngine] = {}
@@ -97,7 +97,7 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
                 break
     finally:
         for e in engines.values():
-            e.trainer.close()
+            e.close()
         torch.set_rng_state(rng)
     if slow is not None:
         runs = "" if steps is None else f" and {FRACTION:.0%} of this run's {steps} steps"
@@ -111,13 +111,16 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     return task, pick
 
 
-def _steps(loader: Any, epochs: int, max_batches: Optional[int]) -> Optional[int]:
-    """The run's steps (batches, ``--max-batches`` of them at most an epoch), if its data has a length."""
+def _steps(loader: Any, epochs: Optional[int], max_batches: Optional[int], most: Optional[int]) -> Optional[int]:
+    """The run's steps (batches, ``--max-batches`` of them at most an epoch, ``most`` at most
+    in all: ``--max-steps``' batches; ``epochs`` None: as many as those need), if its data
+    has a length."""
     try:
         batches = len(loader)
     except TypeError:
-        return None
-    return (batches if not max_batches else min(batches, max_batches)) * epochs
+        return most
+    steps = (batches if not max_batches else min(batches, max_batches)) * epochs if epochs is not None else most
+    return min(steps, most) if most else steps
 
 
 def _first(data: Any, task: Task, batch_size: int) -> Optional[Any]:

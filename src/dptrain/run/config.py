@@ -17,7 +17,7 @@ from ..data.sources import SOURCES
 from ..distributed.env import BACKENDS, DEFAULT_TIMEOUT_S
 from ..engine.balance import parse_balance
 from ..engine.compiled import check_mode
-from ..engine.task import Task
+from ..engine.task import DEFAULT_EPOCHS, Task
 from ..parallel.optim import OPTIMIZERS
 from ..parallel.sync import KVSTORES
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
@@ -66,7 +66,8 @@ class TrainConfig:
     devices: Any = option("auto", "auto (all GPUs, else 2 virtual CPU devices), a count N, or a list such as "
                           "cpu:0,cpu:1 or cuda:0,cuda:1")
     # The task's settings, overridden (fit takes them as the Task's).
-    epochs: Optional[int] = option(None, "epochs (default: the recipe's)", Whole(1), fit=False)
+    epochs: Optional[int] = option(None, "epochs (default: the recipe's; 10, or with --max-steps as many as its "
+                                   "updates need)", Whole(1), fit=False)
     batch_size: Optional[int] = option(None, "global batch size, split over the devices", Whole(1), fit=False)
     lr: Optional[float] = option(None, "learning rate", Positive(), fit=False)
     optimizer: Optional[str] = option(None, f"{', '.join(OPTIMIZERS)}, or a torch.optim class as "
@@ -84,6 +85,10 @@ class TrainConfig:
     seed: int = option(0, "seed for initialisation and shuffling", Whole(0, below=2**63, parse=False))
     max_batches: Optional[int] = option(None, "stop each epoch after N batches (quick runs)", Whole(1),
                                         metavar="N")
+    max_steps: Optional[int] = option(None, "end the run after N updates in all, mid-epoch if there (that epoch is "
+                                      "evaluated and saved), as Lightning's and Hugging Face's max_steps; the "
+                                      "epochs, if given, still end it first if they come first", Whole(1),
+                                      metavar="N")
     eval_batches: Optional[int] = option(None, "evaluate on the first N test batches only", Whole(1), metavar="N")
     num_workers: int = option(0, "background processes reading a Dataset", Whole(0), metavar="N")
     worker_timeout: float = option(300.0, "with --num-workers: how long to wait for a batch from the data workers "
@@ -184,9 +189,11 @@ class TrainConfig:
         return cls(**values)
 
 
-def hyperparameters(task: Task, config: TrainConfig, n_devices: int) -> Tuple[int, int, Optional[float]]:
+def hyperparameters(task: Task, config: TrainConfig, n_devices: int) -> Tuple[Optional[int], int, Optional[float]]:
     """Return ``(epochs, batch_size, lr)``: the config's values, else the task's.
 
+    ``epochs`` given nowhere is ``DEFAULT_EPOCHS``, or None with ``max_steps`` (as many as
+    its updates need: ``Run`` counts them once it knows an epoch's batches).
     A per-device task (resnet18) multiplies its default batch and lr by the device count
     (the linear scaling rule) unless ``scale=False``; values given explicitly are global.
     ``lr`` None: the optimizer's own.
@@ -196,4 +203,5 @@ def hyperparameters(task: Task, config: TrainConfig, n_devices: int) -> Tuple[in
                          f"{task.name}'s are global already")
     scale = n_devices if task.per_device and config.scale else 1
     lr = config.lr if config.lr is not None else (task.lr * scale if task.lr is not None else None)
-    return config.epochs or task.epochs, config.batch_size or task.batch_size * scale, lr
+    epochs = config.epochs or task.epochs or (None if config.max_steps else DEFAULT_EPOCHS)
+    return epochs, config.batch_size or task.batch_size * scale, lr

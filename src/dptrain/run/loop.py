@@ -37,6 +37,7 @@ from .agreement import what_it_trains
 from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
 from .config import TrainConfig, hyperparameters
 from .resume import Position
+from .step_limit import Cut, StepLimit, epochs_for, resume_cut
 from .stopping import GO_ON, Decision, StopRequests, say_at_once
 from .tally import Tally
 from .view import RunView
@@ -73,6 +74,10 @@ class Run(RunView):
             task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
         self.batches = len(self.train_loader)
+        self.limit = StepLimit(config.max_steps, self.batches)
+        if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
+            self.epochs = epochs_for(config.max_steps, self.batches)
+        self.cut: Optional[Cut] = None     # where max_steps ended an epoch mid-way
         with stage("making the learning-rate scheduler"):
             self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
         self.runner = get_runner(devices)
@@ -94,7 +99,7 @@ class Run(RunView):
         resume.own_random_streams(config.seed, env.rank, devices)     # dropout masks differ by rank
         if config.resume:                                               # (and this restores them)
             with stage(f"resuming from {config.checkpoint_dir}"):
-                self.position = resume.resume(self)
+                self.position = resume_cut(self, *resume.resume(self))
         self.epoch = self.position.epoch
 
     def identity(self) -> Dict[str, Any]:
@@ -108,7 +113,7 @@ class Run(RunView):
         for loader in (self.train_loader, self.eval_loader):
             if hasattr(loader, "close"):
                 loader.close()
-        self.engine.trainer.close()
+        self.engine.close()
 
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
@@ -117,7 +122,8 @@ class Run(RunView):
             self.callbacks.on_fit_start(self)
         try:
             with self.stops.catching():
-                for epoch in range(self.position.epoch, self.epochs + 1):
+                first = self.epochs + 1 if self.limit.reached(self.position) else self.position.epoch
+                for epoch in range(first, self.epochs + 1):
                     self.epoch = epoch
                     if self._epoch(epoch, keys):
                         break
@@ -158,6 +164,9 @@ class Run(RunView):
             row["skipped"] = skipped
         if self.scheduler is not None:          # the first group's, as the epoch's last batch had it
             row["lr"] = self.engine.trainer.learning_rate
+        if self.cut is not None:                # max_steps ended it: what it trained
+            b = self.cut.position.batch
+            row.update(batches=b, samples=sum(self.train_loader.global_batch_size(i) for i in range(b)))
         with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
             if self.evaluated_epoch:      # (told even when the set was empty)
                 self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
@@ -167,7 +176,10 @@ class Run(RunView):
             self.callbacks.on_epoch_end(self, epoch, row)
         stopped = stopped or self.stops.agree()
         with stage(f"saving after epoch {epoch}"):
-            resume.save(self, Position(epoch + 1), [[0.0, 0.0]] * self.world_size)
+            if self.cut is not None:       # mid-epoch: a larger max_steps goes on from there
+                self._save_mid_epoch(self.cut.position, self.cut)
+            else:
+                resume.save(self, Position(epoch + 1), [[0.0, 0.0]] * self.world_size)
         if stopped:
             self.log(f"stopped after epoch {epoch}: {self.stop_reason or 'a callback on another process asked'}")
         return stopped
@@ -204,6 +216,7 @@ class Run(RunView):
         every = self.config.checkpoint_every
         tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
         ending = [False]
+        last = self.limit.last_batch(epoch)
 
         def so_far(b: int) -> Position:    # what a save mid-epoch keeps
             loss_sum, count = tally.numbers()
@@ -259,7 +272,7 @@ class Run(RunView):
                                                                tally))
                 pending.append((b, verdict, result.flags))
                 resolve(self.run_ahead, b)
-                if ending[0]:
+                if ending[0] or b >= last:
                     break
                 if every and b % every == 0 and b < self.batches:
                     resolve(0, b)
@@ -267,6 +280,12 @@ class Run(RunView):
                 self.batch = b + 1          # the batch read next (a failure while reading names it)
             resolve(0, b)
             ending[0] |= self._decide(self.stops.flush(), epoch, b, so_far, resolve)
+        if self.limit.reached(Position(epoch, b)) and (b < self.batches or epoch < self.epochs):
+            self.stop_reason, ending[0] = self.stop_reason or self.limit.reason(epoch, b), True
+            if b < self.batches:
+                saving = self.config.checkpoint_dir is not None
+                self.cut = Cut(so_far(b), self.callbacks.state_dict() if saving else {},
+                               resume.random_states(self) if saving else {})
         synchronize(self.devices)
         loss_sum, count = tally.totals()
         return (at.seconds + time.perf_counter() - start, at.loss_sum + loss_sum, add_counts(at.count, count),
@@ -292,10 +311,10 @@ class Run(RunView):
                  if self.config.checkpoint_dir else " (no --checkpoint-dir: nothing saved)")
         raise Interrupted(f"stopped by {name} at epoch {epoch}, batch {batch}{where}")
 
-    def _save_mid_epoch(self, at: Position) -> None:
+    def _save_mid_epoch(self, at: Position, cut: Optional[Cut] = None) -> None:
         """Save after batch ``at.batch``; every process keeps its own partial sums."""
         sums = self.collective.all_gather(torch.tensor([at.loss_sum, at.count] + at.figures, dtype=torch.float64))
-        resume.save(self, at, [t.tolist() for t in sums])
+        resume.save(self, at, [t.tolist() for t in sums], cut)
 
     def _result(self) -> Dict[str, Any]:
         config, task, engine = self.config, self.task, self.engine

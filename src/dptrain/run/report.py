@@ -55,18 +55,20 @@ def named_figures(prefix: str, sums: Dict[str, float], metric_names: Sequence[st
 def record(row: Row, recipe: str, devices: List[str], world_size: int, samples_per_epoch: int) -> Dict[str, Any]:
     """An epoch's line in the metrics file and TensorBoard."""
     return {**row, "recipe": recipe, "devices": devices, "world_size": world_size,
-            "images_per_sec": samples_per_epoch / row["sec"] if row["sec"] else 0.0}
+            "images_per_sec": row.get("samples", samples_per_epoch) / row["sec"] if row["sec"] else 0.0}
 
 
 def run_result(history: List[Row], samples_per_epoch: int, **facts: Any) -> Dict[str, Any]:
     """The run's result: ``facts`` (recipe, devices, settings...), the last epoch's figures,
     the speed, and the history."""
     seconds = sum(h["sec"] for h in history)
+    samples = sum(h.get("samples", samples_per_epoch) for h in history)    # an epoch max_steps ended: its own
+    epochs = samples / samples_per_epoch if samples_per_epoch else len(history)
     return {**facts,
             "train_loss": math.nan,
             **({k: v for k, v in history[-1].items() if k.startswith(("test_", "train_"))} if history else {}),
-            "sec_per_epoch": seconds / max(len(history), 1),
-            "images_per_sec": samples_per_epoch * len(history) / seconds if seconds else 0.0,
+            "sec_per_epoch": seconds / epochs if epochs else 0.0,
+            "images_per_sec": samples / seconds if seconds else 0.0,
             "history": history}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -67,6 +67,14 @@ def own_random_streams(seed: int, rank: int, devices: List[torch.device]) -> Non
             torch.cuda.manual_seed(((seed * 1_000_003 + rank * 7_919) * 31 + (d.index or 0)) % 2**63)
 
 
+def random_states(run: Any) -> Dict[str, Any]:
+    """Every process's random states: its generators' (``rng``) and its virtual CPU devices'
+    streams for dropout (``streams``, ``engine/device_streams.py``; a list per process)."""
+    streams = run.engine.stream_state()
+    return {"rng": rng_states(run.collective, run.devices),
+            "streams": run.collective.all_gather_object(streams) if run.world_size > 1 else [streams]}
+
+
 def set_rng_state(states: List[torch.Tensor], rank: int, devices: List[torch.device]) -> None:
     state = states[rank] if rank < len(states) else states[0]
     cpu = torch.get_rng_state()
@@ -79,13 +87,15 @@ def set_rng_state(states: List[torch.Tensor], rank: int, devices: List[torch.dev
             rest = rest[n:]
 
 
-def save(run: Any, position: Position, partial: List[List[float]]) -> None:
+def save(run: Any, position: Position, partial: List[List[float]], cut: Any = None) -> None:
     """Rank 0 writes ``run``'s state at ``position``; ``partial`` holds every process's
-    ``[loss sum, denominator, *training figure sums]`` so far. Every process calls it (they send their random states)."""
+    ``[loss sum, denominator, *training figure sums]`` so far. Every process calls it (they
+    send their random states). ``cut``: ``max_steps`` ended the epoch (``step_limit.Cut``):
+    its random states, and the callbacks' states of that moment beside the current ones."""
     directory = run.config.checkpoint_dir
     if not directory:
         return
-    rng = rng_states(run.collective, run.devices)
+    random = random_states(run) if cut is None else cut.random
     if run.rank == 0:
         save_checkpoint(directory, {
             "identity": json.dumps(run.identity()), "epoch": position.epoch, "batch": position.batch,
@@ -93,13 +103,14 @@ def save(run: Any, position: Position, partial: List[List[float]]) -> None:
             "epoch_skipped": position.skipped, "history": json.dumps(run.history), "engine": run.engine.state_dict(),
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
             "balance": run.balancer.state_dict() if run.balancer is not None else None,
-            "callbacks": run.callbacks.state_dict(), "rng": rng})
+            "callbacks": run.callbacks.state_dict(), **random,
+            **({"callbacks_at_cut": cut.callbacks} if cut is not None else {})})
     run.callbacks.on_checkpoint(run, str(checkpoint_path(directory)))
 
 
-def resume(run: Any) -> Position:
+def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
     """Load the checkpoint into ``run`` (model, optimizer, scheduler, history, random state,
-    callbacks...) and return where it stopped."""
+    callbacks...) and return it with where it stopped."""
     directory = run.config.checkpoint_dir
     state = load_checkpoint(directory)
     saved, ours = json.loads(state["identity"]), run.identity()
@@ -125,6 +136,8 @@ def resume(run: Any) -> Position:
     except (ValueError, KeyError) as e:
         raise CheckpointError(f"cannot resume from {checkpoint_path(directory)}: {e}") from None
     set_rng_state(state["rng"], run.rank, run.devices)
+    streams = state.get("streams") or []
+    run.engine.load_stream_state(streams[run.rank] if run.rank < len(streams) else [])
     if run.balancer is not None and state.get("balance"):
         notice = run.balancer.load_state_dict(state["balance"])
         if notice:
@@ -149,7 +162,8 @@ def resume(run: Any) -> Position:
         run.log(f"resuming mid-epoch: the metric objects' {', '.join('train_' + n for n in objects.copies)} of epoch "
                 f"{state['epoch']} are NaN (their state is not in checkpoints); later epochs have them")
     _say_what_changed(run, saved, ours)
-    return Position(state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"], figures)
+    return state, Position(state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"],
+                           figures)
 
 
 def _say_what_changed(run: Any, saved: Dict[str, Any], ours: Dict[str, Any]) -> None:

@@ -1,0 +1,74 @@
+"""``max_steps``: a run that ends after a number of updates, mid-epoch if that is where they end.
+
+As Lightning's and Hugging Face's ``max_steps``: the schedules of language-model training
+are counted in updates, not epochs. The epoch the limit ends is evaluated and saved like any
+other, its row covering the batches it trained (``batches``, ``samples``). Its checkpoint is
+the mid-epoch kind, holding that row too: a run resumed with a larger ``max_steps`` (or none)
+drops the row and trains the rest of that epoch, so it ends exactly as a run given the larger
+limit from the start (the callbacks' states and the random streams are those of the moment
+the limit was reached, before the evaluation); resumed with the same limit it has nothing
+left to do.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Optional
+
+from .resume import Position
+
+
+def epochs_for(max_steps: int, batches: int) -> int:
+    """The epochs ``max_steps`` updates need (the last one perhaps in part)."""
+    return max(1, -(-max_steps // max(batches, 1)))
+
+
+def steps_done(position: Position, batches: int) -> int:
+    """Updates a run at ``position`` has made: full epochs before it, then its batches."""
+    return (position.epoch - 1) * batches + position.batch
+
+
+class StepLimit:
+    """Where ``max_steps`` ends a run of ``batches`` updates an epoch (None: no limit)."""
+
+    def __init__(self, max_steps: Optional[int], batches: int):
+        self.max_steps, self.batches = max_steps, batches
+
+    def reached(self, position: Position) -> bool:
+        """Whether a run at ``position`` has made its updates already (a resumed one)."""
+        return self.max_steps is not None and steps_done(position, self.batches) >= self.max_steps
+
+    def last_batch(self, epoch: int) -> int:
+        """The last batch ``epoch`` may train (the epoch's batches when the limit is further)."""
+        if self.max_steps is None:
+            return self.batches
+        return max(0, min(self.batches, self.max_steps - (epoch - 1) * self.batches))
+
+    def reason(self, epoch: int, batch: int) -> str:
+        return f"max_steps {self.max_steps} reached at batch {batch} of {self.batches}"
+
+
+class Cut:
+    """What a run keeps when ``max_steps`` ends an epoch after ``position.batch`` batches: the
+    position (with this process's partial sums), the callbacks' states and every process's
+    random states (``resume.random_states``), taken before the evaluation and the epoch's hooks."""
+
+    def __init__(self, position: Position, callbacks: Dict[str, Any], random: Dict[str, Any]):
+        self.position, self.callbacks, self.random = position, copy.deepcopy(callbacks), random
+
+
+def resume_cut(run: Any, state: Dict[str, Any], position: Position) -> Position:
+    """A checkpoint ``max_steps`` saved mid-epoch (its history has that epoch's row): go on
+    with the rest of the epoch if this run trains further (the row is dropped, the callbacks
+    get their states of the moment of the cut), else start past it (nothing to train)."""
+    if not (run.history and run.history[-1]["epoch"] == position.epoch and position.batch):
+        return position
+    goes_on = (run.config.max_steps is None or run.config.max_steps > steps_done(position, run.batches)) \
+        and position.epoch <= run.epochs
+    if not goes_on:
+        return Position(position.epoch + 1)
+    run.history.pop()
+    if state.get("callbacks_at_cut") is not None:
+        run.callbacks.load_state_dict(state["callbacks_at_cut"])
+    run.log(f"resuming: epoch {position.epoch} ended after batch {position.batch} (max_steps); it goes on from there, "
+            f"and its row is made again")
+    return position
