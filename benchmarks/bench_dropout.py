@@ -25,6 +25,7 @@ from torch import nn
 
 import dptrain
 from dptrain.engine import model_engine
+from dptrain.engine.device_streams import DeviceStreams
 from dptrain.engine.model_engine import ModelEngine
 
 
@@ -42,6 +43,13 @@ def mlp() -> nn.Module:
 MODELS: Dict[str, Callable[[], nn.Module]] = {"cnn-dropout": cnn, "mlp-dropout": mlp}
 
 
+class NoStreams(DeviceStreams):
+    """Streams for no replica: the random layers draw from the shared generator."""
+
+    def __init__(self, replicas: Any, seed: int, rank: int):
+        super().__init__([], seed, rank)
+
+
 def epoch_seconds(make: Callable[[], nn.Module], devices: int, how: str, epochs: int, samples: int) -> float:
     """Median epoch time past the first of one ``fit``; ``how``: "streams" (the default),
     "turns" (no streams: the forwards in turn), "shared" (neither: as before)."""
@@ -49,7 +57,7 @@ def epoch_seconds(make: Callable[[], nn.Module], devices: int, how: str, epochs:
     X, y = torch.randn(samples, 1, 28, 28, generator=g), torch.randint(0, 10, (samples,), generator=g)
     streams, decide = model_engine.DeviceStreams, ModelEngine.decide_draws
     if how in ("turns", "shared"):
-        model_engine.DeviceStreams = lambda *args: None     # type: ignore[assignment,misc]
+        model_engine.DeviceStreams = NoStreams     # type: ignore[misc]
     if how == "shared":
         ModelEngine.decide_draws = lambda self, drew: setattr(self, "draws", False)   # type: ignore[method-assign]
     try:

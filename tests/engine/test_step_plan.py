@@ -37,7 +37,8 @@ def data(n=300):
 def train(make, devices, **kw):
     torch.manual_seed(0)
     model = make()
-    result = dptrain.fit(model, data(), epochs=2, batch_size=30, devices=devices, log=None,
+    kw.setdefault("log", None)
+    result = dptrain.fit(model, data(), epochs=2, batch_size=30, devices=devices,
                          optimizer=torch.optim.Adam, lr=1e-2, **kw)
     return model, result
 
@@ -104,6 +105,16 @@ def test_dropout_layers_draw_from_their_devices_streams_and_only_other_draws_tak
     no_draws = lambda: nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))    # noqa: E731
     assert engine_after_a_fit(no_draws).draws is False
     assert engine_after_a_fit(no_draws, accumulate_grad_batches=2).draws is False
+
+
+def test_draws_outside_dropout_layers_are_said_once():
+    lines = []
+    train(FunctionalDropout, 2, log=lines.append)
+    said = [line for line in lines if "draws random numbers outside nn.Dropout layers" in line]
+    assert len(said) == 1 and "on 2 CPU devices their forward passes run one after another" in said[0]
+    lines.clear()
+    train(modules, 2, log=lines.append)
+    assert not any("outside nn.Dropout" in line for line in lines)
 
 
 def test_the_model_is_given_back_without_our_wrappers_and_its_masks_are_the_plain_ones():
