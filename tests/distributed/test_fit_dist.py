@@ -371,3 +371,15 @@ def test_max_steps_on_two_processes_ends_mid_epoch_and_resumes_as_one_device(tmp
         for p, q in zip(params, want_params):
             torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-4, atol=1e-5)
         assert losses == pytest.approx(want_losses, rel=1e-5) and len(losses) == 3
+
+
+def step_logged(rank, world):
+    from tests.run.test_step_log import train
+    return train(1)["step_history"]
+
+
+def test_logged_steps_on_two_processes_equal_one_device():
+    want = step_logged(0, 1)
+    for rows in run_workers(step_logged):
+        assert [r["step"] for r in rows] == [r["step"] for r in want]
+        assert [r["train_loss"] for r in rows] == pytest.approx([r["train_loss"] for r in want], rel=1e-5)

@@ -81,6 +81,10 @@ class Callback:
     def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
         """After every training step."""
 
+    def on_train_log(self, run: Any, row: Row) -> None:
+        """Every ``log_every_n_steps`` updates: ``row`` has ``step``, ``epoch``, ``batch``,
+        ``steps`` (the updates it covers), ``train_loss`` over them (every process) and ``lr``."""
+
     def on_evaluate_start(self, run: Any, epoch: int) -> None:
         """Before an epoch's evaluation (only with an evaluation set)."""
 
@@ -107,7 +111,7 @@ class Callback:
         """Take back what ``state_dict`` gave, when a run resumes."""
 
 
-HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_start", "on_batch_end", "on_evaluate_start", "on_evaluate_end",
+HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_start", "on_batch_end", "on_train_log", "on_evaluate_start", "on_evaluate_end",
          "on_epoch_end", "on_checkpoint", "on_fit_end", "on_exception")
 
 

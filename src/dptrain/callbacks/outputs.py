@@ -31,6 +31,10 @@ class EpochLog(Callback):
             line += f", {row['skipped']} of {run.batches} batches skipped (loss not finite)"
         run.log(line)
 
+    def on_train_log(self, run: Any, row: Row) -> None:
+        run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}), train loss {row['train_loss']:.3f}, "
+                f"lr {row['lr']:.3g}")
+
 
 class ProgressBar(Callback):
     """The in-place bar of an epoch on a terminal (rank 0; nothing when not a terminal)."""
@@ -58,6 +62,10 @@ class ProgressBar(Callback):
 
     def on_evaluate_end(self, run: Any, epoch: int, metrics: Dict[str, float]) -> None:
         self.on_exception(run, None)        # cleared before the epoch's line
+
+    def on_train_log(self, run: Any, row: Row) -> None:
+        if self.bar is not None:            # cleared before the step's line; drawn again after it
+            self.bar.close()
 
     def on_exception(self, run: Any, error: Optional[BaseException]) -> None:
         if self.bar is not None:
@@ -91,6 +99,10 @@ class TensorBoard(Callback):
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
         if self.board is not None:
             self.board.append(run.record(row))
+
+    def on_train_log(self, run: Any, row: Row) -> None:
+        if self.board is not None:
+            self.board.append_step(row)
 
 
 class Trace(Callback):

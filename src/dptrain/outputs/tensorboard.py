@@ -30,5 +30,12 @@ class TensorBoardLog:
                 self.writer.add_scalar(key, value, record["epoch"])
         self.writer.flush()
 
+    def append_step(self, row: Dict[str, Any]) -> None:
+        """A ``log_every_n_steps`` row: ``step/train_loss`` and ``step/lr`` at its step."""
+        for key in ("train_loss", "lr"):
+            if isinstance(row.get(key), (int, float)):
+                self.writer.add_scalar(f"step/{key}", row[key], row["step"])
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()

@@ -26,9 +26,8 @@ from .resume import has_batchnorm
 def builtin_callbacks(config: TrainConfig, env: DistEnv) -> List[Any]:
     """The outputs a config asks for, as callbacks (made now: a missing package is said
     before any work)."""
-    out: List[Any] = [EpochLog()]
-    if config.progress and env.rank == 0:
-        out.append(ProgressBar())
+    out: List[Any] = [ProgressBar()] if config.progress and env.rank == 0 else []
+    out.append(EpochLog())          # after the bar: the bar's line is cleared before a line is printed
     if config.metrics_file:
         out.append(MetricsFile(config.metrics_file))
     if config.tensorboard:

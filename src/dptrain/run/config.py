@@ -89,6 +89,9 @@ class TrainConfig:
                                       "evaluated and saved), as Lightning's and Hugging Face's max_steps; the "
                                       "epochs, if given, still end it first if they come first", Whole(1),
                                       metavar="N")
+    log_every_n_steps: Optional[int] = option(None, "every N updates, the training loss over them (every device "
+                                              "and process) and the learning rate: a line, TensorBoard scalars at "
+                                              "the step, the result's step_history", Whole(1), metavar="N")
     eval_batches: Optional[int] = option(None, "evaluate on the first N test batches only", Whole(1), metavar="N")
     num_workers: int = option(0, "background processes reading a Dataset", Whole(0), metavar="N")
     worker_timeout: float = option(300.0, "with --num-workers: how long to wait for a batch from the data workers "

@@ -11,7 +11,6 @@ a CPU, as a run that was never stopped.
 from __future__ import annotations
 
 import collections
-import signal
 import sys
 import time
 import weakref
@@ -22,7 +21,6 @@ import torch
 from ..callbacks.base import BatchEnd, CallbackList
 from ..core import tracing
 from ..core.devices import format_device
-from ..core.errors import Interrupted, NonFiniteLoss
 from ..core.runner import get_runner
 from ..core.stage import stage
 from ..data.loader import prefetch
@@ -31,14 +29,14 @@ from ..engine.evaluation import sum_keys
 from ..engine.losses import add_counts
 from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
-from ..outputs.checkpoint import checkpoint_path
 from . import auto_devices, report, resume
 from .agreement import what_it_trains
 from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
 from .config import TrainConfig, hyperparameters
 from .resume import Position
-from .step_limit import Cut, StepLimit, epochs_for, resume_cut
-from .stopping import GO_ON, Decision, StopRequests, say_at_once
+from .step_limit import Cut, StepLimit, epochs_for, resume_cut, steps_done
+from .step_log import StepLog
+from .stopping import GO_ON, StopRequests, act_on, say_at_once
 from .tally import Tally
 from .view import RunView
 
@@ -78,6 +76,7 @@ class Run(RunView):
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
             self.epochs = epochs_for(config.max_steps, self.batches)
         self.cut: Optional[Cut] = None     # where max_steps ended an epoch mid-way
+        self.step_log = StepLog(config.log_every_n_steps, self.collective) if config.log_every_n_steps else None
         with stage("making the learning-rate scheduler"):
             self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
         self.runner = get_runner(devices)
@@ -123,6 +122,8 @@ class Run(RunView):
         try:
             with self.stops.catching():
                 first = self.epochs + 1 if self.limit.reached(self.position) else self.position.epoch
+                if self.step_log is not None:
+                    self.step_log.start(steps_done(self.position, self.batches))
                 for epoch in range(first, self.epochs + 1):
                     self.epoch = epoch
                     if self._epoch(epoch, keys):
@@ -130,7 +131,7 @@ class Run(RunView):
         except BaseException as e:
             self.callbacks.on_exception(self, e)
             raise
-        result = self._result()
+        result = report.result_of(self)
         with stage("the callbacks' on_fit_end"):
             self.callbacks.on_fit_end(self, result)
         self.log(report.closing_line(result))
@@ -181,7 +182,7 @@ class Run(RunView):
         stopped = stopped or self.stops.agree()
         with stage(f"saving after epoch {epoch}"):
             if self.cut is not None:       # mid-epoch: a larger max_steps goes on from there
-                self._save_mid_epoch(self.cut.position, self.cut)
+                resume.save_mid_epoch(self, self.cut.position, self.cut)
             else:
                 resume.save(self, Position(epoch + 1), [[0.0, 0.0]] * self.world_size)
         if stopped:
@@ -221,6 +222,9 @@ class Run(RunView):
         tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
         ending = [False]
         last = self.limit.last_batch(epoch)
+        step_log, log_every = self.step_log, self.config.log_every_n_steps
+        if step_log is not None:
+            step_log.epoch_start()
 
         def so_far(b: int) -> Position:    # what a save mid-epoch keeps
             loss_sum, count = tally.numbers()
@@ -237,7 +241,7 @@ class Run(RunView):
                 bad = not skip_nan and not Tally.finite(verdict)
                 decision = self.stops.after_batch(done, bad, received)
                 if decision is not GO_ON:
-                    ending[0] |= self._decide(decision, epoch, latest, so_far, itself())
+                    ending[0] |= act_on(self, decision, epoch, latest, so_far, itself())
         # Weakly: a function holding itself is a reference cycle, which kept this run (its
         # model copies, optimizer, buckets: GPU memory too) alive after fit until Python's
         # collector ran (a test checks it is freed at once).
@@ -270,6 +274,9 @@ class Run(RunView):
                 elif skip_nan:           # the engine skipped it in every process
                     self.skipped += 1
                 self.step = first_step + b
+                if log_every and self.step % log_every == 0:
+                    self.callbacks.on_train_log(self, step_log.row(tally.numbers(), self.step, epoch, b,
+                                                                   self.engine.trainer.learning_rate))
                 if tell:
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,
@@ -280,10 +287,10 @@ class Run(RunView):
                     break
                 if every and b % every == 0 and b < self.batches:
                     resolve(0, b)
-                    self._save_mid_epoch(so_far(b))
+                    resume.save_mid_epoch(self, so_far(b))
                 self.batch = b + 1          # the batch read next (a failure while reading names it)
             resolve(0, b)
-            ending[0] |= self._decide(self.stops.flush(), epoch, b, so_far, resolve)
+            ending[0] |= act_on(self, self.stops.flush(), epoch, b, so_far, resolve)
         if self.limit.reached(Position(epoch, b)) and (b < self.batches or epoch < self.epochs):
             self.stop_reason, ending[0] = self.stop_reason or self.limit.reason(epoch, b), True
             if b < self.batches:
@@ -291,43 +298,8 @@ class Run(RunView):
                 self.cut = Cut(so_far(b), self.callbacks.state_dict() if saving else {},
                                resume.random_states(self) if saving else {})
         synchronize(self.devices)
+        if step_log is not None:
+            step_log.epoch_end(tally.numbers())
         loss_sum, count = tally.totals()
         return (at.seconds + time.perf_counter() - start, at.loss_sum + loss_sum, add_counts(at.count, count),
                 tally.figure_totals(at.figures), self.skipped - skipped_at_start, ending[0])
-
-    def _decide(self, decision: Decision, epoch: int, batch: int, so_far: Callable[[int], Position],
-                resolve: Callable[[int, int], None]) -> bool:
-        """Act on what every process decided after ``batch`` (the last batch done): go on
-        (False), end the epoch as a callback asked (True), stop for NaN, or save and stop."""
-        if decision.bad_batch is not None:
-            kept = f"; the last good checkpoint is kept in {self.config.checkpoint_dir}" \
-                if self.config.checkpoint_dir else ""
-            raise NonFiniteLoss(f"the loss became NaN or infinite at epoch {epoch}, batch {decision.bad_batch}: "
-                                f"lower --lr, or pass --on-nan skip to skip such batches (a batch whose targets "
-                                f"are all ignore_index, or weigh 0 in all, has a NaN mean, as in PyTorch){kept}")
-        if decision.signum is None:
-            return decision.requested
-        resolve(0, batch)           # what the steps still in flight say, before a save
-        self._save_mid_epoch(so_far(batch))
-        self.stops.barrier()        # nobody leaves (and gets the others stopped) before the save
-        name = signal.Signals(decision.signum).name
-        where = (f"; saved to {checkpoint_path(self.config.checkpoint_dir)}: continue with --resume"
-                 if self.config.checkpoint_dir else " (no --checkpoint-dir: nothing saved)")
-        raise Interrupted(f"stopped by {name} at epoch {epoch}, batch {batch}{where}")
-
-    def _save_mid_epoch(self, at: Position, cut: Optional[Cut] = None) -> None:
-        """Save after batch ``at.batch``; every process keeps its own partial sums."""
-        sums = self.collective.all_gather(torch.tensor([at.loss_sum, at.count] + at.figures, dtype=torch.float64))
-        resume.save(self, at, [t.tolist() for t in sums], cut)
-
-    def _result(self) -> Dict[str, Any]:
-        config, task, engine = self.config, self.task, self.engine
-        optimizer = task.optimizer if isinstance(task.optimizer, str) else engine.trainer.optimizer_name
-        return report.run_result(
-            self.history, self.train_loader.global_num_samples,
-            recipe=task.name, devices=self.device_names, world_size=self.world_size, epochs=self.epochs,
-            batch_size=self.batch_size, lr=self.lr, seed=config.seed, dataset=task.dataset, optimizer=optimizer,
-            kvstore="dist" if self.env.distributed else self.kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp,
-            **({"compile": engine.compile_mode, "compile_sec": engine.compile_seconds} if engine.compile_mode else {}),
-            **({"backend": self.backend} if self.backend else {}),
-            **({"skipped_batches": self.skipped} if config.on_nan == "skip" else {}))

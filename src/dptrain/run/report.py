@@ -72,6 +72,21 @@ def run_result(history: List[Row], samples_per_epoch: int, **facts: Any) -> Dict
             "history": history}
 
 
+def result_of(run: Any) -> Dict[str, Any]:
+    """A finished ``Run``'s result (``loop.py``): its settings, figures and history."""
+    config, task, engine = run.config, run.task, run.engine
+    optimizer = task.optimizer if isinstance(task.optimizer, str) else engine.trainer.optimizer_name
+    return run_result(
+        run.history, run.train_loader.global_num_samples,
+        recipe=task.name, devices=run.device_names, world_size=run.world_size, epochs=run.epochs,
+        batch_size=run.batch_size, lr=run.lr, seed=config.seed, dataset=task.dataset, optimizer=optimizer,
+        kvstore="dist" if run.env.distributed else run.kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp,
+        **({"compile": engine.compile_mode, "compile_sec": engine.compile_seconds} if engine.compile_mode else {}),
+        **({"backend": run.backend} if run.backend else {}),
+        **({"skipped_batches": run.skipped} if config.on_nan == "skip" else {}),
+        **({"step_history": run.step_log.rows} if run.step_log is not None else {}))
+
+
 def closing_line(result: Dict[str, Any]) -> str:
     """``test acc: 0.822, 7.9 sec/epoch on 2 processes x [cpu:0]``."""
     where = f"[{', '.join(result['devices'])}]"

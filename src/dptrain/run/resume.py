@@ -100,12 +100,19 @@ def save(run: Any, position: Position, partial: List[List[float]], cut: Any = No
         save_checkpoint(directory, {
             "identity": json.dumps(run.identity()), "epoch": position.epoch, "batch": position.batch,
             "partial": partial, "seconds": position.seconds, "skipped": run.skipped,
-            "epoch_skipped": position.skipped, "history": json.dumps(run.history), "engine": run.engine.state_dict(),
+            "epoch_skipped": position.skipped, "history": json.dumps(run.history),
+            **({"step_history": json.dumps(run.step_log.rows)} if run.step_log is not None else {}), "engine": run.engine.state_dict(),
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
             "balance": run.balancer.state_dict() if run.balancer is not None else None,
             "callbacks": run.callbacks.state_dict(), **random,
             **({"callbacks_at_cut": cut.callbacks} if cut is not None else {})})
     run.callbacks.on_checkpoint(run, str(checkpoint_path(directory)))
+
+
+def save_mid_epoch(run: Any, at: Position, cut: Any = None) -> None:
+    """Save after batch ``at.batch``; every process keeps its own partial sums."""
+    sums = run.collective.all_gather(torch.tensor([at.loss_sum, at.count] + at.figures, dtype=torch.float64))
+    save(run, at, [t.tolist() for t in sums], cut)
 
 
 def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
@@ -146,6 +153,8 @@ def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
     if fresh:
         run.log(f"resuming: the checkpoint has no state for callback(s) {', '.join(fresh)}; they start afresh")
     run.history[:] = json.loads(state["history"])
+    if run.step_log is not None:
+        run.step_log.rows[:] = json.loads(state.get("step_history", "[]"))
     run.skipped = state["skipped"]
     partial = state["partial"]
     if len(partial) != run.world_size:     # another number of processes: rank 0 carries the sums

@@ -20,12 +20,15 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Callable, Deque, Iterator, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Deque, Iterator, NamedTuple, Optional, Tuple
 
 import torch
 
+from ..core.errors import Interrupted, NonFiniteLoss
 from ..distributed.collective import Collective
+from ..outputs.checkpoint import checkpoint_path
 from ..parallel.sync.base import Extras
+from .resume import Position, save_mid_epoch
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -178,3 +181,24 @@ class StopRequests:
         """Wait until every process gets here (after rank 0 saved, before anyone leaves)."""
         if self._shared:
             self.collective.all_reduce(torch.zeros(1, device=self.device))
+
+
+def act_on(run: Any, decision: Decision, epoch: int, batch: int, so_far: Callable[[int], Position],
+           resolve: Callable[[int, int], None]) -> bool:
+    """Act on what every process decided after ``batch`` (the last batch done): go on
+    (False), end the epoch as a callback asked (True), stop for NaN, or save and stop."""
+    directory = run.config.checkpoint_dir
+    if decision.bad_batch is not None:
+        kept = f"; the last good checkpoint is kept in {directory}" if directory else ""
+        raise NonFiniteLoss(f"the loss became NaN or infinite at epoch {epoch}, batch {decision.bad_batch}: "
+                            f"lower --lr, or pass --on-nan skip to skip such batches (a batch whose targets "
+                            f"are all ignore_index, or weigh 0 in all, has a NaN mean, as in PyTorch){kept}")
+    if decision.signum is None:
+        return decision.requested
+    resolve(0, batch)           # what the steps still in flight say, before a save
+    save_mid_epoch(run, so_far(batch))
+    run.stops.barrier()         # nobody leaves (and gets the others stopped) before the save
+    name = signal.Signals(decision.signum).name
+    where = (f"; saved to {checkpoint_path(directory)}: continue with --resume" if directory
+             else " (no --checkpoint-dir: nothing saved)")
+    raise Interrupted(f"stopped by {name} at epoch {epoch}, batch {batch}{where}")

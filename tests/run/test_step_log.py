@@ -1,0 +1,103 @@
+"""``fit(log_every_n_steps=N)``: every N updates, the training loss over exactly those
+updates (across epoch boundaries, devices and processes), the learning rate, and where."""
+import functools
+import json
+import signal
+
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.cli.main import main
+from dptrain.core.errors import Interrupted
+from tests.run.test_step_limit import data
+
+
+class PerStep(dptrain.Callback):
+    """Each update's loss sum and denominator (one process: this process's are everyone's)."""
+
+    def __init__(self):
+        self.sums = []
+
+    def on_batch_end(self, run, batch):
+        self.sums.append(batch.result.numbers())
+
+
+def train(devices=1, callbacks=(), **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    kw.setdefault("log", None)
+    kw.setdefault("epochs", 2)
+    return dptrain.fit(model, data(), data(60, seed=2), batch_size=20, devices=devices, log_every_n_steps=4,
+                       optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+                       scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=3, gamma=0.5),
+                       scheduler_interval="batch", callbacks=list(callbacks), **kw)
+
+
+def test_each_row_is_the_loss_over_its_updates_across_epoch_boundaries():
+    steps = PerStep()
+    result = train(callbacks=[steps])                  # 10 updates an epoch: windows 1-4, 5-8, 9-12, ...
+    rows = result["step_history"]
+    assert [(r["step"], r["epoch"], r["batch"], r["steps"]) for r in rows] == \
+        [(4, 1, 4, 4), (8, 1, 8, 4), (12, 2, 2, 4), (16, 2, 6, 4), (20, 2, 10, 4)]
+    for r in rows:
+        window = steps.sums[r["step"] - 4:r["step"]]
+        assert r["train_loss"] == pytest.approx(sum(s for s, _ in window) / sum(c for _, c in window), rel=1e-12)
+    assert [r["lr"] for r in rows] == [0.1 * 0.5 ** (s // 3) for s in (4, 8, 12, 16, 20)]   # after the step
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+def test_rows_on_several_devices_equal_one_device(devices):
+    want = train()["step_history"]
+    got = train(devices)["step_history"]
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    assert [r["train_loss"] for r in got] == pytest.approx([r["train_loss"] for r in want], rel=1e-5)
+
+
+def test_the_lines_and_the_callbacks_get_each_row():
+    lines, seen = [], []
+
+    class Seen(dptrain.Callback):
+        def on_train_log(self, run, row):
+            seen.append(row)
+    result = train(callbacks=[Seen()], log=lines.append, epochs=1)
+    assert seen == result["step_history"] and len(seen) == 2
+    assert "step 4 (epoch 1, batch 4), train loss " in "\n".join(lines)
+    assert sum(line.startswith("step ") for line in lines) == 2
+
+
+def test_a_resumed_run_keeps_the_rows_and_says_what_its_first_covers(tmp_path):
+    want = train()["step_history"]
+
+    class CtrlC(dptrain.Callback):
+        def on_batch_end(self, run, batch):
+            if batch.step == 6:
+                signal.raise_signal(signal.SIGINT)
+    with pytest.raises(Interrupted):
+        train(callbacks=[CtrlC()], checkpoint_dir=str(tmp_path))
+    rows = train(checkpoint_dir=str(tmp_path), resume=True)["step_history"]
+    assert rows[0] == pytest.approx(want[0])                            # from the checkpoint
+    assert (rows[1]["step"], rows[1]["steps"]) == (8, 2)                  # updates 7 and 8
+    assert len(rows) == len(want)
+    for row, want_row in zip(rows[2:], want[2:]):
+        assert row == pytest.approx(want_row)
+
+
+def test_tensorboard_gets_the_rows_at_their_steps(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    result = train(tensorboard=str(tmp_path / "tb"))
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("step/train_loss")] == [4, 8, 12, 16, 20]
+    assert [e.value for e in events.Scalars("step/train_loss")] == \
+        pytest.approx([r["train_loss"] for r in result["step_history"]], rel=1e-6)
+    assert len(events.Scalars("step/lr")) == 5
+
+
+def test_the_command_line_takes_log_every_n_steps(capsys):
+    main(["train", "--model", "tests.tasks.user_task:Net", "--data", "tests/tasks/user_task.py:data",
+          "--log-every-n-steps", "2", "--max-steps", "4", "--batch-size", "32", "--devices", "1", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert [r["step"] for r in result["step_history"]] == [2, 4]
