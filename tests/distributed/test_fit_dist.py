@@ -375,11 +375,12 @@ def test_max_steps_on_two_processes_ends_mid_epoch_and_resumes_as_one_device(tmp
 
 def step_logged(rank, world):
     from tests.run.test_step_log import train
-    return train(1)["step_history"]
+    return train(1, eval_every_n_steps=3)["step_history"]
 
 
-def test_logged_steps_on_two_processes_equal_one_device():
+def test_logged_steps_and_their_evaluations_on_two_processes_equal_one_device():
     want = step_logged(0, 1)
     for rows in run_workers(step_logged):
-        assert [r["step"] for r in rows] == [r["step"] for r in want]
-        assert [r["train_loss"] for r in rows] == pytest.approx([r["train_loss"] for r in want], rel=1e-5)
+        assert [sorted(r) for r in rows] == [sorted(r) for r in want]
+        for key in ("train_loss", "test_loss", "test_acc"):
+            assert [r.get(key, 0.0) for r in rows] == pytest.approx([r.get(key, 0.0) for r in want], rel=1e-5)

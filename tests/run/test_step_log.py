@@ -101,3 +101,42 @@ def test_the_command_line_takes_log_every_n_steps(capsys):
           "--log-every-n-steps", "2", "--max-steps", "4", "--batch-size", "32", "--devices", "1", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert [r["step"] for r in result["step_history"]] == [2, 4]
+
+
+def test_evaluations_every_n_steps_join_the_rows_and_leave_the_loss_windows_alone():
+    steps = PerStep()
+    seen = []
+
+    class Evaluate(dptrain.Callback):       # the model as the row's evaluation saw it, scored by dptrain.evaluate
+        def on_train_log(self, run, row):
+            if "test_loss" in row:
+                seen.append(dptrain.evaluate(run.model, data(60, seed=2), devices=1))
+    result = train(callbacks=[steps, Evaluate()], eval_every_n_steps=5)
+    rows = result["step_history"]
+    assert [(r["step"], "train_loss" in r, "test_loss" in r) for r in rows] == [
+        (4, True, False), (5, False, True), (8, True, False), (10, False, True), (12, True, False), (15, False, True),
+        (16, True, False), (20, True, True)]
+    for r in rows:
+        if "train_loss" in r:
+            window = steps.sums[r["step"] - 4:r["step"]]
+            assert r["steps"] == 4 and r["train_loss"] == pytest.approx(sum(s for s, _ in window) /
+                                                                         sum(c for _, c in window), rel=1e-12)
+    tested = [r for r in rows if "test_loss" in r]
+    for r, want in zip(tested, seen):
+        assert r["test_loss"] == pytest.approx(want["test_loss"], rel=1e-6) and r["test_acc"] == want["test_acc"]
+    # At an epoch's last step the model is the one the epoch's evaluation scores.
+    assert tested[1]["test_loss"] == pytest.approx(result["history"][0]["test_loss"], rel=1e-12)
+    assert tested[-1]["test_acc"] == result["history"][-1]["test_acc"]
+
+
+def test_evaluations_every_n_steps_on_two_devices_equal_one_device():
+    want = [r for r in train(eval_every_n_steps=3)["step_history"] if "test_loss" in r]
+    got = [r for r in train(2, eval_every_n_steps=3)["step_history"] if "test_loss" in r]
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [3, 6, 9, 12, 15, 18]
+    assert [r["test_loss"] for r in got] == pytest.approx([r["test_loss"] for r in want], rel=1e-5)
+
+
+def test_evaluations_every_n_steps_need_an_evaluation_set():
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="eval_every_n_steps needs an evaluation set"):
+        dptrain.fit(nn.Linear(8, 3), data(), epochs=1, batch_size=20, eval_every_n_steps=2, log=None)

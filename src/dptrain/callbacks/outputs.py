@@ -32,8 +32,10 @@ class EpochLog(Callback):
         run.log(line)
 
     def on_train_log(self, run: Any, row: Row) -> None:
-        run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}), train loss {row['train_loss']:.3f}, "
-                f"lr {row['lr']:.3g}")
+        figures = "".join(f", {k.replace('_', ' ')} {v:.3g}" if k == "lr" else f", {k.replace('_', ' ')} {v:.3f}"
+                          for k, v in row.items() if (k in ("train_loss", "lr") or k.startswith("test_"))
+                          and isinstance(v, (int, float)))
+        run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}){figures}")
 
 
 class ProgressBar(Callback):

@@ -92,6 +92,9 @@ class TrainConfig:
     log_every_n_steps: Optional[int] = option(None, "every N updates, the training loss over them (every device "
                                               "and process) and the learning rate: a line, TensorBoard scalars at "
                                               "the step, the result's step_history", Whole(1), metavar="N")
+    eval_every_n_steps: Optional[int] = option(None, "also evaluate every N updates, mid-epoch too: the test "
+                                               "figures join that step's row (--log-every-n-steps' rows)", Whole(1),
+                                               metavar="N")
     eval_batches: Optional[int] = option(None, "evaluate on the first N test batches only", Whole(1), metavar="N")
     num_workers: int = option(0, "background processes reading a Dataset", Whole(0), metavar="N")
     worker_timeout: float = option(300.0, "with --num-workers: how long to wait for a batch from the data workers "

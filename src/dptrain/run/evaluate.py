@@ -20,12 +20,10 @@ from torch import nn
 from ..data.dataset_loader import make_loader
 from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
-from ..engine.evaluation import sum_keys
 from ..engine.model_engine import ModelEngine
-from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
 from .config import AMP_DTYPES
-from .report import test_figures
+from .report import figures_over
 from .session import inference_devices, join_job
 
 
@@ -64,15 +62,11 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
         engine.prepare(loader.example())            # lazy layers learn their shapes
         if env.distributed:
             same_weights(collective, engine.replicas[0])
-        keys = sum_keys(engine)
-        evals = engine.evaluate(loader)
-        zero = torch.zeros((), dtype=torch.float64, device=engine.devices[0])
-        totals = collective.all_reduce(torch.stack([evals.get(k, zero) for k in keys])).tolist()
+        return figures_over(engine, loader, collective)
     finally:
         model.train(was_training)
         if hasattr(loader, "close"):
             loader.close()
-    return test_figures(dict(zip(keys, totals)), pair_metric_names(task.metrics), evals.get(COMPUTED, {}))
 
 
 def same_weights(collective: Any, model: nn.Module) -> None:

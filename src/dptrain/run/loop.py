@@ -76,7 +76,10 @@ class Run(RunView):
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
             self.epochs = epochs_for(config.max_steps, self.batches)
         self.cut: Optional[Cut] = None     # where max_steps ended an epoch mid-way
-        self.step_log = StepLog(config.log_every_n_steps, self.collective) if config.log_every_n_steps else None
+        self.step_log = StepLog(config.log_every_n_steps, config.eval_every_n_steps, self.collective) \
+            if config.log_every_n_steps or config.eval_every_n_steps else None
+        if config.eval_every_n_steps and self.eval_loader is None:
+            raise ValueError("eval_every_n_steps needs an evaluation set: give eval_data (or validation_split)")
         with stage("making the learning-rate scheduler"):
             self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
         self.runner = get_runner(devices)
@@ -222,7 +225,8 @@ class Run(RunView):
         tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
         ending = [False]
         last = self.limit.last_batch(epoch)
-        step_log, log_every = self.step_log, self.config.log_every_n_steps
+        step_log = self.step_log
+        log_every, test_every = self.config.log_every_n_steps or 0, self.config.eval_every_n_steps or 0
         if step_log is not None:
             step_log.epoch_start()
 
@@ -274,9 +278,12 @@ class Run(RunView):
                 elif skip_nan:           # the engine skipped it in every process
                     self.skipped += 1
                 self.step = first_step + b
-                if log_every and self.step % log_every == 0:
-                    self.callbacks.on_train_log(self, step_log.row(tally.numbers(), self.step, epoch, b,
-                                                                   self.engine.trainer.learning_rate))
+                if step_log is not None:
+                    logged, tested = log_every and self.step % log_every == 0, test_every and self.step % test_every == 0
+                    if logged or tested:
+                        self.callbacks.on_train_log(self, step_log.row(
+                            tally.numbers() if logged else None, self.step, epoch, b, self.engine.trainer.learning_rate,
+                            report.figures_over(self.engine, self.eval_loader, self.collective) if tested else None))
                 if tell:
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,

@@ -6,6 +6,10 @@ import math
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+import torch
+
+from ..engine.evaluation import sum_keys
+from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..outputs.progress import seconds
 
 Row = Dict[str, Any]
@@ -50,6 +54,16 @@ def named_figures(prefix: str, sums: Dict[str, float], metric_names: Sequence[st
     for name in metric_names:
         row[f"{prefix}_{name}"] = sums[name] / sums[f"{name}_count"] if sums[f"{name}_count"] else math.nan
     return row
+
+
+def figures_over(engine: Any, loader: Any, collective: Any) -> Dict[str, Any]:
+    """The ``test_*`` figures of ``engine``'s model over ``loader``'s batches in every process
+    (each process its part): the sums of every process in one ``all_reduce``, divided once."""
+    keys = sum_keys(engine)
+    evals = engine.evaluate(loader)
+    zero = torch.zeros((), dtype=torch.float64, device=engine.devices[0])
+    totals = collective.all_reduce(torch.stack([evals.get(k, zero) for k in keys])).tolist()
+    return test_figures(dict(zip(keys, totals)), pair_metric_names(engine.task.metrics), evals.get(COMPUTED, {}))
 
 
 def record(row: Row, recipe: str, devices: List[str], world_size: int, samples_per_epoch: int) -> Dict[str, Any]:

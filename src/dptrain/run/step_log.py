@@ -1,8 +1,10 @@
 """``log_every_n_steps=N``: every N updates, the training loss over them, for curves finer
-than an epoch (Lightning's ``log_every_n_steps``, Hugging Face's ``logging_steps``).
+than an epoch (Lightning's ``log_every_n_steps``, Hugging Face's ``logging_steps``); and
+``eval_every_n_steps=M``: an evaluation every M updates, mid-epoch too (Hugging Face's
+``eval_steps``, Lightning's ``val_check_interval``), its ``test_*`` figures in that step's row.
 
 A row is ``{step, epoch, batch, steps, train_loss, lr}``: the loss over the ``steps``
-updates since the last row (whole windows across epoch boundaries), summed over every device
+updates since the last such row (whole windows across epoch boundaries), summed over every device
 and process as the epoch's loss is (one ``all_reduce`` of two numbers a row), and the first
 group's learning rate. Rows go to the callbacks' ``on_train_log``, the epoch lines,
 TensorBoard (``step/train_loss``, ``step/lr``, at the step) and the result's
@@ -12,7 +14,7 @@ the checkpoint (``steps`` says how many).
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -20,8 +22,8 @@ import torch
 class StepLog:
     """The windows of ``every`` updates (see the module docstring); ``rows``: the history."""
 
-    def __init__(self, every: int, collective: Any, step: int = 0):
-        self.every, self.collective = every, collective
+    def __init__(self, every: Optional[int], test_every: Optional[int], collective: Any, step: int = 0):
+        self.every, self.test_every, self.collective = every, test_every, collective
         self.rows: List[Dict[str, Any]] = []
         self.carried = (0.0, 0.0)       # the window's sums from the epochs before (their tails)
         self.last = (0.0, 0.0)          # the epoch's sums at the last row
@@ -38,16 +40,21 @@ class StepLog:
         """The epoch's ``(loss sum, count)`` at its end: the tail since the last row carries over."""
         self.carried = (self.carried[0] + sums[0] - self.last[0], self.carried[1] + sums[1] - self.last[1])
 
-    def row(self, sums: Tuple[float, float], step: int, epoch: int, batch: int, lr: Any) -> Dict[str, Any]:
-        """The row after update ``step`` from the epoch's ``(loss sum, count)`` so far (every
-        process calls it at the same step)."""
-        window = (self.carried[0] + sums[0] - self.last[0], self.carried[1] + sums[1] - self.last[1])
-        self.last, self.carried = sums, (0.0, 0.0)
-        total, count = self.collective.all_reduce(torch.tensor(window, dtype=torch.float64)).tolist()
-        row = {"step": step, "epoch": epoch, "batch": batch, "steps": step - self.last_step,
-               "train_loss": total / count if count else math.nan}
+    def row(self, sums: Optional[Tuple[float, float]], step: int, epoch: int, batch: int, lr: Any,
+            tested: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """The row after update ``step``: with ``sums``, the epoch's ``(loss sum, count)`` so
+        far (a ``log_every_n_steps`` step), the training loss since the last such row; with
+        ``tested``, the ``test_*`` figures of an evaluation made then (``eval_every_n_steps``).
+        Every process calls it at the same steps."""
+        row: Dict[str, Any] = {"step": step, "epoch": epoch, "batch": batch}
+        if sums is not None:
+            window = (self.carried[0] + sums[0] - self.last[0], self.carried[1] + sums[1] - self.last[1])
+            self.last, self.carried = sums, (0.0, 0.0)
+            total, count = self.collective.all_reduce(torch.tensor(window, dtype=torch.float64)).tolist()
+            row.update(steps=step - self.last_step, train_loss=total / count if count else math.nan)
+            self.last_step = step
         if lr is not None:
             row["lr"] = lr
-        self.last_step = step
+        row.update(tested or {})
         self.rows.append(row)
         return row
