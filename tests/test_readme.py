@@ -59,5 +59,6 @@ def test_built_in_callbacks_snippet_runs(tmp_path, monkeypatch):
     exec(compile(code.replace("callbacks=[", "log=lines.append, progress=False, callbacks=["), "README.md", "exec"),
          scope)                                               # noqa: S102 - our own README
     assert len(scope["result"]["history"]) >= 4 and (tmp_path / "runs" / "best.pt").is_file()
+    assert len(list((tmp_path / "runs").glob("top-*.pt"))) == min(3, len(scope["result"]["history"]))
     assert scope["outputs"].shape == (64, 2) and set(scope["figures"]) == {"test_loss", "test_acc"}
     assert [line for line in lines if line.startswith("restored the weights of epoch")]

@@ -1,8 +1,10 @@
 """Callbacks: hooks into a run (``base.py``), dptrain's own outputs written as such
-(``outputs.py``), and early stopping, the best weights and an EMA (``training.py``)."""
+(``outputs.py``), early stopping and an EMA (``training.py``), the best epochs' weights
+(``best_checkpoint.py``)."""
 from .base import BatchEnd, Callback, CallbackList
 from .outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard, Trace
-from .training import EMA, BestCheckpoint, EarlyStopping, Monitor
+from .best_checkpoint import BestCheckpoint
+from .training import EMA, EarlyStopping, Monitor
 
 __all__ = ["BatchEnd", "BestCheckpoint", "Callback", "CallbackList", "EMA", "EarlyStopping", "EpochLog",
            "MetricsFile", "Monitor", "ProgressBar", "TensorBoard", "Trace"]

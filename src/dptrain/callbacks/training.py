@@ -1,4 +1,5 @@
-"""Callbacks every training program wants: early stopping, the best epoch's weights, an EMA.
+"""Callbacks every training program wants: early stopping, an EMA, and what watches a figure
+(``Monitor``; the best epochs' weights are ``best_checkpoint.py``'s).
 
 They use only the protocol a user's callback has (``base.py``), keep their state in
 checkpoints (so a Ctrl-C and ``--resume`` change nothing), and decide from the epoch rows,
@@ -14,13 +15,11 @@ which are the same on every process, so every rank decides alike.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
 from torch import nn
 
-from ..core.atomic import atomic_file
 from .base import BatchEnd, Callback, Row
 
 Weights = Dict[str, torch.Tensor]
@@ -139,48 +138,6 @@ class EarlyStopping(Callback):
         self.watch.load_state_dict(state)
         self.wait, self.stopped_epoch = state["wait"], state["stopped_epoch"]
         self.best_weights = state.get("best_weights")
-
-
-class BestCheckpoint(Callback):
-    """Keep the weights of the best epoch by ``monitor`` in ``path`` (rank 0 writes it,
-    atomically): ``{"model": state_dict, "epoch", "monitor", "value"}``, loaded with
-    ``model.load_state_dict(torch.load(path)["model"])``.
-
-    A file already at ``path`` is refused (another run's best weights) unless the run
-    resumes with this callback's state, or ``overwrite`` is true: this callback's own, else
-    the run's (``fit(overwrite=True)``, ``--overwrite``)."""
-
-    def __init__(self, path: str, monitor: str = "test_loss", mode: str = "auto", min_delta: float = 0.0,
-                 overwrite: Optional[bool] = None):
-        self.path, self.watch, self.overwrite = Path(path), Monitor(monitor, mode, min_delta), overwrite
-
-    def on_fit_start(self, run: Any) -> None:
-        resumed = self.watch.best_epoch is not None
-        overwrite = run.config.overwrite if self.overwrite is None else self.overwrite
-        if run.is_main and self.path.exists() and not resumed and not overwrite:
-            raise ValueError(f"{self.path} already exists (another run's best weights?): pass overwrite=True "
-                             f"(BestCheckpoint(..., overwrite=True), or fit's / --overwrite) to replace it, or "
-                             f"give BestCheckpoint another path")
-        if run.is_main and self.path.is_dir():
-            raise ValueError(f"BestCheckpoint({str(self.path)!r}) is a folder: give a file path")
-
-    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
-        if self.watch.measured(run, row) and self.watch.improved(epoch, row) and run.is_main:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            weights = monitored_weights(run, self.watch.monitor)
-            with atomic_file(self.path) as f:
-                torch.save({"model": weights, "epoch": epoch, "monitor": self.watch.monitor,
-                            "value": self.watch.best}, f)
-
-    @property
-    def best_epoch(self) -> Optional[int]:
-        return self.watch.best_epoch
-
-    def state_dict(self) -> Dict[str, Any]:
-        return self.watch.state_dict()
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.watch.load_state_dict(state)
 
 
 class EMA(Callback):
