@@ -98,6 +98,24 @@ def test_the_example_runs(tmp_path):
     assert mae < 0.4, out.stdout                     # predicting the mean gives ~0.6
 
 
+def test_the_steps_example_runs_and_resumes_with_more_steps(tmp_path):
+    """examples/finetune_in_steps.py: 30 updates, then 30 more from its checkpoint: it learns,
+    logs and evaluates by steps, and keeps the two best files."""
+    def run(*args):
+        out = subprocess.run([sys.executable, str(REPO / "examples" / "finetune_in_steps.py"), "--devices", "1",
+                              "--checkpoint-dir", "run", "--log-every", "3", "--eval-every", "15", *args], capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+    first = run("--max-steps", "30")
+    assert "step 3 (epoch 1, batch 3), train loss" in first and "stopped after epoch 1: max_steps 30 reached" in first
+    second = run("--max-steps", "60", "--resume")
+    assert "resuming: epoch 1 ended after batch 30 (max_steps); it goes on from there" in second
+    tested = second.strip().splitlines()[-1]                     # steps: 60, test acc by step: 15: ..., 60: ...
+    assert tested.startswith("steps: 60, test acc by step: 15: ") and float(tested.split()[-1]) > 0.7, second
+    assert len(list((tmp_path / "runs").glob("steps-best-*.pt"))) == 1     # one epoch so far: one file
+
+
 def test_errors_name_the_fix():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         dptrain.fit(lambda x: x, (torch.zeros(2, 1), torch.zeros(2)), log=None)

@@ -144,10 +144,6 @@ class Run(RunView):
         """Train, evaluate, tell the callbacks and save one epoch; whether the run stops here."""
         with stage(lambda: f"training epoch {epoch}, batch {self.batch}"):
             sec, loss_sum, count, figures, skipped, stopped = self._train_epoch(epoch)
-        if self.engine.draws and epoch == self.position.epoch:     # found on the first step
-            self.log(f"dptrain: the model draws random numbers outside nn.Dropout layers (F.dropout, torch.rand...): "
-                     f"on {len(self.devices)} CPU devices their forward passes run one after another, so that runs "
-                     f"repeat; nn.Dropout layers draw from each device's own stream and keep them at once")
         evals = {}
         self.evaluated_epoch = self.eval_loader is not None and (
             epoch % self.config.eval_every == 0 or epoch == self.epochs or stopped)
@@ -266,6 +262,10 @@ class Run(RunView):
                     timed = self.balancer.measuring(self.step)
                 result = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
                                                  timed=bool(timed))
+                if b == at.batch + 1 and epoch == self.position.epoch and self.engine.draws:   # the first step found it
+                    self.log(f"dptrain: the model draws random numbers outside nn.Dropout layers (F.dropout, "
+                             f"torch.rand...): on {len(self.devices)} CPU devices their forward passes run one after "
+                             f"another, so that runs repeat; nn.Dropout layers draw from each device's own stream")
                 if self.balancer is not None:
                     if timed:
                         self.balancer.observe(result.seconds, sizes)
