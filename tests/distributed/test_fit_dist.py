@@ -384,3 +384,29 @@ def test_logged_steps_and_their_evaluations_on_two_processes_equal_one_device():
         assert [sorted(r) for r in rows] == [sorted(r) for r in want]
         for key in ("train_loss", "test_loss", "test_acc"):
             assert [r.get(key, 0.0) for r in rows] == pytest.approx([r.get(key, 0.0) for r in want], rel=1e-5)
+
+
+def resumed_metric_objects(rank, world, directory):
+    """train_f1 (a torchmetrics object on the training batches) of an unbroken run, and of one
+    stopped by Ctrl-C after batch 3 of epoch 1 and resumed: its state rides in the checkpoint."""
+    import torchmetrics as tm
+    from dptrain.core.errors import Interrupted
+    from tests.engine.test_train_figures import CtrlC, classes, net
+    X, y = classes()
+    y = y.clamp(max=1)
+    kw = dict(loss=nn.CrossEntropyLoss(), epochs=2, batch_size=32, devices=1, train_metrics=True, log=None)
+    f1 = lambda: {"f1": tm.classification.MulticlassF1Score(3, average="macro")}     # noqa: E731
+    whole = [r["train_f1"] for r in dptrain.fit(net(), (X, y), metrics=f1(), **kw)["history"]]
+    try:
+        dptrain.fit(net(), (X, y), metrics=f1(), checkpoint_dir=directory, callbacks=[CtrlC(1, 3)], **kw)
+    except Interrupted:
+        pass
+    resumed = [r["train_f1"] for r in dptrain.fit(net(), (X, y), metrics=f1(), checkpoint_dir=directory,
+                                                   resume=True, **kw)["history"]]
+    return whole, resumed
+
+
+def test_metric_objects_on_the_training_batches_resume_whole_on_two_processes(tmp_path):
+    pytest.importorskip("torchmetrics")
+    for whole, resumed in run_workers(resumed_metric_objects, str(tmp_path)):
+        assert resumed == pytest.approx(whole, abs=1e-6) and all(v == v for v in resumed)

@@ -62,15 +62,37 @@ class StatefulMetrics:
         for copies in self.copies.values():
             copies[i].update(output, target)
 
+    def _merged(self, copies: List[Any]) -> Any:
+        merged = copy.deepcopy(copies[0])
+        for other in copies[1:]:
+            merged.merge_state(_to(copy.deepcopy(other), self.devices[0]))
+        return merged
+
+    def states(self) -> Dict[str, Dict[str, Any]]:
+        """Each metric's state in this process (its device copies merged), on the CPU, for a
+        checkpoint (``metric_state``: tensors, or lists of them for AUROC-like metrics)."""
+        return {name: {k: _cpu(v) for k, v in self._merged(copies).metric_state.items()}
+                for name, copies in self.copies.items()}
+
+    def load(self, states: Sequence[Dict[str, Dict[str, Any]]]) -> bool:
+        """Add saved ``states`` (one dict per saved process) to the first device's copies;
+        whether they could be (a metric that cannot merge states is reset)."""
+        try:
+            for name, copies in self.copies.items():
+                for saved in states:
+                    if name in saved:
+                        copies[0].merge_state({k: _on(v, self.devices[0]) for k, v in saved[name].items()})
+        except (RuntimeError, ValueError, TypeError):
+            self.reset()
+            return False
+        return True
+
     def compute(self) -> Dict[str, Any]:
         """Merge each metric's device copies, then compute (over every process): plain
         numbers, or nested lists for tensors of several numbers."""
         out: Dict[str, Any] = {}
         for name, copies in self.copies.items():
-            merged = copy.deepcopy(copies[0])
-            for other in copies[1:]:
-                merged.merge_state(_to(copy.deepcopy(other), self.devices[0]))
-            value = merged.compute()
+            value = self._merged(copies).compute()
             if isinstance(value, Mapping):
                 out.update({f"{name}_{k}": _plain(v) for k, v in value.items()})
             else:
@@ -80,6 +102,14 @@ class StatefulMetrics:
 
 def _to(metric: Any, device: torch.device) -> Any:
     return metric.to(device) if callable(getattr(metric, "to", None)) else metric
+
+
+def _cpu(value: Any) -> Any:
+    return [v.detach().cpu() for v in value] if isinstance(value, list) else value.detach().cpu()
+
+
+def _on(value: Any, device: torch.device) -> Any:
+    return [v.to(device) for v in value] if isinstance(value, list) else value.to(device)
 
 
 def _plain(value: Any) -> Any:

@@ -11,8 +11,10 @@ did not update (``on_nan="skip"``) is left out, as its loss is.
 
 Metric objects (torchmetrics: F1, AUC...) get a copy per device, updated with the shards of
 every step that updated, merged and computed over every process at the epoch's end, as the
-evaluation's are. Their state is not in checkpoints: an epoch resumed mid-way gives them NaN
-(said in one line), never a figure of part of the epoch as the whole's.
+evaluation's are. A mid-epoch checkpoint holds each process's merged state (``saved`` on
+resume, taken back at the epoch's reset); without it (an older checkpoint, a metric that
+cannot merge states) an epoch resumed mid-way gives them NaN, never a figure of part of the
+epoch as the whole's.
 
 >>> figures = TrainFigures(engine)      # engine.train_figures: the engine adds each shard
 >>> figures.add(i, output, target)      # on device i's thread, after its forward
@@ -22,7 +24,7 @@ evaluation's are. Their state is not in checkpoints: an epoch resumed mid-way gi
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -57,6 +59,7 @@ class TrainFigures:
         self.objects = StatefulMetrics(engine.task.metrics, engine.devices)    # a copy per device
         self._updates: List[List[Tuple[Any, Any]]] = [[] for _ in range(n)]    # this step's, for them
         self.partial = False
+        self.saved: Optional[List[Dict[str, Any]]] = None   # the metric objects' states a checkpoint gave
 
     def add(self, i: int, output: Any, target: Any) -> None:
         """Score device ``i``'s shard: ``output`` as its forward gave it, ``target`` its target.
@@ -156,12 +159,15 @@ class TrainFigures:
         return {name: math.nan for name in values} if self.partial else values
 
     def reset(self, partial: bool = False) -> None:
-        """From zero, for an epoch (``partial``: one resumed mid-way)."""
+        """From zero, for an epoch (``partial``: one resumed mid-way: the metric objects take
+        the states its checkpoint saved, ``saved``, else give NaN)."""
         for part in self._step + self._kept + self._updates:
             part.clear()
         self._steps = 0
-        self.partial = partial
         self.objects.reset()
+        if partial and self.saved is not None and self.objects.load(self.saved):
+            partial = False
+        self.partial, self.saved = partial, None
 
 
 def _by_key(kept: List[Tuple[str, Any]]) -> Dict[str, List[Any]]:

@@ -87,7 +87,8 @@ def set_rng_state(states: List[torch.Tensor], rank: int, devices: List[torch.dev
             rest = rest[n:]
 
 
-def save(run: Any, position: Position, partial: List[List[float]], cut: Any = None) -> None:
+def save(run: Any, position: Position, partial: List[List[float]], cut: Any = None,
+         metric_states: Any = None) -> None:
     """Rank 0 writes ``run``'s state at ``position``; ``partial`` holds every process's
     ``[loss sum, denominator, *training figure sums]`` so far. Every process calls it (they
     send their random states). ``cut``: ``max_steps`` ended the epoch (``step_limit.Cut``):
@@ -105,14 +106,21 @@ def save(run: Any, position: Position, partial: List[List[float]], cut: Any = No
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
             "balance": run.balancer.state_dict() if run.balancer is not None else None,
             "callbacks": run.callbacks.state_dict(), **random,
-            **({"callbacks_at_cut": cut.callbacks} if cut is not None else {})})
+            **({"callbacks_at_cut": cut.callbacks} if cut is not None else {}),
+            **({"train_metric_states": metric_states} if metric_states is not None else {})})
     run.callbacks.on_checkpoint(run, str(checkpoint_path(directory)))
 
 
 def save_mid_epoch(run: Any, at: Position, cut: Any = None) -> None:
-    """Save after batch ``at.batch``; every process keeps its own partial sums."""
+    """Save after batch ``at.batch``; every process keeps its own partial sums (and, with
+    ``train_metrics``, its metric objects' states)."""
     sums = run.collective.all_gather(torch.tensor([at.loss_sum, at.count] + at.figures, dtype=torch.float64))
-    save(run, at, [t.tolist() for t in sums], cut)
+    figures = run.engine.train_figures
+    states = None
+    if figures is not None and figures.objects:
+        mine = figures.objects.states()
+        states = run.collective.all_gather_object(mine) if run.world_size > 1 else [mine]
+    save(run, at, [t.tolist() for t in sums], cut, states)
 
 
 def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
@@ -167,9 +175,13 @@ def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
                     f"figures cover batches {state['batch'] + 1} to {run.batches} only")
         figures = [0.0] * len(run.figure_keys)
     objects = run.engine.train_figures.objects if run.engine.train_figures is not None else None
-    if state["batch"] and objects:
+    states = state.get("train_metric_states")
+    if state["batch"] and objects and states is not None:      # rank 0 takes them all if the processes differ
+        run.engine.train_figures.saved = [states[run.rank]] if len(states) == run.world_size else \
+            states if run.rank == 0 else []
+    elif state["batch"] and objects:
         run.log(f"resuming mid-epoch: the metric objects' {', '.join('train_' + n for n in objects.copies)} of epoch "
-                f"{state['epoch']} are NaN (their state is not in checkpoints); later epochs have them")
+                f"{state['epoch']} are NaN (the checkpoint has not their state); later epochs have them")
     _say_what_changed(run, saved, ours)
     return state, Position(state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"],
                            figures)
