@@ -133,3 +133,10 @@ def test_the_command_line_takes_max_steps(capsys):
           "--max-steps", "3", "--batch-size", "32", "--devices", "1", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert result["history"][-1]["batches"] == 3 and len(result["history"]) == 1
+
+
+def test_an_epoch_max_steps_ends_is_evaluated_whatever_eval_every_and_scores_its_batches():
+    _, result = train(max_steps=15, eval_every=3, train_metrics=True, epochs=4)
+    rows = result["history"]
+    assert len(rows) == 2 and "test_acc" not in rows[0] and "test_acc" in rows[1]     # evaluated: the run ends there
+    assert rows[1]["batches"] == 5 and 0.0 <= rows[1]["train_acc"] <= 1.0

@@ -140,3 +140,16 @@ def test_evaluations_every_n_steps_need_an_evaluation_set():
     torch.manual_seed(0)
     with pytest.raises(ValueError, match="eval_every_n_steps needs an evaluation set"):
         dptrain.fit(nn.Linear(8, 3), data(), epochs=1, batch_size=20, eval_every_n_steps=2, log=None)
+
+
+def test_a_skipped_batch_is_not_in_its_windows_loss():
+    X, y = data()
+    X[45] = float("nan")                       # in batch 3 of epoch 1 or another: wherever the order puts it
+    steps = PerStep()
+    torch.manual_seed(0)
+    result = dptrain.fit(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), (X, y), epochs=1,
+                         batch_size=20, log_every_n_steps=5, on_nan="skip", callbacks=[steps], log=None)
+    assert result["history"][0]["skipped"] == 1
+    for row in result["step_history"]:
+        window = [(s, c) for s, c in steps.sums[row["step"] - 5:row["step"]] if s == s]   # the NaN one left out
+        assert row["train_loss"] == pytest.approx(sum(s for s, _ in window) / sum(c for _, c in window), rel=1e-12)
