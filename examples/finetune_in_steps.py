@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--devices", default="auto")
     parser.add_argument("--checkpoint-dir")
     parser.add_argument("--resume", action="store_true", help="continue the run in --checkpoint-dir")
-    parser.add_argument("--best", default="runs/steps-best-{epoch}.pt")
+    parser.add_argument("--best", default="runs/steps-best-{step}.pt")
     args = parser.parse_args()
     torch.manual_seed(0)
     steps = args.max_steps

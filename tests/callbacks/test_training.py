@@ -30,8 +30,9 @@ class Snapshots(dptrain.Callback):
 def train(devices, callbacks, epochs=12, lr=0.3, **kw):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
+    kw.setdefault("log", None)
     result = dptrain.fit(model, regression(), regression(40, 1), loss=nn.MSELoss(), lr=lr, epochs=epochs,
-                         batch_size=16, devices=devices, callbacks=callbacks, log=None, progress=False, **kw)
+                         batch_size=16, devices=devices, callbacks=callbacks, progress=False, **kw)
     return model, result
 
 
@@ -174,3 +175,23 @@ def test_weights_that_do_not_fit_are_named():
             run.load_weights({"0.weight": torch.zeros(3, 3)})
     with pytest.raises(ValueError, match="the weights given to run.load_weights cannot be loaded into this model: "):
         train(2, [Wrong()], epochs=1)
+
+
+def test_early_stopping_hears_step_evaluations_and_restores_the_best_steps_weights():
+    """eval_every_n_steps=2 (6 batches an epoch): patience counts those evaluations, each once
+    (the epoch's evaluation of the weights step 6 scored is not counted again); the run stops
+    mid-epoch and ends with the best step's weights, its figures in the result."""
+    stop = EarlyStopping("test_loss", patience=3, restore_best_weights=True)
+    lines = []
+    model, result = train(1, [stop], epochs=30, lr=0.3, eval_every_n_steps=2, log=lines.append)
+    evaluated = [r for r in result["step_history"] if "test_loss" in r]
+    losses = [r["test_loss"] for r in evaluated]
+    best = evaluated[losses.index(min(losses))]
+    # It stopped at the 3rd evaluation past the best (a stop lands after the batch it is asked in).
+    assert evaluated.index(best) + 3 == len(evaluated) - 1 and stop.watch.best_step == best["step"]
+    assert f"did not improve for 3 evaluation(s) (best {min(losses):.4g} at step {best['step']} (epoch " in \
+        "\n".join(lines)
+    assert result["restored_step"] == best["step"] and result["test_loss"] == best["test_loss"]
+    assert lines[-1].startswith(f"test loss: {best['test_loss']:.3f} (the weights of step {best['step']}, restored)")
+    assert dptrain.evaluate(model, regression(40, 1), loss=nn.MSELoss(), batch_size=16)["test_loss"] == \
+        pytest.approx(best["test_loss"], rel=1e-6)

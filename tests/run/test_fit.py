@@ -113,7 +113,9 @@ def test_the_steps_example_runs_and_resumes_with_more_steps(tmp_path):
     assert "resuming: epoch 1 ended after batch 30 (max_steps); it goes on from there" in second
     tested = second.strip().splitlines()[-1]                     # steps: 60, test acc by step: 15: ..., 60: ...
     assert tested.startswith("steps: 60, test acc by step: 15: ") and float(tested.split()[-1]) > 0.7, second
-    assert len(list((tmp_path / "runs").glob("steps-best-*.pt"))) == 1     # one epoch so far: one file
+    kept = sorted(int(p.stem.split("-")[-1]) for p in (tmp_path / "runs").glob("steps-best-*.pt"))
+    scores = {int(part.split(": ")[0]): float(part.split(": ")[1]) for part in tested.split("by step: ")[1].split(", ")}
+    assert kept == sorted(sorted(scores, key=scores.get)[-2:])             # the two best evaluations, by step
 
 
 def test_errors_name_the_fix():

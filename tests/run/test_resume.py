@@ -242,7 +242,7 @@ def test_built_in_callbacks_survive_a_ctrl_c_resume(tmp_path):
     a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
     kept_a, kept_b = a["EarlyStopping"].pop("best_weights"), b["EarlyStopping"].pop("best_weights")
     files_a, files_b = a["BestCheckpoint"].pop("kept"), b["BestCheckpoint"].pop("kept")   # in runs a and b
-    assert [(v, e, os.path.basename(p)) for v, e, p in files_a] == [(v, e, os.path.basename(p)) for v, e, p in files_b]
+    assert [(*k[:-1], os.path.basename(k[-1])) for k in files_a] == [(*k[:-1], os.path.basename(k[-1])) for k in files_b]
     assert a["EarlyStopping"] == b["EarlyStopping"] and a["BestCheckpoint"] == b["BestCheckpoint"]
     assert a["EMA"]["updates"] == b["EMA"]["updates"] == 4 * 1500
     for k, v in a["EMA"]["weights"].items():

@@ -21,7 +21,7 @@ from ..core.atomic import atomic_file
 from .base import Callback, Row
 from .training import Monitor, monitored_weights
 
-Kept = Tuple[float, int, str]       # (value, epoch, file)
+Kept = Tuple[float, int, Optional[int], str]       # (value, epoch, step of a step evaluation, file)
 
 
 class BestCheckpoint(Callback):
@@ -29,9 +29,14 @@ class BestCheckpoint(Callback):
     atomically): ``{"model": state_dict, "epoch", "monitor", "value"}``, loaded with
     ``dptrain.load_weights(Net(), path)`` or ``model.load_state_dict(torch.load(path)["model"])``.
 
-    ``path`` may name the file by the epoch and the row's figures (``str.format``:
-    ``"best-{epoch}-{test_acc:.3f}.pt"``); with ``save_top_k`` > 1 it must hold ``{epoch}``.
-    A file that leaves the best ``save_top_k`` is deleted. ``best_path``: the best one's.
+    ``path`` may name the file by the epoch, the step and the row's figures (``str.format``:
+    ``"best-{epoch}-{test_acc:.3f}.pt"``); with ``save_top_k`` > 1 it must hold ``{epoch}`` or
+    ``{step}`` (``{step}`` with ``eval_every_n_steps``). A file that leaves the best ``save_top_k`` is
+    deleted. ``best_path``: the best one's.
+
+    It hears every evaluation of its ``test_*`` figure: each epoch's, and with
+    ``eval_every_n_steps`` each of those (an epoch's evaluation of the weights a step
+    evaluation at its last step scored already is not heard twice).
 
     A file already at ``path`` (any file the pattern matches) is refused (another run's best
     weights) unless the run resumes with this callback's state, or ``overwrite`` is true:
@@ -42,8 +47,9 @@ class BestCheckpoint(Callback):
         if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < 1:
             raise ValueError(f"save_top_k must be a whole number >= 1, got {save_top_k!r}")
         self.template = str(path)
-        if save_top_k > 1 and "{epoch" not in self.template:
-            raise ValueError(f"save_top_k={save_top_k} keeps {save_top_k} files: put {{epoch}} in the path, e.g. "
+        if save_top_k > 1 and "{epoch" not in self.template and "{step" not in self.template:
+            raise ValueError(f"save_top_k={save_top_k} keeps {save_top_k} files: put {{epoch}} (or {{step}}) in the "
+                             f"path, e.g. "
                              f"BestCheckpoint({str(Path(self.template).with_name('best-{epoch}.pt'))!r}, "
                              f"save_top_k={save_top_k})")
         self.path = Path(path)
@@ -70,33 +76,44 @@ class BestCheckpoint(Callback):
     def _better(self, value: float, than: float) -> bool:
         return value < than if self.watch.mode == "min" else value > than
 
+    def on_train_log(self, run: Any, row: Row) -> None:
+        if self.watch.step_evaluation(row):
+            if self.top_k > 1 and "{step" not in self.template:
+                raise ValueError(f"BestCheckpoint({self.template!r}, save_top_k={self.top_k}) hears the evaluations "
+                                 f"every eval_every_n_steps: name its files by the step too, e.g. "
+                                 f"{self.template.replace('{epoch', '{step}-{epoch', 1)!r}")
+            self._heard(run, row["epoch"], row, row["step"])
+
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
-        if not self.watch.measured(run, row):
-            return
+        if self.watch.epoch_evaluation(run, row):
+            self._heard(run, epoch, row, None)
+
+    def _heard(self, run: Any, epoch: int, row: Row, step: Optional[int]) -> None:
         value = self.watch.value(row)
-        improved = self.watch.improved(epoch, row)
+        improved = self.watch.improved(epoch, row, step)
         keep = improved if self.top_k == 1 else not math.isnan(value) and (
             len(self.kept) < self.top_k or self._better(value, self.kept[-1][0]))
         if not keep:
             return
-        path = self._name(epoch, row)
+        path = self._name(epoch, step if step is not None else run.step, row)
         if run.is_main:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             weights = monitored_weights(run, self.watch.monitor)
             with atomic_file(Path(path)) as f:
-                torch.save({"model": weights, "epoch": epoch, "monitor": self.watch.monitor, "value": value}, f)
-        new: Kept = (value, epoch, path)
+                torch.save({"model": weights, "epoch": epoch, "step": step if step is not None else run.step,
+                            "monitor": self.watch.monitor, "value": value}, f)
+        new: Kept = (value, epoch, step, path)
         ranked = [new] + self.kept if self.top_k == 1 else sorted(    # one: the newest best (min_delta's)
-            self.kept + [new], key=lambda k: (k[0] if self.watch.mode == "min" else -k[0], k[1]))
+            self.kept + [new], key=lambda k: (k[0] if self.watch.mode == "min" else -k[0], k[1], k[2] or 0))
         self.kept = ranked[:self.top_k]
-        for _, _, old in ranked[self.top_k:]:
-            if run.is_main and old not in {p for _, _, p in self.kept}:
+        for *_, old in ranked[self.top_k:]:
+            if run.is_main and old not in {k[-1] for k in self.kept}:
                 Path(old).unlink(missing_ok=True)
 
-    def _name(self, epoch: int, row: Row) -> str:
-        figures = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "epoch"}
+    def _name(self, epoch: int, step: int, row: Row) -> str:
+        figures = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k not in ("epoch", "step")}
         try:
-            return self.template.format(epoch=epoch, **figures)
+            return self.template.format(epoch=epoch, step=step, **figures)
         except (KeyError, IndexError, ValueError) as e:
             raise ValueError(f"BestCheckpoint({self.template!r}): the path names {e} , which the epoch's row does "
                              f"not give; name it by {{epoch}} or by one of {', '.join(figures)}") from None
@@ -108,7 +125,7 @@ class BestCheckpoint(Callback):
     @property
     def best_path(self) -> Optional[str]:
         """The best kept epoch's file (None before one is kept)."""
-        return self.kept[0][2] if self.kept else None
+        return self.kept[0][-1] if self.kept else None
 
     def state_dict(self) -> Dict[str, Any]:
         return {**self.watch.state_dict(), "kept": [list(k) for k in self.kept]}
@@ -117,5 +134,5 @@ class BestCheckpoint(Callback):
         self.watch.load_state_dict(state)
         kept = state.get("kept")
         if kept is None and state.get("best_epoch") is not None:       # a checkpoint of an older version
-            kept = [[state["best"], state["best_epoch"], self.template]]
-        self.kept = [(float(v), int(e), str(p)) for v, e, p in kept or []]
+            kept = [[state["best"], state["best_epoch"], None, self.template]]
+        self.kept = [(float(k[0]), int(k[1]), k[2] if len(k) == 4 else None, str(k[-1])) for k in kept or []]

@@ -42,6 +42,8 @@ class Monitor:
         self.monitor, self.mode, self.min_delta = monitor, mode, float(min_delta)
         self.best: Optional[float] = None
         self.best_epoch: Optional[int] = None
+        self.best_step: Optional[int] = None        # set when the best was an eval_every_n_steps evaluation
+        self.heard_step = -1                        # the run's step at the last such evaluation
 
     def value(self, row: Row) -> float:
         if self.monitor not in row:
@@ -60,21 +62,43 @@ class Monitor:
         self.value(row)
         return True
 
-    def improved(self, epoch: int, row: Row) -> bool:
+    def step_evaluation(self, row: Row) -> bool:
+        """Whether an ``on_train_log`` row is an evaluation of the monitored ``test_*`` figure
+        (``eval_every_n_steps``), which the monitor hears as it hears the epochs'."""
+        if self.monitor.startswith("test_") and self.monitor in row:
+            self.heard_step = row["step"]
+            return True
+        return False
+
+    def epoch_evaluation(self, run: Any, row: Row) -> bool:
+        """Whether an epoch's row is an evaluation to hear: ``measured``, and not of the
+        weights a step evaluation at the epoch's last step scored already."""
+        return self.measured(run, row) and not (self.monitor.startswith("test_") and
+                                                getattr(run, "step", None) == self.heard_step)
+
+    def improved(self, epoch: int, row: Row, step: Optional[int] = None) -> bool:
+        """``step``: the row is a step evaluation's."""
         value = self.value(row)
         if math.isnan(value):
             return False
         better = self.best is None or (value < self.best - self.min_delta if self.mode == "min"
                                        else value > self.best + self.min_delta)
         if better:
-            self.best, self.best_epoch = value, epoch
+            self.best, self.best_epoch, self.best_step = value, epoch, step
         return better
 
+    def where(self) -> str:
+        """Where the best was: ``epoch 3``, or ``step 1500 (epoch 2)``."""
+        return f"epoch {self.best_epoch}" if self.best_step is None else \
+            f"step {self.best_step} (epoch {self.best_epoch})"
+
     def state_dict(self) -> Dict[str, Any]:
-        return {"best": self.best, "best_epoch": self.best_epoch}
+        return {"best": self.best, "best_epoch": self.best_epoch, "best_step": self.best_step,
+                "heard_step": self.heard_step}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.best, self.best_epoch = state["best"], state["best_epoch"]
+        self.best_step, self.heard_step = state.get("best_step"), state.get("heard_step", -1)
 
 
 def monitored_weights(run: Any, monitor: str) -> Weights:
@@ -105,10 +129,16 @@ class EarlyStopping(Callback):
         self.stopped_epoch: Optional[int] = None
         self.best_weights: Optional[Weights] = None
 
+    def on_train_log(self, run: Any, row: Row) -> None:
+        if self.watch.step_evaluation(row):
+            self._heard(run, row["epoch"], row, row["step"])
+
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
-        if not self.watch.measured(run, row):        # (patience counts the evaluations)
-            return
-        if self.watch.improved(epoch, row):
+        if self.watch.epoch_evaluation(run, row):        # (patience counts the evaluations)
+            self._heard(run, epoch, row, None)
+
+    def _heard(self, run: Any, epoch: int, row: Row, step: Optional[int]) -> None:
+        if self.watch.improved(epoch, row, step):
             self.wait = 0
             if self.restore_best_weights:
                 self.best_weights = monitored_weights(run, self.watch.monitor)
@@ -116,19 +146,26 @@ class EarlyStopping(Callback):
         self.wait += 1
         if self.wait >= self.patience:
             self.stopped_epoch = epoch
-            run.stop(f"{self.watch.monitor} did not improve for {self.patience} epoch(s) "
-                     f"(best {self.watch.best:.4g} at epoch {self.watch.best_epoch})")
+            unit = "epoch(s)" if self.watch.heard_step < 0 else "evaluation(s)"
+            run.stop(f"{self.watch.monitor} did not improve for {self.patience} {unit} "
+                     f"(best {self.watch.best:.4g} at {self.watch.where()})")
 
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
         if self.best_weights is not None and self.restore_best_weights:
             run.load_weights(self.best_weights)
-            best = self.watch.best_epoch
-            run.log(f"restored the weights of epoch {best} ({self.watch.monitor} {self.watch.best:.4g})")
-            # The result's figures are those of the weights the model ends with: that epoch's.
-            row = next((r for r in run.history if r["epoch"] == best), None)
-            if row is not None:
-                result.update({k: v for k, v in row.items() if k.startswith(("train_", "test_"))})
-                result["restored_epoch"] = best
+            best, step = self.watch.best_epoch, self.watch.best_step
+            run.log(f"restored the weights of {self.watch.where()} ({self.watch.monitor} {self.watch.best:.4g})")
+            # The result's figures are those of the weights the model ends with: that epoch's
+            # (a step evaluation's: its test figures; the training ones are no epoch's).
+            if step is None:
+                row = next((r for r in run.history if r["epoch"] == best), None)
+                if row is not None:
+                    result.update({k: v for k, v in row.items() if k.startswith(("train_", "test_"))})
+                    result["restored_epoch"] = best
+            else:
+                row = next((r for r in result.get("step_history", []) if r["step"] == step), {})
+                result.update({k: v for k, v in row.items() if k.startswith("test_")})
+                result.update(restored_epoch=best, restored_step=step)
 
     def state_dict(self) -> Dict[str, Any]:
         kept = {"best_weights": self.best_weights} if self.best_weights is not None else {}

@@ -281,6 +281,8 @@ class Run(RunView):
                 if step_log is not None:
                     logged, tested = log_every and self.step % log_every == 0, test_every and self.step % test_every == 0
                     if logged or tested:
+                        if tested:          # on the model's own weights (run.evaluated_weights)
+                            self._loaded = self._evaluated = None
                         self.callbacks.on_train_log(self, step_log.row(
                             tally.numbers() if logged else None, self.step, epoch, b, self.engine.trainer.learning_rate,
                             report.figures_over(self.engine, self.eval_loader, self.collective) if tested else None))
