@@ -82,7 +82,8 @@ def main(argv: Any = None) -> None:
     variants = {"1 device": (1, "streams"), "2 devices": (2, "streams"), "2 devices, forwards in turn": (2, "turns"),
                 "2 devices, shared generator (before)": (2, "shared")}
     out: Dict[str, Any] = {"machine": f"{torch.get_num_threads()} threads, torch {torch.__version__}",
-                           "command": " ".join(["python benchmarks/bench_dropout.py"] + (argv if argv is not None else sys.argv[1:])), "models": {}}
+                           "command": " ".join(["python benchmarks/bench_dropout.py"]
+                                               + (argv if argv is not None else sys.argv[1:])), "models": {}}
     for name, make in MODELS.items():
         times: Dict[str, List[float]] = {v: [] for v in variants}
         start = time.perf_counter()

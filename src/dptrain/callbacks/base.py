@@ -111,8 +111,8 @@ class Callback:
         """Take back what ``state_dict`` gave, when a run resumes."""
 
 
-HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_start", "on_batch_end", "on_train_log", "on_evaluate_start", "on_evaluate_end",
-         "on_epoch_end", "on_checkpoint", "on_fit_end", "on_exception")
+HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_start", "on_batch_end", "on_train_log", "on_evaluate_start",
+         "on_evaluate_end", "on_epoch_end", "on_checkpoint", "on_fit_end", "on_exception")
 
 
 class CallbackList:

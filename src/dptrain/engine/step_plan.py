@@ -57,9 +57,9 @@ class Turns:
     the ``i``-th part: the same masks in every run, and a checkpoint's generator state
     resumes them. The backward passes (no draws) still run at once.
 
-    ``probe``: the first step of a model not yet known to draw: whether it did, told to
-    ``decide(bool)`` by the last device (the generator is read before the first forward and
-    after the last, which no other thread draws between)."""
+    ``decide``: given on the first step of a model not yet known to draw, the last device
+    tells it whether the step drew (the generator is read before the first forward and after
+    the last, which no other thread draws between)."""
 
     def __init__(self, n: int, decide: Optional[Callable[[bool], None]] = None):
         self.events = [threading.Event() for _ in range(n)]

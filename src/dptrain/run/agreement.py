@@ -62,7 +62,7 @@ def fingerprint(loader: Any) -> str:
     return text
 
 
-def describe_settings(task: Task, config: TrainConfig, epochs: int, batch_size: int,
+def describe_settings(task: Task, config: TrainConfig, epochs: Optional[int], batch_size: int,
                       lr: Optional[float]) -> Dict[str, str]:
     """The settings that must be equal in every process, as strings (before the model is
     broadcast: another architecture is named here, not in a collective's abort)."""
@@ -76,8 +76,9 @@ def describe_settings(task: Task, config: TrainConfig, epochs: int, batch_size: 
         "epochs": repr(epochs),
         "seed": repr(config.seed),
         **{name: repr(getattr(config, name)) for name in (
-            "max_batches", "max_steps", "log_every_n_steps", "eval_every_n_steps", "eval_batches", "accumulate_grad_batches", "clip_grad_norm", "clip_grad_value", "on_nan",
-            "train_metrics", "eval_every", "validation_split", "shuffle", "sync_batchnorm", "amp", "resume")},
+            "max_batches", "max_steps", "log_every_n_steps", "eval_every_n_steps", "eval_batches",
+            "accumulate_grad_batches", "clip_grad_norm", "clip_grad_value", "on_nan", "train_metrics", "eval_every",
+            "validation_split", "shuffle", "sync_batchnorm", "amp", "resume")},
     }
 
 

@@ -72,7 +72,8 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     loader = make_loader(data, batch_size, collate_fn=task.collate_fn, shuffle=False, seed=0)
     batch = next(iter(loader.batches()))
     n = len(devices)
-    steps = _steps(loader, epochs, config.max_batches, config.max_steps and config.max_steps * config.accumulate_grad_batches)
+    most = config.max_steps * config.accumulate_grad_batches if config.max_steps else None    # in batches
+    steps = _steps(loader, epochs, config.max_batches, most)
     short = steps is None or STEPS > FRACTION * steps      # the budget is BUDGET_S (else the run's FRACTION)
     rng = torch.get_rng_state()
     engines: Dict[int, ModelEngine] = {}

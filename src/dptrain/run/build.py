@@ -39,7 +39,7 @@ def builtin_callbacks(config: TrainConfig, env: DistEnv) -> List[Any]:
 
 def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
                  lr: Optional[float], log: Callable[[str], None],
-                 epochs: int = 0) -> Tuple[Optional[str], ModelEngine, Any, Any]:
+                 epochs: Optional[int] = None) -> Tuple[Optional[str], ModelEngine, Any, Any]:
     """The kvstore in force, the engine (lazy layers materialised, compiled if asked), and
     the train and eval loaders of this process."""
     total_devices = len(devices) * env.world_size

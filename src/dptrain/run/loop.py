@@ -279,7 +279,8 @@ class Run(RunView):
                     self.skipped += 1
                 self.step = first_step + b
                 if step_log is not None:
-                    logged, tested = log_every and self.step % log_every == 0, test_every and self.step % test_every == 0
+                    logged = log_every and self.step % log_every == 0
+                    tested = test_every and self.step % test_every == 0
                     if logged or tested:
                         if tested:          # on the model's own weights (run.evaluated_weights)
                             self._loaded = self._evaluated = None
