@@ -24,9 +24,8 @@ import torch
 from torch import nn
 
 import dptrain
-from dptrain.engine import model_engine
-from dptrain.engine.device_streams import DeviceStreams
-from dptrain.engine.model_engine import ModelEngine
+from dptrain.engine import device_streams
+from dptrain.engine.device_streams import DeviceStreams, RandomDraws
 
 
 def cnn() -> nn.Module:
@@ -55,17 +54,17 @@ def epoch_seconds(make: Callable[[], nn.Module], devices: int, how: str, epochs:
     "turns" (no streams: the forwards in turn), "shared" (neither: as before)."""
     g = torch.Generator().manual_seed(0)
     X, y = torch.randn(samples, 1, 28, 28, generator=g), torch.randint(0, 10, (samples,), generator=g)
-    streams, decide = model_engine.DeviceStreams, ModelEngine.decide_draws
+    streams, decide = device_streams.DeviceStreams, RandomDraws.decide
     if how in ("turns", "shared"):
-        model_engine.DeviceStreams = NoStreams     # type: ignore[misc]
+        device_streams.DeviceStreams = NoStreams     # type: ignore[misc]
     if how == "shared":
-        ModelEngine.decide_draws = lambda self, drew: setattr(self, "draws", False)   # type: ignore[method-assign]
+        RandomDraws.decide = lambda self, drew: setattr(self, "draws", False)   # type: ignore[method-assign]
     try:
         torch.manual_seed(0)
         result = dptrain.fit(make(), (X, y), epochs=epochs, batch_size=256, devices=devices, log=None,
                              optimizer=torch.optim.SGD, lr=0.05)
     finally:
-        model_engine.DeviceStreams, ModelEngine.decide_draws = streams, decide     # type: ignore[method-assign]
+        device_streams.DeviceStreams, RandomDraws.decide = streams, decide     # type: ignore[misc,method-assign]
     return statistics.median(h["sec"] for h in result["history"][1:])
 
 

@@ -99,12 +99,12 @@ def test_a_model_with_both_kinds_of_draws_repeats_too(devices):
 
 def test_dropout_layers_draw_from_their_devices_streams_and_only_other_draws_take_turns():
     engine = engine_after_a_fit(modules)
-    assert engine.draws is False and len(engine.streams.wrapped) == 0    # given back after fit
-    assert engine_after_a_fit(FunctionalDropout).draws is True
-    assert engine_after_a_fit(Both).draws is True
+    assert engine.random.draws is False and len(engine.random.streams.wrapped) == 0    # given back after fit
+    assert engine_after_a_fit(FunctionalDropout).random.draws is True
+    assert engine_after_a_fit(Both).random.draws is True
     no_draws = lambda: nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))    # noqa: E731
-    assert engine_after_a_fit(no_draws).draws is False
-    assert engine_after_a_fit(no_draws, accumulate_grad_batches=2).draws is False
+    assert engine_after_a_fit(no_draws).random.draws is False
+    assert engine_after_a_fit(no_draws, accumulate_grad_batches=2).random.draws is False
 
 
 def test_draws_outside_dropout_layers_are_said_once():

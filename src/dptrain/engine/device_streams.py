@@ -15,13 +15,52 @@ engine finds them on the first step and then runs the forwards in turn
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 from torch import nn
 
 #: Layers that draw random numbers in training mode.
 RANDOM_LAYERS = (nn.modules.dropout._DropoutNd, nn.RReLU)
+
+
+class RandomDraws:
+    """An engine's random draws on several CPU devices of one process: ``draws``, whether its
+    forward draws outside the random layers (None until the first step finds out, see
+    ``step_plan.Turns``; False on one device, or with ``--sync-bn``, whose forwards wait for
+    each other), and the devices' ``streams`` for the random layers, made at the first step
+    (``start``: only a run that steps, and then closes, wraps the user's layers); a
+    checkpoint's states (``load_state``) wait for them."""
+
+    def __init__(self, devices: Sequence[torch.device], training: bool, sync_batchnorm: bool, rank: int):
+        cpus = sum(d.type == "cpu" for d in devices)
+        self.draws: Optional[bool] = None if cpus > 1 and not sync_batchnorm else False
+        self.streams: Optional[DeviceStreams] = None
+        self.wanted = cpus > 1 and training          # streams still to make
+        self.rank = rank
+        self._states: List[torch.Tensor] = []
+
+    def decide(self, drew: bool) -> None:
+        self.draws = drew
+
+    def start(self, replicas: Sequence[nn.Module]) -> None:
+        """At the first step (when ``wanted``): the streams, from a checkpoint's states if any."""
+        self.wanted = False
+        self.streams = DeviceStreams(list(replicas), torch.initial_seed(), self.rank)
+        self.streams.load_state(self._states)
+
+    def state(self) -> List[torch.Tensor]:
+        """The devices' streams' states (none on one device)."""
+        return self.streams.state() if self.streams is not None else list(self._states)
+
+    def load_state(self, states: Sequence[torch.Tensor]) -> None:
+        self._states = list(states)
+        if self.streams is not None:
+            self.streams.load_state(states)
+
+    def close(self) -> None:
+        if self.streams is not None:
+            self.streams.close()
 
 
 def stream_seed(seed: int, rank: int, device: int) -> int:

@@ -24,7 +24,7 @@ from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..parallel.trainer import Trainer
 from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
-from .device_streams import DeviceStreams
+from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
 from .losses import Count, LossAdapter, add_counts, host_number, read_step
 from .stateful_metrics import StatefulMetrics
@@ -92,40 +92,14 @@ class ModelEngine:
         self.compile_seconds = 0.0
         self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
-        # Whether the forward draws random numbers (None: unknown until the first step), which
-        # several CPU devices then take in turn (step_plan.Turns); not with --sync-bn, whose
-        # forwards wait for each other.
-        cpus = sum(d.type == "cpu" for d in self.devices)
-        self.draws: Optional[bool] = None if cpus > 1 and not sync_batchnorm else False
-        # The random layers' streams, made at the first step (so only a run that steps, and
-        # then closes, wraps the user's layers); a checkpoint's states wait for them.
-        self.streams: Optional[DeviceStreams] = None
-        self._stream_states: List[torch.Tensor] = []
-        self._wants_streams = cpus > 1 and training
-
-    def decide_draws(self, drew: bool) -> None:
-        self.draws = drew
-
-    def _own_streams(self) -> None:
-        self._wants_streams = False
-        self.streams = DeviceStreams(list(self.replicas), torch.initial_seed(), rank())
-        self.streams.load_state(self._stream_states)
-
-    def stream_state(self) -> List[torch.Tensor]:
-        """The devices' random streams (``device_streams.py``; none on one device)."""
-        return self.streams.state() if self.streams is not None else list(self._stream_states)
-
-    def load_stream_state(self, states: Sequence[torch.Tensor]) -> None:
-        self._stream_states = list(states)
-        if self.streams is not None:
-            self.streams.load_state(states)
+        # Dropout on several CPU devices: each device's stream, or the forwards in turn.
+        self.random = RandomDraws(self.devices, training, sync_batchnorm, rank())
 
     def close(self) -> None:
         """Give the model back as it was: no hook or wrapper of ours left on it."""
         if self.trainer is not None:
             self.trainer.close()
-        if self.streams is not None:
-            self.streams.close()
+        self.random.close()
 
     def keep_train_figures(self) -> None:
         """Score every training shard from now on (``train_metrics=True``): accuracy and the
@@ -295,8 +269,8 @@ class ModelEngine:
         return plan.loss(outputs), plan.denominator(None) if plan.known else plan.shard_counts(), plan.n
 
     def _plan(self, batch: Batch, sizes: Optional[Sequence[int]]) -> StepPlan:
-        if self._wants_streams:
-            self._own_streams()
+        if self.random.wanted:
+            self.random.start(self.replicas)
         n = batch_size(batch)
         # With several processes this is the process's part of the global batch: it may have
         # fewer samples than devices, or none; devices without samples contribute zeros.

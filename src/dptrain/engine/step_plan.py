@@ -87,8 +87,8 @@ class StepPlan:
         devices = engine.devices
         self.counts: List[Count] = [None] * len(devices)
         self.seconds = [0.0] * len(devices)
-        self.turns = None if engine.draws is False else \
-            Turns(len(devices), None if engine.draws else engine.decide_draws)
+        draws = engine.random.draws
+        self.turns = None if draws is False else Turns(len(devices), None if draws else engine.random.decide)
 
     def compute(self, timed: bool) -> Callable[[int], torch.Tensor]:
         """``compute(i)``: forward and backward of shard ``i`` on device ``i``; its loss sum."""

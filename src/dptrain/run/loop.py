@@ -262,7 +262,7 @@ class Run(RunView):
                     timed = self.balancer.measuring(self.step)
                 result = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
                                                  timed=bool(timed))
-                if b == at.batch + 1 and epoch == self.position.epoch and self.engine.draws:   # the first step found it
+                if b == at.batch + 1 and epoch == self.position.epoch and self.engine.random.draws:   # the first step found it
                     self.log(f"dptrain: the model draws random numbers outside nn.Dropout layers (F.dropout, "
                              f"torch.rand...): on {len(self.devices)} CPU devices their forward passes run one after "
                              f"another, so that runs repeat; nn.Dropout layers draw from each device's own stream")

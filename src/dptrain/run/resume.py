@@ -70,7 +70,7 @@ def own_random_streams(seed: int, rank: int, devices: List[torch.device]) -> Non
 def random_states(run: Any) -> Dict[str, Any]:
     """Every process's random states: its generators' (``rng``) and its virtual CPU devices'
     streams for dropout (``streams``, ``engine/device_streams.py``; a list per process)."""
-    streams = run.engine.stream_state()
+    streams = run.engine.random.state()
     return {"rng": rng_states(run.collective, run.devices),
             "streams": run.collective.all_gather_object(streams) if run.world_size > 1 else [streams]}
 
@@ -153,7 +153,7 @@ def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
         raise CheckpointError(f"cannot resume from {checkpoint_path(directory)}: {e}") from None
     set_rng_state(state["rng"], run.rank, run.devices)
     streams = state.get("streams") or []
-    run.engine.load_stream_state(streams[run.rank] if run.rank < len(streams) else [])
+    run.engine.random.load_state(streams[run.rank] if run.rank < len(streams) else [])
     if run.balancer is not None and state.get("balance"):
         notice = run.balancer.load_state_dict(state["balance"])
         if notice:
