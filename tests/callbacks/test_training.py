@@ -192,6 +192,7 @@ def test_early_stopping_hears_step_evaluations_and_restores_the_best_steps_weigh
     assert f"did not improve for 3 evaluation(s) (best {min(losses):.4g} at step {best['step']} (epoch " in \
         "\n".join(lines)
     assert result["restored_step"] == best["step"] and result["test_loss"] == best["test_loss"]
-    assert lines[-1].startswith(f"test loss: {best['test_loss']:.3f} (the weights of step {best['step']}, restored)")
+    assert lines[-1].startswith(f"test loss: {best['test_loss']:.3f} (the weights of step {best['step']}, restored)") \
+        and lines[-1].endswith("sec/epoch on [cpu:0]")
     assert dptrain.evaluate(model, regression(40, 1), loss=nn.MSELoss(), batch_size=16)["test_loss"] == \
         pytest.approx(best["test_loss"], rel=1e-6)

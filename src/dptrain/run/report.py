@@ -108,6 +108,6 @@ def closing_line(result: Dict[str, Any]) -> str:
         where = f"{result['world_size']} processes x {where}"
     shown = ("test acc", result["test_acc"]) if "test_acc" in result else \
         ("test loss", result["test_loss"]) if "test_loss" in result else ("train loss", result["train_loss"])
-    where = f"step {result['restored_step']}" if "restored_step" in result else f"epoch {result.get('restored_epoch')}"
-    restored = f" (the weights of {where}, restored)" if "restored_epoch" in result else ""
+    weights = f"step {result['restored_step']}" if "restored_step" in result else f"epoch {result.get('restored_epoch')}"
+    restored = f" (the weights of {weights}, restored)" if "restored_epoch" in result else ""
     return f"{shown[0]}: {shown[1]:.3f}{restored}, {seconds(result['sec_per_epoch'])} sec/epoch on {where}"
