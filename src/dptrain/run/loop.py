@@ -76,8 +76,7 @@ class Run(RunView):
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
             self.epochs = epochs_for(config.max_steps, self.batches)
         self.cut: Optional[Cut] = None     # where max_steps ended an epoch mid-way
-        self.step_log = StepLog(config.log_every_n_steps, config.eval_every_n_steps, self.collective) \
-            if config.log_every_n_steps or config.eval_every_n_steps else None
+        self.step_log = StepLog(self.collective) if config.log_every_n_steps or config.eval_every_n_steps else None
         if config.eval_every_n_steps and self.eval_loader is None:
             raise ValueError("eval_every_n_steps needs an evaluation set: give eval_data (or validation_split)")
         with stage("making the learning-rate scheduler"):

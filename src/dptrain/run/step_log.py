@@ -20,14 +20,15 @@ import torch
 
 
 class StepLog:
-    """The windows of ``every`` updates (see the module docstring); ``rows``: the history."""
+    """The training-loss windows and the rows (see the module docstring; the loop decides at
+    which steps rows are due); ``rows``: the history."""
 
-    def __init__(self, every: Optional[int], test_every: Optional[int], collective: Any, step: int = 0):
-        self.every, self.test_every, self.collective = every, test_every, collective
+    def __init__(self, collective: Any):
+        self.collective = collective
         self.rows: List[Dict[str, Any]] = []
         self.carried = (0.0, 0.0)       # the window's sums from the epochs before (their tails)
         self.last = (0.0, 0.0)          # the epoch's sums at the last row
-        self.last_step = step
+        self.last_step = 0
 
     def start(self, step: int) -> None:
         """Where the run (re)starts: windows count from there."""
