@@ -26,6 +26,7 @@ from torch import nn
 import dptrain
 from dptrain.engine import device_streams
 from dptrain.engine.device_streams import DeviceStreams, RandomDraws
+from common import save_result
 
 
 def cnn() -> nn.Module:
@@ -80,9 +81,8 @@ def main(argv: Any = None) -> None:
         args.rounds, args.epochs, args.samples = 1, 2, 1024
     variants = {"1 device": (1, "streams"), "2 devices": (2, "streams"), "2 devices, forwards in turn": (2, "turns"),
                 "2 devices, shared generator (before)": (2, "shared")}
-    out: Dict[str, Any] = {"machine": f"{torch.get_num_threads()} threads, torch {torch.__version__}",
-                           "command": " ".join(["python benchmarks/bench_dropout.py"]
-                                               + (argv if argv is not None else sys.argv[1:])), "models": {}}
+    command = " ".join(["python benchmarks/bench_dropout.py"] + (argv if argv is not None else sys.argv[1:]))
+    out: Dict[str, Any] = {"models": {}}
     for name, make in MODELS.items():
         times: Dict[str, List[float]] = {v: [] for v in variants}
         start = time.perf_counter()
@@ -100,9 +100,7 @@ def main(argv: Any = None) -> None:
                                "2 devices / 1 device": ratio("1 device", "2 devices"),
                                "bench_sec": time.perf_counter() - start}
         print(name, json.dumps(out["models"][name], indent=1), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    save_result(out, command, args.out)        # with the machine and the date, whole or not at all
 
 
 if __name__ == "__main__":

@@ -193,14 +193,19 @@ def test_a_job_that_fails_in_its_turn_is_reported_with_its_traceback(tmp_path):
         sys.path.remove(str(REPO / "benchmarks"))
 
 
-def test_the_train_metrics_benchmark_runs_and_pairs_its_variants(tmp_path):
-    out = tmp_path / "train_metrics.json"
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_train_metrics.py"), "--programs",
-                           "tiny-mlp,text", "--rounds", "2", "--epochs", "2", "--samples", "512", "--out", str(out)],
+def run_benchmark(tmp_path, script, *args):
+    """``benchmarks/SCRIPT ARGS --out FILE`` with one thread; its figures."""
+    out = tmp_path / "figures.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args, "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    figures = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_the_train_metrics_benchmark_runs_and_pairs_its_variants(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_train_metrics.py", "--programs", "tiny-mlp,text", "--rounds", "2",
+                            "--epochs", "2", "--samples", "512")
     for program in ("tiny-mlp", "text"):
         assert set(figures[program]["raw"]) == {"plain loop", "plain loop + accuracy", "dptrain",
                                                 "dptrain, train_metrics"}
@@ -209,13 +214,18 @@ def test_the_train_metrics_benchmark_runs_and_pairs_its_variants(tmp_path):
 
 
 def test_the_dropout_benchmark_runs_its_four_variants(tmp_path):
-    out = tmp_path / "dropout.json"
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_dropout.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    figures = json.loads(out.read_text())["models"]
+    figures = run_benchmark(tmp_path, "bench_dropout.py", "--smoke")
+    assert figures["command"].startswith("python benchmarks/bench_dropout.py --smoke") and "machine" in figures
+    figures = figures["models"]
     assert set(figures) == {"cnn-dropout", "mlp-dropout"}
     for model in figures.values():
         assert len(model["epoch_sec"]) == 4 and all(s > 0 for s in model["epoch_sec"].values())
         assert model["2 devices / shared generator"] > 0
+
+
+def test_the_stream_and_sampler_benchmark_runs_its_variants(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_stream.py", "--smoke")["programs"]
+    assert set(figures) == {"tiny-mlp", "text"} and figures["text"]["batches by length: dptrain / plain loop"] > 0
+    for program in figures.values():
+        assert len(program["epoch_sec"]) in (6, 8) and all(s > 0 for s in program["epoch_sec"].values())
+        assert program["stream 1 device / plain loop"] > 0 and program["weighted sampler: dptrain / plain loop"] > 0

@@ -38,6 +38,13 @@ def train(devices, callbacks, epochs=12, lr=0.3, **kw):
 
 def test_monitor_modes_and_a_figure_that_is_not_there():
     assert Monitor("test_acc").mode == "max" and Monitor("test_loss").mode == "min"
+    assert [Monitor(name).mode for name in ("test_rare_recall", "test_f1", "test_top5", "train_accuracy",
+                                            "test_mae", "test_word_error", "test_perplexity")] == ["max"] * 4 + ["min"] * 3
+    for name, says in (("test_spread", "neither"), ("test_error_score", "both")):
+        with pytest.raises(ValueError, match=f"cannot tell whether a larger {name} is better .its name says {says}.: "
+                                             f"give mode='max' or mode='min'"):
+            Monitor(name)
+    assert Monitor("test_spread", mode="max").mode == "max"
     m = Monitor("test_loss", min_delta=0.1)
     assert m.improved(1, {"test_loss": 1.0}) and not m.improved(2, {"test_loss": 0.95})
     assert m.improved(3, {"test_loss": 0.8}) and (m.best, m.best_epoch) == (0.8, 3)

@@ -150,6 +150,17 @@ def test_your_model_and_data_by_name(capsys):
     assert json.loads(capsys.readouterr().out)["history"][0]["train_loss"] > 0
 
 
+def test_a_stream_from_the_command_line_counts_its_epochs_in_batches(capsys):
+    args = ["train", "--model", "tests.tasks.user_task:mlp", "--data", "tests.tasks.user_task:stream_data",
+            "--epochs", "2", "--batch-size", "32", "--devices", "2", "--json"]
+    assert main(args) == 2
+    assert "EndlessPairs (an IterableDataset) has no __len__" in capsys.readouterr().err
+    assert main(args + ["--steps-per-epoch", "3", "--no-shuffle", "--log-every-n-steps", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["history"]) == 2 and [row["step"] for row in result["step_history"]] == [1, 2, 3, 4, 5, 6]
+    assert [row["epoch"] for row in result["step_history"]] == [1, 1, 1, 2, 2, 2]
+
+
 def test_validation_split_holds_out_the_last_samples_from_the_command_line(capsys):
     assert main(["train", "--model", "tests.tasks.user_task:Net", "--data", "tests.tasks.user_task:train_only",
                  "--validation-split", "0.25", "--epochs", "1", "--batch-size", "32", "--devices", "1",

@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from dptrain.data import DatasetLoader, TensorLoader, make_loader
+from dptrain.data.stream_loader import StreamLoader
 
 
 class Indexed(Dataset):
@@ -92,8 +93,9 @@ def test_make_loader_picks_the_loader():
     class Stream(IterableDataset):
         def __iter__(self):
             yield 1
+    assert isinstance(make_loader(Stream(), 4), StreamLoader)          # read in its order (test_stream_loader.py)
     with pytest.raises(TypeError, match="not a map-style Dataset"):
-        make_loader(Stream(), 4)
+        DatasetLoader(Stream(), 4)
     with pytest.raises(ValueError, match="num_workers applies to a Dataset"):
         make_loader((X, y), 4, num_workers=2)
 
@@ -105,22 +107,85 @@ def test_numpy_arrays_give_batches_of_the_right_shape():
     assert isinstance(batches[-1][1], torch.Tensor)
 
 
-def test_a_sampler_that_picks_samples_is_refused_not_ignored():
+def test_a_sampler_that_picks_samples_gives_each_epoch_its_indices_seeded_by_epoch():
     from torch.utils.data import (DataLoader, RandomSampler, SubsetRandomSampler, TensorDataset,
                                   WeightedRandomSampler)
     from torch.utils.data.distributed import DistributedSampler
-    from dptrain.data.dataset_loader import make_loader
     ds = TensorDataset(torch.arange(512).float(), torch.zeros(512))
-    with pytest.raises(ValueError, match=r"SubsetRandomSampler chooses which samples.*Subset\(dataset, indices\)"):
-        make_loader(DataLoader(ds, sampler=SubsetRandomSampler(range(100))), 8)
-    with pytest.raises(ValueError, match="WeightedRandomSampler chooses"):
-        make_loader(DataLoader(ds, sampler=WeightedRandomSampler([1.0] * 512, 100)), 8)
-    with pytest.raises(ValueError, match="RandomSampler chooses"):
-        make_loader(DataLoader(ds, sampler=RandomSampler(ds, replacement=True)), 8)
+
+    def epoch(loader, e, rank=0, world=1):
+        made = make_loader(loader, 8, rank=rank, world_size=world, seed=3)
+        made.set_epoch(e)
+        return [int(v) for batch in made for v in batch[0].tolist()]
+    weights = [1.0 if i % 4 == 0 else 0.0 for i in range(512)]       # only every 4th sample
+    weighted = DataLoader(ds, sampler=WeightedRandomSampler(weights, 100))
+    first = epoch(weighted, 0)
+    assert len(first) == 100 and all(i % 4 == 0 for i in first) and len(set(first)) < 100   # with replacement
+    assert epoch(weighted, 0) == first and epoch(weighted, 1) != first        # by (seed, epoch), not by the calls
+    assert sorted(epoch(weighted, 0, 0, 2) + epoch(weighted, 0, 1, 2)) == sorted(first)    # the processes' parts
+    with_generator = DataLoader(ds, sampler=WeightedRandomSampler(weights, 100, generator=torch.Generator()))
+    assert epoch(with_generator, 0) == first                                  # its generator seeded alike
+    subset = epoch(DataLoader(ds, sampler=SubsetRandomSampler(range(100))), 0)
+    assert sorted(subset) == list(range(100)) and subset != list(range(100))
+    assert len(epoch(DataLoader(ds, sampler=RandomSampler(ds, replacement=True, num_samples=40)), 0)) == 40
+    with pytest.raises(TypeError, match="the sampler NoLength has no __len__"):
+        make_loader(DataLoader(ds, sampler=NoLength()), 8)
     # Every sample, in any order (dptrain's order replaces it), or a DDP script's sampler: taken.
     for loader in (DataLoader(ds, shuffle=True), DataLoader(ds),
                    DataLoader(ds, sampler=DistributedSampler(ds, num_replicas=2, rank=0))):
-        assert make_loader(loader, 8).global_num_samples == 512
+        made = make_loader(loader, 8)
+        assert made.global_num_samples == 512 and getattr(made, "sampler", None) is None
+
+
+class NoLength(torch.utils.data.Sampler):
+    def __iter__(self):
+        return iter(range(10))
+
+
+class Buckets(torch.utils.data.Sampler):
+    """Batches of 7, 13 and 10 samples in turn, of a shuffle of ``n`` (by its generator)."""
+
+    def __init__(self, n, sizes=(7, 13, 10), lie=0):
+        self.n, self.sizes, self.lie, self.generator = n, sizes, lie, None
+
+    def batches(self):
+        order = torch.randperm(self.n, generator=self.generator).tolist()
+        out, k = [], 0
+        while order:
+            out.append(order[:self.sizes[k % len(self.sizes)]])
+            order, k = order[len(out[-1]):], k + 1
+        return out
+
+    def __iter__(self):
+        return iter(self.batches())
+
+    def __len__(self):
+        return len(self.batches()) + self.lie
+
+
+def test_a_batch_sampler_makes_the_global_batches_each_process_reading_its_part():
+    from torch.utils.data import DataLoader, TensorDataset
+    ds = TensorDataset(torch.arange(100).float(), torch.zeros(100))
+    loader = DataLoader(ds, batch_sampler=Buckets(100))
+
+    def epoch(e, rank=0, world=1, **plan):
+        made = make_loader(loader, 8, rank=rank, world_size=world, seed=3, **plan)
+        made.set_epoch(e)
+        return made, [[int(v) for v in batch[0].tolist()] for batch in made]
+    made, whole = epoch(0)
+    assert [len(b) for b in whole] == [7, 13, 10] * 3 + [7, 3] and len(made) == 11
+    assert [made.global_batch_size(b) for b in range(11)] == [len(b) for b in whole]
+    assert sorted(v for b in whole for v in b) == list(range(100)) and made.global_num_samples == 100
+    assert epoch(0)[1] == whole and epoch(1)[1] != whole                 # drawn by (seed, epoch)
+    halves = [epoch(0, r, 2)[1] for r in range(2)]
+    assert [a + b for a, b in zip(*halves)] == whole                     # each batch cut between the processes
+    assert [len(a) for a in halves[0]] == [4, 7, 5] * 3 + [4, 2]
+    cut, first = epoch(0, max_batches=2)
+    assert len(cut) == 2 and first == whole[:2] and cut.global_num_samples == 20
+    assert [[int(v) for v in b[0].tolist()] for b in made.batches(9)] == whole[9:]     # resumed part-way
+    with pytest.raises(ValueError, match=r"the batch sampler Buckets gave 11 batches in epoch 1, but its __len__ "
+                                         r"says 12"):
+        make_loader(DataLoader(ds, batch_sampler=Buckets(100, lie=1)), 8)
 
 
 class _Numbers(Dataset):

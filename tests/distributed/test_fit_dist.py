@@ -410,3 +410,55 @@ def test_metric_objects_on_the_training_batches_resume_whole_on_two_processes(tm
     pytest.importorskip("torchmetrics")
     for whole, resumed in run_workers(resumed_metric_objects, str(tmp_path)):
         assert resumed == pytest.approx(whole, abs=1e-6) and all(v == v for v in resumed)
+
+
+def streamed(rank, world):
+    """A stream on every process (read whole, each keeping its part), a DataLoader whose
+    sampler draws by weights, one whose batch sampler makes uneven batches, two evaluation
+    sets, then a stream sharded by rank, which the processes' agreement refuses before any
+    batch."""
+    from tests.run import test_samplers
+    from tests.run.test_streams import SizedSamples, rows, train
+    model, result = train(SizedSamples(), 1, dropout=0)
+    weights = [p.detach().tolist() for p in model.parameters()]
+    sampled, sampled_result = test_samplers.train(test_samplers.weighted(test_samplers.Recorded()), 1)
+    sampled_weights = [p.detach().tolist() for p in sampled.parameters()]
+    bucketed = test_samplers.train(test_samplers.DataLoader(test_samplers.Recorded(),
+                                                            batch_sampler=test_samplers.Buckets(120)), 1)[1]
+    from tests.run.test_eval_sets import train as with_sets
+    sets = with_sets(1)[1]["history"][-1]
+
+    class ByRank(SizedSamples):
+        def __iter__(self):
+            return (s for i, s in enumerate(super().__iter__()) if i % world == rank)
+    try:
+        train(ByRank(), 1, dropout=0)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    return (weights, rows(result), refused, sampled_weights, test_samplers.figures(sampled_result),
+            test_samplers.figures(bucketed), {k: v for k, v in sets.items() if k.startswith("test")})
+
+
+def test_streams_samplers_and_eval_sets_on_two_processes_equal_one_device_and_a_sharded_stream_is_refused():
+    from tests.run import test_samplers
+    from tests.run.test_streams import SizedSamples, figures, train
+    model, result = train(SizedSamples(), 1, dropout=0)
+    sampled, sampled_result = test_samplers.train(test_samplers.weighted(test_samplers.Recorded()), 1)
+    bucketed = test_samplers.train(test_samplers.DataLoader(test_samplers.Recorded(),
+                                                            batch_sampler=test_samplers.Buckets(120)), 1)[1]
+    from tests.run.test_eval_sets import train as with_sets
+    sets = with_sets(1)[1]["history"][-1]
+    for weights, history, refused, sampled_weights, sampled_figures, bucketed_figures, set_figures in \
+            run_workers(streamed):
+        assert bucketed_figures == pytest.approx(test_samplers.figures(bucketed), rel=1e-5)
+        assert set(set_figures) == {k for k in sets if k.startswith("test")} and "test_ood_acc" in set_figures
+        assert set_figures == pytest.approx({k: sets[k] for k in set_figures}, rel=1e-5)
+        for p, q in zip(weights, model.parameters()):
+            torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
+        assert [v for r in history for v in r.values()] == pytest.approx(figures(result), rel=1e-5)
+        for p, q in zip(sampled_weights, sampled.parameters()):
+            torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
+        assert sampled_figures == pytest.approx(test_samplers.figures(sampled_result), rel=1e-5)
+        assert refused is not None and "the processes disagree on the training data: rank 0 has a stream" in refused
+        assert "do not shard it by rank" in refused, refused

@@ -74,6 +74,16 @@ def test_a_dataset_with_workers_gives_every_sample_once_per_epoch_to_the_devices
     assert {name for name, _ in seen} == {"dptrain-cpu:0", "dptrain-cpu:1"}
 
 
+def test_workers_read_the_training_dataset_beside_an_evaluation_set_of_tensors():
+    X, y = torch.arange(20.0).unsqueeze(1), torch.arange(20) % 3
+    result = dptrain.fit(nn.Linear(1, 3), Recorded(30), (X, y), forward=lambda m, b: (m(b["x"]), b["y"])
+                         if isinstance(b, dict) else (m(b[0]), b[1]), epochs=1, batch_size=10, num_workers=1,
+                         devices=1, log=None)
+    assert result["history"][0]["test_loss"] > 0        # (the tensors gathered without workers: not an error)
+    with pytest.raises(ValueError, match="num_workers applies to a Dataset"):
+        dptrain.fit(nn.Linear(1, 3), (X, y), num_workers=1, log=None)
+
+
 def test_metrics_are_exact_on_an_evaluation_set_that_does_not_divide():
     X = torch.randn(37, 3)
     y = torch.randint(0, 4, (37,))

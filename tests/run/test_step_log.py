@@ -153,3 +153,64 @@ def test_a_skipped_batch_is_not_in_its_windows_loss():
     for row in result["step_history"]:
         window = [(s, c) for s, c in steps.sums[row["step"] - 5:row["step"]] if s == s]   # the NaN one left out
         assert row["train_loss"] == pytest.approx(sum(s for s, _ in window) / sum(c for _, c in window), rel=1e-12)
+
+
+def test_a_plateau_scheduler_stepped_every_batch_decides_on_each_step_evaluation():
+    plateau = functools.partial(torch.optim.lr_scheduler.ReduceLROnPlateau, patience=0, factor=0.5)
+
+    def train(**kw):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        return dptrain.fit(model, data(), data(60, seed=2), batch_size=20, devices=1, log=None, epochs=3,
+                           optimizer=functools.partial(torch.optim.SGD, lr=2.0),   # too large: the test loss wanders
+                           scheduler=plateau, scheduler_interval="batch", **kw)
+    result = train(eval_every_n_steps=3)
+    rows = result["step_history"]
+    assert [r["step"] for r in rows] == list(range(3, 31, 3))
+    # What a ReduceLROnPlateau given those test losses in turn does (the row's lr: after the step).
+    mirror = torch.optim.lr_scheduler.ReduceLROnPlateau(torch.optim.SGD([torch.zeros(1)], lr=2.0), patience=0,
+                                                        factor=0.5)
+    want = []
+    for r in rows:
+        mirror.step(r["test_loss"])
+        want.append(mirror.optimizer.param_groups[0]["lr"])
+    assert [r["lr"] for r in rows] == want and len(set(want)) > 1
+    with pytest.raises(ValueError, match="ReduceLROnPlateau stepped every batch has no figure to decide on"):
+        train()
+
+
+class CountedReads(torch.utils.data.Dataset):
+    """``data(60, seed=2)`` as a Dataset that counts its reads."""
+
+    def __init__(self):
+        self.X, self.y = data(60, seed=2)
+        self.reads = 0
+
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.X[i], self.y[i]
+
+
+@pytest.mark.parametrize("ema", [False, True])
+def test_an_epoch_evaluated_at_a_step_evaluation_reuses_it_unless_a_callback_loads_other_weights(ema):
+    from dptrain.callbacks import EMA
+    evals = CountedReads()
+
+    class FromTheStart(dptrain.Callback):       # (not the sample read before training to try the model)
+        def on_fit_start(self, run):
+            evals.reads = 0
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    result = dptrain.fit(model, data(), evals, batch_size=20, devices=1, log=None, epochs=2, eval_every_n_steps=5,
+                         optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+                         callbacks=[FromTheStart()] + ([EMA(0.5, evaluate=True)] if ema else []))
+    # 10 updates an epoch: evaluated at steps 5, 10 (the epoch's end), 15, 20; the epochs' own
+    # evaluations only for EMA's average
+    assert evals.reads == 60 * (4 + 2 * ema)
+    by_step = {r["step"]: r for r in result["step_history"]}
+    for row in result["history"]:
+        same = by_step[row["epoch"] * 10]["test_loss"] == row["test_loss"]
+        assert same != ema

@@ -85,6 +85,23 @@ def flat_data(config):
     return (p.x, p.y), (p.x[:50], p.y[:50])
 
 
+class EndlessPairs(torch.utils.data.IterableDataset):
+    """Pairs' samples over and over: a stream with no end (--steps-per-epoch)."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __iter__(self):
+        while True:
+            yield from zip(self.pairs.x, self.pairs.y)
+
+
+def stream_data(config):
+    """For --data: an endless stream to train on, tensors to evaluate on."""
+    p = Pairs(320, config.seed)
+    return EndlessPairs(p), (p.x[:50], p.y[:50])
+
+
 def mlp():
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
 

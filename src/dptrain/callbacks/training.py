@@ -25,11 +25,30 @@ from .base import BatchEnd, Callback, Row
 Weights = Dict[str, torch.Tensor]
 
 
+#: Words of a figure's name (its ``_``-separated parts start with them) that say which way is better.
+LARGER_IS_BETTER = ("acc", "f1", "auc", "auroc", "score", "recall", "precision", "iou", "dice", "map", "r2", "bleu",
+                    "rouge", "kappa", "mcc", "corr", "top", "sensitivity", "specificity")
+SMALLER_IS_BETTER = ("loss", "error", "err", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "wer", "cer",
+                     "distance")
+
+
+def auto_mode(monitor: str) -> str:
+    """``"max"`` for a figure named as a score (``test_acc``, ``test_f1``, ``test_rare_recall``),
+    ``"min"`` for one named as a loss or an error; a name that says neither is an error that
+    asks for the mode (a silent guess could keep the worst weights)."""
+    words = monitor.lower().split("_")
+    larger = any(w.startswith(LARGER_IS_BETTER) for w in words)
+    if larger != any(w.startswith(SMALLER_IS_BETTER) for w in words):
+        return "max" if larger else "min"
+    raise ValueError(f"mode='auto' cannot tell whether a larger {monitor} is better (its name says "
+                     f"{'both' if larger else 'neither'}): give mode='max' or mode='min'")
+
+
 class Monitor:
     """Whether an epoch's ``row[monitor]`` is the best so far (by more than ``min_delta``).
 
-    ``mode``: ``"min"``, ``"max"``, or ``"auto"`` (``max`` for accuracies and metrics named
-    ``acc``/``f1``/``auc``/``score``, ``min`` otherwise). NaN is never an improvement.
+    ``mode``: ``"min"``, ``"max"``, or ``"auto"`` (see ``auto_mode``). NaN is never an
+    improvement.
     """
 
     def __init__(self, monitor: str, mode: str = "auto", min_delta: float = 0.0):
@@ -38,7 +57,7 @@ class Monitor:
         if not (isinstance(min_delta, (int, float)) and min_delta >= 0):
             raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
         if mode == "auto":
-            mode = "max" if any(w in monitor for w in ("acc", "f1", "auc", "score")) else "min"
+            mode = auto_mode(monitor)
         self.monitor, self.mode, self.min_delta = monitor, mode, float(min_delta)
         self.best: Optional[float] = None
         self.best_epoch: Optional[int] = None

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler,
-                              SubsetRandomSampler, TensorDataset)
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from ..core.errors import DataStalled
 from .batch import Batch, map_tensors
 from .loader import EpochPlan, TensorLoader
+from .samplers import Drawn, picks_of
 from .seeded_reads import _Part, _Seeded
+from .stream_loader import StreamLoader
 
 
 def _yield_to_training(worker_id: int) -> None:
@@ -50,7 +50,7 @@ class _Parts:
         self.plan, self.skip = plan, 0
 
     def __iter__(self) -> Iterator[_Part]:
-        order = self.plan.order().tolist()      # once an epoch (a tensor's slice and tolist: 3 us a batch)
+        order = self.plan.indices()      # once an epoch (a tensor's slice and tolist: 3 us a batch)
         seed, epoch = self.plan.seed, self.plan.epoch
         for b, part in self.plan.parts(self.skip):
             if part.stop > part.start:
@@ -72,14 +72,20 @@ class DatasetLoader(EpochPlan):
 
     def __init__(self, dataset: Dataset, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, pin_memory: bool = False,
-                 worker_timeout: float = 0.0, lower_priority: bool = False, **plan: Any):
+                 worker_timeout: float = 0.0, lower_priority: bool = False, sampler: Optional[Sampler] = None,
+                 batch_sampler: Any = None, **plan: Any):
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
             raise TypeError(f"{type(dataset).__name__} is not a map-style Dataset (with __len__ and __getitem__): "
-                            f"the order of an epoch must depend only on (seed, epoch); index your data")
-        try:
-            n = len(dataset)
-        except TypeError:
-            raise TypeError(f"{type(dataset).__name__} has no __len__: a map-style Dataset needs one") from None
+                            f"a stream (an IterableDataset) is read by StreamLoader, which make_loader picks for it")
+        picks = sampler if batch_sampler is None else batch_sampler
+        self.drawn = Drawn(picks, batched=batch_sampler is not None) if picks is not None else None
+        if self.drawn is None:
+            try:
+                n = len(dataset)
+            except TypeError:
+                raise TypeError(f"{type(dataset).__name__} has no __len__: a map-style Dataset needs one") from None
+        else:       # a batch sampler's epoch holds what its batches hold (epoch 0's: for the fingerprint)
+            n = len(self.drawn.indices(plan.get("seed", 0), 0)) if self.drawn.batched else self.drawn.length
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")
         super().__init__(n, batch_size, **plan)
@@ -99,6 +105,43 @@ class DatasetLoader(EpochPlan):
 
     def __iter__(self) -> Iterator[Batch]:
         return self.batches()
+
+    # -- the user's sampler or batch sampler (samplers.py), where one picks the samples --------
+    def order(self) -> torch.Tensor:
+        return torch.tensor(self.indices(), dtype=torch.long) if self.drawn is not None else super().order()
+
+    def indices(self) -> List[int]:
+        """The epoch's indices: ``EpochPlan``'s order, or the user's sampler's or batch
+        sampler's, drawn under a seed of ``(seed, epoch)``."""
+        if self.drawn is None:
+            return super().order().tolist()
+        return self.drawn.indices(self.seed, self.epoch)
+
+    def __len__(self) -> int:
+        if self.drawn is None or not self.drawn.batched:
+            return super().__len__()
+        return min(self.drawn.length, self.max_batches) if self.max_batches else self.drawn.length
+
+    @property
+    def global_num_samples(self) -> int:
+        if self.drawn is None or not self.drawn.batched:
+            return super().global_num_samples
+        start, size = self.drawn.batch(self.seed, self.epoch, len(self) - 1)
+        return start + size
+
+    def global_batch_size(self, b: int) -> int:
+        if self.drawn is None or not self.drawn.batched:
+            return super().global_batch_size(b)
+        return self.drawn.batch(self.seed, self.epoch, b)[1]
+
+    def parts(self, skip: int = 0) -> Iterator[Tuple[int, slice]]:
+        if self.drawn is None or not self.drawn.batched:
+            yield from super().parts(skip)
+            return
+        for b in range(skip, len(self)):            # the batch sampler's batches, of any size
+            lo, n = self.drawn.batch(self.seed, self.epoch, b)
+            part = self.part_of(b, n)
+            yield b, slice(lo + part.start, lo + part.stop)
 
     def batches(self, skip: int = 0) -> Iterator[Batch]:
         """This epoch's batches from batch ``skip`` on (to resume an epoch part-way)."""
@@ -155,43 +198,46 @@ class DatasetLoader(EpochPlan):
         return self._empty
 
 
-def check_sampler(loader: DataLoader) -> None:
-    """dptrain orders every sample of a DataLoader's dataset itself, by (seed, epoch), and
-    shards it over the processes; a sampler that picks samples (a subset, weights, a custom
-    batch sampler) would be ignored, so it is refused, with the way to say the same thing."""
-    sampler = loader.sampler
-    own = type(loader.batch_sampler) is BatchSampler or loader.batch_sampler is None
-    whole = isinstance(sampler, (SequentialSampler, DistributedSampler)) or (
-        type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset))
-    if own and whole:
-        return
-    what = type(sampler if own else loader.batch_sampler).__name__
-    fix = ("pass torch.utils.data.Subset(dataset, indices) as the data" if isinstance(sampler, SubsetRandomSampler)
-           else "make a Dataset that holds exactly the samples (and repeats) to train on")
-    raise ValueError(f"the DataLoader's {what} chooses which samples to use, which dptrain would ignore (it orders "
-                     f"and shards every sample of the dataset itself, by seed and epoch): {fix}")
-
-
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
                 pin_memory: bool = False, worker_timeout: float = 0.0, lower_priority: bool = False,
-                **plan: Any) -> EpochPlan:
+                steps_per_epoch: Optional[int] = None, optional_workers: bool = False, **plan: Any) -> EpochPlan:
     """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
-    ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, or a ``DataLoader``
-    (its dataset, collate function and workers are used; the order and batch size are ours).
-    ``lower_priority``: the reading workers run below the training threads (``_yield_to_training``)."""
+    ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, an ``IterableDataset``
+    (``StreamLoader``; ``steps_per_epoch``: batches an epoch), or a ``DataLoader`` (its dataset,
+    collate function and workers are used, and its sampler or batch sampler if it picks the
+    samples or makes the batches: see ``samplers.py``; else the order and batch size are ours).
+    ``lower_priority``: the reading workers run below the training threads (``_yield_to_training``);
+    ``optional_workers``: tensors ignore ``num_workers`` (an evaluation set beside a Dataset)
+    instead of refusing it."""
+    sampler = batch_sampler = None
     if isinstance(data, DataLoader):
-        check_sampler(data)
+        if not isinstance(data.dataset, IterableDataset):
+            sampler, batch_sampler = picks_of(data)
+        elif data.batch_size is None:
+            raise ValueError("the DataLoader's batch_size is None: its IterableDataset makes the batches itself, but "
+                             "dptrain cuts the global batches and their parts itself: make it yield samples, and give "
+                             "batch_size= to fit")
         collate_fn = collate_fn or data.collate_fn
         num_workers = num_workers or data.num_workers
         data = data.dataset
-    if isinstance(data, TensorDataset) and collate_fn is None:
+    if isinstance(data, IterableDataset):
+        return StreamLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
+                            worker_timeout=worker_timeout, steps_per_epoch=steps_per_epoch,
+                            worker_init_fn=_yield_to_training if lower_priority else None, **plan)
+    if steps_per_epoch is not None:
+        raise ValueError("steps_per_epoch counts the epochs of a stream (an IterableDataset); an epoch of a Dataset "
+                         "or of tensors is one pass over them (max_batches= cuts each short)")
+    picked = sampler is not None or batch_sampler is not None
+    if picked:
+        plan.pop("shuffle", None)           # the sampler's order
+    elif isinstance(data, TensorDataset) and collate_fn is None:
         data = tuple(data.tensors) if len(data.tensors) > 1 else data.tensors[0]
-    if isinstance(data, (Dataset, IterableDataset)) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")
-                                                       and not isinstance(data, (torch.Tensor, np.ndarray, tuple,
-                                                                                 list, dict))):
-        return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
-                             pin_memory=pin_memory, worker_timeout=worker_timeout, lower_priority=lower_priority,
-                             **plan)
-    if num_workers:
+    if picked or isinstance(data, Dataset) or (
+            hasattr(data, "__getitem__") and hasattr(data, "__len__")
+            and not isinstance(data, (torch.Tensor, np.ndarray, tuple, list, dict))):
+        return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, sampler=sampler,
+                             batch_sampler=batch_sampler, pin_memory=pin_memory, worker_timeout=worker_timeout,
+                             lower_priority=lower_priority, **plan)
+    if num_workers and not optional_workers:
         raise ValueError("num_workers applies to a Dataset; tensors in memory are gathered without workers")
     return TensorLoader(data, batch_size, **plan)

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Subset, TensorDataset
 
+from .samplers import picks_of
+
 
 def check_fraction(value: Any) -> float:
     """A fraction strictly between 0 and 1 (``validation_split``), or a ``ValueError``."""
@@ -40,6 +42,10 @@ def hold_out(data: Any, fraction: float) -> Tuple[Any, Any]:
 
 def _length(data: Any) -> int:
     if isinstance(data, DataLoader):
+        if not isinstance(data.dataset, IterableDataset) and any(p is not None for p in picks_of(data)):
+            picks = next(p for p in picks_of(data) if p is not None)
+            raise ValueError(f"validation_split with the DataLoader's {type(picks).__name__}: its indices "
+                             f"cover the whole dataset, not a held-out part: give eval_data")
         data = data.dataset
     if isinstance(data, IterableDataset):
         raise ValueError("validation_split needs a map-style Dataset (with __len__ and __getitem__); an "

@@ -85,11 +85,16 @@ class EpochPlan:
         bs = self.batch_size
         for b in range(skip, len(self)):
             lo, hi = b * bs, min((b + 1) * bs, self.size)
-            if self.balancer is not None:
-                start, size = self.balancer.process_part(self.epoch * len(self) + b, hi - lo, self.rank)
-            else:
-                start, size = even_part(hi - lo, self.world_size, self.rank)
-            yield b, slice(lo + start, lo + start + size)
+            part = self.part_of(b, hi - lo)
+            yield b, slice(lo + part.start, lo + part.stop)
+
+    def part_of(self, b: int, n: int) -> slice:
+        """This process's consecutive part of batch ``b`` (from 0), of ``n`` samples."""
+        if self.balancer is not None:
+            start, size = self.balancer.process_part(self.epoch * len(self) + b, n, self.rank)
+        else:
+            start, size = even_part(n, self.world_size, self.rank)
+        return slice(start, start + size)
 
 
 class TensorLoader(EpochPlan):

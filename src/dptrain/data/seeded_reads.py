@@ -129,7 +129,9 @@ def _sample_seed(seed: int, epoch: int, position: int) -> int:
 
 
 def _same_state(a: Any, b: Any) -> bool:
-    """Whether two states of Python's or NumPy's generator are the same."""
+    """Whether two states of torch's, Python's or NumPy's generator are the same."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
     if isinstance(a, tuple) and len(a) == 5 and isinstance(a[1], np.ndarray):    # NumPy's
         return a[0] == b[0] and a[2:] == b[2:] and np.array_equal(a[1], b[1])
     return a == b

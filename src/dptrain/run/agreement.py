@@ -45,11 +45,15 @@ def describe_callable(spec: Any) -> str:
 
 def fingerprint(loader: Any) -> str:
     """The samples of a loader: how many, and for tensors in memory a hash of the first and
-    last sample (cheap; catches another file or another order of the rows)."""
+    last sample (cheap; catches another file or another order of the rows); for a stream, a
+    hash of its first sample."""
     if loader is None:
         return "none"
     text = f"{loader.size} samples"
     data = getattr(loader, "data", None)
+    stream = getattr(loader, "stream", False)
+    if stream:          # its first sample: a stream sharded by rank differs there
+        text, data = f"a stream of {loader.size or 'unknown'} samples an epoch", loader.example()
     if data is not None:
         tensors = list(data.values()) if isinstance(data, dict) else list(data) if isinstance(data, (tuple, list)) \
             else [data]
@@ -58,7 +62,7 @@ def fingerprint(loader: Any) -> str:
             if isinstance(t, torch.Tensor) and t.shape[0]:
                 for row in (t[0], t[-1]):
                     digest.update(row.detach().cpu().contiguous().numpy().tobytes())
-        text += f", content {digest.hexdigest()[:12]}"
+        text += f", {'its first sample' if stream else 'content'} {digest.hexdigest()[:12]}"
     return text
 
 
@@ -76,15 +80,16 @@ def describe_settings(task: Task, config: TrainConfig, epochs: Optional[int], ba
         "epochs": repr(epochs),
         "seed": repr(config.seed),
         **{name: repr(getattr(config, name)) for name in (
-            "max_batches", "max_steps", "log_every_n_steps", "eval_every_n_steps", "eval_batches",
+            "max_batches", "steps_per_epoch", "max_steps", "log_every_n_steps", "eval_every_n_steps", "eval_batches",
             "accumulate_grad_batches", "clip_grad_norm", "clip_grad_value", "on_nan", "train_metrics", "eval_every",
             "validation_split", "shuffle", "sync_batchnorm", "amp", "resume")},
     }
 
 
-def describe_data(train_loader: Any, eval_loader: Any) -> Dict[str, str]:
+def describe_data(train_loader: Any, eval_loader: Any, others: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     """The data every process must hold (each reads its own part of every batch)."""
-    return {"training data": fingerprint(train_loader), "evaluation data": fingerprint(eval_loader)}
+    return {"training data": fingerprint(train_loader), "evaluation data": fingerprint(eval_loader),
+            **{f"evaluation set {name!r}": fingerprint(loader) for name, loader in (others or {}).items()}}
 
 
 def what_it_trains(task: Task, train_loader: Any) -> Dict[str, str]:
@@ -116,9 +121,11 @@ def check_agreement(collective: Any, rank: int, mine: Dict[str, str]) -> None:
         if len(set(values)) > 1:
             odd = next(r for r, v in enumerate(values) if v != values[0])
             first, other = around_difference(values[0], values[odd]), around_difference(values[odd], values[0])
-            raise ValueError(f"the processes disagree on the {key}: rank 0 has {first}, rank {odd} has {other}. Every "
-                             f"process must run the same program on the same data (check for settings that depend "
-                             f"on the rank or the machine)")
+            stream = " (every process reads a stream whole, keeping its part of each batch: do not shard it by " \
+                     "rank)" if str(values[0]).startswith("a stream") else ""
+            raise ValueError(f"the processes disagree on the {key}: rank 0 has {first}, rank {odd} has {other}{stream}. "
+                             f"Every process must run the same program on the same data (check for settings that "
+                             f"depend on the rank or the machine)")
 
 
 def around_difference(text: Optional[str], other: Optional[str], width: int = 120) -> str:

@@ -3,8 +3,9 @@ balancer, and the built-in output callbacks the config asks for."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from ..callbacks.outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard, Trace
@@ -39,9 +40,9 @@ def builtin_callbacks(config: TrainConfig, env: DistEnv) -> List[Any]:
 
 def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
                  lr: Optional[float], log: Callable[[str], None],
-                 epochs: Optional[int] = None) -> Tuple[Optional[str], ModelEngine, Any, Any]:
-    """The kvstore in force, the engine (lazy layers materialised, compiled if asked), and
-    the train and eval loaders of this process."""
+                 epochs: Optional[int] = None) -> Tuple[Optional[str], ModelEngine, Any, Any, Dict[str, Any]]:
+    """The kvstore in force, the engine (lazy layers materialised, compiled if asked), the
+    train and eval loaders of this process, and the other evaluation sets' loaders by name."""
     total_devices = len(devices) * env.world_size
     if batch_size < total_devices:
         raise ValueError(f"batch size {batch_size} is smaller than the {total_devices} devices: "
@@ -77,12 +78,21 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                                  "training data)")
             train_data, eval_data = hold_out(train_data, config.validation_split)
         train_loader = make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
-                                   max_batches=config.max_batches, **shard)
+                                   max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch, **shard)
+        if getattr(train_loader, "stream", False):
+            len(train_loader)           # an epoch needs a length: the error names the fix
+            if config.shuffle:
+                log(f"dptrain: {type(train_loader.dataset).__name__} is a stream, read in the order it yields: "
+                    f"shuffle it in the dataset (its set_epoch(epoch) is called before each pass; shuffle=False "
+                    f"quiets this line)")
     with stage("loading the evaluation data"):
-        eval_loader = make_loader(eval_data, batch_size, max_batches=config.eval_batches, **shard) \
-            if eval_data is not None else None
-    check_agreement(collective, env.rank, describe_data(train_loader, eval_loader))
-    keep_on_device(devices[0], train_loader, eval_loader)
+        sets = evaluation_sets(eval_data, task.metrics)
+        loaders = {name: make_loader(data, batch_size, max_batches=config.eval_batches, optional_workers=True,
+                                     **shard) for name, data in sets.items()}
+        eval_loader = next(iter(loaders.values()), None)
+        others = dict(list(loaders.items())[1:])
+    check_agreement(collective, env.rank, describe_data(train_loader, eval_loader, others))
+    keep_on_device(devices[0], train_loader, *loaders.values())
     with stage("trying the model on a training and an evaluation batch, before training"):
         engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one
@@ -94,7 +104,29 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     if env.rank == 0:           # room for a checkpoint: model, optimizer state, a margin
         size = sum(t.numel() * t.element_size() for t in engine.state_dict()["model"].values())
         check_space(config.checkpoint_dir, 3 * size + 2**20)
-    return kvstore, engine, train_loader, eval_loader
+    return kvstore, engine, train_loader, eval_loader, others
+
+
+def evaluation_sets(eval_data: Any, metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """``eval_data`` as named sets: one (named ``test``), or a dict of several data sets
+    (``{"val": (X, y), "ood": ood_set}``: not a dict of tensors, which is one set of dict
+    batches); the first set's figures are ``test_*``, each other's ``test_<name>_*``."""
+    if eval_data is None:
+        return {}
+    values = list(eval_data.values()) if isinstance(eval_data, dict) else []
+    if not values or any(isinstance(v, (torch.Tensor, np.ndarray)) for v in values):
+        return {"test": eval_data}
+    for name in eval_data:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ValueError(f"evaluation set names must be identifiers (they name figures: test_<name>_loss), got "
+                             f"{name!r}")
+    figures = {"loss", "acc", *metrics}
+    for name in list(eval_data)[1:]:
+        clash = sorted(f"test_{name}_{f}" for f in figures if f"{name}_{f}" in figures)
+        if clash:
+            raise ValueError(f"the evaluation set {name!r} would make figures the first set has "
+                             f"({', '.join(clash)}): rename the set or the metric")
+    return dict(eval_data)
 
 
 def keep_on_device(device: torch.device, *loaders: Any) -> None:

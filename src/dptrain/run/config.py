@@ -85,6 +85,9 @@ class TrainConfig:
     seed: int = option(0, "seed for initialisation and shuffling", Whole(0, below=2**63, parse=False))
     max_batches: Optional[int] = option(None, "stop each epoch after N batches (quick runs)", Whole(1),
                                         metavar="N")
+    steps_per_epoch: Optional[int] = option(None, "a stream (IterableDataset): N batches an epoch, the stream running "
+                                            "on across epochs (Keras's steps_per_epoch); without it, an epoch is a "
+                                            "pass of its __len__ samples", Whole(1), metavar="N")
     max_steps: Optional[int] = option(None, "end the run after N updates in all, mid-epoch if there (that epoch is "
                                       "evaluated and saved), as Lightning's and Hugging Face's max_steps; the "
                                       "epochs, if given, still end it first if they come first", Whole(1),

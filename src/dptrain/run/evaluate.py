@@ -23,7 +23,8 @@ from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
 from .config import AMP_DTYPES
-from .report import figures_over
+from .build import evaluation_sets
+from .report import figures_over, other_sets
 from .session import inference_devices, join_job
 
 
@@ -33,7 +34,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
              num_workers: int = 0, amp: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
     """Return ``model``'s figures over every sample of ``data``: ``test_loss``, ``test_acc``
-    (classification losses) and ``test_<name>`` for each metric, as ``fit``'s rows name them.
+    (classification losses) and ``test_<name>`` for each metric, as ``fit``'s rows name them
+    (several sets, ``{"val": ..., "ood": ...}``: the others' as ``test_<set>_*``, as ``fit``'s).
 
     ``data``, ``loss``, ``reduction``, ``forward``, ``step``, ``metrics``, ``collate_fn`` and
     ``num_workers`` are what ``fit`` takes; ``batch_size`` is global; ``amp``: ``"bf16"`` or
@@ -54,19 +56,24 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     collective = get_collective()
     task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                 metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
-    loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
-                         world_size=env.world_size)
+    sets = evaluation_sets(data, task.metrics)
+    loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
+                                 world_size=env.world_size, optional_workers=len(sets) > 1)   # (workers: for some)
+               for name, one in sets.items()}
+    first = next(iter(loaders.values()))
     was_training = model.training
     try:
         engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
-        engine.prepare(loader.example())            # lazy layers learn their shapes
+        engine.prepare(first.example())            # lazy layers learn their shapes
         if env.distributed:
             same_weights(collective, engine.replicas[0])
-        return figures_over(engine, loader, collective)
+        return {**figures_over(engine, first, collective),
+                **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
     finally:
         model.train(was_training)
-        if hasattr(loader, "close"):
-            loader.close()
+        for loader in loaders.values():
+            if hasattr(loader, "close"):
+                loader.close()
 
 
 def same_weights(collective: Any, model: nn.Module) -> None:

@@ -35,7 +35,8 @@ from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
 from .config import TrainConfig, hyperparameters
 from .resume import Position
 from .step_limit import Cut, StepLimit, epochs_for, resume_cut, steps_done
-from .step_log import StepLog
+from .schedule import Schedule
+from .step_log import StepLog, log_step
 from .stopping import GO_ON, StopRequests, act_on, say_at_once
 from .tally import Tally
 from .view import RunView
@@ -68,7 +69,7 @@ class Run(RunView):
             self.task, self.devices = task, devices
         self.device_names = [format_device(d) for d in devices]
         outputs = builtin_callbacks(config, env)        # before any work: a missing package is said now
-        self.kvstore, self.engine, self.train_loader, self.eval_loader = build_engine(
+        self.kvstore, self.engine, self.train_loader, self.eval_loader, self.other_evals = build_engine(
             task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
         self.batches = len(self.train_loader)
@@ -81,12 +82,15 @@ class Run(RunView):
             raise ValueError("eval_every_n_steps needs an evaluation set: give eval_data (or validation_split)")
         with stage("making the learning-rate scheduler"):
             self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
+        self.schedule = Schedule(self.scheduler, task.scheduler_interval, config.eval_every_n_steps)
         self.runner = get_runner(devices)
         self.history: List[Dict[str, Any]] = []
         self.position = Position()
         self.skipped = 0
         self.epoch, self.step, self.batch = 1, 0, 0
         self._loaded = self._evaluated = None        # see load_weights
+        # eval_every_n_steps: (step, this process's sums, the other sets' figures) of the latest
+        self._step_evals: Optional[Tuple[int, Any, Dict[str, Any]]] = None
         self.evaluated_epoch = False                 # whether the latest epoch was evaluated (eval_every)
         self.run_ahead = run_ahead(devices)
         figures = self.engine.train_figures       # train_metrics: the sums behind train_acc...
@@ -111,7 +115,7 @@ class Run(RunView):
 
     def close(self) -> None:
         """Stop the data loaders' worker processes, if any, and detach from the model."""
-        for loader in (self.train_loader, self.eval_loader):
+        for loader in (self.train_loader, self.eval_loader, *self.other_evals.values()):
             if hasattr(loader, "close"):
                 loader.close()
         self.engine.close()
@@ -143,7 +147,8 @@ class Run(RunView):
         """Train, evaluate, tell the callbacks and save one epoch; whether the run stops here."""
         with stage(lambda: f"training epoch {epoch}, batch {self.batch}"):
             sec, loss_sum, count, figures, skipped, stopped = self._train_epoch(epoch)
-        evals = {}
+        evals: Dict[str, Any] = {}
+        others: Dict[str, Any] = {}
         self.evaluated_epoch = self.eval_loader is not None and (
             epoch % self.config.eval_every == 0 or epoch == self.epochs or stopped)
         if not self.evaluated_epoch:
@@ -153,7 +158,10 @@ class Run(RunView):
                 self._loaded = None
                 self.callbacks.on_evaluate_start(self, epoch)
                 self._evaluated = self._loaded
-                evals = self.engine.evaluate(self.eval_loader)
+                same = self._loaded is None and self._step_evals is not None and self._step_evals[0] == self.step
+                evals = self._step_evals[1] if same else self.engine.evaluate(self.eval_loader)
+                others = self._step_evals[2] if same else report.other_sets(self.engine, self.other_evals,
+                                                                             self.collective)
         zero = torch.zeros((), dtype=torch.float64, device=self.devices[0])
         local = [torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]).reshape(())
                  for v in [loss_sum, count] + figures] + [evals.get(k, zero) for k in keys]
@@ -163,6 +171,7 @@ class Run(RunView):
         objects = self.engine.train_figures.computed() if self.engine.train_figures is not None else {}
         row = report.epoch_row(epoch, sec, sums[0], sums[1], evaluated, pair_metric_names(self.task.metrics), split,
                                evals.get(COMPUTED, {}), trained, objects)
+        row.update(others)                      # the other evaluation sets' test_<name>_* figures
         if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
             row["skipped"] = skipped
         if self.scheduler is not None:          # the first group's, as the epoch's last batch had it
@@ -174,8 +183,7 @@ class Run(RunView):
             if self.evaluated_epoch:      # (told even when the set was empty)
                 self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
             self.history.append(row)
-            if self.scheduler is not None and self.task.scheduler_interval == "epoch":
-                self._step_scheduler(row)
+            self.schedule.after_epoch(row, self.evaluated_epoch, self.eval_loader is not None)
             self.callbacks.on_epoch_end(self, epoch, row)
         stopped = stopped or self.stops.agree()
         with stage(f"saving after epoch {epoch}"):
@@ -186,15 +194,6 @@ class Run(RunView):
         if stopped:
             self.log(f"stopped after epoch {epoch}: {self.stop_reason or 'a callback on another process asked'}")
         return stopped
-
-    def _step_scheduler(self, row: Optional[Dict[str, Any]] = None) -> None:
-        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            # It needs a metric: the test loss, else (no evaluation set) the train loss; an
-            # epoch that eval_every does not evaluate is not a step (the two do not mix).
-            if row is not None and (self.evaluated_epoch or self.eval_loader is None):
-                self.scheduler.step(row.get("test_loss", row["train_loss"]))
-            return
-        self.scheduler.step()
 
     def _train_epoch(self, epoch: int) -> Tuple[float, Any, Any, List[Any], int, bool]:
         at = self.position if epoch == self.position.epoch else Position(epoch)
@@ -215,13 +214,12 @@ class Run(RunView):
             # there a thread only adds hand-offs and contention for the interpreter.
             batches = prefetch(batches)
         skip_nan = self.config.on_nan == "skip"
-        per_batch = self.scheduler is not None and self.task.scheduler_interval == "batch"
+        per_batch = self.schedule.per_batch
         every = self.config.checkpoint_every
         tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
         ending = [False]
         last = self.limit.last_batch(epoch)
         step_log = self.step_log
-        log_every, test_every = self.config.log_every_n_steps or 0, self.config.eval_every_n_steps or 0
         if step_log is not None:
             step_log.epoch_start()
 
@@ -273,19 +271,12 @@ class Run(RunView):
                 if result.stepped:
                     verdict = tally.add(result)
                     if per_batch:
-                        self._step_scheduler()
+                        self.schedule.after_batch()
                 elif skip_nan:           # the engine skipped it in every process
                     self.skipped += 1
                 self.step = first_step + b
                 if step_log is not None:
-                    logged = log_every and self.step % log_every == 0
-                    tested = test_every and self.step % test_every == 0
-                    if logged or tested:
-                        if tested:          # on the model's own weights (run.evaluated_weights)
-                            self._loaded = self._evaluated = None
-                        self.callbacks.on_train_log(self, step_log.row(
-                            tally.numbers() if logged else None, self.step, epoch, b, self.engine.trainer.learning_rate,
-                            report.figures_over(self.engine, self.eval_loader, self.collective) if tested else None))
+                    log_step(self, tally, epoch, b)
                 if tell:
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,

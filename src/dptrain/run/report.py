@@ -56,14 +56,26 @@ def named_figures(prefix: str, sums: Dict[str, float], metric_names: Sequence[st
     return row
 
 
-def figures_over(engine: Any, loader: Any, collective: Any) -> Dict[str, Any]:
+def figures_over(engine: Any, loader: Any, collective: Any, evals: Any = None) -> Dict[str, Any]:
     """The ``test_*`` figures of ``engine``'s model over ``loader``'s batches in every process
-    (each process its part): the sums of every process in one ``all_reduce``, divided once."""
+    (each process its part; ``evals``: this process's sums, if already made): the sums of
+    every process in one ``all_reduce``, divided once."""
     keys = sum_keys(engine)
-    evals = engine.evaluate(loader)
+    evals = engine.evaluate(loader) if evals is None else evals
     zero = torch.zeros((), dtype=torch.float64, device=engine.devices[0])
     totals = collective.all_reduce(torch.stack([evals.get(k, zero) for k in keys])).tolist()
     return test_figures(dict(zip(keys, totals)), pair_metric_names(engine.task.metrics), evals.get(COMPUTED, {}))
+
+
+def other_sets(engine: Any, loaders: Mapping[str, Any], collective: Any) -> Row:
+    """The other evaluation sets' figures (``eval_data={"val": ..., "ood": ...}``): the first
+    set's are ``test_*``, each other's ``test_<name>_*`` (``test_ood_acc``), by the same code,
+    so every consumer of ``test_*`` figures (lines, monitors, TensorBoard) takes them too."""
+    row: Row = {}
+    for name, loader in loaders.items():
+        for key, value in figures_over(engine, loader, collective).items():
+            row[f"test_{name}_{key[len('test_'):]}"] = value
+    return row
 
 
 def record(row: Row, recipe: str, devices: List[str], world_size: int, samples_per_epoch: int) -> Dict[str, Any]:

@@ -18,6 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from .report import figures_over, other_sets
+
 
 class StepLog:
     """The training-loss windows and the rows (see the module docstring; the loop decides at
@@ -59,3 +61,28 @@ class StepLog:
         row.update(tested or {})
         self.rows.append(row)
         return row
+
+
+def log_step(run: Any, tally: Any, epoch: int, batch: int) -> None:
+    """The row due after update ``run.step``, if one is (``run.step_log`` is set): the loss
+    window, an evaluation on the model's own weights (its sums kept in ``run._step_evals``:
+    the epoch's evaluation of the same weights reuses them), a plateau scheduler stepped every
+    batch deciding on it, and the callbacks' ``on_train_log``."""
+    every, test_every = run.config.log_every_n_steps, run.config.eval_every_n_steps
+    logged = bool(every) and run.step % every == 0
+    tested = bool(test_every) and run.step % test_every == 0
+    if not (logged or tested):
+        return
+    figures = None
+    if tested:
+        run._loaded = run._evaluated = None          # (run.evaluated_weights: the model's own)
+        evals = run.engine.evaluate(run.eval_loader)
+        figures = figures_over(run.engine, run.eval_loader, run.collective, evals)
+        others = other_sets(run.engine, run.other_evals, run.collective)
+        run._step_evals = (run.step, evals, others)
+        figures.update(others)
+    row = run.step_log.row(tally.numbers() if logged else None, run.step, epoch, batch,
+                           run.engine.trainer.learning_rate, figures)
+    if tested and run.schedule.after_step_evaluation(row):
+        row["lr"] = run.engine.trainer.learning_rate        # what the next update uses
+    run.callbacks.on_train_log(run, row)

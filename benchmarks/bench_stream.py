@@ -1,0 +1,234 @@
+"""What reading a stream (an ``IterableDataset``) costs: the plain loop over a ``DataLoader``
+of the stream against ``dptrain.fit`` on the same stream (1 device, and 2 virtual devices),
+and against ``fit`` on the same samples as a map-style ``Dataset``; and a ``DataLoader`` with
+a ``WeightedRandomSampler``, and (text) a batch sampler grouping sequences by length, the
+plain loop's against ``fit``'s; in turns, median epoch
+times past the first, paired ratios; with ``--processes``, ``fit`` as 2 processes against DDP
+as 2 processes on the same stream sharded by rank (each reading its half), under torchrun.
+
+The stream yields the samples of ``everyday.py``'s programs (the tiny MLP's rows, the text
+classifier's token sequences, padded by its ``collate_fn``) in order, with ``__len__``.
+
+    python benchmarks/bench_stream.py --rounds 5 --epochs 3 --processes   # --processes: also 2 vs DDP
+    python benchmarks/bench_stream.py --smoke        # CI: one short round
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, WeightedRandomSampler
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import everyday  # noqa: E402
+import dptrain  # noqa: E402
+from common import save_result  # noqa: E402
+
+
+class Streamed(IterableDataset):
+    """A map-style dataset's samples, in order, as a stream."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self):
+        return (self.dataset[i] for i in range(len(self.dataset)))
+
+
+def dataset(program: everyday.Program, samples: int) -> Dataset:
+    data = program.data()
+    if isinstance(data, tuple):
+        return TensorDataset(*(t[:samples] for t in data))
+    return torch.utils.data.Subset(data, range(min(samples, len(data))))
+
+
+def plain(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
+    """The plain loop over a ``DataLoader`` of the stream (1 device)."""
+    dev = torch.device("cpu")
+    model = everyday._model(program, dev)
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    loader = DataLoader(Streamed(data), batch_size=program.batch, collate_fn=program.collate)
+    return everyday._epochs(epochs, loader, lambda b: everyday._loss(program, model, b), opt, dev)
+
+
+def weighted(program: everyday.Program, data: Dataset) -> DataLoader:
+    """A DataLoader drawing ``len(data)`` samples a pass by weights (every 4th sample 4 times as likely)."""
+    weights = [4.0 if i % 4 == 0 else 1.0 for i in range(len(data))]
+    return DataLoader(data, batch_size=program.batch, collate_fn=program.collate,
+                      sampler=WeightedRandomSampler(weights, len(data)))
+
+
+def plain_weighted(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
+    """The plain loop over a DataLoader with a ``WeightedRandomSampler`` (1 device)."""
+    dev = torch.device("cpu")
+    model = everyday._model(program, dev)
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    return everyday._epochs(epochs, weighted(program, data), lambda b: everyday._loss(program, model, b), opt, dev)
+
+
+class LengthBuckets(Sampler):
+    """Batches of sequences of alike lengths (Hugging Face's ``group_by_length``): a shuffle cut
+    into chunks of 50 batches, each sorted by length and cut into batches, the batches shuffled."""
+
+    def __init__(self, lengths: List[int], batch: int):
+        self.lengths, self.batch, self.generator = lengths, batch, None
+
+    def __len__(self) -> int:
+        return -(-len(self.lengths) // self.batch)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        chunk = 50 * self.batch
+        batches = []
+        for c in range(0, len(order), chunk):
+            part = sorted(order[c:c + chunk], key=lambda i: -self.lengths[i])
+            batches += [part[k:k + self.batch] for k in range(0, len(part), self.batch)]
+        return iter([batches[i] for i in torch.randperm(len(batches), generator=self.generator).tolist()])
+
+
+def bucketed(program: everyday.Program, data: Dataset) -> DataLoader:
+    lengths = [len(data[i]["input_ids"]) for i in range(len(data))]
+    return DataLoader(data, batch_sampler=LengthBuckets(lengths, program.batch), collate_fn=program.collate)
+
+
+def plain_bucketed(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
+    """The plain loop over a DataLoader whose batch sampler groups sequences by length (1 device)."""
+    dev = torch.device("cpu")
+    model = everyday._model(program, dev)
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    return everyday._epochs(epochs, bucketed(program, data), lambda b: everyday._loss(program, model, b), opt, dev)
+
+
+def fitted(program: everyday.Program, data: Any, epochs: int, devices: int) -> List[float]:
+    torch.manual_seed(0)
+    settings = everyday.fit_settings(program, epochs, str(devices))
+    result = dptrain.fit(program.model(), data, shuffle=False, **settings)
+    return [row["sec"] for row in result["history"]]
+
+
+class RankShare(Streamed):
+    """A stream sharded by rank, as a DDP user writes one: every world_size-th sample."""
+
+    def __init__(self, dataset: Dataset, rank: int, world: int):
+        super().__init__(dataset)
+        self.rank, self.world = rank, world
+
+    def __len__(self) -> int:
+        return len(range(self.rank, len(self.dataset), self.world))
+
+    def __iter__(self):
+        return (self.dataset[i] for i in range(self.rank, len(self.dataset), self.world))
+
+
+def ddp(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
+    """DDP under torchrun on a stream each process reads its share of (the per-process batch)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = DDP(everyday._model(program, torch.device("cpu")))
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    loader = DataLoader(RankShare(data, rank, world), batch_size=program.batch // world, collate_fn=program.collate)
+    times = everyday._epochs(epochs, loader, lambda b: everyday._loss(program, model, b), opt, torch.device("cpu"))
+    dist.barrier()
+    dist.destroy_process_group()
+    return times
+
+
+WORKERS: Dict[str, Callable[[everyday.Program, Dataset, int], List[float]]] = {
+    "ddp": ddp, "dptrain": lambda program, data, epochs: fitted(program, Streamed(data), epochs, 1)}
+
+
+def processes(program: str, samples: int, epochs: int, rounds: int) -> Dict[str, Any]:
+    """DDP and dptrain as 2 processes under torchrun (1 thread each), in turns; median epoch
+    past the first of each run, paired ratios."""
+    import subprocess
+    import tempfile
+    times: Dict[str, List[float]] = {w: [] for w in WORKERS}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for worker in (list(WORKERS) if r % 2 == 0 else list(reversed(WORKERS))):
+                out = os.path.join(tmp, f"{worker}.json")
+                subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                "--master-port", str(29700 + r), os.path.abspath(__file__), "--worker", worker,
+                                "--programs", program, "--samples", str(samples), "--epochs", str(epochs),
+                                "--out", out], check=True, env=env, capture_output=True, timeout=600)
+                with open(out) as f:
+                    times[worker].append(statistics.median(json.load(f)[1:]))
+    return {"epoch_sec": {w: statistics.median(t) for w, t in times.items()},
+            "dptrain / DDP (speed)": statistics.median(d / m for d, m in zip(times["ddp"], times["dptrain"]))}
+
+
+def main(argv: Any = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=8192)
+    parser.add_argument("--programs", default="tiny-mlp,text")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser.add_argument("--processes", action="store_true", help="also 2 processes: dptrain against DDP")
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)   # a torchrun child
+    args = parser.parse_args(argv)
+    if args.worker:
+        times = WORKERS[args.worker](everyday.PROGRAMS[args.programs], dataset(everyday.PROGRAMS[args.programs],
+                                                                                args.samples), args.epochs)
+        if int(os.environ.get("RANK", "0")) == 0:
+            with open(args.out, "w") as f:
+                json.dump(times, f)
+        return
+    if args.smoke:
+        args.rounds, args.epochs, args.samples = 1, 2, 512
+    command = " ".join(["python benchmarks/bench_stream.py"] + (argv if argv is not None else sys.argv[1:]))
+    out: Dict[str, Any] = {"programs": {}}
+    for name in args.programs.split(","):
+        program = everyday.PROGRAMS[name]
+        data = dataset(program, args.samples)
+        variants: Dict[str, Callable[[], List[float]]] = {
+            "plain loop, DataLoader of the stream": lambda: plain(program, data, args.epochs),
+            "dptrain, the stream, 1 device": lambda: fitted(program, Streamed(data), args.epochs, 1),
+            "dptrain, the Dataset, 1 device": lambda: fitted(program, data, args.epochs, 1),
+            "dptrain, the stream, 2 devices": lambda: fitted(program, Streamed(data), args.epochs, 2),
+            "plain loop, a weighted sampler": lambda: plain_weighted(program, data, args.epochs),
+            "dptrain, a weighted sampler, 1 device": lambda: fitted(program, weighted(program, data), args.epochs, 1),
+        }
+        if program.collate is not None:     # sequences: a batch sampler grouping them by length
+            variants["plain loop, batches by length"] = lambda: plain_bucketed(program, data, args.epochs)
+            variants["dptrain, batches by length, 1 device"] = lambda: fitted(program, bucketed(program, data),
+                                                                               args.epochs, 1)
+        times: Dict[str, List[float]] = {v: [] for v in variants}
+        start = time.perf_counter()
+        for r in range(args.rounds):
+            for v in (list(variants) if r % 2 == 0 else list(reversed(variants))):
+                times[v].append(statistics.median(variants[v]()[1:]))
+
+        def speed(a: str, b: str) -> float:      # b's speed over a's: a's time over b's, paired
+            return statistics.median(x / y for x, y in zip(times[a], times[b]))
+        names = list(variants)
+        out["programs"][name] = {"epoch_sec": {v: statistics.median(t) for v, t in times.items()},
+                                 "stream 1 device / plain loop": speed(names[0], names[1]),
+                                 "stream / Dataset (1 device)": speed(names[2], names[1]),
+                                 "stream 2 devices / plain loop": speed(names[0], names[3]),
+                                 "weighted sampler: dptrain / plain loop": speed(names[4], names[5]),
+                                 **({"batches by length: dptrain / plain loop": speed(names[6], names[7]),
+                                     "batches by length / shuffled (dptrain)": speed(names[2], names[7])}
+                                    if len(names) > 6 else {}),
+                                 "bench_sec": time.perf_counter() - start}
+        if args.processes:
+            out["programs"][name]["2 processes"] = processes(name, args.samples, args.epochs, args.rounds)
+        print(name, json.dumps(out["programs"][name], indent=1), flush=True)
+    save_result(out, command, args.out)        # with the machine and the date, whole or not at all
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""Batches from a stream: a ``torch.utils.data.IterableDataset`` (Hugging Face's streaming
+datasets, WebDataset shards, a generator of synthetic samples).
+
+A stream has no indices to shuffle or to shard, so every process reads it whole, in the order
+it yields, cuts it into the global batches (``batch_size`` consecutive samples each) and keeps
+only its own part of each (``EpochPlan.part_of``: the part a map-style dataset's process gets),
+collated in the process: N processes and N devices see exactly the batches one device sees.
+(Accelerate's ``IterableDatasetShard`` does the same; a stream sharded by rank would give each
+process other batches, which ``agreement.fingerprint`` catches by its first sample.)
+
+An epoch is either one pass, ``len(dataset)`` samples (``set_epoch(epoch)`` is called on the
+dataset before it, if it has one, as Hugging Face's and WebDataset's shuffles expect), or,
+with ``steps_per_epoch=N`` (Keras's), N full batches of one stream that runs on across epochs
+and starts its next pass where one ends (any length, endless too). A resumed run reads the
+stream from its start to the checkpoint's place, dropping the samples without collating them.
+
+Read in this process, the stream draws its random numbers from generators of its own,
+seeded by ``(seed, pass)`` (swapped in around each batch's reads; after ``WATCH`` batches
+only those it drew from), so a run and its resumption read the same samples and the
+training's random numbers stay the training's. With ``num_workers=N`` a ``DataLoader``'s
+workers read it (each runs the dataset's ``__iter__``: shard by ``get_worker_info()``, as with
+any PyTorch ``DataLoader``), seeded by ``(seed, pass)``, taking ``batch_size`` samples from
+each worker in turn.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data._utils.collate import default_collate
+
+from ..core.errors import DataStalled
+from .batch import Batch, map_tensors
+from .loader import EpochPlan
+from .seeded_reads import _GENERATORS, _same_state       # name: (get the state, set it, seed it)
+
+def _as_list(samples: List[Any]) -> List[Any]:
+    """A worker's ``collate_fn``: the samples as they are (collated in the process, by part)."""
+    return samples
+
+
+class _Reader:
+    """One pass over the stream at a time: where it is, and its own random states."""
+    WATCH = 8
+
+    def __init__(self, loader: "StreamLoader", workers: int):
+        self.loader, self.workers, self.pass_, self.read = loader, workers, -1, 0
+        self._it: Optional[Iterator[Any]] = None
+        self._workers: Optional[Iterator[Any]] = None
+        self._states: Dict[str, Any] = {}
+        self._watch, self._draws, self._moved = self.WATCH, set(_GENERATORS), set()
+
+    def open(self, pass_: int) -> None:
+        """Start pass ``pass_`` (``set_epoch(pass_)`` first, if the dataset has it)."""
+        self.close()
+        loader, dataset = self.loader, self.loader.dataset
+        if callable(getattr(dataset, "set_epoch", None)):
+            dataset.set_epoch(pass_)
+        seed = hash((loader.seed, pass_, 2)) % 2**32        # ints hash alike in every process
+        self.pass_, self.read = pass_, 0
+        if self.workers:
+            self._workers = iter(DataLoader(dataset, batch_size=loader.batch_size, collate_fn=_as_list,
+                                            num_workers=self.workers, timeout=loader.worker_timeout,
+                                            worker_init_fn=loader.worker_init_fn,
+                                            generator=torch.Generator().manual_seed(seed)))
+            self._it = self._from_workers(self._workers)
+            return
+        saved = {name: get() for name, (get, _, _) in _GENERATORS.items()}
+        try:
+            for _, _, seed_it in _GENERATORS.values():
+                seed_it(seed)
+            self._it = iter(dataset)
+        finally:
+            self._states = {name: _GENERATORS[name][0]() for name in _GENERATORS}
+            for name, state in saved.items():
+                _GENERATORS[name][1](state)
+
+    def _from_workers(self, workers: Iterator[List[Any]]) -> Iterator[Any]:
+        """The workers' samples: ``batch_size`` from each in turn, as a ``DataLoader`` gives them."""
+        while True:
+            try:
+                chunk = next(workers)
+            except StopIteration:
+                return
+            except RuntimeError as e:
+                if "timed out" in str(e):
+                    raise DataStalled(f"no sample from the stream's data workers in {self.loader.worker_timeout:g} s "
+                                      f"(pass {self.pass_ + 1}, after {self.read} samples): fix the dataset's "
+                                      f"__iter__, or allow more time with --worker-timeout (fit: worker_timeout=)") \
+                        from None
+                raise
+            yield from chunk
+
+    def take(self, n: int) -> List[Any]:
+        """Up to ``n`` samples of this pass (fewer where it ends)."""
+        if self._it is None:
+            return []
+        if self.workers or not self._draws:
+            out = _next(self._it, n)
+        else:
+            out = self._reading(lambda: _next(self._it, n))
+        self.read += len(out)
+        if len(out) < n:
+            self.close()
+        return out
+
+    def _reading(self, read: Callable[[], List[Any]]) -> List[Any]:
+        """``read()`` with the stream's own random states in the generators (while watched,
+        noting which of them it moved)."""
+        uses = self._draws
+        saved = {name: _GENERATORS[name][0]() for name in uses}
+        for name in uses:
+            _GENERATORS[name][1](self._states[name])
+        try:
+            return read()
+        finally:
+            for name in uses:
+                state = _GENERATORS[name][0]()
+                if self._watch > 0 and not _same_state(state, self._states[name]):
+                    self._moved.add(name)
+                self._states[name] = state
+                _GENERATORS[name][1](saved[name])
+            if self._watch > 0:
+                self._watch -= 1
+                if self._watch == 0:        # the generators it drew from in WATCH reads: only those from now on
+                    self._draws = set(self._moved)
+
+    def close(self) -> None:
+        workers, self._workers, self._it = self._workers, None, None
+        if workers is not None and hasattr(workers, "_shutdown_workers"):
+            workers._shutdown_workers()
+
+
+def _next(it: Iterator[Any], n: int) -> List[Any]:
+    """Up to ``n`` items of ``it`` (the iterator goes on from there)."""
+    out = []
+    for sample in it:
+        out.append(sample)
+        if len(out) == n:
+            break
+    return out
+
+
+class StreamLoader(EpochPlan):
+    """Iterate over this process's part of each global batch of an ``IterableDataset``.
+
+    >>> loader = StreamLoader(stream, batch_size=256)                      # an epoch: a pass, len(stream) samples
+    >>> loader = StreamLoader(endless, batch_size=256, steps_per_epoch=100)   # an epoch: 100 batches of it
+    >>> loader.set_epoch(3)
+    >>> for batch in loader: ...
+
+    Without ``__len__`` nor ``steps_per_epoch`` (evaluation, prediction), a pass is read to
+    its end; ``len()`` is then an error naming the fix (training needs the epoch's length).
+    """
+    stream = True
+
+    def __init__(self, dataset: Any, batch_size: int, num_workers: int = 0,
+                 collate_fn: Optional[Callable[[List[Any]], Batch]] = None, worker_timeout: float = 0.0,
+                 worker_init_fn: Optional[Callable[[int], None]] = None, steps_per_epoch: Optional[int] = None,
+                 **plan: Any):
+        plan.pop("shuffle", None)       # a stream is read in its own order
+        if steps_per_epoch is not None:
+            if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
+                raise ValueError(f"steps_per_epoch must be a whole number >= 1, got {steps_per_epoch!r}")
+            size: Optional[int] = steps_per_epoch * batch_size
+        else:
+            try:
+                size = len(dataset)
+            except TypeError:
+                size = None
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")
+        super().__init__(size if size is not None else 1, batch_size, **plan)
+        self.size: Optional[int] = size      # type: ignore[assignment]
+        self.dataset, self.steps_per_epoch, self.num_workers = dataset, steps_per_epoch, num_workers
+        self.worker_timeout = worker_timeout if num_workers else 0.0
+        self.worker_init_fn, self.collate_fn = worker_init_fn, collate_fn or default_collate
+        self._reader = _Reader(self, num_workers)
+        self._at = 0        # steps_per_epoch: the samples of the stream read so far (over its passes)
+        self._example: Optional[Batch] = None
+        self._empty: Optional[Batch] = None
+
+    def __len__(self) -> int:
+        if self.size is None:
+            raise TypeError(f"{type(self.dataset).__name__} (an IterableDataset) has no __len__, so an epoch has no "
+                            f"length: give steps_per_epoch=N (--steps-per-epoch N: N batches an epoch, the stream "
+                            f"running on across epochs), or define __len__ (the samples of one pass: an epoch)")
+        return super().__len__()
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.batches()
+
+    def batches(self, skip: int = 0) -> Iterator[Batch]:
+        """This epoch's batches from batch ``skip`` on (to resume an epoch part-way)."""
+        if self.steps_per_epoch:
+            yield from self._steps(skip)
+            return
+        reader, bs = self._reader, self.batch_size
+        reader.open(self.epoch)
+        self._drop(skip * bs)
+        last = len(self) - 1 if self.size is not None else None
+        b = skip
+        while last is None or b <= last:
+            if self.max_batches and b >= self.max_batches:
+                break
+            want = bs if self.size is None else min(bs, self.size - b * bs)
+            samples = reader.take(want)
+            if len(samples) < want and self.size is not None:
+                raise self._short(reader.read)
+            if not samples:
+                break
+            if b == last and last * bs + want == self.size and reader.take(1):
+                raise ValueError(f"{type(self.dataset).__name__} yielded more samples in pass {self.epoch + 1} than "
+                                 f"its __len__ ({self.size}): make __len__ count them all, or give steps_per_epoch")
+            yield self._part(b, samples)
+            b += 1
+            if len(samples) < bs:
+                break
+        reader.close()
+
+    def _steps(self, skip: int) -> Iterator[Batch]:
+        """``steps_per_epoch`` full batches of the stream, from where this epoch starts in it."""
+        reader, bs = self._reader, self.batch_size
+        start = (self.epoch * self.steps_per_epoch + skip) * bs
+        if reader.pass_ < 0 or self._at > start:
+            reader.open(0)
+            self._at = 0
+        self._drop(start - self._at)
+        for b in range(skip, len(self)):
+            samples: List[Any] = []
+            while len(samples) < bs:
+                more = reader.take(bs - len(samples))
+                samples += more
+                if len(samples) < bs:       # the pass ended: the next one goes on
+                    self._next_pass()
+            self._at = start + (b - skip + 1) * bs
+            yield self._part(b, samples)
+
+    def _drop(self, n: int) -> None:
+        """Read ``n`` samples and leave them (to resume part-way), in batch-sized reads."""
+        while n > 0:
+            got = self._reader.take(min(n, self.batch_size))
+            if self.steps_per_epoch and len(got) < min(n, self.batch_size):
+                self._next_pass()
+            elif not got:
+                break
+            n -= len(got)
+            self._at += len(got)
+
+    def _next_pass(self) -> None:
+        """``steps_per_epoch``: a pass ended; the next one goes on (a pass of no sample is an
+        error, not an endless loop)."""
+        if self._reader.read == 0:
+            raise ValueError(f"{type(self.dataset).__name__} yielded no sample in pass {self._reader.pass_ + 1}: "
+                             f"a stream must yield samples")
+        self._reader.open(self._reader.pass_ + 1)
+
+    def _short(self, got: int) -> ValueError:
+        return ValueError(f"{type(self.dataset).__name__} yielded {got} samples in pass {self.epoch + 1}, but its "
+                          f"__len__ says {self.size}: make __len__ match what __iter__ yields (every pass), or give "
+                          f"steps_per_epoch=N to count an epoch in batches")
+
+    def _part(self, b: int, samples: List[Any]) -> Batch:
+        part = self.part_of(b, len(samples))
+        mine = samples[part]
+        return self.collate_fn(mine) if mine else self.empty_batch()
+
+    def example(self) -> Batch:
+        """A batch of the stream's first sample (read apart: the epochs' reads do not move)."""
+        if self._example is None:
+            reader = _Reader(self, 0)
+            try:
+                reader.open(0)
+                first = reader.take(1)
+            finally:
+                reader.close()
+            if not first:
+                raise ValueError(f"{type(self.dataset).__name__} yielded no sample: a stream must yield samples")
+            self._example = self.collate_fn(first)
+        return self._example
+
+    def empty_batch(self) -> Batch:
+        """A batch of no sample with the structure of the others."""
+        if self._empty is None:
+            self._empty = map_tensors(lambda t: t[:0], self.example())
+        return self._empty
+
+    def close(self) -> None:
+        """Stop the worker processes now."""
+        self._reader.close()

@@ -1,0 +1,48 @@
+"""When the learning-rate scheduler steps: after each epoch or each batch (``scheduler_interval``),
+and a ``ReduceLROnPlateau`` on which figure.
+
+A plateau scheduler needs a figure: stepped every epoch, the epoch's test loss (the training
+loss without an evaluation set; an epoch ``eval_every`` does not evaluate is no step); stepped
+every batch, each ``eval_every_n_steps`` evaluation's test loss (Lightning's ``"interval":
+"step"`` with a monitor), and a batch interval without those evaluations is an error.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+
+
+class Schedule:
+    """Steps ``scheduler`` (None: nothing to step) at the points its interval names."""
+
+    def __init__(self, scheduler: Optional[Any], interval: str, eval_every_n_steps: Optional[int]):
+        self.scheduler = scheduler
+        self.plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        self.per_batch = scheduler is not None and interval == "batch"
+        self.per_epoch = scheduler is not None and interval == "epoch"
+        if self.plateau and self.per_batch and not eval_every_n_steps:
+            raise ValueError("ReduceLROnPlateau stepped every batch has no figure to decide on: give "
+                             "scheduler_interval='epoch' (each epoch's test loss), or eval_every_n_steps=N "
+                             "(each of those evaluations' test loss)")
+
+    def after_batch(self) -> None:
+        """An update was made (not a skipped batch)."""
+        if self.per_batch and not self.plateau:
+            self.scheduler.step()
+
+    def after_step_evaluation(self, row: Dict[str, Any]) -> bool:
+        """An ``eval_every_n_steps`` evaluation's row; whether the scheduler stepped on it."""
+        if self.per_batch and self.plateau:
+            self.scheduler.step(row["test_loss"])
+            return True
+        return False
+
+    def after_epoch(self, row: Dict[str, Any], evaluated: bool, has_eval_set: bool) -> None:
+        """The epoch's row (``evaluated``: it holds the evaluation's figures)."""
+        if not self.per_epoch:
+            return
+        if not self.plateau:
+            self.scheduler.step()
+        elif evaluated or not has_eval_set:
+            self.scheduler.step(row.get("test_loss", row["train_loss"]))

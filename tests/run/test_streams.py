@@ -1,0 +1,129 @@
+"""``fit``, ``evaluate`` and ``predict`` on a stream (an ``IterableDataset``): the steps of
+the same samples given as tensors, on any number of devices; a resumed run reads on where it
+stopped, its random numbers included; an epoch without a length is an error naming the fix."""
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+import dptrain
+
+X = torch.randn(90, 8, generator=torch.Generator().manual_seed(1))
+Y = (X[:, :3].sum(1) > 0).long() + (X[:, 3] > 1).long()
+
+
+class Samples(IterableDataset):
+    """The rows of X, Y in order (or, after ``set_epoch(e)``, by a permutation of ``e``), with
+    ``noise * torch.randn`` added as they are read; every worker reads its share."""
+
+    def __init__(self, noise=0.0, shuffled=False, n=90):
+        self.noise, self.shuffled, self.n, self.epoch = noise, shuffled, n, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def order(self):
+        if not self.shuffled:
+            return list(range(self.n))
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+
+    def __iter__(self):
+        worker = get_worker_info()
+        order = self.order()
+        for i in order if worker is None else order[worker.id::worker.num_workers]:
+            yield X[i] + self.noise * torch.randn(8), Y[i]
+
+
+class SizedSamples(Samples):
+    def __len__(self):
+        return self.n
+
+
+def train(data, devices=1, dropout=0.1, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(dropout), nn.ReLU(), nn.Linear(16, 3))
+    kw.setdefault("log", None)
+    kw.setdefault("epochs", 3)
+    result = dptrain.fit(model, data, (X[:40], Y[:40]), batch_size=20, devices=devices,
+                         optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9), **kw)
+    return model, result
+
+
+def rows(result):
+    return [{k: v for k, v in r.items() if k not in ("sec", "images_per_sec")} for r in result["history"]]
+
+
+def figures(result):
+    return [v for r in rows(result) for v in r.values()]
+
+
+def test_a_stream_trains_as_its_samples_given_as_tensors_on_any_number_of_devices():
+    want_model, want = train((X, Y), shuffle=False, dropout=0)
+    for devices in (1, 2, 3):
+        model, result = train(SizedSamples(), devices, dropout=0)
+        assert [r["epoch"] for r in result["history"]] == [1, 2, 3]
+        if devices == 1:
+            assert rows(result) == rows(want)
+            assert all(torch.equal(p, q) for p, q in zip(model.parameters(), want_model.parameters()))
+        assert figures(result) == pytest.approx(figures(want), rel=1e-5)
+        for p, q in zip(model.parameters(), want_model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_run_stopped_mid_epoch_resumes_reading_the_stream_where_it_stopped(tmp_path, devices):
+    """A stream that draws random numbers (and shuffles by epoch); the run cut by max_steps
+    mid-epoch, then resumed: the unbroken run's weights, bit for bit."""
+    stream = functools.partial(SizedSamples, noise=0.1, shuffled=True)
+    whole, whole_result = train(stream(), devices, max_steps=11)       # 5 batches an epoch
+    train(stream(), devices, max_steps=7, checkpoint_dir=str(tmp_path))
+    resumed, result = train(stream(), devices, max_steps=11, checkpoint_dir=str(tmp_path), resume=True)
+    assert rows(result) == rows(whole_result)
+    for p, q in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_steps_per_epoch_trains_an_endless_stream_and_resumes_on_it(tmp_path):
+    class Endless(IterableDataset):
+        def __iter__(self):
+            i = 0
+            while True:
+                yield X[i % 90] + 0.1 * torch.randn(8), Y[i % 90]
+                i += 1
+    whole, whole_result = train(Endless(), 2, steps_per_epoch=4, epochs=3)
+    assert [r["epoch"] for r in whole_result["history"]] == [1, 2, 3]
+    train(Endless(), 2, steps_per_epoch=4, epochs=3, max_steps=6, checkpoint_dir=str(tmp_path))
+    resumed, result = train(Endless(), 2, steps_per_epoch=4, epochs=3, checkpoint_dir=str(tmp_path), resume=True)
+    assert rows(result) == rows(whole_result)
+    for p, q in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_workers_read_a_stream_that_shards_itself_by_worker():
+    _, one = train(DataLoader(SizedSamples(), batch_size=20, num_workers=2), 1, epochs=1, dropout=0)
+    _, two = train(DataLoader(SizedSamples(), batch_size=20, num_workers=2), 2, epochs=1, dropout=0)
+    assert figures(one) == pytest.approx(figures(two), rel=1e-5)
+    assert one["history"][0]["train_loss"] > 0
+
+
+def test_an_epoch_without_a_length_is_an_error_naming_the_fix_and_the_order_is_said():
+    with pytest.raises(TypeError, match=r"Samples \(an IterableDataset\) has no __len__.*steps_per_epoch=N"):
+        train(Samples())
+    lines = []
+    train(SizedSamples(), epochs=1, log=lines.append)
+    assert any("SizedSamples is a stream, read in the order it yields" in line for line in lines), lines
+    lines.clear()
+    train(SizedSamples(), epochs=1, log=lines.append, shuffle=False)
+    assert not any("is a stream" in line for line in lines)
+    with pytest.raises(ValueError, match="steps_per_epoch counts the epochs of a stream"):
+        train((X, Y), steps_per_epoch=3)
+
+
+def test_evaluate_and_predict_read_a_stream_without_a_length_to_its_end():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 3))
+    want = dptrain.evaluate(model, (X, Y), batch_size=32)
+    assert dptrain.evaluate(model, Samples(), batch_size=32, devices=2) == pytest.approx(want)
+    torch.testing.assert_close(dptrain.predict(model, Samples(), batch_size=32, devices=2), model(X))
