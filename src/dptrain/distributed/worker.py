@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any, Dict, Optional
 
+from ..core.atomic import atomic_file
 from ..core.errors import INTERRUPTED, Interrupted
 
 #: How ``dptrain train --processes`` starts its workers: ``python -c BOOTSTRAP train ...``, as
@@ -67,7 +68,7 @@ def record_error(line: str, blames: Optional[int] = None) -> None:
     if blames is not None:
         record["blames"] = blames
     try:
-        with open(path, "w") as f:
-            json.dump(record, f)
+        with atomic_file(path) as f:    # whole or absent: the agent reads it while stopping us (SIGTERM)
+            f.write(json.dumps(record).encode())
     except OSError:
         pass
