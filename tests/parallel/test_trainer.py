@@ -65,7 +65,9 @@ def test_lenet_n_devices_equal_one(n_devices, kvstore):
     ("nag", {"learning_rate": 0.1, "momentum": 0.9}),
     ("adam", {"learning_rate": 0.01, "beta1": 0.8, "epsilon": 1e-6}),
 ])
-def test_optimizers_n_devices_equal_one(optimizer, params):
+def test_optimizers_n_devices_equal_one(optimizer, params, float64):
+    # float64: in float32 Adam turned a last-bit difference of the summed gradient of an element
+    # whose second moment is near 0 into 1.4e-5 of its weight on one machine (and not on others)
     one = train(GluonLeNet, 1, kvstore=None, optimizer=optimizer, params=params, steps=3)
     many = train(GluonLeNet, 2, optimizer=optimizer, params=params, steps=3)
     assert_same(many, one)
