@@ -208,6 +208,15 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
         groups = [{"params": [params[j] for j in members], **hyper} for members, hyper in plan.groups]
         super().__init__(groups, plan.defaults)
         self._replicas = replicas
+        self._built = True
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:   # noqa: D102 - refused once built
+        if getattr(self, "_built", False):
+            raise ValueError("add_param_group during training: the per-device optimizers are built for the "
+                             "parameters that train when training starts, and a group added now would never be "
+                             "updated; train in phases instead, one fit call each: fit, then unfreeze the "
+                             "parameters and call fit again with an optimizer over them")
+        super().add_param_group(param_group)
 
     def step(self, closure=None):   # noqa: D102 - see the class docstring
         return None

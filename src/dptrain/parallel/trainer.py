@@ -35,6 +35,7 @@ from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_lea
 from .phases import run_fused
 from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
+from .trainable import NEW_TRAINER, TrainableSet
 from .sync import Denominator, GradientSync, SyncStep
 from .sync.base import Extras, clamp_, grad_norm, scale_and_clip_
 from .sync.buckets import DEFAULT_BUCKET_MB
@@ -71,6 +72,7 @@ class Trainer:
             check_optimizer(optimizer, optimizer_params)          # a typo fails here, not at step 1
         self._spec, self._optimizer_params = optimizer, optimizer_params
         self._frozen: List[torch.Tensor] = []
+        self._trainable: Optional[TrainableSet] = None
         if isinstance(params_or_replicas, Replicas):
             self.devices = params_or_replicas.devices
             self._replicas: Optional[Replicas] = params_or_replicas
@@ -111,6 +113,7 @@ class Trainer:
             self._optimizers.append(optimizer)
             self._origins.append(origin)
         self.optimizer = ReplicatedOptimizer(plan, self._groups[0], self._groups)
+        self._trainable = TrainableSet(self._replicas[0]) if self._replicas is not None else None
 
     def _ready(self) -> None:
         if not self._optimizers:
@@ -145,6 +148,8 @@ class Trainer:
         """
         self._check_denominator(batch_size)
         self._ready()
+        if self._trainable is not None:
+            self._trainable.check("between two Trainer.step calls", NEW_TRAINER)
         if skip_nonfinite and self.collective.world_size == 1 and not self._grads_finite():
             self._clear_grads()
             return False

@@ -29,6 +29,7 @@ from ..engine.evaluation import sum_keys
 from ..engine.losses import add_counts
 from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
+from ..parallel.trainable import TrainableSet
 from . import auto_devices, report, resume
 from .agreement import what_it_trains
 from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
@@ -72,6 +73,7 @@ class Run(RunView):
         self.kvstore, self.engine, self.train_loader, self.eval_loader, self.other_evals = build_engine(
             task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
+        self.trainable = TrainableSet(self.engine.replicas[0])     # what trains is settled from here on
         self.batches = len(self.train_loader)
         self.limit = StepLimit(config.max_steps, self.batches)
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
@@ -199,7 +201,10 @@ class Run(RunView):
         at = self.position if epoch == self.position.epoch else Position(epoch)
         skipped_at_start = self.skipped - at.skipped
         self.train_loader.set_epoch(epoch - 1)
+        self.batch = at.batch + 1           # a failure from here on names the batch trained next
         self.callbacks.on_epoch_start(self, epoch)
+        trainable = self.trainable
+        trainable.check("in on_epoch_start")
         synchronize(self.devices)
         start = time.perf_counter()
         tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices),
@@ -244,7 +249,6 @@ class Run(RunView):
         # collector ran (a test checks it is freed at once).
         itself = weakref.ref(resolve)
         first_step = (epoch - 1) * self.batches
-        self.batch = at.batch + 1
         with self.runner.coordinating():
             b = at.batch
             stream = tracing.timed_batches(batches) if self.config.trace else batches
@@ -252,6 +256,7 @@ class Run(RunView):
                 self.step, self.batch = first_step + b - 1, b
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
+                    trainable.check("in on_batch_start")
                 flags = self.stops.before_batch()        # they ride with the gradients
                 sizes = timed = None
                 if self.balancer is not None:
@@ -281,6 +286,7 @@ class Run(RunView):
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,
                                                                tally))
+                    trainable.check("in on_batch_end")
                 pending.append((b, verdict, result.flags))
                 resolve(self.run_ahead, b)
                 if ending[0] or b >= last:

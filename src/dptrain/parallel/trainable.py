@@ -1,0 +1,52 @@
+"""Which parameters train is settled when training starts; a change during it is an error.
+
+A ``Trainer``'s per-device copies, gradient buckets and per-device optimizers are built for the
+parameters that have ``requires_grad`` when it is set up. A callback that unfreezes a backbone
+mid-run (Lightning's ``BackboneFinetuning``) would be silently ignored, and one that freezes
+layers would make the devices disagree, so ``Trainer.step`` and ``fit`` (after each hook that
+runs user code before a step) check that the set is the one they started with, and otherwise
+stop with the parameters named and the way to do it: phases, one ``fit`` (or ``Trainer``) each.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from torch import nn
+
+#: How to change what ``fit`` trains: said in its error about it.
+PHASES = ("train in phases instead, one fit call each: fit with them frozen, then set requires_grad and call fit "
+          "again with an optimizer over the parameters to train (Keras's fine-tuning: trainable, then compile "
+          "and fit again)")
+#: The same for a ``Trainer`` of the user's own loop.
+NEW_TRAINER = ("train in phases instead: set requires_grad, then replicate the model again and make a new Trainer "
+               "for the parameters to train")
+
+
+class TrainableSet:
+    """The model's parameters that train, as they were when this was made.
+
+    >>> trainable = TrainableSet(model)
+    >>> trainable.check("on_epoch_start")       # a ValueError if a requires_grad changed since
+    """
+
+    def __init__(self, model: nn.Module):
+        self._named = list(model.named_parameters())
+        self._params = [p for _, p in self._named]
+        self._mask = [p.requires_grad for p in self._params]
+
+    def check(self, where: str, fix: str = PHASES) -> None:
+        """Raise a ValueError naming the parameters whose ``requires_grad`` changed (by ``where``),
+        and ``fix``."""
+        if [p.requires_grad for p in self._params] == self._mask:
+            return
+        thawed = [n for (n, p), was in zip(self._named, self._mask) if p.requires_grad and not was]
+        frozen = [n for (n, p), was in zip(self._named, self._mask) if was and not p.requires_grad]
+        said = "; ".join(f"{what}: {_names(names)}" for what, names in
+                         (("now trains", thawed), ("now frozen", frozen)) if names)
+        raise ValueError(f"requires_grad changed during training, {where} ({said}): the devices' copies, the "
+                         f"gradient exchange and the optimizer are set up for the parameters that train when "
+                         f"training starts, and this change would not be trained as asked; {fix}")
+
+
+def _names(names: List[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")

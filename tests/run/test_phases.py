@@ -1,0 +1,105 @@
+"""What trains is settled when ``fit`` starts: a callback that freezes or unfreezes parameters
+mid-run (Lightning's ``BackboneFinetuning``) stops the run with the fix, and fine-tuning in
+phases, one ``fit`` each, trains exactly as the plain loop does on any number of devices."""
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+
+
+def data(n=192):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def model(frozen: bool):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    m[0].requires_grad_(not frozen)
+    return m
+
+
+class SetTrainable(dptrain.Callback):
+    """Sets the first layer's ``requires_grad`` in ``hook`` of epoch 2, as a fine-tuning callback does."""
+
+    def __init__(self, net, hook, value, add_group=False):
+        self.net, self.hook, self.value, self.add_group = net, hook, value, add_group
+
+    def _set(self, run, epoch):
+        if epoch == 2:
+            self.net[0].requires_grad_(self.value)
+            if self.add_group:
+                run.optimizer.add_param_group({"params": list(self.net[0].parameters()), "lr": 0.01})
+
+    def on_epoch_start(self, run, epoch):
+        if self.hook == "on_epoch_start":
+            self._set(run, epoch)
+
+    def on_batch_start(self, run, epoch, batch):
+        if self.hook == "on_batch_start":
+            self._set(run, epoch)
+
+    def on_batch_end(self, run, batch):
+        if self.hook == "on_batch_end":
+            self._set(run, batch.epoch)
+
+
+def fit(net, devices, epochs, callbacks=(), optimizer=None):
+    return dptrain.fit(net, data(), eval_data=None, loss=nn.CrossEntropyLoss(), shuffle=False,
+                       optimizer=optimizer or functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+                       epochs=epochs, batch_size=64, devices=devices, callbacks=list(callbacks), log=None)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("hook", ["on_epoch_start", "on_batch_start", "on_batch_end"])
+def test_unfreezing_mid_run_stops_with_the_parameters_named_and_the_fix(devices, hook):
+    net = model(frozen=True)
+    before = net[0].weight.detach().clone()
+    with pytest.raises(ValueError, match=rf"requires_grad changed during training, in {hook} \(now trains: 0.weight, "
+                                         r"0.bias\).*train in phases"):
+        fit(net, devices, 3, [SetTrainable(net, hook, True)])
+    assert torch.equal(net[0].weight, before)        # no step took the unfrozen layer half-way
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_freezing_mid_run_stops_before_the_devices_disagree(devices):
+    """On 2 devices a layer frozen on the user's model alone made the devices' sums disagree
+    (the head's weights ended 0.05 from the plain loop's)."""
+    net = model(frozen=False)
+    with pytest.raises(ValueError, match=r"in on_epoch_start \(now frozen: 0.weight, 0.bias\)"):
+        fit(net, devices, 3, [SetTrainable(net, "on_epoch_start", False)])
+
+
+def test_a_param_group_added_mid_run_is_refused_not_left_untrained():
+    net = model(frozen=True)
+    with pytest.raises(ValueError, match="add_param_group during training.*never be updated"):
+        fit(net, 1, 3, [SetTrainable(net, "on_epoch_start", False, add_group=True)])
+
+
+def plain_phases(epochs_frozen, epochs_thawed):
+    """The plain loop: the head alone, then everything with a new optimizer."""
+    net, (X, y) = model(frozen=True), data()
+    for phase, epochs in ((0, epochs_frozen), (1, epochs_thawed)):
+        if phase:
+            net[0].requires_grad_(True)
+        opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1 if not phase else 0.02,
+                              momentum=0.9)
+        for _ in range(epochs):
+            for i in range(0, len(X), 64):
+                opt.zero_grad()
+                nn.functional.cross_entropy(net(X[i:i + 64]), y[i:i + 64]).backward()
+                opt.step()
+    return net
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_fine_tuning_in_phases_trains_as_the_plain_loop(devices):
+    net = model(frozen=True)
+    fit(net, devices, 2)
+    net[0].requires_grad_(True)
+    fit(net, devices, 1, optimizer=functools.partial(torch.optim.SGD, lr=0.02, momentum=0.9))
+    for p, q in zip(net.parameters(), plain_phases(2, 1).parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
