@@ -236,3 +236,60 @@ def test_with_a_scheduler_each_row_gives_the_learning_rate_its_last_batch_had():
     assert [line.split(", lr ")[1] for line in lines if line.startswith("epoch ")] == ["0.0003", "0.00015", "7.5e-05"]
     plain = dptrain.fit(nn.Linear(4, 1), (X, y), loss=nn.MSELoss(), epochs=1, batch_size=16, devices=1, log=None)
     assert "lr" not in plain["history"][0]                      # a constant rate is in the result already
+
+
+def _adam_run(devices, splits, kvstore="device"):
+    """An MLP trained by Adam for 4 epochs, in ``splits`` calls of ``fit`` on one optimizer object."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for epochs in splits:
+        dptrain.fit(model, regression(), None, loss=nn.MSELoss(), optimizer=optimizer, epochs=epochs, batch_size=32,
+                    shuffle=False, devices=devices, kvstore=kvstore, log=None)
+    return model, optimizer
+
+
+@pytest.mark.parametrize("devices, kvstore", [(1, "device"), (2, "device"), (3, "device"), (2, "local")])
+def test_fit_again_with_the_same_optimizer_goes_on_where_it_ended(devices, kvstore):
+    """As a plain loop's optimizer (and Keras's fit called twice): Adam's moments carry over,
+    so 2 + 2 epochs are 4 epochs. Before, each fit started the moments again (0.06 apart)."""
+    once, _ = _adam_run(devices, [4], kvstore)
+    twice, optimizer = _adam_run(devices, [2, 2], kvstore)
+    for p, q in zip(once.parameters(), twice.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    steps = [float(s["step"]) for s in optimizer.state_dict()["state"].values()]
+    assert steps == [4 * 5.0] * 4                       # 150 samples, batch 32: 5 steps an epoch
+
+
+def test_the_users_optimizer_ends_with_the_state_and_learning_rate_training_reached():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    dptrain.fit(model, regression(), None, loss=nn.MSELoss(), optimizer=optimizer, epochs=3, batch_size=32,
+                scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5),
+                shuffle=False, devices=2, log=None)
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    ref = torch.optim.Adam(plain.parameters(), lr=0.01)
+    steps = torch.optim.lr_scheduler.StepLR(ref, step_size=1, gamma=0.5)
+    X, y = regression()
+    for _ in range(3):
+        for i in range(0, len(X), 32):
+            ref.zero_grad()
+            nn.functional.mse_loss(plain(X[i:i + 32]), y[i:i + 32]).backward()
+            ref.step()
+        steps.step()
+    assert optimizer.param_groups[0]["lr"] == ref.param_groups[0]["lr"] == 0.01 * 0.5 ** 3
+    for p, q in zip(model.parameters(), plain.parameters()):
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(optimizer.state[p][key], ref.state[q][key], rtol=1e-5, atol=1e-7)
+
+
+def test_a_scheduler_made_on_the_optimizer_is_refused_with_the_way_to_give_it():
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    made = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    with pytest.raises(TypeError, match=r"not a StepLR made on one.*scheduler=lambda optimizer: StepLR\(optimizer, "
+                                        r"\.\.\.\), or functools.partial\(StepLR, \.\.\.\)"):
+        dptrain.fit(model, regression(), None, loss=nn.MSELoss(), optimizer=optimizer, scheduler=made, epochs=1,
+                    log=None)

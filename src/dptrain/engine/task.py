@@ -90,6 +90,12 @@ class Task:
                              "computes the loss itself")
         for name in ("loss", "forward", "step", "scheduler", "init", "collate_fn"):
             value = getattr(self, name)
+            if name == "scheduler" and hasattr(value, "optimizer") and not callable(value):
+                kind = type(value).__name__
+                raise TypeError(f"scheduler must be a function of the optimizer, not a {kind} made on one: fit "
+                                f"builds the optimizers that train (one per device) and gives it theirs; pass "
+                                f"scheduler=lambda optimizer: {kind}(optimizer, ...), or "
+                                f"functools.partial({kind}, ...)")
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable, got {type(value).__name__}")
         if self.reduction is not None and self.reduction not in REDUCTIONS:

@@ -288,3 +288,34 @@ def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.op
                 position += 1
         opt.load_state_dict({"state": mine, "param_groups": opt.state_dict()["param_groups"]})
     replicated.load_state_dict({"state": {}, "param_groups": state["groups"]})
+
+
+# -- the user's own optimizer object ------------------------------------------------------
+def state_of_user_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+                            replicated: "ReplicatedOptimizer") -> Dict[str, Any]:
+    """The state an optimizer the user built on the model holds (a second ``fit`` with it, or
+    one trained before), as ``optimizer_state`` lays it out: ``params``, the trainable ones."""
+    index = {id(p): j for j, p in enumerate(params)}
+    return {"optimizer": type(optimizer).__name__, "shapes": [list(p.shape) for p in params],
+            "state": {index[id(p)]: dict(s) for p, s in optimizer.state.items() if id(p) in index},
+            "groups": replicated.state_dict()["param_groups"]}
+
+
+def into_user_optimizer(state: Mapping[str, Any], optimizer: torch.optim.Optimizer,
+                        params: Sequence[torch.Tensor]) -> None:
+    """Write what ``optimizer_state`` gave into the optimizer the user built on the model:
+    each trained parameter's state (moved by torch to where the parameter is) and every
+    group's hyper-parameters (learning rates a scheduler set), so it goes on from there."""
+    own = optimizer.state_dict()
+    index = {id(p): j for j, p in enumerate(params)}
+    saved, mine, position = state["state"], dict(own["state"]), 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            j = index.get(id(p))
+            if j is not None and j in saved:
+                mine[position] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in saved[j].items()}
+            position += 1
+    groups = [{**ours, **{k: v for k, v in theirs.items() if k != "params"}}
+              for ours, theirs in zip(own["param_groups"], state["groups"])]
+    optimizer.load_state_dict({"state": mine, "param_groups": groups})
+

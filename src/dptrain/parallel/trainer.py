@@ -31,7 +31,7 @@ from ..distributed.collective import get_collective
 from . import bare_step, sync
 from .params import devices_of, parameter_lists
 from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer,
-                    load_optimizer_state, optimizer_state)
+                    into_user_optimizer, load_optimizer_state, optimizer_state, state_of_user_optimizer)
 from .phases import run_fused
 from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
@@ -113,6 +113,9 @@ class Trainer:
             self._optimizers.append(optimizer)
             self._origins.append(origin)
         self.optimizer = ReplicatedOptimizer(plan, self._groups[0], self._groups)
+        if isinstance(self._spec, torch.optim.Optimizer) and self._spec.state:     # it trained before: go on
+            load_optimizer_state(state_of_user_optimizer(self._spec, self._groups[0], self.optimizer),
+                                 self._optimizers, self._groups, self.optimizer)
         self._trainable = TrainableSet(self._replicas[0]) if self._replicas is not None else None
 
     def _ready(self) -> None:
@@ -301,6 +304,13 @@ class Trainer:
         processes (see ``optim.optimizer_state``)."""
         self._ready()
         return optimizer_state(self._optimizers, self._groups, self.sync.optimized, self.optimizer)
+
+    def give_back(self) -> None:
+        """Into the optimizer the user built on the model, if one was given: the state and
+        hyper-parameters training reached, so that it goes on from there (a second ``fit``, a
+        loop of the user's, its ``state_dict``), as the optimizer of a plain loop would."""
+        if isinstance(self._spec, torch.optim.Optimizer) and self._optimizers:
+            into_user_optimizer(self.state_dict(), self._spec, self._groups[0])
 
     def load_state_dict(self, state: dict) -> None:
         """Load a ``state_dict``, whatever devices, kvstore or processes saved it."""

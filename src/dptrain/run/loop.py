@@ -29,7 +29,7 @@ from ..engine.evaluation import sum_keys
 from ..engine.losses import add_counts
 from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
-from ..parallel.trainable import TrainableSet
+from ..parallel.model_edits import ModelEdits
 from . import auto_devices, report, resume
 from .agreement import what_it_trains
 from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
@@ -73,7 +73,7 @@ class Run(RunView):
         self.kvstore, self.engine, self.train_loader, self.eval_loader, self.other_evals = build_engine(
             task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
-        self.trainable = TrainableSet(self.engine.replicas[0])     # what trains is settled from here on
+        self.edits = ModelEdits(self.engine.replicas)      # what callbacks do to run.model, on every device
         self.batches = len(self.train_loader)
         self.limit = StepLimit(config.max_steps, self.batches)
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
@@ -120,6 +120,11 @@ class Run(RunView):
         for loader in (self.train_loader, self.eval_loader, *self.other_evals.values()):
             if hasattr(loader, "close"):
                 loader.close()
+        try:        # the user's optimizer object goes on from here, as the model does
+            self.engine.trainer.give_back()
+        except Exception as e:      # noqa: BLE001 - never in place of the error that ended the run
+            self.log(f"dptrain: the optimizer you gave was not given the state training reached "
+                     f"({type(e).__name__}: {e}); the model is trained")
         self.engine.close()
 
     # -- the loop ----------------------------------------------------------------------
@@ -159,8 +164,9 @@ class Run(RunView):
             with stage(f"evaluating after epoch {epoch}"):
                 self._loaded = None
                 self.callbacks.on_evaluate_start(self, epoch)
+                edited = self.edits.after("in on_evaluate_start")
                 self._evaluated = self._loaded
-                same = self._loaded is None and self._step_evals is not None and self._step_evals[0] == self.step
+                same = self._loaded is None and not edited and self._step_evals is not None and self._step_evals[0] == self.step
                 evals = self._step_evals[1] if same else self.engine.evaluate(self.eval_loader)
                 others = self._step_evals[2] if same else report.other_sets(self.engine, self.other_evals,
                                                                              self.collective)
@@ -203,8 +209,8 @@ class Run(RunView):
         self.train_loader.set_epoch(epoch - 1)
         self.batch = at.batch + 1           # a failure from here on names the batch trained next
         self.callbacks.on_epoch_start(self, epoch)
-        trainable = self.trainable
-        trainable.check("in on_epoch_start")
+        edits = self.edits
+        edits.after("in on_epoch_start")
         synchronize(self.devices)
         start = time.perf_counter()
         tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices),
@@ -256,7 +262,7 @@ class Run(RunView):
                 self.step, self.batch = first_step + b - 1, b
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
-                    trainable.check("in on_batch_start")
+                    edits.after("in on_batch_start")
                 flags = self.stops.before_batch()        # they ride with the gradients
                 sizes = timed = None
                 if self.balancer is not None:
@@ -264,6 +270,8 @@ class Run(RunView):
                     timed = self.balancer.measuring(self.step)
                 result = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
                                                  timed=bool(timed))
+                if tell or ask:
+                    edits.stepped()
                 if b == at.batch + 1 and epoch == self.position.epoch and self.engine.random.draws:   # the first step found it
                     self.log(f"dptrain: the model draws random numbers outside nn.Dropout layers (F.dropout, "
                              f"torch.rand...): on {len(self.devices)} CPU devices their forward passes run one after "
@@ -286,7 +294,7 @@ class Run(RunView):
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,
                                                                tally))
-                    trainable.check("in on_batch_end")
+                    edits.after("in on_batch_end")
                 pending.append((b, verdict, result.flags))
                 resolve(self.run_ahead, b)
                 if ending[0] or b >= last:
@@ -297,6 +305,7 @@ class Run(RunView):
                 self.batch = b + 1          # the batch read next (a failure while reading names it)
             resolve(0, b)
             ending[0] |= act_on(self, self.stops.flush(), epoch, b, so_far, resolve)
+        edits.stepped()
         if self.limit.reached(Position(epoch, b)) and (b < self.batches or epoch < self.epochs):
             self.stop_reason, ending[0] = self.stop_reason or self.limit.reason(epoch, b), True
             if b < self.batches:

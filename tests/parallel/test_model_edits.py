@@ -1,0 +1,45 @@
+"""ModelEdits: an in-place edit of the first replica's parameters reaches the others, and only it."""
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from dptrain.parallel.model_edits import ModelEdits
+
+
+def replicas(n=3):
+    torch.manual_seed(0)
+    return dptrain.replicate(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), [dptrain.cpu(i) for i in range(n)])
+
+
+def test_an_edit_reaches_every_replica_and_nothing_else_is_copied():
+    reps = replicas()
+    edits = ModelEdits(reps)
+    assert edits.after("in a test") is False                 # nothing edited: nothing done
+    others = [[p._version for p in m.parameters()] for m in list(reps)[1:]]
+    with torch.no_grad():
+        reps[0][1].weight.fill_(0.5)
+    assert edits.after("in a test") is True
+    for m, before in zip(list(reps)[1:], others):
+        assert torch.equal(m[1].weight, torch.full((2, 4), 0.5))
+        moved = [p._version != v for p, v in zip(m.parameters(), before)]
+        assert moved == [False, False, True, False]          # the edited weight alone was copied
+    assert edits.after("in a test") is False
+
+
+def test_a_step_is_not_an_edit():
+    reps = replicas(2)
+    edits = ModelEdits(reps)
+    with torch.no_grad():
+        for m in reps:                  # as an update writes every replica alike
+            m[0].bias.add_(1.0)
+    edits.stepped()
+    assert edits.after("in a test") is False
+
+
+def test_a_changed_requires_grad_is_named_with_where():
+    reps = replicas(2)
+    edits = ModelEdits(reps)
+    reps[0][0].requires_grad_(False)
+    with pytest.raises(ValueError, match=r"in on_batch_end \(now frozen: 0.weight, 0.bias\)"):
+        edits.after("in on_batch_end")
