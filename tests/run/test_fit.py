@@ -293,3 +293,21 @@ def test_a_scheduler_made_on_the_optimizer_is_refused_with_the_way_to_give_it():
                                         r"\.\.\.\), or functools.partial\(StepLR, \.\.\.\)"):
         dptrain.fit(model, regression(), None, loss=nn.MSELoss(), optimizer=optimizer, scheduler=made, epochs=1,
                     log=None)
+
+
+def test_the_optimizers_state_is_lent_to_the_run_not_held_twice():
+    """During a second fit the run's optimizers hold the state and the user's object none (a
+    GPU holds Adam's moments once); it comes back as the run ends."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    held = []
+
+    class Count(dptrain.Callback):
+        def on_epoch_start(self, run, epoch):
+            held.append(len(optimizer.state))
+    for _ in range(2):
+        dptrain.fit(model, regression(), None, loss=nn.MSELoss(), optimizer=optimizer, epochs=1, batch_size=32,
+                    devices=2, callbacks=[Count()], log=None)
+        held.append(len(optimizer.state))
+    assert held == [0, 4, 0, 4]

@@ -42,11 +42,19 @@ class ModelEdits:
         """After a step (or anything of dptrain's that writes every replica alike)."""
         self._versions = [p._version for p in self._first]
 
-    def after(self, where: str) -> bool:
+    @property
+    def several(self) -> bool:
+        """Whether there are other replicas to copy edits to (else ``stepped`` after each step
+        is not needed: nothing is copied)."""
+        return len(self._params) > 1
+
+    def after(self, where: str, always: bool = False) -> bool:
         """After user code ran (``where``: "in on_batch_end"): a requires_grad changed is a
         ValueError; weights edited in place on the first replica are copied to the others.
-        Returns whether any was edited."""
+        Returns whether any was edited (on one replica: only with ``always``, else False)."""
         self.trainable.check(where)
+        if not (always or self.several):
+            return False
         versions = [p._version for p in self._first]
         if versions == self._versions:
             return False

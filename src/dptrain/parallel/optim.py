@@ -304,16 +304,17 @@ def state_of_user_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[t
 def into_user_optimizer(state: Mapping[str, Any], optimizer: torch.optim.Optimizer,
                         params: Sequence[torch.Tensor]) -> None:
     """Write what ``optimizer_state`` gave into the optimizer the user built on the model:
-    each trained parameter's state (moved by torch to where the parameter is) and every
-    group's hyper-parameters (learning rates a scheduler set), so it goes on from there."""
+    each trained parameter's state (moved by torch to where the parameter is; not copied, so
+    only as the run's optimizers end) and every group's hyper-parameters (learning rates a
+    scheduler set), so it goes on from there."""
     own = optimizer.state_dict()
     index = {id(p): j for j, p in enumerate(params)}
     saved, mine, position = state["state"], dict(own["state"]), 0
     for group in optimizer.param_groups:
         for p in group["params"]:
             j = index.get(id(p))
-            if j is not None and j in saved:
-                mine[position] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in saved[j].items()}
+            if j is not None and j in saved:    # no copy: the run's optimizers end here
+                mine[position] = saved[j]
             position += 1
     groups = [{**ours, **{k: v for k, v in theirs.items() if k != "params"}}
               for ours, theirs in zip(own["param_groups"], state["groups"])]

@@ -116,6 +116,7 @@ class Trainer:
         if isinstance(self._spec, torch.optim.Optimizer) and self._spec.state:     # it trained before: go on
             load_optimizer_state(state_of_user_optimizer(self._spec, self._groups[0], self.optimizer),
                                  self._optimizers, self._groups, self.optimizer)
+            self._spec.state.clear()        # lent to the run, not held twice (give_back returns it)
         self._trainable = TrainableSet(self._replicas[0]) if self._replicas is not None else None
 
     def _ready(self) -> None:

@@ -164,7 +164,7 @@ class Run(RunView):
             with stage(f"evaluating after epoch {epoch}"):
                 self._loaded = None
                 self.callbacks.on_evaluate_start(self, epoch)
-                edited = self.edits.after("in on_evaluate_start")
+                edited = self.edits.after("in on_evaluate_start", always=True)
                 self._evaluated = self._loaded
                 same = self._loaded is None and not edited and self._step_evals is not None and self._step_evals[0] == self.step
                 evals = self._step_evals[1] if same else self.engine.evaluate(self.eval_loader)
@@ -270,7 +270,7 @@ class Run(RunView):
                     timed = self.balancer.measuring(self.step)
                 result = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
                                                  timed=bool(timed))
-                if tell or ask:
+                if (tell or ask) and edits.several:     # one device: nothing to copy edits to
                     edits.stepped()
                 if b == at.batch + 1 and epoch == self.position.epoch and self.engine.random.draws:   # the first step found it
                     self.log(f"dptrain: the model draws random numbers outside nn.Dropout layers (F.dropout, "
