@@ -43,3 +43,27 @@ def test_a_changed_requires_grad_is_named_with_where():
     reps[0][0].requires_grad_(False)
     with pytest.raises(ValueError, match=r"in on_batch_end \(now frozen: 0.weight, 0.bias\)"):
         edits.after("in on_batch_end")
+
+
+def test_plain_attributes_follow_the_first_replica_but_not_each_replicas_own():
+    reps = replicas(3)
+    for i, m in enumerate(reps):
+        m[0].device_index = i           # set per replica before training, as SyncBatchNorm's rank
+    edits = ModelEdits(reps)
+    reps[0][1].beta = 0.25              # a new attribute, as a KL-annealing callback sets
+    reps[0].eval()                      # BatchNorm frozen by a callback
+    reps[0][0].device_index = 7
+    edits.after("in a test")
+    for m in list(reps)[1:]:
+        assert m[1].beta == 0.25 and not m.training and not m[0].training
+    assert [m[0].device_index for m in reps] == [7, 1, 2]
+
+
+def test_a_buffer_written_in_place_reaches_every_replica():
+    torch.manual_seed(0)
+    reps = dptrain.replicate(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)), [dptrain.cpu(0), dptrain.cpu(1)])
+    edits = ModelEdits(reps)
+    with torch.no_grad():
+        reps[0][1].running_var.fill_(4.0)
+    assert edits.after("in a test") is True
+    assert torch.equal(reps[1][1].running_var, torch.full((4,), 4.0))

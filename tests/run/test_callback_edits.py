@@ -187,3 +187,36 @@ def test_fine_tuning_in_phases_trains_as_the_plain_loop(devices):
     fit(net, devices, 1, optimizer=functools.partial(torch.optim.SGD, lr=0.02, momentum=0.9))
     for p, q in zip(net.parameters(), plain_phases(2, 1).parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+
+
+class Scaled(nn.Module):
+    """A model with a plain attribute its forward reads (a KL weight, a temperature)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net, self.scale = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)), 1.0
+
+    def forward(self, x):
+        return self.net(x) * self.scale
+
+
+class Anneal(dptrain.Callback):
+    def on_batch_start(self, run, epoch, batch):
+        run.model.scale = 1.0 + 0.25 * (run.step % 5)
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_an_attribute_a_callback_schedules_is_every_devices(devices):
+    net = Scaled()
+    fit(net, devices, 2, [Anneal()])
+    ref, (X, y) = Scaled(), data()
+    opt, step = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9), 0
+    for _ in range(2):
+        for i in range(0, len(X), 64):
+            ref.scale = 1.0 + 0.25 * (step % 5)
+            opt.zero_grad()
+            nn.functional.cross_entropy(ref(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+            step += 1
+    assert_same(net, ref)

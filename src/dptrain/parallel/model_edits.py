@@ -1,30 +1,38 @@
 """What the user's code does to the model between two steps, made true on every device.
 
 ``fit``'s callbacks see the user's own module (``run.model``, the first replica). A callback
-that edits its weights in place (a max-norm constraint after each batch, weights clipped,
-``run.model.load_state_dict(...)``) changed only that copy: on several devices of one
-process the others trained on without it, and the devices drifted apart, silently. An
-in-place change of a tensor bumps its version counter (``tensor._version``), so after each
-hook that runs user code the loop asks ``ModelEdits.after``: a parameter of the first
-replica whose version moved since the last step (or hook) is copied to the other replicas
-before the next step. A parameter whose ``requires_grad`` changed is an error (``trainable.py``).
+that edits it (a max-norm constraint after each batch, ``run.model.load_state_dict(...)``, a
+KL weight or a dropout rate scheduled by epoch, ``run.model.eval()`` to freeze BatchNorm)
+changed only that copy: on several devices of one process the others trained on without it,
+and the devices drifted apart, silently. So after each hook that runs user code the loop asks
+``ModelEdits.after``, which makes the other replicas follow the first:
 
-Not seen: a write through ``param.data`` (it does not bump the version: use ``torch.no_grad()``
-and the parameter itself, or ``run.load_weights``), and buffers (BatchNorm's running
-statistics are each device's own; ``run.load_weights`` sets them on every device).
+- a parameter or buffer written in place since the last step (its version counter,
+  ``tensor._version``, moved) is copied to them;
+- a plain attribute of a module (a number, string, bool or None: ``training``, ``p``, your
+  own ``beta``) that differs from the second replica's is set on them (not those that
+  differed when training started: a replica's own, as a synchronised BatchNorm's ``rank``);
+- a parameter whose ``requires_grad`` changed is an error (``trainable.py``).
+
+Not seen: a write through ``param.data`` (it moves no version: use ``torch.no_grad()`` and the
+parameter itself, or ``run.load_weights``), and attributes that are other objects (lists,
+dicts, tensors assigned anew: assign a new ``nn.Parameter``/buffer through ``load_state_dict``).
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 import torch
 
 from .replicas import Replicas
 from .trainable import TrainableSet
 
+_PLAIN = (bool, int, float, str, type(None))
+_MISSING = object()
+
 
 class ModelEdits:
-    """The first replica's parameter versions after the last step, and what trains.
+    """The first replica's tensor versions after the last step, what trains, and its modules.
 
     >>> edits = ModelEdits(replicas)
     >>> trainer.step(...); edits.stepped()             # the step's own writes are not edits
@@ -33,35 +41,53 @@ class ModelEdits:
 
     def __init__(self, replicas: Replicas):
         self.trainable = TrainableSet(replicas[0])
-        self._params: List[List[torch.Tensor]] = [list(m.parameters()) for m in replicas]
-        self._first = self._params[0]
+        self._tensors: List[List[torch.Tensor]] = [list(m.parameters()) + list(m.buffers()) for m in replicas]
+        self._modules: List[List[Any]] = [list(m.modules()) for m in replicas]
+        self._own = {(j, key) for others in self._modules[1:] for j, module in enumerate(self._modules[0])
+                     for key, value in module.__dict__.items()
+                     if type(value) in _PLAIN and others[j].__dict__.get(key, _MISSING) != value}
+        self._first = self._tensors[0]
         self._versions: List[int] = []
         self.stepped()
 
-    def stepped(self) -> None:
-        """After a step (or anything of dptrain's that writes every replica alike)."""
-        self._versions = [p._version for p in self._first]
-
     @property
     def several(self) -> bool:
-        """Whether there are other replicas to copy edits to (else ``stepped`` after each step
-        is not needed: nothing is copied)."""
-        return len(self._params) > 1
+        """Whether there are other replicas to make follow the first (else ``stepped`` after
+        each step is not needed)."""
+        return len(self._tensors) > 1
+
+    def stepped(self) -> None:
+        """After a step (or anything of dptrain's that writes every replica alike)."""
+        self._versions = [t._version for t in self._first]
 
     def after(self, where: str, always: bool = False) -> bool:
         """After user code ran (``where``: "in on_batch_end"): a requires_grad changed is a
-        ValueError; weights edited in place on the first replica are copied to the others.
-        Returns whether any was edited (on one replica: only with ``always``, else False)."""
+        ValueError; tensors written in place and plain attributes changed on the first
+        replica are given to the others. Returns whether tensors were written (on one
+        replica: only with ``always``, else False)."""
         self.trainable.check(where)
-        if not (always or self.several):
+        if self.several:
+            self._follow_attributes()
+        elif not always:
             return False
-        versions = [p._version for p in self._first]
+        versions = [t._version for t in self._first]
         if versions == self._versions:
             return False
         with torch.no_grad():
             for j, (now, then) in enumerate(zip(versions, self._versions)):
                 if now != then:
-                    for other in self._params[1:]:
+                    for other in self._tensors[1:]:
                         other[j].copy_(self._first[j])
-        self._versions = [p._version for p in self._first]
+        self._versions = [t._version for t in self._first]
         return True
+
+    def _follow_attributes(self) -> None:
+        second = self._modules[1]
+        for j, module in enumerate(self._modules[0]):
+            theirs = second[j].__dict__
+            for key, value in module.__dict__.items():
+                if type(value) in _PLAIN:
+                    was = theirs.get(key, _MISSING)
+                    if was is not value and was != value and (j, key) not in self._own:
+                        for others in self._modules[1:]:
+                            setattr(others[j], key, value)

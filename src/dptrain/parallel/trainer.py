@@ -30,8 +30,8 @@ from ..core.runner import get_runner
 from ..distributed.collective import get_collective
 from . import bare_step, sync
 from .params import devices_of, parameter_lists
-from .optim import (OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer,
-                    into_user_optimizer, load_optimizer_state, optimizer_state, state_of_user_optimizer)
+from .optim import OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
+from .optim_state import into_user_optimizer, load_optimizer_state, optimizer_state, state_of_user_optimizer
 from .phases import run_fused
 from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
@@ -302,7 +302,7 @@ class Trainer:
     def state_dict(self) -> dict:
         """The optimizer state per parameter (by its index among the trainable ones) and the
         parameter groups' hyper-parameters; the same layout whatever the devices, kvstore or
-        processes (see ``optim.optimizer_state``)."""
+        processes (see ``optim_state.py``)."""
         self._ready()
         return optimizer_state(self._optimizers, self._groups, self.sync.optimized, self.optimizer)
 

@@ -103,6 +103,8 @@ class Run(RunView):
         self.stop_reason: Optional[str] = None
         self.balancer = build_balancer(config, self.collective, devices, self.train_loader, env.rank)
         self.callbacks = CallbackList(outputs + list(task.callbacks))
+        users = CallbackList(list(task.callbacks))      # (dptrain's outputs edit no model)
+        self.watch_batches = users.wants("on_batch_start") or users.wants("on_batch_end")
         resume.own_random_streams(config.seed, env.rank, devices)     # dropout masks differ by rank
         if config.resume:                                               # (and this restores them)
             with stage(f"resuming from {config.checkpoint_dir}"):
@@ -211,6 +213,7 @@ class Run(RunView):
         self.callbacks.on_epoch_start(self, epoch)
         edits = self.edits
         edits.after("in on_epoch_start")
+        watch = self.watch_batches
         synchronize(self.devices)
         start = time.perf_counter()
         tally = Tally(self.devices[0], on_host=self.run_ahead == 0 and all(d.type == "cpu" for d in self.devices),
@@ -262,7 +265,8 @@ class Run(RunView):
                 self.step, self.batch = first_step + b - 1, b
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
-                    edits.after("in on_batch_start")
+                    if watch:
+                        edits.after("in on_batch_start")
                 flags = self.stops.before_batch()        # they ride with the gradients
                 sizes = timed = None
                 if self.balancer is not None:
@@ -270,7 +274,7 @@ class Run(RunView):
                     timed = self.balancer.measuring(self.step)
                 result = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
                                                  timed=bool(timed))
-                if (tell or ask) and edits.several:     # one device: nothing to copy edits to
+                if watch and edits.several:     # one device: nothing to copy edits to
                     edits.stepped()
                 if b == at.batch + 1 and epoch == self.position.epoch and self.engine.random.draws:   # the first step found it
                     self.log(f"dptrain: the model draws random numbers outside nn.Dropout layers (F.dropout, "
@@ -294,7 +298,8 @@ class Run(RunView):
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,
                                                                tally))
-                    edits.after("in on_batch_end")
+                    if watch:
+                        edits.after("in on_batch_end")
                 pending.append((b, verdict, result.flags))
                 resolve(self.run_ahead, b)
                 if ending[0] or b >= last:
