@@ -411,3 +411,35 @@ def test_optimizer_state_moves_between_device_layouts():
         dptrain.Trainer(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), "sgd").load_state_dict(saved)
     with pytest.raises(ValueError, match="parameters of other shapes"):
         dptrain.Trainer(nn.Linear(4, 3), torch.optim.Adam).load_state_dict(saved)
+
+
+@pytest.mark.parametrize("n_devices", [1, 2])
+def test_an_optimizer_object_is_lent_to_the_trainer_and_given_back_by_close(n_devices):
+    """Its state goes on in the Trainer (Adam's moments of steps before it, held once) and
+    comes back with close(), where a plain loop with it would have left it."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    twin = copy.deepcopy(net)
+    optimizer, plain = torch.optim.Adam(net.parameters(), lr=0.01), torch.optim.Adam(twin.parameters(), lr=0.01)
+    X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+
+    def plain_step(model, opt):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X), y).backward()
+        opt.step()
+    plain_step(net, optimizer)                 # a step of the user's own loop first
+    optimizer.zero_grad()
+    for _ in range(3):
+        plain_step(twin, plain)
+    replicas = dptrain.replicate(net, [dptrain.cpu(i) for i in range(n_devices)])
+    trainer = dptrain.Trainer(replicas, optimizer)
+    assert len(optimizer.state) == 0           # lent
+    for _ in range(2):
+        replicas.forward_backward(*dptrain.split_batch(X, y, replicas.devices))
+        trainer.step(len(X))
+    trainer.close()
+    for p, q in zip(net.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(optimizer.state[p]["exp_avg_sq"], plain.state[q]["exp_avg_sq"], rtol=1e-5,
+                                   atol=1e-9)
+        assert float(optimizer.state[p]["step"]) == 3

@@ -97,9 +97,9 @@ class ModelEngine:
 
     def close(self) -> None:
         """Give the model back as it was: no hook or wrapper of ours left on it."""
-        if self.trainer is not None:
-            self.trainer.close()
         self.random.close()
+        if self.trainer is not None:
+            self.trainer.close()        # last: it gives the user's optimizer object its state back
 
     def keep_train_figures(self) -> None:
         """Score every training shard from now on (``train_metrics=True``): accuracy and the

@@ -257,8 +257,10 @@ class Trainer:
 
     def close(self) -> None:
         """Detach from the parameters: the gradient hooks go, so the model trains on its own
-        (or in another Trainer) afterwards. The Trainer cannot step after this."""
+        (or in another Trainer) afterwards, and an optimizer object it was given gets its state
+        back (``give_back``). The Trainer cannot step after this."""
         self.sync.close()
+        self.give_back()
 
     @property
     def optimizer_name(self) -> str:
@@ -309,7 +311,9 @@ class Trainer:
     def give_back(self) -> None:
         """Into the optimizer the user built on the model, if one was given: the state and
         hyper-parameters training reached, so that it goes on from there (a second ``fit``, a
-        loop of the user's, its ``state_dict``), as the optimizer of a plain loop would."""
+        loop of the user's, its ``state_dict``), as the optimizer of a plain loop would. Its
+        state was lent to this Trainer when it was set up (held once, not twice): ``close``
+        gives it back, as the end of ``fit`` does."""
         if isinstance(self._spec, torch.optim.Optimizer) and self._optimizers:
             into_user_optimizer(self.state_dict(), self._spec, self._groups[0])
 

@@ -122,12 +122,11 @@ class Run(RunView):
         for loader in (self.train_loader, self.eval_loader, *self.other_evals.values()):
             if hasattr(loader, "close"):
                 loader.close()
-        try:        # the user's optimizer object goes on from here, as the model does
-            self.engine.trainer.give_back()
+        try:        # (which gives the user's optimizer object the state training reached)
+            self.engine.close()
         except Exception as e:      # noqa: BLE001 - never in place of the error that ended the run
-            self.log(f"dptrain: the optimizer you gave was not given the state training reached "
-                     f"({type(e).__name__}: {e}); the model is trained")
-        self.engine.close()
+            self.log(f"dptrain: closing the run (its gradient hooks, your optimizer's state given back) failed: "
+                     f"{type(e).__name__}: {e}; the model is trained")
 
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
