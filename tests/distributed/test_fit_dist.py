@@ -148,6 +148,17 @@ def test_parameters_a_step_does_not_use_train_as_plain_pytorch_on_two_processes(
     assert all(diff < 1e-5 for diff in run_workers(unused_parameters))
 
 
+def frozen_mid_run(rank, world, devices):
+    from tests.run.test_callback_edits import fit_freeze_then_thaw, plain_freeze_then_thaw
+    net = fit_freeze_then_thaw(devices)
+    return max(float((p - q).abs().max()) for p, q in zip(net.parameters(), plain_freeze_then_thaw().parameters()))
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_layer_frozen_mid_run_on_two_processes_trains_as_plain_pytorch(devices):
+    assert all(diff < 1e-6 for diff in run_workers(frozen_mid_run, devices))
+
+
 def clipped(rank, world, max_value=None):
     from dptrain.core.parts import even_part
     from dptrain.engine.model_engine import ModelEngine

@@ -37,11 +37,20 @@ def test_a_step_is_not_an_edit():
     assert edits.after("in a test") is False
 
 
-def test_a_changed_requires_grad_is_named_with_where():
+def test_a_layer_frozen_on_the_first_replica_is_frozen_on_all_and_one_frozen_at_the_start_stays():
     reps = replicas(2)
+    reps[0][1].requires_grad_(False)
+    for m in list(reps)[1:]:
+        m[1].requires_grad_(False)
     edits = ModelEdits(reps)
     reps[0][0].requires_grad_(False)
-    with pytest.raises(ValueError, match=r"in on_batch_end \(now frozen: 0.weight, 0.bias\)"):
+    edits.after("in on_batch_end")
+    assert [p.requires_grad for p in reps[1].parameters()] == [False] * 4
+    reps[0][0].requires_grad_(True)                       # it trained at the start: it may again
+    edits.after("in on_batch_end")
+    assert [p.requires_grad for p in reps[1].parameters()] == [True, True, False, False]
+    reps[0][1].requires_grad_(True)
+    with pytest.raises(ValueError, match=r"in on_batch_end \(now trains: 1.weight, 1.bias\)"):
         edits.after("in on_batch_end")
 
 

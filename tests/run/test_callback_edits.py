@@ -1,8 +1,8 @@
-"""What a callback does to ``run.model`` holds on every device: weights it edits in place (a
-max-norm constraint, ``load_state_dict``) are the next step's on every device, as in the plain
-loop; what trains is settled when ``fit`` starts: a callback that freezes or unfreezes
-parameters mid-run (Lightning's ``BackboneFinetuning``) stops the run with the fix, and
-fine-tuning in phases, one ``fit`` each, trains exactly as the plain loop does."""
+"""What a callback does to ``run.model`` holds on every device, as in the plain loop: weights
+it edits in place (a max-norm constraint, ``load_state_dict``), attributes it schedules, layers
+it freezes; a layer frozen when ``fit`` started cannot start training mid-run (Lightning's
+``BackboneFinetuning``): that stops the run with the fix, and fine-tuning in phases, one
+``fit`` each, trains exactly as the plain loop does."""
 import functools
 import math
 
@@ -148,13 +148,44 @@ def test_unfreezing_mid_run_stops_with_the_parameters_named_and_the_fix(devices,
     assert torch.equal(net[0].weight, before)        # no step took the unfrozen layer half-way
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_freezing_mid_run_stops_before_the_devices_disagree(devices):
-    """On 2 devices a layer frozen on the user's model alone made the devices' sums disagree
-    (the head's weights ended 0.05 from the plain loop's)."""
+class FreezeThenThaw(dptrain.Callback):
+    """The first layer frozen for epoch 2, trained again from epoch 3 (it trained at the start)."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def on_epoch_start(self, run, epoch):
+        self.net[0].requires_grad_(epoch != 2)
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local"])
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_layers_frozen_mid_run_and_trained_again_as_in_the_plain_loop(devices, kvstore):
+    """A frozen layer is not updated (no gradient: no momentum, no weight decay), then goes on
+    with its momentum. Before, on 2 devices, only the first device's copy was frozen and the
+    devices' sums disagreed (the head's weights ended 0.05 from the plain loop's)."""
+    net = fit_freeze_then_thaw(devices, kvstore)
+    assert_same(net, plain_freeze_then_thaw())
+    assert all(p.requires_grad for p in net.parameters())
+
+
+def fit_freeze_then_thaw(devices, kvstore="device"):
     net = model(frozen=False)
-    with pytest.raises(ValueError, match=r"in on_epoch_start \(now frozen: 0.weight, 0.bias\)"):
-        fit(net, devices, 3, [SetTrainable(net, "on_epoch_start", False)])
+    fit(net, devices, 3, [FreezeThenThaw(net)], kvstore=kvstore,
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.01))
+    return net
+
+
+def plain_freeze_then_thaw():
+    ref, (X, y) = model(frozen=False), data()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    for epoch in (1, 2, 3):
+        ref[0].requires_grad_(epoch != 2)
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(ref(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+    return ref
 
 
 def test_a_param_group_added_mid_run_is_refused_not_left_untrained():

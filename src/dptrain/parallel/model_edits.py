@@ -41,6 +41,7 @@ class ModelEdits:
 
     def __init__(self, replicas: Replicas):
         self.trainable = TrainableSet(replicas[0])
+        self._replicas = list(replicas)
         self._tensors: List[List[torch.Tensor]] = [list(m.parameters()) + list(m.buffers()) for m in replicas]
         self._modules: List[List[Any]] = [list(m.modules()) for m in replicas]
         self._own = {(j, key) for others in self._modules[1:] for j, module in enumerate(self._modules[0])
@@ -65,7 +66,10 @@ class ModelEdits:
         ValueError; tensors written in place and plain attributes changed on the first
         replica are given to the others. Returns whether tensors were written (on one
         replica: only with ``always``, else False)."""
-        self.trainable.check(where)
+        if self.trainable.check(where, freezing=True) and self.several:    # layers frozen (or again trained)
+            for first, *others in zip(*(list(m.parameters()) for m in self._replicas)):
+                for other in others:
+                    other.requires_grad_(first.requires_grad)
         if self.several:
             self._follow_attributes()
         elif not always:
