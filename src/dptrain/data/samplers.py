@@ -84,8 +84,8 @@ class Drawn:
                                  f"{epoch + 1}: every batch needs a sample")
             self._indices = [int(i) for b in got for i in b]
             self._offsets = [0] + list(accumulate(len(b) for b in got))
-        else:
-            self._indices = [int(i) for i in got]
+        else:       # Python ints already (torch's samplers give tolist()'s): kept as they are
+            self._indices = got if set(map(type, got)) <= {int} else [int(i) for i in got]
         self._epoch = (seed, epoch)
 
     def indices(self, seed: int, epoch: int) -> List[int]:
