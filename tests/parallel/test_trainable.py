@@ -23,7 +23,8 @@ def test_the_set_names_what_changed_in_both_directions():
 @pytest.mark.parametrize("devices", [1, 2])
 def test_a_trainer_refuses_a_step_after_requires_grad_changed(devices):
     torch.manual_seed(0)
-    replicas = dptrain.replicate(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)), [dptrain.cpu(i) for i in range(devices)])
+    replicas = dptrain.replicate(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)),
+                                 [dptrain.cpu(i) for i in range(devices)])
     trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1})
     X, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
 

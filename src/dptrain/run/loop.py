@@ -167,7 +167,8 @@ class Run(RunView):
                 self.callbacks.on_evaluate_start(self, epoch)
                 edited = self.edits.after("in on_evaluate_start", always=True)
                 self._evaluated = self._loaded
-                same = self._loaded is None and not edited and self._step_evals is not None and self._step_evals[0] == self.step
+                same = (self._loaded is None and not edited and self._step_evals is not None
+                        and self._step_evals[0] == self.step)
                 evals = self._step_evals[1] if same else self.engine.evaluate(self.eval_loader)
                 others = self._step_evals[2] if same else report.other_sets(self.engine, self.other_evals,
                                                                              self.collective)
