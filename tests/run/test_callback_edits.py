@@ -251,3 +251,41 @@ def test_an_attribute_a_callback_schedules_is_every_devices(devices):
             opt.step()
             step += 1
     assert_same(net, ref)
+
+
+def bn_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3))
+
+
+class FreezeBatchNorm(dptrain.Callback):
+    def on_fit_start(self, run):
+        run.model[1].eval()
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_batchnorm_frozen_once_stays_frozen_through_the_evaluations(devices):
+    """Each evaluation ended with model.train(): the frozen BatchNorm trained again from epoch 2 on."""
+    net = bn_model()
+    result = fit(net, devices, 3, [FreezeBatchNorm()], eval_data=data(90))
+    assert not net[1].training and net.training
+    ref, (X, y) = bn_model(), data()
+    ref[1].eval()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(ref(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+    assert_same(net, ref)
+    assert torch.equal(net[1].running_mean, torch.zeros(16))       # never updated
+    assert len(result["history"]) == 3
+
+
+def test_evaluate_and_predict_give_each_modules_mode_back():
+    net = bn_model()
+    net[1].eval()
+    X, y = data(40)
+    dptrain.evaluate(net, (X, y), loss=nn.CrossEntropyLoss(), devices=2)
+    dptrain.predict(net, X, devices=2)
+    assert [m.training for m in net.modules()] == [True, True, False, True, True]

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..core.parts import even_parts
+from ..core.modes import evaluating
 from ..data.batch import Batch, batch_size, split_structure, to_device
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -68,12 +69,8 @@ def compile_engine(engine: Any, example: Batch) -> float:
         value.backward()
 
     def evaluate(i: int, shard: Batch) -> None:
-        engine.replicas[i].eval()
-        try:
-            with torch.no_grad():
-                shard_loss(i, shard)
-        finally:
-            engine.replicas[i].train()
+        with evaluating(engine.replicas[i]), torch.no_grad():
+            shard_loss(i, shard)
     buffers = [[b.clone() for b in m.buffers()] for m in engine.replicas]
     rng = torch.get_rng_state()
     start = time.perf_counter()

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..core.parts import even_parts
+from ..core.modes import evaluating
 from ..data.batch import Batch, batch_size, input_and_target, needs_move, split_structure, to_device
 from .class_counts import LazyCount, class_count_total
 from .losses import loss_input
@@ -92,24 +93,18 @@ def evaluate(engine, batches) -> Totals:
             accumulate(out, key, value)
 
     one = len(engine.devices) == 1         # no split, no hand-off to a device thread
-    was_training = [m.training for m in engine.replicas]
     stateful.reset()
-    engine.replicas.eval()
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                if one:
-                    shard_totals(0, batch)
-                    continue
-                n = batch_size(batch)
-                k = min(n, len(engine.devices))
-                if k == 0:
-                    continue
-                shards = split_structure(batch, even_parts(n, k))
-                engine.runner.map(shard_totals, shards + [None] * (len(engine.devices) - k))
-    finally:
-        for m, mode in zip(engine.replicas, was_training):
-            m.train(mode)
+    with evaluating(*engine.replicas), torch.no_grad():     # each module's mode back after (a frozen BN stays)
+        for batch in batches:
+            if one:
+                shard_totals(0, batch)
+                continue
+            n = batch_size(batch)
+            k = min(n, len(engine.devices))
+            if k == 0:
+                continue
+            shards = split_structure(batch, even_parts(n, k))
+            engine.runner.map(shard_totals, shards + [None] * (len(engine.devices) - k))
     totals = over_devices(totals, engine.devices)
     if stateful:        # over the whole set: merged over devices, gathered over processes
         totals[COMPUTED] = stateful.compute()

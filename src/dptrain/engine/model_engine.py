@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..core.parts import even_parts
+from ..core.modes import evaluating
 from ..data.accumulate import MicroBatches
 from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
 from ..distributed.env import rank
@@ -128,13 +129,8 @@ class ModelEngine:
             self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0])
         self.replicas.initialize(example, run)
         if eval_example is not None:
-            net, training = self.replicas[0], self.replicas[0].training
-            net.eval()
-            try:
-                with torch.no_grad():
-                    run(net, eval_example)
-            finally:
-                net.train(training)
+            with evaluating(self.replicas[0]), torch.no_grad():
+                run(self.replicas[0], eval_example)
         if self.trainer is None:
             return
         if lr is not None:

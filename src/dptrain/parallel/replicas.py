@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedParameter
 
 from ..core.devices import DeviceLike, check_devices, format_device, format_devices
+from ..core.modes import evaluating
 from ..core.runner import get_runner
 from ..distributed.collective import get_collective
 from .syncbn import convert_sync_batchnorm, synchronized
@@ -107,14 +108,11 @@ class Replicas(Sequence[nn.Module]):
     def _materialize(self, example: Any = None, run: Optional[Callable[[nn.Module, Any], Any]] = None) -> None:
         net = self._net.to(self.devices[0])
         if example is not None:       # lazy layers learn their shapes; BN statistics untouched
-            was_training = net.training
-            net.eval()
-            with torch.no_grad():
+            with evaluating(net), torch.no_grad():
                 if run is None:
                     net(example[:1].to(self.devices[0]))
                 else:
                     run(net, example)
-            net.train(was_training)
         if self._init is not None:
             self._init(net)
         self._modules = [net] + [copy.deepcopy(net).to(d) for d in self.devices[1:]]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ..core.modes import evaluating
 from ..data.dataset_loader import make_loader
 from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
@@ -61,16 +62,15 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
                                  world_size=env.world_size, optional_workers=len(sets) > 1)   # (workers: for some)
                for name, one in sets.items()}
     first = next(iter(loaders.values()))
-    was_training = model.training
     try:
-        engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
-        engine.prepare(first.example())            # lazy layers learn their shapes
-        if env.distributed:
-            same_weights(collective, engine.replicas[0])
-        return {**figures_over(engine, first, collective),
-                **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
+        with evaluating(model):         # and each module's own mode back after
+            engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
+            engine.prepare(first.example())            # lazy layers learn their shapes
+            if env.distributed:
+                same_weights(collective, engine.replicas[0])
+            return {**figures_over(engine, first, collective),
+                    **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
     finally:
-        model.train(was_training)
         for loader in loaders.values():
             if hasattr(loader, "close"):
                 loader.close()

@@ -16,6 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ..core.modes import evaluating
 from ..core.parts import even_parts
 from ..core.runner import get_runner
 from ..data.batch import TARGET_KEYS, Batch, batch_size as size_of, map_tensors, split_structure, to_device
@@ -80,7 +81,6 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
                          world_size=env.world_size)
     replicas = replicate(model, devices)
     runner, feed = get_runner(replicas.devices), forward or model_input
-    was_training = model.training
     outputs: List[Any] = []
 
     def shard_output(i: int, shard: Optional[Batch]) -> Any:
@@ -89,8 +89,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
         out = feed(replicas[i], to_device(shard, replicas.devices[i]))
         return map_tensors(lambda t: t.detach().cpu(), out)
     try:
-        replicas.eval()
-        with runner.coordinating():
+        with evaluating(*replicas), runner.coordinating():     # each module's own mode back after
             for batch in loader:
                 n = size_of(batch)
                 if n == 0:                  # this process's part of a last batch smaller than the processes
@@ -103,7 +102,6 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
                 shards = split_structure(batch, even_parts(n, k)) + [None] * (len(replicas.devices) - k)
                 outputs.append(concatenate(runner.map(shard_output, shards)[:k]))
     finally:
-        replicas.train(was_training)
         if hasattr(loader, "close"):
             loader.close()
     per_rank = collective.all_gather_object(outputs) if env.distributed else [outputs]
