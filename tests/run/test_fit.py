@@ -311,3 +311,14 @@ def test_the_optimizers_state_is_lent_to_the_run_not_held_twice():
                     devices=2, callbacks=[Count()], log=None)
         held.append(len(optimizer.state))
     assert held == [0, 4, 0, 4]
+
+
+def test_a_model_handed_over_in_eval_mode_is_trained_in_train_mode_and_fit_says_so():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
+    model.eval()                                   # left from a look at it
+    lines = []
+    dptrain.fit(model, regression(), None, loss=nn.MSELoss(), epochs=1, batch_size=32, devices=2, log=lines.append)
+    assert all(m.training for m in model.modules())
+    assert model[1].running_mean.abs().sum() > 0   # BatchNorm's statistics were updated
+    assert any("the model was in eval mode: fit trains it in train mode" in line for line in lines)

@@ -38,6 +38,17 @@ def builtin_callbacks(config: TrainConfig, env: DistEnv) -> List[Any]:
     return out
 
 
+def train_mode(model: torch.nn.Module, log: Callable[[str], None]) -> None:
+    """A model handed over in eval mode as a whole (``model.eval()`` for a look at it) would
+    train without dropout and with frozen BatchNorm statistics, silently: ``fit`` trains it in
+    train mode, as Keras and Lightning do, and says so. Modules put in eval mode under a
+    training model (a frozen BatchNorm) stay as they are."""
+    if not model.training:
+        model.train()
+        log("dptrain: the model was in eval mode: fit trains it in train mode (dropout on, BatchNorm statistics "
+            "updated); to freeze layers, call .eval() on them (or on run.model in a callback's on_fit_start)")
+
+
 def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
                  lr: Optional[float], log: Callable[[str], None],
                  epochs: Optional[int] = None) -> Tuple[Optional[str], ModelEngine, Any, Any, Dict[str, Any]]:

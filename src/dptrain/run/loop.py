@@ -32,7 +32,7 @@ from ..engine.task import Task
 from ..parallel.model_edits import ModelEdits
 from . import auto_devices, report, resume
 from .agreement import what_it_trains
-from .build import build_balancer, build_engine, builtin_callbacks, run_ahead
+from .build import build_balancer, build_engine, builtin_callbacks, run_ahead, train_mode
 from .config import TrainConfig, hyperparameters
 from .resume import Position
 from .step_limit import Cut, StepLimit, epochs_for, resume_cut, steps_done
@@ -63,6 +63,7 @@ class Run(RunView):
         self.log: Log = log or (lambda _: None)
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
+        train_mode(task.model, self.log)
         if auto_devices.wanted(config, task, devices, env.distributed, self.batch_size):     # virtual devices only if they pay
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
             with stage("choosing the devices (a few steps on each choice)"):
