@@ -49,18 +49,27 @@ def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.op
         raise ValueError(f"the checkpoint's optimizer holds {len(state.get('shapes') or [])} parameters of other "
                          f"shapes than this model's {len(shapes)} trainable ones")
     saved = state.get("state", {})
-    for i, opt in enumerate(optimizers):
-        index = {id(p): j for j, p in enumerate(groups[i])}
-        # In torch's own format, so torch places each value (e.g. Adam's 'step' stays on the CPU).
-        mine, position = {}, 0
-        for group in opt.param_groups:
-            for p in group["params"]:
-                j = index.get(id(p))
-                if j is not None and j in saved:   # a copy each: torch's .to() may alias them
-                    mine[position] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in saved[j].items()}
-                position += 1
-        opt.load_state_dict({"state": mine, "param_groups": opt.state_dict()["param_groups"]})
+    for i, opt in enumerate(optimizers):        # a copy each: torch's .to() may alias them
+        opt.load_state_dict({"state": _by_position(opt, groups[i], saved, copy=True),
+                             "param_groups": opt.state_dict()["param_groups"]})
     replicated.load_state_dict({"state": {}, "param_groups": state["groups"]})
+
+
+def _by_position(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+                 saved: Mapping[int, Dict[str, Any]], copy: bool) -> Dict[int, Dict[str, Any]]:
+    """``saved`` (by index among ``params``) in torch's own layout for ``optimizer`` (by position
+    in its groups), so that its ``load_state_dict`` places each value (Adam's 'step' stays on
+    the CPU); positions of parameters not in ``params`` are left out."""
+    index = {id(p): j for j, p in enumerate(params)}
+    mine, position = {}, 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            j = index.get(id(p))
+            if j is not None and j in saved:
+                mine[position] = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                                  for k, v in saved[j].items()} if copy else saved[j]
+            position += 1
+    return mine
 
 
 # -- the user's own optimizer object ------------------------------------------------------
@@ -80,15 +89,8 @@ def into_user_optimizer(state: Mapping[str, Any], optimizer: torch.optim.Optimiz
     each trained parameter's state (moved by torch to where the parameter is; not copied, so
     only as the run's optimizers end) and every group's hyper-parameters (learning rates a
     scheduler set), so it goes on from there."""
-    own = optimizer.state_dict()
-    index = {id(p): j for j, p in enumerate(params)}
-    saved, mine, position = state["state"], dict(own["state"]), 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            j = index.get(id(p))
-            if j is not None and j in saved:    # no copy: the run's optimizers end here
-                mine[position] = saved[j]
-            position += 1
+    own = optimizer.state_dict()        # (the state of parameters the run did not train stays)
+    mine = {**own["state"], **_by_position(optimizer, params, state["state"], copy=False)}
     groups = [{**ours, **{k: v for k, v in theirs.items() if k != "params"}}
               for ours, theirs in zip(own["param_groups"], state["groups"])]
     optimizer.load_state_dict({"state": mine, "param_groups": groups})
