@@ -117,3 +117,14 @@ def test_cuda_graphs_train_as_eager():
         return [p.detach().cpu() for p in model.parameters()]
     for p, q in zip(run("reduce-overhead"), run(None)):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("devices", ["cuda:0,cuda:0", "cuda:0,cpu:0"])
+def test_a_callbacks_weight_edits_reach_every_replica_on_a_gpu(devices):
+    """ModelEdits' copies across devices after a hook (default streams: ordered with the steps)."""
+    from tests.run.test_callback_edits import MaxNorm, fit, max_norm_, model, plain
+    net = model(frozen=False)
+    fit(net, devices, 3, [MaxNorm()])
+    want = plain(3, after_batch=lambda n: max_norm_(n[2]))
+    for p, q in zip(net.parameters(), want.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q, rtol=1e-4, atol=1e-5)
