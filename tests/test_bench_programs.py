@@ -229,3 +229,12 @@ def test_the_stream_and_sampler_benchmark_runs_its_variants(tmp_path):
     for program in figures.values():
         assert len(program["epoch_sec"]) in (6, 8) and all(s > 0 for s in program["epoch_sec"].values())
         assert program["stream 1 device / plain loop"] > 0 and program["weighted sampler: dptrain / plain loop"] > 0
+
+
+def test_the_unfreezing_benchmark_times_one_fit_two_fits_and_the_rebuild(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_unfreeze.py", "--smoke")
+    assert set(figures["2 device(s)"]["seconds"]) == {"dptrain, one fit", "dptrain, two fits"}
+    assert figures["2 device(s)"]["one fit faster by (x)"]["dptrain, two fits"] > 0
+    assert figures["rebuild in fit, ms (median)"] > 0
+    assert set(figures["rebuild, ms (median of 3)"]) == {"cnn backbone, 2 device(s)",
+                                                             "resnet18 stem (the rest's Adam state kept), 2 device(s)"}

@@ -159,6 +159,40 @@ def test_a_layer_frozen_mid_run_on_two_processes_trains_as_plain_pytorch(devices
     assert all(diff < 1e-6 for diff in run_workers(frozen_mid_run, devices))
 
 
+def unfrozen_mid_run(rank, world, variant):
+    from tests.run.test_unfreezing import fit, model, plain
+    net = model(frozen=True)
+    fit(net, 1, variant, "on_batch_end")
+    return max(float((p - q).abs().max()) for p, q in zip(net.parameters(), plain(variant, 4)[0].parameters()))
+
+
+@pytest.mark.parametrize("variant", ["all", "group"])
+def test_a_layer_unfrozen_mid_run_on_two_processes_trains_as_plain_pytorch(variant):
+    assert all(diff < 1e-6 for diff in run_workers(unfrozen_mid_run, variant))
+
+
+def unfrozen_otherwise_on_one_rank(rank, world):
+    from tests.run.test_unfreezing import BATCH, data, model, optimizer_for
+    net = model(frozen=True)
+
+    class Unfreeze(dptrain.Callback):
+        def on_epoch_start(self, run, epoch):
+            if epoch == 2:
+                net[0].requires_grad_(True)
+                net[2].weight.requires_grad_(rank == 0)      # rank 1 also freezes the head's weight
+    try:
+        dptrain.fit(net, data(), loss=nn.CrossEntropyLoss(), optimizer=optimizer_for(net, "all"), epochs=2,
+                    batch_size=BATCH, devices=1, callbacks=[Unfreeze()], log=None)
+    except ValueError as e:
+        return str(e)
+
+
+def test_layers_unfrozen_otherwise_on_one_process_stop_every_process_naming_it():
+    said = run_workers(unfrozen_otherwise_on_one_rank)
+    assert all(s and "the processes disagree on what trains: rank 0 trains 4 parameters in 1 optimizer groups, "
+               "rank 1 3 in 1" in s for s in said), said
+
+
 def clipped(rank, world, max_value=None):
     from dptrain.core.parts import even_part
     from dptrain.engine.model_engine import ModelEngine

@@ -37,21 +37,30 @@ def test_a_step_is_not_an_edit():
     assert edits.after("in a test") is False
 
 
-def test_a_layer_frozen_on_the_first_replica_is_frozen_on_all_and_one_frozen_at_the_start_stays():
+def test_requires_grad_set_on_the_first_replica_is_set_on_all_in_both_directions():
     reps = replicas(2)
-    reps[0][1].requires_grad_(False)
-    for m in list(reps)[1:]:
+    for m in reps:
         m[1].requires_grad_(False)
     edits = ModelEdits(reps)
     reps[0][0].requires_grad_(False)
     edits.after("in on_batch_end")
     assert [p.requires_grad for p in reps[1].parameters()] == [False] * 4
-    reps[0][0].requires_grad_(True)                       # it trained at the start: it may again
+    reps[0][0].requires_grad_(True)
+    reps[0][1].requires_grad_(True)                        # frozen at the start: unfrozen too
     edits.after("in on_batch_end")
-    assert [p.requires_grad for p in reps[1].parameters()] == [True, True, False, False]
-    reps[0][1].requires_grad_(True)
-    with pytest.raises(ValueError, match=r"in on_batch_end \(now trains: 1.weight, 1.bias\)"):
-        edits.after("in on_batch_end")
+    assert [p.requires_grad for p in reps[1].parameters()] == [True] * 4
+
+
+def test_a_trainer_told_of_a_layer_unfrozen_that_no_group_holds_names_the_hook_and_the_fix():
+    reps = replicas(2)
+    for m in reps:
+        m[0].requires_grad_(False)
+    trainer = dptrain.Trainer(reps, "sgd")                 # built on what trains: layer 1
+    edits = ModelEdits(reps, trainer)
+    reps[0][0].requires_grad_(True)
+    with pytest.raises(ValueError, match=r"in on_epoch_start: requires_grad was set on 0.weight, 0.bias, but no "
+                                         r"group of the optimizer holds them.*add_param_group"):
+        edits.after("in on_epoch_start")
 
 
 def test_plain_attributes_follow_the_first_replica_but_not_each_replicas_own():

@@ -353,7 +353,7 @@ def test_optimizer_factories_and_classes():
     with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
         dptrain.Trainer(net, lambda params: 3)
     other = nn.Linear(2, 1)
-    with pytest.raises(ValueError, match="not a trainable parameter of the model"):
+    with pytest.raises(ValueError, match="not a parameter of the model"):
         dptrain.Trainer(net, torch.optim.SGD(other.parameters(), lr=0.1))
 
 

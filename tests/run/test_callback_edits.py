@@ -1,8 +1,7 @@
 """What a callback does to ``run.model`` holds on every device, as in the plain loop: weights
 it edits in place (a max-norm constraint, ``load_state_dict``), attributes it schedules, layers
-it freezes; a layer frozen when ``fit`` started cannot start training mid-run (Lightning's
-``BackboneFinetuning``): that stops the run with the fix, and fine-tuning in phases, one
-``fit`` each, trains exactly as the plain loop does."""
+it freezes (and unfreezes: ``test_unfreezing.py``); fine-tuning in phases, one ``fit`` each,
+trains exactly as the plain loop does."""
 import functools
 import math
 
@@ -23,31 +22,6 @@ def model(frozen: bool):
     m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
     m[0].requires_grad_(not frozen)
     return m
-
-
-class SetTrainable(dptrain.Callback):
-    """Sets the first layer's ``requires_grad`` in ``hook`` of epoch 2, as a fine-tuning callback does."""
-
-    def __init__(self, net, hook, value, add_group=False):
-        self.net, self.hook, self.value, self.add_group = net, hook, value, add_group
-
-    def _set(self, run, epoch):
-        if epoch == 2:
-            self.net[0].requires_grad_(self.value)
-            if self.add_group:
-                run.optimizer.add_param_group({"params": list(self.net[0].parameters()), "lr": 0.01})
-
-    def on_epoch_start(self, run, epoch):
-        if self.hook == "on_epoch_start":
-            self._set(run, epoch)
-
-    def on_batch_start(self, run, epoch, batch):
-        if self.hook == "on_batch_start":
-            self._set(run, epoch)
-
-    def on_batch_end(self, run, batch):
-        if self.hook == "on_batch_end":
-            self._set(run, batch.epoch)
 
 
 def fit(net, devices, epochs, callbacks=(), optimizer=None, **kw):
@@ -137,17 +111,6 @@ def test_an_evaluation_scores_the_weights_a_callback_set_for_it_on_every_device(
     assert_same(net, plain(2))
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-@pytest.mark.parametrize("hook", ["on_epoch_start", "on_batch_start", "on_batch_end"])
-def test_unfreezing_mid_run_stops_with_the_parameters_named_and_the_fix(devices, hook):
-    net = model(frozen=True)
-    before = net[0].weight.detach().clone()
-    with pytest.raises(ValueError, match=rf"requires_grad changed during training, in {hook} \(now trains: 0.weight, "
-                                         r"0.bias\).*train in phases"):
-        fit(net, devices, 3, [SetTrainable(net, hook, True)])
-    assert torch.equal(net[0].weight, before)        # no step took the unfrozen layer half-way
-
-
 class FreezeThenThaw(dptrain.Callback):
     """The first layer frozen for epoch 2, trained again from epoch 3 (it trained at the start)."""
 
@@ -186,12 +149,6 @@ def plain_freeze_then_thaw():
             nn.functional.cross_entropy(ref(X[i:i + 64]), y[i:i + 64]).backward()
             opt.step()
     return ref
-
-
-def test_a_param_group_added_mid_run_is_refused_not_left_untrained():
-    net = model(frozen=True)
-    with pytest.raises(ValueError, match="add_param_group during training.*never be updated"):
-        fit(net, 1, 3, [SetTrainable(net, "on_epoch_start", False, add_group=True)])
 
 
 def plain_phases(epochs_frozen, epochs_thawed):

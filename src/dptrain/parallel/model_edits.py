@@ -12,7 +12,9 @@ and the devices drifted apart, silently. So after each hook that runs user code 
 - a plain attribute of a module (a number, string, bool or None: ``training``, ``p``, your
   own ``beta``) that differs from the second replica's is set on them (not those that
   differed when training started: a replica's own, as a synchronised BatchNorm's ``rank``);
-- a parameter whose ``requires_grad`` changed is an error (``trainable.py``).
+- a parameter whose ``requires_grad`` changed is set so on them, and the ``Trainer`` is told
+  (``Trainer.follow``: a layer unfrozen, or a group added to ``run.optimizer``, trains from
+  the next step on; see ``trainable.py``).
 
 Not seen: a write through ``param.data`` (it moves no version: use ``torch.no_grad()`` and the
 parameter itself, or ``run.load_weights``), and attributes that are other objects (lists,
@@ -20,12 +22,13 @@ dicts, tensors assigned anew: assign a new ``nn.Parameter``/buffer through ``loa
 """
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 import torch
 
 from .replicas import Replicas
 from .trainable import TrainableSet
+from .trainer import Trainer
 
 _PLAIN = (bool, int, float, str, type(None))
 _MISSING = object()
@@ -34,13 +37,16 @@ _MISSING = object()
 class ModelEdits:
     """The first replica's tensor versions after the last step, what trains, and its modules.
 
-    >>> edits = ModelEdits(replicas)
+    >>> edits = ModelEdits(replicas, trainer)
     >>> trainer.step(...); edits.stepped()             # the step's own writes are not edits
     >>> callbacks.on_batch_end(...); edits.after("in on_batch_end")
     """
 
-    def __init__(self, replicas: Replicas):
+    def __init__(self, replicas: Replicas, trainer: Optional[Trainer] = None):
         self.trainable = TrainableSet(replicas[0])
+        self._trainer = trainer
+        if trainer is not None:
+            trainer.follow_edits()
         self._replicas = list(replicas)
         self._tensors: List[List[torch.Tensor]] = [list(m.parameters()) + list(m.buffers()) for m in replicas]
         self._modules: List[List[Any]] = [list(m.modules()) for m in replicas]
@@ -62,14 +68,20 @@ class ModelEdits:
         self._versions = [t._version for t in self._first]
 
     def after(self, where: str, always: bool = False) -> bool:
-        """After user code ran (``where``: "in on_batch_end"): a requires_grad changed is a
-        ValueError; tensors written in place and plain attributes changed on the first
-        replica are given to the others. Returns whether tensors were written (on one
-        replica: only with ``always``, else False)."""
-        if self.trainable.check(where, freezing=True) and self.several:    # layers frozen (or again trained)
+        """After user code ran (``where``: "in on_batch_end"): tensors written in place,
+        plain attributes and ``requires_grad`` changed on the first replica are given to the
+        others, and the Trainer follows what trains (an error, naming ``where``, if it cannot).
+        Returns whether tensors were written (on one replica: only with ``always``, else False)."""
+        changed = self.trainable.changed()
+        if changed and self.several:        # layers frozen or unfrozen
             for first, *others in zip(*(list(m.parameters()) for m in self._replicas)):
                 for other in others:
                     other.requires_grad_(first.requires_grad)
+        if self._trainer is not None:
+            try:
+                self._trainer.follow(changed)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
         if self.several:
             self._follow_attributes()
         elif not always:

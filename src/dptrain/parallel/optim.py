@@ -104,9 +104,11 @@ class OptimizerPlan:
 
     @classmethod
     def resolve(cls, spec: OptimizerSpec, optimizer_params: Optional[Mapping[str, Any]],
-                params: Sequence[torch.Tensor]) -> "OptimizerPlan":
+                params: Sequence[torch.Tensor], every: Optional[Sequence[torch.Tensor]] = None) -> "OptimizerPlan":
         """Read any optimizer form (see the module docstring) over ``params``, the trainable
-        parameters of device 0's replica."""
+        parameters of device 0's replica; groups name them by their index in ``every`` (all
+        of its parameters, frozen ones too: an optimizer built on ``model.parameters()`` keeps
+        its frozen ones, which train once unfrozen; default ``params``)."""
         if isinstance(spec, str):
             optimizer = make_optimizer(spec, check_optimizer(spec, optimizer_params), params)
         elif isinstance(spec, torch.optim.Optimizer):
@@ -122,26 +124,16 @@ class OptimizerPlan:
         else:
             raise TypeError(f"optimizer must be a name ('sgd', 'adam', ...), a torch.optim class or factory, or "
                             f"a torch.optim.Optimizer, got {type(spec).__name__}")
-        return cls.from_optimizer(optimizer, params)
+        return cls.from_optimizer(optimizer, params if every is None else every)
 
     @classmethod
     def from_optimizer(cls, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> "OptimizerPlan":
-        index = {id(p): j for j, p in enumerate(params)}
-        groups = []
-        for g, group in enumerate(optimizer.param_groups):
-            members = []
-            for p in group["params"]:
-                if id(p) not in index:
-                    if getattr(p, "requires_grad", True):
-                        raise ValueError(f"the optimizer's group {g} holds a tensor of shape {tuple(p.shape)} "
-                                         f"that is not a trainable parameter of the model: build the optimizer "
-                                         f"on model.parameters()")
-                    continue            # a frozen parameter: never updated
-                members.append(index[id(p)])
-            hyper = {k: v for k, v in group.items() if k != "params"}
-            check_learning_rate(hyper.get("lr", 0.0), f"the learning rate of parameter group {g}")
-            groups.append((members, hyper))
-        return cls(type(optimizer), dict(optimizer.defaults), groups)
+        return cls(type(optimizer), dict(optimizer.defaults), _groups_of(optimizer, params))
+
+    def regrouped(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> "OptimizerPlan":
+        """This plan's class and defaults, with the groups ``optimizer`` has now (the
+        ``ReplicatedOptimizer``, after ``add_param_group`` or a scheduler's changes)."""
+        return OptimizerPlan(self.cls, self.defaults, _groups_of(optimizer, params))
 
     def build(self, tensors: Sequence[torch.Tensor], indices: Iterable[int]) -> Tuple[torch.optim.Optimizer, List[int]]:
         """The optimizer over ``tensors`` (parameter ``indices[k]`` is ``tensors[k]``), and for
@@ -167,6 +159,26 @@ class OptimizerPlan:
         where = {j: k for k, j in enumerate(keep)}
         return OptimizerPlan(self.cls, self.defaults,
                              [([where[j] for j in members if j in where], hyper) for members, hyper in self.groups])
+
+
+def _groups_of(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> List[Tuple[List[int], Dict[str, Any]]]:
+    """Each group's members (their indices in ``params``) and hyper-parameters."""
+    index = {id(p): j for j, p in enumerate(params)}
+    groups = []
+    for g, group in enumerate(optimizer.param_groups):
+        members = []
+        for p in group["params"]:
+            if id(p) not in index:
+                if getattr(p, "requires_grad", True):
+                    raise ValueError(f"the optimizer's group {g} holds a tensor of shape {tuple(p.shape)} "
+                                     f"that is not a parameter of the model: build the optimizer on "
+                                     f"model.parameters(), and add groups of the model's own parameters")
+                continue            # a frozen tensor of no module: never updated
+            members.append(index[id(p)])
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        check_learning_rate(hyper.get("lr", 0.0), f"the learning rate of parameter group {g}")
+        groups.append((members, hyper))
+    return groups
 
 
 def _keywords(cls: type) -> set:
@@ -208,15 +220,41 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
         groups = [{"params": [params[j] for j in members], **hyper} for members, hyper in plan.groups]
         super().__init__(groups, plan.defaults)
         self._replicas = replicas
+        #: Whether ``add_param_group`` may add groups between steps (``fit``'s Trainer follows
+        #: them: ``Trainer.follow``); ``regrouped``: one was added since the Trainer last looked.
+        self.growable, self.regrouped = False, False
         self._built = True
 
-    def add_param_group(self, param_group: Dict[str, Any]) -> None:   # noqa: D102 - refused once built
-        if getattr(self, "_built", False):
-            raise ValueError("add_param_group during training: the per-device optimizers are built for the "
-                             "parameters that train when training starts, and a group added now would never be "
-                             "updated; train in phases instead, one fit call each: fit, then unfreeze the "
-                             "parameters and call fit again with an optimizer over them")
-        super().add_param_group(param_group)
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:   # noqa: D102 - see growable
+        if not getattr(self, "_built", False):
+            super().add_param_group(param_group)
+            return
+        if not self.growable:
+            raise ValueError("add_param_group on the optimizer of a Trainer in your own loop: its per-device "
+                             "optimizers are built for the parameters that train when it is set up, and a group "
+                             "added now would never be updated; set requires_grad, then replicate the model again "
+                             "and make a new Trainer (fit takes new groups between steps)")
+        try:
+            super().add_param_group(param_group)
+        except ValueError as e:
+            if "more than one parameter group" not in str(e):
+                raise
+            raise ValueError("add_param_group: some of these parameters are in a group of the optimizer already "
+                             "(one built on model.parameters() holds the frozen ones too, and they train in it once "
+                             "requires_grad is set): add only parameters no group holds, or build the optimizer "
+                             "on the parameters that train at the start (filter by requires_grad)") from None
+        self.regrouped = True
+
+    def set_groups(self, members: Sequence[Sequence[int]], params: Sequence[torch.Tensor],
+                   hyper: Sequence[Dict[str, Any]]) -> None:
+        """The groups a checkpoint had (``members``: indices in ``params``; ``hyper``, from its
+        ``state_dict``, for groups added since this was made)."""
+        for g, group_members in enumerate(members):
+            chosen = [params[j] for j in group_members]
+            if g < len(self.param_groups):
+                self.param_groups[g]["params"] = chosen
+            else:
+                self.param_groups.append({**{k: v for k, v in hyper[g].items() if k != "params"}, "params": chosen})
 
     def step(self, closure=None):   # noqa: D102 - see the class docstring
         return None

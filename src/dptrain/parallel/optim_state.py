@@ -37,9 +37,11 @@ def optimizer_state(optimizers: Sequence[torch.optim.Optimizer], groups: Sequenc
 
 
 def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.optim.Optimizer],
-                         groups: Sequence[Sequence[torch.Tensor]], replicated: "ReplicatedOptimizer") -> None:
+                         groups: Sequence[Sequence[torch.Tensor]],
+                         replicated: Optional["ReplicatedOptimizer"] = None) -> None:
     """Load what ``optimizer_state`` gave into ``optimizers`` (over ``groups``), whatever
-    devices, kvstore or processes saved it; a ValueError names what does not match."""
+    devices, kvstore or processes saved it, and its groups' hyper-parameters into
+    ``replicated`` (if given); a ValueError names what does not match."""
     ours = type(optimizers[0]).__name__
     if state.get("optimizer") != ours:
         raise ValueError(f"the checkpoint's optimizer is {state.get('optimizer')!r}, this run's {ours!r}: "
@@ -52,7 +54,12 @@ def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.op
     for i, opt in enumerate(optimizers):        # a copy each: torch's .to() may alias them
         opt.load_state_dict({"state": _by_position(opt, groups[i], saved, copy=True),
                              "param_groups": opt.state_dict()["param_groups"]})
-    replicated.load_state_dict({"state": {}, "param_groups": state["groups"]})
+    if replicated is not None:      # the hyper-parameters, group by group (its members are the model's)
+        if len(state["groups"]) != len(replicated.param_groups):
+            raise ValueError(f"the checkpoint's optimizer has {len(state['groups'])} parameter groups, this run's "
+                             f"{len(replicated.param_groups)}: resume with the same optimizer")
+        for group, saved in zip(replicated.param_groups, state["groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
 
 
 def _by_position(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
@@ -72,7 +79,57 @@ def _by_position(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor
     return mine
 
 
+# -- a rebuild (a layer unfrozen mid-run: Trainer.follow) --------------------------------
+def held_states(optimizers: Sequence[torch.optim.Optimizer], groups: Sequence[Sequence[torch.Tensor]],
+                kept: Sequence[int]) -> List[Dict[int, Dict[str, Any]]]:
+    """Each device's optimizer state (``optimizers[i]`` over ``groups[i]``, the parameters
+    ``kept`` of the model), by parameter index in the model."""
+    held = []
+    for optimizer, params in zip(optimizers, groups):
+        index = {id(p): kept[k] for k, p in enumerate(params)}
+        held.append({index[id(p)]: s for p, s in optimizer.state.items() if id(p) in index})
+    return held
+
+
+def carry_states(held: Sequence[Dict[int, Dict[str, Any]]], optimizers: Sequence[torch.optim.Optimizer],
+                 groups: Sequence[Sequence[torch.Tensor]], kept: Sequence[int]) -> None:
+    """Give rebuilt per-device optimizers the state ``held_states`` took from the former ones,
+    without copies (an 11.5M-parameter Adam's on 2 devices: 1.5 ms, against 240 ms through
+    ``state_dict``): a device's own where it updates the same parameter as before, else the
+    former owner's (kvstore "device": ownership may move), moved to its device (Adam's
+    ``step`` stays where torch keeps it)."""
+    for i, optimizer in enumerate(optimizers):
+        index = {id(p): kept[k] for k, p in enumerate(groups[i])}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                j = index.get(id(p))
+                if j in held[i]:
+                    optimizer.state[p] = held[i][j]
+                    continue
+                source = next((h[j] for h in held if j in h), None)
+                if source is not None:
+                    optimizer.state[p] = {k: v.to(p.device) if isinstance(v, torch.Tensor) and k != "step" else v
+                                          for k, v in source.items()}
+
+
 # -- the user's own optimizer object ------------------------------------------------------
+def lend(user: torch.optim.Optimizer, new: Sequence[int], optimizers: Sequence[torch.optim.Optimizer],
+         groups: Sequence[Sequence[torch.Tensor]], replicated: "ReplicatedOptimizer") -> None:
+    """Load into ``optimizers`` (over ``groups``) the state the user's optimizer object holds
+    for the parameters ``new`` (indices among ``groups[0]``), and take it out of the object:
+    lent to the run, held once, not twice (``into_user_optimizer`` gives it back)."""
+    if not user.state:
+        return
+    lent = state_of_user_optimizer(user, [groups[0][k] for k in new], replicated)["state"]
+    if lent:
+        state = {"optimizer": type(optimizers[0]).__name__, "state": {new[k]: s for k, s in lent.items()},
+                 "shapes": [list(p.shape) for p in groups[0]]}
+        load_optimizer_state(state, optimizers, groups)
+        for k in new:
+            user.state.pop(groups[0][k], None)
+
+
+
 def state_of_user_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
                             replicated: "ReplicatedOptimizer") -> Dict[str, Any]:
     """The state an optimizer the user built on the model holds (a second ``fit`` with it, or

@@ -31,11 +31,11 @@ from ..distributed.collective import get_collective
 from . import bare_step, sync
 from .params import devices_of, parameter_lists
 from .optim import OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
-from .optim_state import into_user_optimizer, load_optimizer_state, optimizer_state, state_of_user_optimizer
+from .optim_state import carry_states, held_states, into_user_optimizer, lend, load_optimizer_state, optimizer_state
 from .phases import run_fused
 from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
-from .trainable import NEW_TRAINER, TrainableSet
+from .trainable import NEW_TRAINER, TrainableSet, agree, check_thawed, kept
 from .sync import Denominator, GradientSync, SyncStep
 from .sync.base import Extras, clamp_, grad_norm, scale_and_clip_
 from .sync.buckets import DEFAULT_BUCKET_MB
@@ -71,6 +71,7 @@ class Trainer:
         if isinstance(optimizer, str):
             check_optimizer(optimizer, optimizer_params)          # a typo fails here, not at step 1
         self._spec, self._optimizer_params = optimizer, optimizer_params
+        self._kvstore, self._bucket_cap_mb, self._growable = kvstore, bucket_cap_mb, False
         self._frozen: List[torch.Tensor] = []
         self._trainable: Optional[TrainableSet] = None
         if isinstance(params_or_replicas, Replicas):
@@ -92,17 +93,34 @@ class Trainer:
 
     def _setup(self) -> None:
         if self._replicas is not None:
-            self._frozen = [p for p in self._replicas[0].parameters() if not p.requires_grad]
-            self._groups = [[p for p in m.parameters() if p.requires_grad] for m in self._replicas]
-            if not self._groups[0]:
+            self._all = list(self._replicas[0].parameters())
+            trainable = [p for p in self._all if p.requires_grad]
+            if not trainable:
                 raise ValueError("the model has no trainable parameter (every one has requires_grad=False)")
-        plan = OptimizerPlan.resolve(self._spec, self._optimizer_params, self._groups[0])
-        keep = plan.managed()
-        if len(keep) < len(self._groups[0]):        # trainable, but not given to the optimizer
-            self._groups = [[g[j] for j in keep] for g in self._groups]
-            plan = plan.restricted(keep)
+        else:
+            self._all = trainable = self._groups[0]
+        # Groups by index among all of replica 0's parameters: an optimizer built on
+        # model.parameters() keeps its frozen ones, which train once unfrozen (``follow``).
+        self._plan = OptimizerPlan.resolve(self._spec, self._optimizer_params, trainable, self._all)
+        self.optimizer = ReplicatedOptimizer(self._plan, self._all, [])
+        self.optimizer.growable = self._growable
         # Listed once: walking the modules for them took ~80 us a step.
         self._buffers = list(self._replicas[0].buffers()) if self._replicas is not None else []
+        self._build()
+        self._lend(range(len(self._kept)))         # an optimizer object that trained before goes on
+
+    def _build(self) -> None:
+        """The gradient sync and per-device optimizers for the parameters that train now:
+        ``requires_grad`` on replica 0 and in a group of the optimizer."""
+        self._kept = kept(self._all, self._plan)
+        if self._replicas is not None:
+            every = [list(m.parameters()) for m in self._replicas]
+            self._groups = [[ps[j] for j in self._kept] for ps in every]
+            chosen = set(self._kept)
+            self._frozen = [p for j, p in enumerate(self._all) if j not in chosen]
+        elif len(self._kept) < len(self._groups[0]):        # trainable, but not given to the optimizer
+            self._groups = [[g[j] for j in self._kept] for g in self._groups]
+        plan = self._plan.restricted(self._kept)
         self.sync.setup(self._groups, self._frozen + self._buffers)
         self._broadcast_buffers()
         self._optimizers, self._origins = [], []
@@ -112,12 +130,50 @@ class Trainer:
             optimizer, origin = plan.build([g[j] for j in indices], indices)
             self._optimizers.append(optimizer)
             self._origins.append(origin)
-        self.optimizer = ReplicatedOptimizer(plan, self._groups[0], self._groups)
-        if isinstance(self._spec, torch.optim.Optimizer) and self._spec.state:     # it trained before: go on
-            load_optimizer_state(state_of_user_optimizer(self._spec, self._groups[0], self.optimizer),
-                                 self._optimizers, self._groups, self.optimizer)
-            self._spec.state.clear()        # lent to the run, not held twice (give_back returns it)
+        self.optimizer._replicas = self._groups
         self._trainable = TrainableSet(self._replicas[0]) if self._replicas is not None else None
+        self._mask = [p.requires_grad for p in self._all]
+
+    def _lend(self, new: Sequence[int]) -> None:
+        if isinstance(self._spec, torch.optim.Optimizer):
+            lend(self._spec, new, self._optimizers, self._groups, self.optimizer)
+
+    def follow_edits(self) -> None:
+        """Take what ``fit``'s callbacks change between steps (``follow``): layers unfrozen,
+        groups added to ``optimizer``. A Trainer of the user's own loop refuses them."""
+        self._growable = True
+        if self.optimizer is not None:
+            self.optimizer.growable = True
+
+    def follow(self, trainable_changed: bool = True) -> bool:
+        """Between steps, after user code ran: if a parameter now trains that the per-device
+        optimizers do not hold (unfrozen, or in a group added to ``optimizer``), build them
+        and the gradient sync again for what trains now, keeping every optimizer state (the
+        new parameters start with none, as in a plain loop). Returns whether it rebuilt."""
+        if not self._optimizers or self._replicas is None or not (trainable_changed or self.optimizer.regrouped):
+            return False
+        plan = self._plan.regrouped(self.optimizer, self._all)
+        check_thawed(list(self._replicas[0].named_parameters()), self._mask, plan)
+        if not self.optimizer.regrouped and set(kept(self._all, plan)) <= set(self._kept):
+            return False            # frozen (no gradient: not updated), or trained again
+        agree(self.collective, [p.requires_grad for p in self._all], plan)
+        held, old = held_states(self._optimizers, self._groups, self._kept), set(self._kept)
+        self._rebuild(plan)
+        self._lend([k for k, j in enumerate(self._kept) if j not in old])
+        carry_states(held, self._optimizers, self._groups, self._kept)
+        return True
+
+    def _rebuild(self, plan: OptimizerPlan) -> None:
+        """Set up again for what trains now on replica 0, under ``plan`` (its groups); every
+        replica's ``requires_grad`` follows replica 0's, and no gradient is kept."""
+        for m in self._replicas:
+            for p, q in zip(m.parameters(), self._all):
+                p.requires_grad_(q.requires_grad)
+                p.grad = None
+        self._plan, self.optimizer.regrouped = plan, False
+        self.sync.close()
+        self.sync = sync.create(self._kvstore, self.runner, self.collective, self._bucket_cap_mb)
+        self._build()
 
     def _ready(self) -> None:
         if not self._optimizers:
@@ -304,22 +360,38 @@ class Trainer:
     def state_dict(self) -> dict:
         """The optimizer state per parameter (by its index among the trainable ones) and the
         parameter groups' hyper-parameters; the same layout whatever the devices, kvstore or
-        processes (see ``optim_state.py``)."""
+        processes (see ``optim_state.py``). With a model: which of its parameters train and
+        each group's members (by index among them all), which a callback may have changed."""
         self._ready()
-        return optimizer_state(self._optimizers, self._groups, self.sync.optimized, self.optimizer)
+        state = optimizer_state(self._optimizers, self._groups, self.sync.optimized, self.optimizer)
+        if self._replicas is not None:
+            state["requires_grad"] = [p.requires_grad for p in self._all]
+            state["members"] = [members for members, _ in self._plan.groups]
+        return state
 
     def give_back(self) -> None:
         """Into the optimizer the user built on the model, if one was given: the state and
         hyper-parameters training reached, so that it goes on from there (a second ``fit``, a
-        loop of the user's, its ``state_dict``), as the optimizer of a plain loop would. Its
-        state was lent to this Trainer when it was set up (held once, not twice): ``close``
-        gives it back, as the end of ``fit`` does."""
-        if isinstance(self._spec, torch.optim.Optimizer) and self._optimizers:
-            into_user_optimizer(self.state_dict(), self._spec, self._groups[0])
+        loop of the user's, its ``state_dict``), as the optimizer of a plain loop would, with
+        the groups a callback added. Its state was lent to this Trainer when it was set up
+        (held once, not twice): ``close`` gives it back, as the end of ``fit`` does."""
+        user = self._spec
+        if isinstance(user, torch.optim.Optimizer) and self._optimizers:
+            for group in self.optimizer.param_groups[len(user.param_groups):]:
+                user.add_param_group({**group, "params": list(group["params"])})
+            into_user_optimizer(self.state_dict(), user, self._groups[0])
 
     def load_state_dict(self, state: dict) -> None:
-        """Load a ``state_dict``, whatever devices, kvstore or processes saved it."""
+        """Load a ``state_dict``, whatever devices, kvstore or processes saved it (and what
+        trained then: unfrozen layers, added groups)."""
         self._ready()
+        flags, members = state.get("requires_grad"), state.get("members")
+        if self._replicas is not None and flags is not None and len(flags) == len(self._all) and \
+                (flags != [p.requires_grad for p in self._all] or members != [m for m, _ in self._plan.groups]):
+            for p, flag in zip(self._all, flags):
+                p.requires_grad_(flag)
+            self.optimizer.set_groups(members, self._all, state["groups"])
+            self._rebuild(self._plan.regrouped(self.optimizer, self._all))
         load_optimizer_state(state, self._optimizers, self._groups, self.optimizer)
         self.optimizer.push(zip(self._optimizers, self._origins))
 

@@ -74,7 +74,8 @@ class Run(RunView):
         self.kvstore, self.engine, self.train_loader, self.eval_loader, self.other_evals = build_engine(
             task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
-        self.edits = ModelEdits(self.engine.replicas)      # what callbacks do to run.model, on every device
+        # What callbacks do to run.model (and which of its layers train), on every device.
+        self.edits = ModelEdits(self.engine.replicas, self.engine.trainer)
         self.batches = len(self.train_loader)
         self.limit = StepLimit(config.max_steps, self.batches)
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
@@ -105,7 +106,7 @@ class Run(RunView):
         self.balancer = build_balancer(config, self.collective, devices, self.train_loader, env.rank)
         self.callbacks = CallbackList(outputs + list(task.callbacks))
         users = CallbackList(list(task.callbacks))      # (dptrain's outputs edit no model)
-        self.watch_batches = users.wants("on_batch_start") or users.wants("on_batch_end")
+        self.watch_batches = any(users.wants(hook) for hook in ("on_batch_start", "on_batch_end", "on_train_log"))
         resume.own_random_streams(config.seed, env.rank, devices)     # dropout masks differ by rank
         if config.resume:                                               # (and this restores them)
             with stage(f"resuming from {config.checkpoint_dir}"):

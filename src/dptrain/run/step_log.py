@@ -86,3 +86,5 @@ def log_step(run: Any, tally: Any, epoch: int, batch: int) -> None:
     if tested and run.schedule.after_step_evaluation(row):
         row["lr"] = run.engine.trainer.learning_rate        # what the next update uses
     run.callbacks.on_train_log(run, row)
+    if run.watch_batches:
+        run.edits.after("in on_train_log")
