@@ -30,12 +30,13 @@ from ..core.runner import get_runner
 from ..distributed.collective import get_collective
 from . import bare_step, sync
 from .params import devices_of, parameter_lists
-from .optim import OptimizerPlan, OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
-from .optim_state import carry_states, held_states, into_user_optimizer, lend, load_optimizer_state, optimizer_state
+from .layout import Layout
+from .optim import OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
+from .optim_state import load_optimizer_state, optimizer_state
 from .phases import run_fused
 from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
-from .trainable import NEW_TRAINER, TrainableSet, agree, check_thawed, kept
+from .trainable import NEW_TRAINER, agree
 from .sync import Denominator, GradientSync, SyncStep
 from .sync.base import Extras, clamp_, grad_norm, scale_and_clip_
 from .sync.buckets import DEFAULT_BUCKET_MB
@@ -72,71 +73,44 @@ class Trainer:
             check_optimizer(optimizer, optimizer_params)          # a typo fails here, not at step 1
         self._spec, self._optimizer_params = optimizer, optimizer_params
         self._kvstore, self._bucket_cap_mb, self._growable = kvstore, bucket_cap_mb, False
-        self._frozen: List[torch.Tensor] = []
-        self._trainable: Optional[TrainableSet] = None
+        self._given: Optional[List[List[torch.Tensor]]] = None
+        self._given_frozen: List[torch.Tensor] = []
         if isinstance(params_or_replicas, Replicas):
             self.devices = params_or_replicas.devices
             self._replicas: Optional[Replicas] = params_or_replicas
         else:
             self._replicas = None
-            self._groups, self._frozen = parameter_lists(params_or_replicas)
-            self.devices = devices_of(self._groups, devices)
+            self._given, self._given_frozen = parameter_lists(params_or_replicas)
+            self.devices = devices_of(self._given, devices)
         self.runner = get_runner(self.devices)
         self.collective = get_collective()
         self.sync: GradientSync = sync.create(kvstore, self.runner, self.collective, bucket_cap_mb)
-        self._optimizers: List[torch.optim.Optimizer] = []
-        self._origins: List[List[int]] = []
+        self.layout: Optional[Layout] = None        # what trains, and the per-device optimizers
         self.optimizer: Optional[ReplicatedOptimizer] = None
         if self._replicas is None or self._replicas.initialized:
             # Now, before any backward: several processes start from rank 0's parameters.
             self._setup()
 
     def _setup(self) -> None:
-        if self._replicas is not None:
-            self._all = list(self._replicas[0].parameters())
-            trainable = [p for p in self._all if p.requires_grad]
-            if not trainable:
-                raise ValueError("the model has no trainable parameter (every one has requires_grad=False)")
-        else:
-            self._all = trainable = self._groups[0]
-        # Groups by index among all of replica 0's parameters: an optimizer built on
-        # model.parameters() keeps its frozen ones, which train once unfrozen (``follow``).
-        self._plan = OptimizerPlan.resolve(self._spec, self._optimizer_params, trainable, self._all)
-        self.optimizer = ReplicatedOptimizer(self._plan, self._all, [])
+        self.layout = Layout(self._replicas, self._given, self._given_frozen, self._spec, self._optimizer_params)
+        self.optimizer = self.layout.optimizer
         self.optimizer.growable = self._growable
-        # Listed once: walking the modules for them took ~80 us a step.
-        self._buffers = list(self._replicas[0].buffers()) if self._replicas is not None else []
-        self._build()
-        self._lend(range(len(self._kept)))         # an optimizer object that trained before goes on
-
-    def _build(self) -> None:
-        """The gradient sync and per-device optimizers for the parameters that train now:
-        ``requires_grad`` on replica 0 and in a group of the optimizer."""
-        self._kept = kept(self._all, self._plan)
-        if self._replicas is not None:
-            every = [list(m.parameters()) for m in self._replicas]
-            self._groups = [[ps[j] for j in self._kept] for ps in every]
-            chosen = set(self._kept)
-            self._frozen = [p for j, p in enumerate(self._all) if j not in chosen]
-        elif len(self._kept) < len(self._groups[0]):        # trainable, but not given to the optimizer
-            self._groups = [[g[j] for j in self._kept] for g in self._groups]
-        plan = self._plan.restricted(self._kept)
-        self.sync.setup(self._groups, self._frozen + self._buffers)
+        self.layout.build(self.sync)
         self._broadcast_buffers()
-        self._optimizers, self._origins = [], []
-        for i, g in enumerate(self._groups):
-            mine = self.sync.optimized(i)
-            indices = range(len(g)) if mine is None else mine
-            optimizer, origin = plan.build([g[j] for j in indices], indices)
-            self._optimizers.append(optimizer)
-            self._origins.append(origin)
-        self.optimizer._replicas = self._groups
-        self._trainable = TrainableSet(self._replicas[0]) if self._replicas is not None else None
-        self._mask = [p.requires_grad for p in self._all]
+        self.layout.lend(range(len(self.layout.kept)))      # an optimizer object that trained before goes on
 
-    def _lend(self, new: Sequence[int]) -> None:
-        if isinstance(self._spec, torch.optim.Optimizer):
-            lend(self._spec, new, self._optimizers, self._groups, self.optimizer)
+    # The layout's lists, as the steps read them.
+    @property
+    def _groups(self) -> List[List[torch.Tensor]]:
+        return self.layout.groups
+
+    @property
+    def _optimizers(self) -> List[torch.optim.Optimizer]:
+        return self.layout.optimizers if self.layout is not None else []
+
+    @property
+    def _origins(self) -> List[List[int]]:
+        return self.layout.origins
 
     def follow_edits(self) -> None:
         """Take what ``fit``'s callbacks change between steps (``follow``): layers unfrozen,
@@ -149,34 +123,24 @@ class Trainer:
         """Between steps, after user code ran: if a parameter now trains that the per-device
         optimizers do not hold (unfrozen, or in a group added to ``optimizer``), build them
         and the gradient sync again for what trains now, keeping every optimizer state (the
-        new parameters start with none, as in a plain loop). Returns whether it rebuilt."""
-        if not self._optimizers or self._replicas is None or not (trainable_changed or self.optimizer.regrouped):
+        new parameters start with none, as in a plain loop; ``layout.py``). Returns whether it
+        rebuilt. A ValueError if it cannot: a layer unfrozen that no group holds, or processes
+        that disagree on what trains."""
+        plan = self.layout.regrouped(trainable_changed) if self.layout is not None else None
+        if plan is None:
             return False
-        plan = self._plan.regrouped(self.optimizer, self._all)
-        check_thawed(list(self._replicas[0].named_parameters()), self._mask, plan)
-        if not self.optimizer.regrouped and set(kept(self._all, plan)) <= set(self._kept):
-            return False            # frozen (no gradient: not updated), or trained again
-        agree(self.collective, [p.requires_grad for p in self._all], plan)
-        held, old = held_states(self._optimizers, self._groups, self._kept), set(self._kept)
-        self._rebuild(plan)
-        self._lend([k for k, j in enumerate(self._kept) if j not in old])
-        carry_states(held, self._optimizers, self._groups, self._kept)
+        agree(self.collective, [p.requires_grad for p in self.layout.params], plan)
+        self.layout.rebuild(plan, self._fresh_sync())
+        self._broadcast_buffers()
         return True
 
-    def _rebuild(self, plan: OptimizerPlan) -> None:
-        """Set up again for what trains now on replica 0, under ``plan`` (its groups); every
-        replica's ``requires_grad`` follows replica 0's, and no gradient is kept."""
-        for m in self._replicas:
-            for p, q in zip(m.parameters(), self._all):
-                p.requires_grad_(q.requires_grad)
-                p.grad = None
-        self._plan, self.optimizer.regrouped = plan, False
+    def _fresh_sync(self) -> GradientSync:
         self.sync.close()
         self.sync = sync.create(self._kvstore, self.runner, self.collective, self._bucket_cap_mb)
-        self._build()
+        return self.sync
 
     def _ready(self) -> None:
-        if not self._optimizers:
+        if self.layout is None:
             self._setup()
 
     @property
@@ -208,8 +172,8 @@ class Trainer:
         """
         self._check_denominator(batch_size)
         self._ready()
-        if self._trainable is not None:
-            self._trainable.check("between two Trainer.step calls", NEW_TRAINER)
+        if self.layout.trainable is not None:
+            self.layout.trainable.check("between two Trainer.step calls", NEW_TRAINER)
         if skip_nonfinite and self.collective.world_size == 1 and not self._grads_finite():
             self._clear_grads()
             return False
@@ -235,7 +199,7 @@ class Trainer:
         updated, and the summed extras, as a ``StepOutcome``.
         """
         self._check_denominator(batch_size)
-        if not self._optimizers:      # the first step (lazy modules): the plain way
+        if self.layout is None:      # the first step (lazy modules): the plain way
             outputs = self.runner.map(lambda i: compute(i))
             stepped = self.step(batch_size, ignore_stale_grad, skip_nonfinite, max_norm, max_value)
             return StepOutcome(outputs, stepped, extras if self.collective.world_size == 1 else None)
@@ -254,7 +218,7 @@ class Trainer:
     def alone(self) -> bool:
         """One device of one process with nothing to sum (``local_step`` applies), once the
         optimizer is built (after the first step of a model with lazy layers)."""
-        return bool(self._optimizers) and type(self.sync) is GradientSync and self.collective.world_size == 1
+        return self.layout is not None and type(self.sync) is GradientSync and self.collective.world_size == 1
 
     def local_step(self, skip_nonfinite: bool = False, max_norm: Optional[float] = None,
                    max_value: Optional[float] = None) -> Tuple[bool, Optional[torch.Tensor]]:
@@ -344,7 +308,7 @@ class Trainer:
         # every replica evaluates the same model.
         if self._replicas is None:
             return
-        source = self._buffers
+        source = self.layout.buffers
         if not source or (len(self.devices) == 1 and self.collective.world_size == 1):
             return
         self.collective.broadcast_tensors(source)
@@ -364,10 +328,7 @@ class Trainer:
         each group's members (by index among them all), which a callback may have changed."""
         self._ready()
         state = optimizer_state(self._optimizers, self._groups, self.sync.optimized, self.optimizer)
-        if self._replicas is not None:
-            state["requires_grad"] = [p.requires_grad for p in self._all]
-            state["members"] = [members for members, _ in self._plan.groups]
-        return state
+        return {**state, **self.layout.trains()}
 
     def give_back(self) -> None:
         """Into the optimizer the user built on the model, if one was given: the state and
@@ -375,23 +336,15 @@ class Trainer:
         loop of the user's, its ``state_dict``), as the optimizer of a plain loop would, with
         the groups a callback added. Its state was lent to this Trainer when it was set up
         (held once, not twice): ``close`` gives it back, as the end of ``fit`` does."""
-        user = self._spec
-        if isinstance(user, torch.optim.Optimizer) and self._optimizers:
-            for group in self.optimizer.param_groups[len(user.param_groups):]:
-                user.add_param_group({**group, "params": list(group["params"])})
-            into_user_optimizer(self.state_dict(), user, self._groups[0])
+        if isinstance(self._spec, torch.optim.Optimizer) and self.layout is not None:
+            self.layout.give_back(self.state_dict())
 
     def load_state_dict(self, state: dict) -> None:
         """Load a ``state_dict``, whatever devices, kvstore or processes saved it (and what
         trained then: unfrozen layers, added groups)."""
         self._ready()
-        flags, members = state.get("requires_grad"), state.get("members")
-        if self._replicas is not None and flags is not None and len(flags) == len(self._all) and \
-                (flags != [p.requires_grad for p in self._all] or members != [m for m, _ in self._plan.groups]):
-            for p, flag in zip(self._all, flags):
-                p.requires_grad_(flag)
-            self.optimizer.set_groups(members, self._all, state["groups"])
-            self._rebuild(self._plan.regrouped(self.optimizer, self._all))
+        if self.layout.restore(state, self._fresh_sync):
+            self._broadcast_buffers()
         load_optimizer_state(state, self._optimizers, self._groups, self.optimizer)
         self.optimizer.push(zip(self._optimizers, self._origins))
 
