@@ -238,3 +238,9 @@ def test_the_unfreezing_benchmark_times_one_fit_two_fits_and_the_rebuild(tmp_pat
     assert figures["rebuild in fit, ms (median)"] > 0
     assert set(figures["rebuild, ms (median of 3)"]) == {"cnn backbone, 2 device(s)",
                                                              "resnet18 stem (the rest's Adam state kept), 2 device(s)"}
+
+
+def test_the_fp16_benchmark_pairs_dptrain_with_the_grad_scaler_loop(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_fp16.py", "--smoke")["mlp"]
+    assert set(figures["epoch_sec"]) == {"plain loop, GradScaler", "dptrain fp16", "dptrain bf16"}
+    assert figures["dptrain fp16 / plain loop (speed)"] > 0 and figures["dptrain fp16 / dptrain bf16 (speed)"] > 0

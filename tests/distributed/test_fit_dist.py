@@ -1,6 +1,7 @@
 """``dptrain.fit`` in 2 processes: the same training as one device on the global batch, every
 sample once over all ranks and devices, and the same result in every rank."""
 import functools
+import math
 
 import pytest
 import torch
@@ -191,6 +192,20 @@ def test_layers_unfrozen_otherwise_on_one_process_stop_every_process_naming_it()
     said = run_workers(unfrozen_otherwise_on_one_rank)
     assert all(s and "the processes disagree on what trains: rank 0 trains 4 parameters in 1 optimizer groups, "
                "rank 1 3 in 1" in s for s in said), said
+
+
+def fp16_scaled(rank, world):
+    from tests.engine.test_loss_scale import fit, largest_difference, model, plain, tiny
+    net = model()
+    fit(net, 1.0, 1, loss=tiny, lr=100.0)
+    overflowing = model()
+    result = fit(overflowing, 1e4, 1, epochs=1)
+    return largest_difference(net, plain(1.0, loss=tiny, lr=100.0)[0]), result["history"][0]["train_loss"]
+
+
+def test_fp16_on_two_processes_scales_the_loss_as_a_grad_scaler():
+    (a, loss_a), (b, loss_b) = run_workers(fp16_scaled)
+    assert a < 5e-6 and b < 5e-6 and loss_a == loss_b and math.isfinite(loss_a)
 
 
 def clipped(rank, world, max_value=None):

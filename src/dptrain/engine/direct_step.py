@@ -45,19 +45,25 @@ def direct_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
     with trace.span("forward", 0) if traced else _NO_CHANGE, \
             (_NO_CHANGE if torch.is_grad_enabled() else torch.enable_grad()):
         value, count = whole_loss(engine, shard, device)
+    scaler = engine.loss_scale         # float16: the loss scaled for backward (loss_scale.py)
     with trace.span("backward", 0) if traced else _NO_CHANGE:
-        value.backward()
+        (value if scaler is None else value * scaler.scale).backward()
+    overflow = False
     if skip_nonfinite and not bool(torch.isfinite(value)):     # (a mean over no target, say): no update
         engine.trainer.discard_gradients()
         stepped, norm = False, None
     else:
-        stepped, norm = engine.trainer.local_step(skip_nonfinite, engine.clip_grad_norm, engine.clip_grad_value)
+        stepped, norm = engine.trainer.local_step(skip_nonfinite or scaler is not None, engine.clip_grad_norm,
+                                                  engine.clip_grad_value, None if scaler is None else scaler.scale)
+    if scaler is not None:
+        scaler.update(stepped)
+        overflow = not stepped and bool(torch.isfinite(value))
     loss = value.detach()
-    if not stepped:
+    if not stepped and not overflow:
         loss = torch.full_like(loss, float("nan"))
     if count is None:       # a sum: what the general step gives
-        return StepResult(loss.double(), batch_size(shard), stepped, extras, None, norm)
-    return StepResult(loss, count, stepped, extras, None, norm, mean=True)
+        return StepResult(loss.double(), batch_size(shard), stepped, extras, None, norm, overflow=overflow)
+    return StepResult(loss, count, stepped, extras, None, norm, mean=True, overflow=overflow)
 
 
 def whole_loss(engine: Any, shard: Batch, device: torch.device):

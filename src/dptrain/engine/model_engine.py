@@ -27,6 +27,7 @@ from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
+from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number, read_step
 from .stateful_metrics import StatefulMetrics
 from .step_plan import StepPlan, StepResult
@@ -84,6 +85,9 @@ class ModelEngine:
         self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
                                bucket_cap_mb=bucket_cap_mb) if training else None
         self.amp = amp
+        # float16: the loss scaled before backward, so that small gradients do not vanish
+        self.loss_scale = LossScale() if amp == torch.float16 and training else None
+        self.loss_factor = 1.0          # this step's (loss_scale.factor)
         self.runner = self.replicas.runner
         self.compile_mode = check_mode(compile)
         if self.compile_mode and sync_batchnorm:
@@ -204,7 +208,8 @@ class ModelEngine:
         return True, host_number(self.adapter.count(target))
 
     def train_batch(self, batch: Batch, skip_nonfinite: bool = False, extras: Extras = None,
-                    sizes: Optional[Sequence[int]] = None, timed: bool = False) -> StepResult:
+                    sizes: Optional[Sequence[int]] = None, timed: bool = False,
+                    global_size: Optional[int] = None) -> StepResult:
         """One step on this process's ``batch``; returns what it did (``StepResult``).
 
         ``skip_nonfinite``: if a gradient is NaN or infinite on any device of any process, the
@@ -214,10 +219,16 @@ class ModelEngine:
         device's forward and backward seconds (on a GPU it then waits). A ``MicroBatches``
         group (``data/accumulate.py``) is one step: forward and backward of each micro-batch
         in turn, the gradients summed locally, then one exchange and one update over them all.
+        ``global_size``: the step's samples over every process (float16's loss scaling; default:
+        this process's times the processes).
         """
+        if self.loss_scale is not None:
+            n = global_size or self.trainer.world_size * sum(
+                batch_size(m) for m in (batch if isinstance(batch, MicroBatches) else [batch]))
+            self.loss_factor = self.loss_scale.factor(n)
         result = self._train_batch(batch, skip_nonfinite, extras, sizes, timed)
         if self.train_figures is not None:
-            self.train_figures.end_step(result.stepped)
+            self.train_figures.end_step(result.counted)
         return result
 
     def _train_batch(self, batch: Batch, skip_nonfinite: bool, extras: Extras, sizes: Optional[Sequence[int]],
@@ -244,18 +255,24 @@ class ModelEngine:
         if plan.known and self.trainer.world_size == 1 and nothing_counted(plan.denominator(before)):
             self.trainer.discard_gradients()    # every target ignored (or weighing 0): a NaN mean, no update
             return StepResult(torch.full((), math.nan, dtype=torch.float64, device=self.devices[0]), 0, False)
-        outcome = self.trainer.step_with(plan.compute(timed), plan.denominator(before) if plan.known else
-                                         lambda: add_counts(before, plan.shard_counts()),
-                                         ignore_stale_grad=True, skip_nonfinite=skip_nonfinite,
+        divisor = plan.denominator(before) if plan.known else lambda: add_counts(before, plan.shard_counts())
+        scaler = self.loss_scale
+        outcome = self.trainer.step_with(plan.compute(timed), divisor if scaler is None else
+                                         scaler.scaled_denominator(divisor, self.loss_factor),
+                                         ignore_stale_grad=True, skip_nonfinite=skip_nonfinite or scaler is not None,
                                          extras=extras, max_norm=self.clip_grad_norm,
                                          max_value=self.clip_grad_value)
         last_loss = plan.loss(outcome.outputs)
         loss = last_loss if loss is None else loss + last_loss
         denominator = plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts())
-        if not outcome.stepped:
+        overflow = False
+        if scaler is not None:
+            scaler.update(outcome.stepped)
+            overflow = not outcome.stepped and bool(torch.isfinite(loss))
+        if not outcome.stepped and not overflow:
             loss = torch.full_like(loss, math.nan)
         return StepResult(loss, n if denominator is None else denominator, outcome.stepped, outcome.summed_extras,
-                          plan.seconds if timed else None, outcome.grad_norm)
+                          plan.seconds if timed else None, outcome.grad_norm, overflow=overflow)
 
     def _micro_batch(self, batch: Batch, sizes: Optional[Sequence[int]]) -> Tuple[torch.Tensor, Count, int]:
         """Forward and backward of one micro-batch on every device, nothing sent: its loss
@@ -296,11 +313,16 @@ class ModelEngine:
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"model": self.replicas[0].state_dict(), "trainer": self.trainer.state_dict()}
+        state = {"model": self.replicas[0].state_dict(), "trainer": self.trainer.state_dict()}
+        if self.loss_scale is not None:
+            state["loss_scale"] = self.loss_scale.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.load_weights(state["model"], "the checkpoint's model")
         self.trainer.load_state_dict(state["trainer"])
+        if self.loss_scale is not None and "loss_scale" in state:
+            self.loss_scale.load_state_dict(state["loss_scale"])
 
     def load_weights(self, weights: dict, what: str = "the weights") -> None:
         """Copy a model ``state_dict`` into the model on every device, in place (the

@@ -33,7 +33,8 @@ class StepResult:
     parameters were updated; ``flags``: the processes' sum of the ``extras`` sent with the
     gradients (None if none rode); ``seconds``: each device's forward and backward time when
     the step was ``timed``; ``grad_norm``: the global gradient norm before clipping (with
-    ``clip_grad_norm``; a 0-d tensor).
+    ``clip_grad_norm``; a 0-d tensor); ``overflow``: not stepped because float16's scaled
+    gradients overflowed (``loss_scale.py``): its loss is finite, and it counts as a step.
     """
     loss: torch.Tensor
     count: Count
@@ -42,6 +43,12 @@ class StepResult:
     seconds: Optional[List[float]] = None
     grad_norm: Optional[torch.Tensor] = None
     mean: bool = False
+    overflow: bool = False
+
+    @property
+    def counted(self) -> bool:
+        """Whether its loss and figures count in the epoch's (an update, or an fp16 overflow)."""
+        return self.stepped or self.overflow
 
     def numbers(self) -> Tuple[float, float]:
         """``(loss sum, count)`` as numbers on the host (waits for the device)."""
@@ -93,6 +100,7 @@ class StepPlan:
     def compute(self, timed: bool) -> Callable[[int], torch.Tensor]:
         """``compute(i)``: forward and backward of shard ``i`` on device ``i``; its loss sum."""
         engine = self.engine
+        scale = engine.loss_factor if engine.loss_scale is not None else None      # float16 (loss_scale.py)
 
         def compute(i: int) -> torch.Tensor:
             shard = self.shards[i]
@@ -115,7 +123,7 @@ class StepPlan:
                 if turns is not None:
                     turns.pass_on(i)
             with trace.span("backward", i):
-                value.backward()
+                (value if scale is None else value * scale).backward()
             if timed:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)

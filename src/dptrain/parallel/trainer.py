@@ -38,7 +38,7 @@ from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
 from .trainable import NEW_TRAINER, agree
 from .sync import Denominator, GradientSync, SyncStep
-from .sync.base import Extras, clamp_, grad_norm, scale_and_clip_
+from .sync.base import Extras, clamp_, grad_norm, scale_and_clip_, unscale_and_check_
 from .sync.buckets import DEFAULT_BUCKET_MB
 
 T = TypeVar("T")
@@ -221,11 +221,17 @@ class Trainer:
         return self.layout is not None and type(self.sync) is GradientSync and self.collective.world_size == 1
 
     def local_step(self, skip_nonfinite: bool = False, max_norm: Optional[float] = None,
-                   max_value: Optional[float] = None) -> Tuple[bool, Optional[torch.Tensor]]:
+                   max_value: Optional[float] = None, loss_scale: Optional[float] = None) -> Tuple[bool, Optional[torch.Tensor]]:
         """Update on the gradients backward left, as they are (already the step's: one
         device, one process, a mean loss; see ``alone``): as a plain loop's
-        ``optimizer.step(); optimizer.zero_grad()``, with ``step``'s NaN check and clipping.
+        ``optimizer.step(); optimizer.zero_grad()``, with ``step``'s NaN check and clipping;
+        ``loss_scale``: what the loss was multiplied by (float16), divided out first.
         Returns whether it updated and the norm before clipping (with ``max_norm``)."""
+        if loss_scale is not None:      # divided out and checked in one pass, as GradScaler does
+            skip_nonfinite = unscale_and_check_(self._groups[0], loss_scale)
+            if skip_nonfinite:
+                self._clear_grads()
+                return False, None
         if skip_nonfinite and not self._grads_finite():
             self._clear_grads()
             return False, None
@@ -248,8 +254,8 @@ class Trainer:
         return not skipped
 
     def _grads_finite(self) -> bool:
-        grads = [p.grad for group in self._groups for p in group if p.grad is not None]
-        return all(bool(torch.isfinite(g).all()) for g in grads)
+        # One fused check and one wait per device (a wait per parameter took a GPU's lead away).
+        return not unscale_and_check_([p for group in self._groups for p in group], 1.0)
 
     def _clear_grads(self, device_index: Optional[int] = None) -> None:
         groups = self._groups if device_index is None else [self._groups[device_index]]

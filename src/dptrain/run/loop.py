@@ -231,6 +231,8 @@ class Run(RunView):
             batches = prefetch(batches)
         skip_nan = self.config.on_nan == "skip"
         per_batch = self.schedule.per_batch
+        # float16's loss scale wants the step's global samples (loss_scale.py)
+        global_size = self.train_loader.global_batch_size if self.engine.loss_scale is not None else None
         every = self.config.checkpoint_every
         tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
         ending = [False]
@@ -275,7 +277,7 @@ class Run(RunView):
                     sizes = self.balancer.local_sizes(self.step, self.train_loader.global_batch_size(b - 1))
                     timed = self.balancer.measuring(self.step)
                 result = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
-                                                 timed=bool(timed))
+                                                 timed=bool(timed), global_size=global_size and global_size(b - 1))
                 if watch and edits.several:     # one device: nothing to copy edits to
                     edits.stepped()
                 if b == at.batch + 1 and epoch == self.position.epoch and self.engine.random.draws:   # the first step found it
@@ -287,7 +289,7 @@ class Run(RunView):
                         self.balancer.observe(result.seconds, sizes)
                     self.balancer.after_step(self.step, self.collective)
                 verdict = result.loss
-                if result.stepped:
+                if result.counted:          # (an fp16 overflow: no update, its loss counts)
                     verdict = tally.add(result)
                     if per_batch:
                         self.schedule.after_batch()

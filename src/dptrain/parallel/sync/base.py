@@ -134,6 +134,23 @@ def clamp_(grads: Sequence[torch.Tensor], max_value: Optional[float]) -> None:
         torch._foreach_clamp_max_(grads, max_value)
 
 
+def unscale_and_check_(params: Sequence[torch.Tensor], loss_scale: float) -> bool:
+    """Divide the gradients of ``params`` by ``loss_scale`` in place (float16's loss scaling;
+    1: none) and say whether any is inf or NaN: one fused pass per device and one wait,
+    torch's own (``torch.amp.GradScaler``'s unscale)."""
+    by_device: dict = {}
+    for p in params:
+        if p.grad is not None:
+            by_device.setdefault(p.grad.device, []).append(p.grad)
+    found = []
+    for device, grads in by_device.items():
+        flag = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, torch.full((1,), 1.0 / loss_scale,
+                                                                                  device=device))
+        found.append(flag)
+    return bool(sum(f.item() for f in found))
+
+
 def fill_unused(params: Params, active: Sequence[int]) -> None:
     """Zeros for the gradient of an active parameter on a device that did not use it (only
     from one thread, while the others wait: it writes every device's gradients)."""
