@@ -128,3 +128,34 @@ def test_a_callbacks_weight_edits_reach_every_replica_on_a_gpu(devices):
     want = plain(3, after_batch=lambda n: max_norm_(n[2]))
     for p, q in zip(net.parameters(), want.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("devices", ["cuda:0,cuda:0", "cuda:0,cpu:0"])
+def test_a_layer_unfrozen_mid_run_on_a_gpu_trains_as_the_plain_loop(devices):
+    """Trainer.follow on GPUs: Adam's state carried to the rebuilt optimizers (kvstore
+    "device" may move a parameter's owner, and its state, between the GPU and the CPU)."""
+    from tests.run.test_unfreezing import fit, model, plain
+    net = model(frozen=True)
+    fit(net, devices, "adam")
+    for p, q in zip(net.parameters(), plain("adam", 3)[0].parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q, rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_on_a_gpu_scales_the_loss_as_a_grad_scaler():
+    from tests.engine.test_loss_scale import BATCH, data, model, tiny
+    X, y = data(1.0)
+    ref = model().cuda()
+    opt, scaler = torch.optim.SGD(ref.parameters(), lr=100.0), torch.amp.GradScaler("cuda")
+    for _ in range(2):
+        for i in range(0, len(X), BATCH):
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = tiny(ref(X[i:i + BATCH].cuda()).float(), y[i:i + BATCH].cuda())
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    net = model()
+    dptrain.fit(net, (X, y), loss=tiny, optimizer="sgd", lr=100.0, amp="fp16", shuffle=False, epochs=2,
+                batch_size=BATCH, devices="cuda:0", log=None)
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach().cpu(), rtol=1e-4, atol=1e-6)

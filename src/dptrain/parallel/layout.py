@@ -94,11 +94,11 @@ class Layout:
         per-device optimizers do not hold (unfrozen, or in a group added to ``optimizer``);
         None if nothing is to be done (nothing changed, or a layer frozen: it gets no gradient,
         so it is not updated). A ValueError for a layer unfrozen that no group holds."""
-        if not self.optimizers or self.replicas is None or not (trainable_changed or self.optimizer.regrouped):
+        if not self.optimizers or self.replicas is None or not (trainable_changed or self.optimizer.group_added):
             return None
         plan = self.plan.regrouped(self.optimizer, self.params)
         check_thawed(list(self.replicas[0].named_parameters()), self.mask, plan)
-        if not self.optimizer.regrouped and set(kept(self.params, plan)) <= set(self.kept):
+        if not self.optimizer.group_added and set(kept(self.params, plan)) <= set(self.kept):
             return None
         return plan
 
@@ -112,7 +112,7 @@ class Layout:
             for p, q in zip(m.parameters(), self.params):
                 p.requires_grad_(q.requires_grad)
                 p.grad = None
-        self.plan, self.optimizer.regrouped = plan, False
+        self.plan, self.optimizer.group_added = plan, False
         self.build(sync)
         if carry:
             self.lend([k for k, j in enumerate(self.kept) if j not in old])

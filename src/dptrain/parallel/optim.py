@@ -211,6 +211,8 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
     group's ``lr``; the ``Trainer`` hands the hyper-parameters on to the per-device optimizers
     before each step. Its own ``step()`` updates nothing (``Trainer.step`` does); the Trainer
     calls it after each update, so schedulers see the usual optimizer-then-scheduler order.
+    Its groups hold replica 0's parameters, frozen ones too where the user's optimizer did;
+    in ``fit``, ``add_param_group`` takes a group between steps (a layer unfrozen: ``layout.py``).
 
     >>> scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(trainer.optimizer, T_max=100)
     """
@@ -221,8 +223,8 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
         super().__init__(groups, plan.defaults)
         self._replicas = replicas
         #: Whether ``add_param_group`` may add groups between steps (``fit``'s Trainer follows
-        #: them: ``Trainer.follow``); ``regrouped``: one was added since the Trainer last looked.
-        self.growable, self.regrouped = False, False
+        #: them: ``Trainer.follow``); ``group_added``: one was added since the Trainer last looked.
+        self.growable, self.group_added = False, False
         self._built = True
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:   # noqa: D102 - see growable
@@ -243,7 +245,7 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                              "(one built on model.parameters() holds the frozen ones too, and they train in it once "
                              "requires_grad is set): add only parameters no group holds, or build the optimizer "
                              "on the parameters that train at the start (filter by requires_grad)") from None
-        self.regrouped = True
+        self.group_added = True
 
     def set_groups(self, members: Sequence[Sequence[int]], params: Sequence[torch.Tensor],
                    hyper: Sequence[Dict[str, Any]]) -> None:
