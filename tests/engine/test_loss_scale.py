@@ -117,3 +117,31 @@ def test_the_scale_halves_on_an_overflow_and_doubles_after_interval_good_steps()
     again = LossScale()
     again.load_state_dict(scale.state_dict())
     assert (again.scale, again.good) == (8.0, 0)
+
+
+def plain_clipped_accumulated(max_norm, accumulate=2):
+    """torch's AMP recipe with clipping (``scaler.unscale_`` first) and accumulation."""
+    net, (X, y) = model(), data(1.0)
+    opt, scaler = torch.optim.SGD(net.parameters(), lr=100.0), torch.amp.GradScaler("cpu")
+    starts = list(range(0, len(X), BATCH))
+    for _ in range(2):
+        for k in range(0, len(starts), accumulate):
+            opt.zero_grad()
+            for i in starts[k:k + accumulate]:
+                with torch.autocast("cpu", dtype=torch.float16):
+                    value = tiny(net(X[i:i + BATCH]).float(), y[i:i + BATCH]) / accumulate
+                scaler.scale(value).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+            scaler.step(opt)
+            scaler.update()
+    return net
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_fp16_with_clipping_and_accumulation_is_the_grad_scaler_recipe(devices):
+    ref = plain_clipped_accumulated(2e-6)
+    assert largest_difference(ref, plain_clipped_accumulated(1.0)) > 1e-4          # the clip bites
+    net = model()
+    fit(net, 1.0, devices, loss=tiny, lr=100.0, clip_grad_norm=2e-6, accumulate_grad_batches=2)
+    assert largest_difference(net, ref) < 5e-6
