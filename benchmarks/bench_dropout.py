@@ -13,7 +13,6 @@ epoch times past the first, paired ratios.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,7 +25,7 @@ from torch import nn
 import dptrain
 from dptrain.engine import device_streams
 from dptrain.engine.device_streams import DeviceStreams, RandomDraws
-from common import save_result
+from common import rounds_parser, save_result
 
 
 def cnn() -> nn.Module:
@@ -70,12 +69,7 @@ def epoch_seconds(make: Callable[[], nn.Module], devices: int, how: str, epochs:
 
 
 def main(argv: Any = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=10240)
-    parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    parser = rounds_parser(__doc__, samples=10240)
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.epochs, args.samples = 1, 2, 1024

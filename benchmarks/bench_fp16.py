@@ -12,7 +12,6 @@ measures that more than the scaling; the default is the MLP. On a GPU both are w
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dptrain
-from common import save_result
+from common import rounds_parser, save_result
 
 BATCH = 128
 
@@ -86,13 +85,8 @@ def plain_epochs(name: str, X, y, epochs: int) -> List[float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=8192)
+    ap = rounds_parser(__doc__, samples=8192)
     ap.add_argument("--models", default="mlp")
-    ap.add_argument("--smoke", action="store_true", help="one short round (CI)")
-    ap.add_argument("--out", default=None, help="write the figures to this JSON file")
     args = ap.parse_args(argv)
     if args.smoke:
         args.rounds, args.epochs, args.samples, args.models = 1, 2, 512, "mlp"

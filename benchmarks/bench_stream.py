@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Tens
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import everyday  # noqa: E402
 import dptrain  # noqa: E402
-from common import save_result  # noqa: E402
+from common import rounds_parser, save_result  # noqa: E402
 
 
 class Streamed(IterableDataset):
@@ -170,13 +170,8 @@ def processes(program: str, samples: int, epochs: int, rounds: int) -> Dict[str,
 
 
 def main(argv: Any = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--samples", type=int, default=8192)
+    parser = rounds_parser(__doc__, samples=8192)
     parser.add_argument("--programs", default="tiny-mlp,text")
-    parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--processes", action="store_true", help="also 2 processes: dptrain against DDP")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)   # a torchrun child
     args = parser.parse_args(argv)

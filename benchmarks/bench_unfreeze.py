@@ -13,7 +13,6 @@ medians of whole-run seconds and of the paired ratios.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import sys
@@ -26,7 +25,7 @@ from torch import nn
 import dptrain
 from dptrain.models import resnet18
 from dptrain.parallel import trainer as trainer_module
-from common import save_result
+from common import rounds_parser, save_result
 
 BATCH, LR = 128, 0.05
 
@@ -105,13 +104,8 @@ def rebuild_ms(make: Callable[[], nn.Module], frozen: tuple, devices: int, repea
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=4096)
+    ap = rounds_parser(__doc__, samples=4096)
     ap.add_argument("--devices", default="1,2")
-    ap.add_argument("--smoke", action="store_true", help="one short round (CI)")
-    ap.add_argument("--out", default=None, help="write the figures to this JSON file")
     args = ap.parse_args(argv)
     if args.smoke:
         args.rounds, args.epochs, args.samples, args.devices = 1, 2, 512, "2"

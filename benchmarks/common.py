@@ -1,5 +1,6 @@
 """Shared by the benchmark scripts: interleaved repetitions, medians, paired ratios, and the
 results file (with the machine, the command and the date beside the numbers)."""
+import argparse
 import json
 import os
 import platform
@@ -9,6 +10,19 @@ import time
 import torch
 
 from dptrain.core.atomic import atomic_file
+
+
+def rounds_parser(doc, samples):
+    """The arguments of a benchmark that runs its variants in rounds: ``--rounds``,
+    ``--epochs``, ``--samples`` (default ``samples``), ``--smoke`` (one short round, for CI)
+    and ``--out`` (the figures as JSON); ``doc``'s first line describes it."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=samples)
+    parser.add_argument("--smoke", action="store_true", help="one short round (CI)")
+    parser.add_argument("--out", default=None, help="write the figures to this JSON file")
+    return parser
 
 
 def save_result(figures, command, path=None):
