@@ -48,16 +48,13 @@ def direct_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
     scaler = engine.loss_scale         # float16: the loss scaled for backward (loss_scale.py)
     with trace.span("backward", 0) if traced else _NO_CHANGE:
         (value if scaler is None else value * scaler.scale).backward()
-    overflow = False
     if skip_nonfinite and not bool(torch.isfinite(value)):     # (a mean over no target, say): no update
         engine.trainer.discard_gradients()
         stepped, norm = False, None
     else:
         stepped, norm = engine.trainer.local_step(skip_nonfinite or scaler is not None, engine.clip_grad_norm,
                                                   engine.clip_grad_value, None if scaler is None else scaler.scale)
-    if scaler is not None:
-        scaler.update(stepped)
-        overflow = not stepped and bool(torch.isfinite(value))
+    overflow = scaler is not None and scaler.after_step(stepped, value)
     loss = value.detach()
     if not stepped and not overflow:
         loss = torch.full_like(loss, float("nan"))

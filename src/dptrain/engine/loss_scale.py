@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Union
 
+import torch
+
 from ..parallel.sync.base import Denominator
 
 
@@ -49,6 +51,12 @@ class LossScale:
     @staticmethod
     def _times(denominator: Denominator, scale: float) -> Denominator:
         return scale if denominator is None else denominator * scale
+
+    def after_step(self, stepped: bool, loss: torch.Tensor) -> bool:
+        """``update``, and whether the step was an overflow: not stepped, and its ``loss``
+        finite (not a NaN batch: it counts, and the run goes on)."""
+        self.update(stepped)
+        return not stepped and bool(torch.isfinite(loss))
 
     def update(self, stepped: bool) -> None:
         """After a step: halve the scale if its gradients overflowed (it did not step), or

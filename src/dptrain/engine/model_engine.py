@@ -265,10 +265,7 @@ class ModelEngine:
         last_loss = plan.loss(outcome.outputs)
         loss = last_loss if loss is None else loss + last_loss
         denominator = plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts())
-        overflow = False
-        if scaler is not None:
-            scaler.update(outcome.stepped)
-            overflow = not outcome.stepped and bool(torch.isfinite(loss))
+        overflow = scaler is not None and scaler.after_step(outcome.stepped, loss)
         if not outcome.stepped and not overflow:
             loss = torch.full_like(loss, math.nan)
         return StepResult(loss, n if denominator is None else denominator, outcome.stepped, outcome.summed_extras,
