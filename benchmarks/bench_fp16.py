@@ -8,7 +8,8 @@ paired ratios.
 
 On a CPU, torch's float16 convolutions are slow for everyone (the CNN: 6.5 s an epoch of 1,024
 samples in float16, plain loop and dptrain alike, against 0.08 s in bfloat16): ``--models cnn``
-measures that more than the scaling; the default is the MLP. On a GPU both are worth running.
+measures that more than the scaling; the default is the MLP. On a GPU both are worth running
+(the GPU suite does: ``--device cuda:0 --models mlp,cnn``).
 """
 from __future__ import annotations
 
@@ -56,30 +57,32 @@ class Epochs(dptrain.Callback):
         self.seconds.append(time.perf_counter() - self.start)
 
 
-def dptrain_epochs(name: str, amp: str, X, y, epochs: int) -> List[float]:
+def dptrain_epochs(name: str, amp: str, X, y, epochs: int, device: torch.device) -> List[float]:
     torch.manual_seed(0)
     timer = Epochs()
     dptrain.fit(MODELS[name](), (X, y), loss=nn.CrossEntropyLoss(), optimizer="sgd", lr=0.05, amp=amp, epochs=epochs,
-                batch_size=BATCH, devices=1, callbacks=[timer], log=None)
+                batch_size=BATCH, devices=1 if device.type == "cpu" else str(device), callbacks=[timer], log=None)
     return timer.seconds
 
 
-def plain_epochs(name: str, X, y, epochs: int) -> List[float]:
+def plain_epochs(name: str, X, y, epochs: int, device: torch.device) -> List[float]:
     torch.manual_seed(0)
-    net = MODELS[name]()
+    net = MODELS[name]().to(device)
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler(device.type)
     seconds = []
     for epoch in range(epochs):
         start, order = time.perf_counter(), torch.randperm(len(X))
         for i in range(0, len(X), BATCH):
             idx = order[i:i + BATCH]
             opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = F.cross_entropy(net(X[idx]), y[idx])
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = F.cross_entropy(net(X[idx].to(device, non_blocking=True)), y[idx].to(device, non_blocking=True))
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - start)
     return seconds
 
@@ -87,15 +90,17 @@ def plain_epochs(name: str, X, y, epochs: int) -> List[float]:
 def main(argv=None) -> int:
     ap = rounds_parser(__doc__, samples=8192)
     ap.add_argument("--models", default="mlp")
+    ap.add_argument("--device", default="cpu", help="cpu, or a GPU such as cuda:0 (the GPU suite's)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.rounds, args.epochs, args.samples, args.models = 1, 2, 512, "mlp"
     figures: Dict[str, Dict] = {}
     for name in args.models.split(","):
         X, y = data(name, args.samples)
-        variants = {"plain loop, GradScaler": lambda: plain_epochs(name, X, y, args.epochs),
-                    "dptrain fp16": lambda: dptrain_epochs(name, "fp16", X, y, args.epochs),
-                    "dptrain bf16": lambda: dptrain_epochs(name, "bf16", X, y, args.epochs)}
+        device = torch.device(args.device)
+        variants = {"plain loop, GradScaler": lambda: plain_epochs(name, X, y, args.epochs, device),
+                    "dptrain fp16": lambda: dptrain_epochs(name, "fp16", X, y, args.epochs, device),
+                    "dptrain bf16": lambda: dptrain_epochs(name, "bf16", X, y, args.epochs, device)}
         runs: Dict[str, List[float]] = {v: [] for v in variants}
         for r in range(args.rounds):
             for v in (list(variants) if r % 2 == 0 else list(variants)[::-1]):

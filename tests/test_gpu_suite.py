@@ -32,6 +32,8 @@ def test_the_gpu_suite_runs_in_smoke_mode(data_dir, tmp_path):
             assert seen["ops_per_step"]["aten.addmm.default"] >= 1        # a Linear layer's forward, each step
         assert any("direct_step" in k for k in host[program]["dptrain"]["dptrain_us_per_step"])
     assert "ATen operations a step, dptrain minus the plain loop" in (tmp_path / "host.md").read_text()
+    fp16 = json.loads((tmp_path / "fp16.json").read_text())["mlp"]
+    assert fp16["dptrain fp16 / plain loop (speed)"] > 0
 
 
 def load_gpu_bench():
