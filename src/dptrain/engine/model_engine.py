@@ -87,7 +87,7 @@ class ModelEngine:
         self.amp = amp
         # float16: the loss scaled before backward, so that small gradients do not vanish
         self.loss_scale = LossScale() if amp == torch.float16 and training else None
-        self.loss_factor = 1.0          # this step's (loss_scale.factor)
+        self.loss_factor: Optional[float] = None      # this step's (loss_scale.factor), with fp16
         self.runner = self.replicas.runner
         self.compile_mode = check_mode(compile)
         if self.compile_mode and sync_batchnorm:

@@ -100,7 +100,7 @@ class StepPlan:
     def compute(self, timed: bool) -> Callable[[int], torch.Tensor]:
         """``compute(i)``: forward and backward of shard ``i`` on device ``i``; its loss sum."""
         engine = self.engine
-        scale = engine.loss_factor if engine.loss_scale is not None else None      # float16 (loss_scale.py)
+        scale = engine.loss_factor      # float16: what the loss sums are scaled by (loss_scale.py)
 
         def compute(i: int) -> torch.Tensor:
             shard = self.shards[i]
