@@ -98,6 +98,9 @@ def test_a_dict_output_gives_its_logits_and_other_outputs_name_the_fix():
         loss_input({"out": logits, "hidden": logits})
     with pytest.raises(TypeError, match=r"returned a tuple of 2.*model\(x\)\[0\]"):
         loss_input((logits, logits))
+    # A loss of the user's own gets them whole, autocast's bf16 widened to float32.
+    whole = loss_input({"out": logits.bfloat16(), "hidden": (logits, 3)}, whole=True)
+    assert whole["out"].dtype == torch.float32 and whole["hidden"][0] is logits and whole["hidden"][1] == 3
 
 
 def test_a_step_may_return_a_hugging_face_style_dict():

@@ -104,6 +104,69 @@ def test_a_model_returning_another_dict_names_the_fix():
         dptrain.fit(Dicty(), (torch.randn(8, 4), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None)
 
 
+class TwoHeads(nn.Module):
+    """A multi-task model: a class and a value from one trunk, as a dict or as a tuple."""
+
+    def __init__(self, as_tuple=False):
+        super().__init__()
+        self.trunk, self.cls, self.reg, self.as_tuple = nn.Linear(6, 16), nn.Linear(16, 3), nn.Linear(16, 1), as_tuple
+
+    def forward(self, x):
+        h = torch.tanh(self.trunk(x))
+        return (self.cls(h), self.reg(h)) if self.as_tuple else {"cls": self.cls(h), "reg": self.reg(h)}
+
+
+def heads(output):
+    return output if isinstance(output, tuple) else (output["cls"], output["reg"])
+
+
+def multitask_loss(output, target):
+    """The model's dict (or tuple) whole, against a dict of targets: a mean over samples."""
+    cls, reg = heads(output)
+    return F.cross_entropy(cls, target["cls"]) + 0.5 * F.mse_loss(reg.squeeze(1), target["reg"])
+
+
+def value_error(output, target):
+    return (heads(output)[1].squeeze(1) - target["reg"]).abs().sum(), target["reg"].numel()
+
+
+def multitask(n=90, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return {"x": x, "t": {"cls": (x[:, 0] > 0).long() + (x[:, 1] > 1).long(), "reg": x[:, 2] - x[:, 3]}}
+
+
+@pytest.mark.parametrize("as_tuple", [False, True], ids=["dict", "tuple"])
+def test_a_model_with_several_outputs_trains_on_a_loss_of_its_own_as_the_plain_loop(as_tuple):
+    """Keras's multi-output models, Lightning's multi-task steps: the output goes whole to the
+    user's loss (and metrics), with any number of devices the plain loop's steps."""
+    data, forward = multitask(), (lambda model, batch: (model(batch["x"]), batch["t"]))
+    torch.manual_seed(0)
+    plain = TwoHeads(as_tuple)
+    opt = torch.optim.Adam(plain.parameters(), lr=0.01)
+    order = TensorLoader(data, 15, shuffle=True, seed=0)
+    for epoch in range(2):
+        order.set_epoch(epoch)
+        for b in order:
+            opt.zero_grad()
+            multitask_loss(plain(b["x"]), b["t"]).backward()
+            opt.step()
+    with torch.no_grad():
+        mae = value_error(plain(data["x"]), data["t"])
+    for devices in (1, 2, 3):
+        torch.manual_seed(0)
+        model = TwoHeads(as_tuple)
+        result = dptrain.fit(model, data, data, forward=forward, loss=multitask_loss, epochs=2, batch_size=15,
+                             devices=devices, optimizer=torch.optim.Adam, lr=0.01, metrics={"mae": value_error},
+                             train_metrics=True, log=None, seed=0)
+        for p, q in zip(plain.parameters(), model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        assert result["test_mae"] == pytest.approx(float(mae[0]) / mae[1], rel=1e-5)
+        assert "train_mae" in result["history"][-1]
+    with pytest.raises(TypeError, match=r"keys cls, reg.*a loss of your own"):
+        dptrain.fit(TwoHeads(), data, forward=forward, epochs=1, batch_size=15, log=None)
+
+
 def test_bf16_on_cpu_devices_trains_alike_and_sums_the_loss_in_float32():
     g = torch.Generator().manual_seed(0)
     X, y = torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g)

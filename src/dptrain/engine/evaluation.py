@@ -74,7 +74,7 @@ def evaluate(engine, batches) -> Totals:
         if adapter is not None or own_forward:
             with engine._autocast(device):
                 output, target = forward(net, shard)
-        output = loss_input(output)
+        output = loss_input(output, adapter is None or not adapter.known)
         if adapter is not None:
             value = adapter(output, target, shard)
             if type(value) is tuple:        # (a loss returning (sum, count) gave its own count)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.batch import batch_size
+from ..data.batch import batch_size, map_tensors
 from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import check_classification, check_reduction, check_same_shape
 
@@ -53,22 +53,30 @@ def samples_of(target: Any) -> int:
     return len(target)
 
 
-def loss_input(output: Any) -> Any:
+def loss_input(output: Any, whole: bool = False) -> Any:
     """What the loss compares with the target: the output itself, or the ``logits`` of a
-    dict-like output (a Hugging Face ``ModelOutput``); any other dict is an error naming the fix.
-    A bf16/fp16 output (autocast) is widened to float32: the loss sums stay exact."""
+    dict-like output (a Hugging Face ``ModelOutput``). Any other dict, and a tuple, go
+    ``whole`` to a loss of the user's own (a multi-task model's heads, ``(logits, aux)``);
+    a torch loss needs a tensor, and the error names the fix. bf16/fp16 outputs (autocast)
+    are widened to float32: the loss sums stay exact."""
     if isinstance(output, torch.Tensor):
         return output.float() if output.dtype in (torch.bfloat16, torch.float16) else output
     if isinstance(output, Mapping):
         if output.get("logits") is not None:
             return loss_input(output["logits"])
+        if whole:
+            return map_tensors(loss_input, output)
         raise TypeError(f"the model returned a dict with keys {', '.join(map(str, output))}, not a tensor, and no "
                         f"'logits' to compare with the target: pass forward=lambda model, batch: "
-                        f"(model(...)[KEY], target), or step=lambda model, batch: model(**batch)['loss'] when the "
+                        f"(model(...)[KEY], target), a loss of your own (it gets the whole dict: "
+                        f"loss=fn(output, target)), or step=lambda model, batch: model(**batch)['loss'] when the "
                         f"model computes its own loss")
     if isinstance(output, (tuple, list)):
+        if whole:
+            return map_tensors(loss_input, output)
         raise TypeError(f"the model returned a {type(output).__name__} of {len(output)}, not a tensor: pass "
-                        f"forward=lambda model, batch: (model(x)[0], y) to say which output the loss compares")
+                        f"forward=lambda model, batch: (model(x)[0], y) to say which output the loss compares, "
+                        f"or a loss of your own (it gets the whole {type(output).__name__}: loss=fn(output, target))")
     return output
 
 
@@ -138,7 +146,7 @@ class LossAdapter:
     def measure(self, output: Any, target: Any, batch: Any = None, count: bool = True) -> Tuple[torch.Tensor, Count]:
         """The shard's sum and denominator (None: a sum; not computed unless ``count``, or
         the loss's own second value when it returns ``(sum, count)``)."""
-        output = loss_input(output)
+        output = loss_input(output, not self.known)
         value = self(output, target, batch)
         if isinstance(value, tuple):
             return value
@@ -160,7 +168,7 @@ class LossAdapter:
         run backward on: a mean, or a sum with a sum reduction), and its denominator (None for
         a sum). The same gradient as ``measure``'s sum divided by its count, without the
         multiplications: what one device of one process runs (``direct_step.py``)."""
-        output = loss_input(output)
+        output = loss_input(output, not self.known)
         if self.known:
             self._check(output, target)
             return self.loss(output, target), self.lazy_count(target)

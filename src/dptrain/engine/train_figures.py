@@ -24,13 +24,12 @@ epoch as the whole's.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-import math
-
-from ..data.batch import Batch, input_and_target
+from ..data.batch import Batch, input_and_target, map_tensors
 from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values
 from .losses import loss_input
 from .stateful_metrics import StatefulMetrics, pair_metric_names
@@ -66,16 +65,15 @@ class TrainFigures:
         What it costs a step is kept small (a tiny MLP's step is ~280 us): a step keeps its
         arg-max predictions and targets, compared and summed every ``FOLD_EVERY`` steps (the
         comparison and sum a step took 18 us more, in the loop, than the arg-max alone)."""
-        output = loss_input(output)
-        if isinstance(output, torch.Tensor):
-            output = output.detach()
+        adapter = self.engine.adapter
+        output = loss_input(output, adapter is None or not adapter.known)
+        output = output.detach() if isinstance(output, torch.Tensor) else map_tensors(torch.Tensor.detach, output)
         step = self._step[i]
         if self.metrics:
             with torch.no_grad():
                 step += metric_pairs(self.metrics, output, target)
         if self.objects:        # (updated once the step is known to have updated)
             self._updates[i].append((output, target))
-        adapter = self.engine.adapter
         if adapter is not None and adapter.classification:
             if target.is_floating_point():      # class probabilities (rare): counted now
                 hits, count = adapter.correct(output, target)
