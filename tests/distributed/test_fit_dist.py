@@ -433,6 +433,31 @@ def test_max_steps_on_two_processes_ends_mid_epoch_and_resumes_as_one_device(tmp
         assert losses == pytest.approx(want_losses, rel=1e-5) and len(losses) == 3
 
 
+def timed(rank, world, directory=None):
+    """``max_time`` passed on rank 1's clock only, mid-epoch 2, then resumed; or unbroken."""
+    from dptrain.run import time_limit
+    from tests.run.test_time_limit import Clock, PassTheTime, train
+    if directory is None:
+        model, result = train()
+        stopped_at = None
+    else:
+        clock = time_limit.now = Clock()
+        cut = train(callbacks=[PassTheTime(clock, 2, 3, rank=1)], max_time=60, checkpoint_dir=directory)[1]
+        stopped_at = (cut["timed_out"], cut["history"][-1].get("batches"))
+        clock.t = 0.0
+        model, result = train(max_time=60, checkpoint_dir=directory, resume=True)
+    return [p.detach().tolist() for p in model.parameters()], [h["train_loss"] for h in result["history"]], stopped_at
+
+
+def test_max_time_passed_on_one_process_stops_every_process_at_one_batch_and_resumes_as_one_device(tmp_path):
+    want_params, want_losses, _ = timed(0, 1)
+    for params, losses, stopped_at in run_workers(timed, str(tmp_path)):
+        assert stopped_at == (True, 4)          # heard with the next batch's gradients: one batch later
+        for p, q in zip(params, want_params):
+            torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-4, atol=1e-5)
+        assert losses == pytest.approx(want_losses, rel=1e-5) and len(losses) == 3
+
+
 def step_logged(rank, world):
     from tests.run.test_step_log import train
     return train(1, eval_every_n_steps=3)["step_history"]

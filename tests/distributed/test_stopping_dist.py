@@ -28,7 +28,7 @@ def decide(rank, world):
             stops.signum = signal.SIGTERM
     answers.append(stops.flush())
     stops.barrier()
-    return [(None if s is None else int(s), bad) for s, bad, _ in answers]
+    return [(None if s is None else int(s), bad) for s, bad, *_ in answers]
 
 
 def test_every_process_gets_the_same_answer_one_batch_later():
@@ -42,24 +42,29 @@ def test_every_process_gets_the_same_answer_one_batch_later():
 def test_one_process_decides_at_once():
     stops = StopRequests(get_collective())
     stops.before_batch()
-    assert stops.after_batch(1, non_finite=True) == (None, 1, False)
+    assert stops.after_batch(1, non_finite=True) == (None, 1, False, False)
     stops.signum = signal.SIGTERM
     stops.before_batch()
-    assert stops.after_batch(2, non_finite=False) == (signal.SIGTERM, None, False)
-    assert stops.flush() == (signal.SIGTERM, None, False)
+    assert stops.after_batch(2, non_finite=False) == (signal.SIGTERM, None, False, False)
+    assert stops.flush() == (signal.SIGTERM, None, False, False)
     stops.request()
-    assert stops.after_batch(3, non_finite=False).requested and stops.agree()
+    assert stops.after_batch(3, non_finite=False).requested and stops.agree() == (True, False)
+    stops.time_up()
+    assert stops.after_batch(4, non_finite=False).time_up and stops.agree() == (True, True)
 
 
 def request_on_one_rank(rank, world):
     collective = get_collective()
     stops = StopRequests(collective)
     answers = []
-    for batch in range(1, 4):
+    for batch in range(1, 5):
         flags = stops.before_batch()
         if batch == 1 and rank == 1:
             stops.request()                    # a callback of rank 1 asks, during batch 1
-        answers.append(stops.after_batch(batch, False, collective.all_reduce(torch.tensor(flags))).requested)
+        if batch == 2 and rank == 0:
+            stops.time_up()                    # rank 0's clock passes max_time during batch 2
+        decision = stops.after_batch(batch, False, collective.all_reduce(torch.tensor(flags)))
+        answers.append((decision.requested, decision.time_up))
     agreed = stops.agree()
     stops.barrier()
     return answers, agreed
@@ -67,7 +72,7 @@ def request_on_one_rank(rank, world):
 
 def test_a_stop_asked_on_one_process_is_heard_by_all_with_the_next_batch():
     a, b = run_workers(request_on_one_rank)
-    assert a == b == ([False, True, True], True)
+    assert a == b == ([(False, False), (True, False), (True, True), (True, True)], (True, True))
 
 
 def batches(rank, poison_rank):

@@ -25,8 +25,9 @@ class EpochLog(Callback):
             if k not in ("epoch", "sec", "skipped", "split", "batches", "samples") and isinstance(v, (int, float)))
         if "split" in row:
             line += f", split {'/'.join(map(str, row['split']))}"
-        if "batches" in row:             # max_steps ended the epoch
-            line += f", {row['batches']} of {run.batches} batches (max_steps)"
+        if "batches" in row:             # max_steps or max_time ended the epoch
+            cut = getattr(run, "cut", None)
+            line += f", {row['batches']} of {run.batches} batches ({cut.cause if cut is not None else 'max_steps'})"
         if row.get("skipped"):
             line += f", {row['skipped']} of {run.batches} batches skipped (loss not finite)"
         run.log(line)

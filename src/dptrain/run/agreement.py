@@ -80,7 +80,7 @@ def describe_settings(task: Task, config: TrainConfig, epochs: Optional[int], ba
         "epochs": repr(epochs),
         "seed": repr(config.seed),
         **{name: repr(getattr(config, name)) for name in (
-            "max_batches", "steps_per_epoch", "max_steps", "log_every_n_steps", "eval_every_n_steps", "eval_batches",
+            "max_batches", "steps_per_epoch", "max_steps", "max_time", "log_every_n_steps", "eval_every_n_steps", "eval_batches",
             "accumulate_grad_batches", "clip_grad_norm", "clip_grad_value", "on_nan", "train_metrics", "eval_every",
             "validation_split", "shuffle", "sync_batchnorm", "amp", "resume")},
     }

@@ -22,7 +22,7 @@ from ..parallel.optim import OPTIMIZERS
 from ..parallel.sync import KVSTORES
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..scratch.allreduce import ALGORITHMS
-from .options import Choice, Positive, Switch, Whole, option, validate
+from .options import Choice, Duration, Positive, Switch, Whole, option, validate
 
 AMP_DTYPES = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -92,6 +92,10 @@ class TrainConfig:
                                       "evaluated and saved), as Lightning's and Hugging Face's max_steps; the "
                                       "epochs, if given, still end it first if they come first", Whole(1),
                                       metavar="N")
+    max_time: Optional[float] = option(None, "end the run after this long (counted from its start), at the next "
+                                       "batch, mid-epoch if there (evaluated and saved): a job's time limit, as "
+                                       "Lightning's max_time; --resume goes on from there", Duration(),
+                                       metavar="SECONDS|[DD:]HH:MM:SS")
     log_every_n_steps: Optional[int] = option(None, "every N updates, the training loss over them (every device "
                                               "and process) and the learning rate: a line, TensorBoard scalars at "
                                               "the step, the result's step_history", Whole(1), metavar="N")

@@ -40,6 +40,7 @@ from .schedule import Schedule
 from .step_log import StepLog, log_step
 from .stopping import GO_ON, StopRequests, act_on, say_at_once
 from .tally import Tally
+from .time_limit import TimeLimit
 from .view import RunView
 
 Log = Callable[[str], None]
@@ -59,6 +60,8 @@ class Run(RunView):
     def __init__(self, task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
                  backend: Optional[str], log: Optional[Log]):
         self.task, self.config, self.env, self.devices, self.backend = task, config, env, devices, backend
+        self.clock = TimeLimit(config.max_time)     # (a job's time: set-up counts)
+        self.timed_out = False                      # every process decided max_time is up
         self.rank, self.world_size, self.is_main = env.rank, env.world_size, env.rank == 0
         self.log: Log = log or (lambda _: None)
         self.collective = get_collective()
@@ -80,7 +83,7 @@ class Run(RunView):
         self.limit = StepLimit(config.max_steps, self.batches)
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
             self.epochs = epochs_for(config.max_steps, self.batches)
-        self.cut: Optional[Cut] = None     # where max_steps ended an epoch mid-way
+        self.cut: Optional[Cut] = None     # where max_steps or max_time ended an epoch mid-way
         self.step_log = StepLog(self.collective) if config.log_every_n_steps or config.eval_every_n_steps else None
         if config.eval_every_n_steps and self.eval_loader is None:
             raise ValueError("eval_every_n_steps needs an evaluation set: give eval_data (or validation_split)")
@@ -188,7 +191,7 @@ class Run(RunView):
             row["skipped"] = skipped
         if self.scheduler is not None:          # the first group's, as the epoch's last batch had it
             row["lr"] = self.engine.trainer.learning_rate
-        if self.cut is not None:                # max_steps ended it: what it trained
+        if self.cut is not None:                # max_steps or max_time ended it: what it trained
             b = self.cut.position.batch
             row.update(batches=b, samples=sum(self.train_loader.global_batch_size(i) for i in range(b)))
         with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
@@ -197,9 +200,14 @@ class Run(RunView):
             self.history.append(row)
             self.schedule.after_epoch(row, self.evaluated_epoch, self.eval_loader is not None)
             self.callbacks.on_epoch_end(self, epoch, row)
-        stopped = stopped or self.stops.agree()
+        if self.clock.up():
+            self.stops.time_up()
+        asked, late = self.stops.agree()
+        if late and not stopped and epoch < self.epochs:
+            self.stop_reason, self.timed_out = self.stop_reason or self.clock.reason(f"after epoch {epoch}"), True
+        stopped = stopped or asked or (late and epoch < self.epochs)
         with stage(f"saving after epoch {epoch}"):
-            if self.cut is not None:       # mid-epoch: a larger max_steps goes on from there
+            if self.cut is not None:       # mid-epoch: a resumed run goes on from there
                 resume.save_mid_epoch(self, self.cut.position, self.cut)
             else:
                 resume.save(self, Position(epoch + 1), [[0.0, 0.0]] * self.world_size)
@@ -240,6 +248,7 @@ class Run(RunView):
         step_log = self.step_log
         if step_log is not None:
             step_log.epoch_start()
+        clocked = self.clock.seconds is not None
 
         def so_far(b: int) -> Position:    # what a save mid-epoch keeps
             loss_sum, count = tally.numbers()
@@ -304,6 +313,8 @@ class Run(RunView):
                                                                tally))
                     if watch:
                         edits.after("in on_batch_end")
+                if clocked and self.clock.up():
+                    self.stops.time_up()        # (rides with the next batch's gradients)
                 pending.append((b, verdict, result.flags))
                 resolve(self.run_ahead, b)
                 if ending[0] or b >= last:
@@ -315,12 +326,14 @@ class Run(RunView):
             resolve(0, b)
             ending[0] |= act_on(self, self.stops.flush(), epoch, b, so_far, resolve)
         edits.stepped()
-        if self.limit.reached(Position(epoch, b)) and (b < self.batches or epoch < self.epochs):
-            self.stop_reason, ending[0] = self.stop_reason or self.limit.reason(epoch, b), True
+        limited = self.limit.reached(Position(epoch, b))
+        if (limited or self.timed_out) and (b < self.batches or epoch < self.epochs):
+            reason = self.limit.reason(epoch, b) if limited else self.clock.reason(f"at batch {b} of {self.batches}")
+            self.stop_reason, ending[0] = self.stop_reason or reason, True
             if b < self.batches:
                 saving = self.config.checkpoint_dir is not None
                 self.cut = Cut(so_far(b), self.callbacks.state_dict() if saving else {},
-                               resume.random_states(self) if saving else {})
+                               resume.random_states(self) if saving else {}, "max_steps" if limited else "max_time")
         synchronize(self.devices)
         if step_log is not None:
             step_log.epoch_end(tally.numbers())

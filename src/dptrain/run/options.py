@@ -9,6 +9,7 @@ same rule.
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 from dataclasses import field
 from typing import Any, Callable, Dict, Optional, Sequence
@@ -82,6 +83,45 @@ class Switch(Kind):
 
     def flag_args(self) -> Dict[str, Any]:
         return {"action": "store_true"}
+
+
+class Duration(Kind):
+    """A length of time > 0, in seconds: a number, a ``timedelta``, a dict of its keywords
+    (``{"hours": 11}``, as Lightning's ``max_time``), or ``"HH:MM:SS"``/``"DD:HH:MM:SS"``."""
+
+    FORMS = 'seconds, "HH:MM:SS", "DD:HH:MM:SS", a datetime.timedelta or a dict such as {"hours": 11}'
+
+    def check(self, label: str, value: Any) -> Any:
+        try:
+            seconds = duration_seconds(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{label} must be a length of time: {self.FORMS}; got {value!r}") from None
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"{label} must be a length of time > 0, got {value!r}")
+        return seconds
+
+    def flag_args(self) -> Dict[str, Any]:
+        def parse(text: str) -> float:
+            try:
+                return self.check("the time", text if ":" in text else float(text))
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        return {"type": parse}
+
+
+def duration_seconds(value: Any) -> float:
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, dict):
+        return datetime.timedelta(**value).total_seconds()
+    if isinstance(value, str):
+        parts = [float(p) for p in value.split(":")]
+        if len(parts) not in (3, 4) or any(p < 0 for p in parts):
+            raise ValueError(value)
+        return sum(p * unit for p, unit in zip(reversed(parts), (1, 60, 3600, 86400)))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(value)
+    return float(value)
 
 
 def option(default: Any, help: str, kind: Optional[Kind] = None, check: Optional[Callable[[Any], Any]] = None,

@@ -110,7 +110,8 @@ def result_of(run: Any) -> Dict[str, Any]:
         **({"compile": engine.compile_mode, "compile_sec": engine.compile_seconds} if engine.compile_mode else {}),
         **({"backend": run.backend} if run.backend else {}),
         **({"skipped_batches": run.skipped} if config.on_nan == "skip" else {}),
-        **({"step_history": run.step_log.rows} if run.step_log is not None else {}))
+        **({"step_history": run.step_log.rows} if run.step_log is not None else {}),
+        **({"timed_out": run.timed_out} if config.max_time is not None else {}))
 
 
 def closing_line(result: Dict[str, Any]) -> str:

@@ -91,7 +91,7 @@ def save(run: Any, position: Position, partial: List[List[float]], cut: Any = No
          metric_states: Any = None) -> None:
     """Rank 0 writes ``run``'s state at ``position``; ``partial`` holds every process's
     ``[loss sum, denominator, *training figure sums]`` so far. Every process calls it (they
-    send their random states). ``cut``: ``max_steps`` ended the epoch (``step_limit.Cut``):
+    send their random states). ``cut``: ``max_steps`` or ``max_time`` ended the epoch (``step_limit.Cut``):
     its random states, and the callbacks' states of that moment beside the current ones."""
     directory = run.config.checkpoint_dir
     if not directory:
@@ -107,7 +107,7 @@ def save(run: Any, position: Position, partial: List[List[float]], cut: Any = No
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
             "balance": run.balancer.state_dict() if run.balancer is not None else None,
             "callbacks": run.callbacks.state_dict(), **random,
-            **({"callbacks_at_cut": cut.callbacks} if cut is not None else {}),
+            **({"callbacks_at_cut": cut.callbacks, "cut_cause": cut.cause} if cut is not None else {}),
             **({"train_metric_states": metric_states} if metric_states is not None else {})})
     run.callbacks.on_checkpoint(run, str(checkpoint_path(directory)))
 

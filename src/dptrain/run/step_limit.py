@@ -1,5 +1,7 @@
 """``max_steps``: a run that ends after a number of updates, mid-epoch if that is where they end.
 
+(``max_time``, ``time_limit.py``, ends an epoch mid-way the same way: a ``Cut``.)
+
 As Lightning's and Hugging Face's ``max_steps``: the schedules of language-model training
 are counted in updates, not epochs. The epoch the limit ends is evaluated and saved like any
 other, its row covering the batches it trained (``batches``, ``samples``). Its checkpoint is
@@ -48,18 +50,22 @@ class StepLimit:
 
 
 class Cut:
-    """What a run keeps when ``max_steps`` ends an epoch after ``position.batch`` batches: the
-    position (with this process's partial sums), the callbacks' states and every process's
-    random states (``resume.random_states``), taken before the evaluation and the epoch's hooks."""
+    """What a run keeps when ``max_steps`` (or ``max_time``: the ``cause``) ends an epoch after
+    ``position.batch`` batches: the position (with this process's partial sums), the callbacks'
+    states and every process's random states (``resume.random_states``), taken before the
+    evaluation and the epoch's hooks."""
 
-    def __init__(self, position: Position, callbacks: Dict[str, Any], random: Dict[str, Any]):
+    def __init__(self, position: Position, callbacks: Dict[str, Any], random: Dict[str, Any],
+                 cause: str = "max_steps"):
         self.position, self.callbacks, self.random = position, copy.deepcopy(callbacks), random
+        self.cause = cause
 
 
 def resume_cut(run: Any, state: Dict[str, Any], position: Position) -> Position:
-    """A checkpoint ``max_steps`` saved mid-epoch (its history has that epoch's row): go on
-    with the rest of the epoch if this run trains further (the row is dropped, the callbacks
-    get their states of the moment of the cut), else start past it (nothing to train)."""
+    """A checkpoint ``max_steps`` or ``max_time`` saved mid-epoch (its history has that
+    epoch's row): go on with the rest of the epoch if this run trains further (the row is
+    dropped, the callbacks get their states of the moment of the cut), else start past it
+    (nothing to train)."""
     if not (run.history and run.history[-1]["epoch"] == position.epoch and position.batch):
         return position
     goes_on = (run.config.max_steps is None or run.config.max_steps > steps_done(position, run.batches)) \
@@ -69,6 +75,7 @@ def resume_cut(run: Any, state: Dict[str, Any], position: Position) -> Position:
     run.history.pop()
     if state.get("callbacks_at_cut") is not None:
         run.callbacks.load_state_dict(state["callbacks_at_cut"])
-    run.log(f"resuming: epoch {position.epoch} ended after batch {position.batch} (max_steps); it goes on from there, "
+    cause = state.get("cut_cause", "max_steps")
+    run.log(f"resuming: epoch {position.epoch} ended after batch {position.batch} ({cause}); it goes on from there, "
             f"and its row is made again")
     return position

@@ -3,9 +3,10 @@
 SIGINT and SIGTERM do not stop the run where they land: they are noted, and the loop
 stops at a batch boundary, after saving. With several processes the signal may reach one
 process, or all of them a few batches apart, and a non-finite loss may appear in one
-process only, and a callback may ask one process to stop (``run.stop``); so the processes
-sum four flags (SIGINT seen, SIGTERM seen, non-finite loss seen, stop asked) and all of them
-act on the same answer. The flags ride with the gradients: those
+process only, a callback may ask one process to stop (``run.stop``), and one process's
+clock may pass ``max_time`` first (``time_limit.py``); so the processes sum five flags
+(SIGINT seen, SIGTERM seen, non-finite loss seen, stop asked, time up) and all of them act on
+the same answer. The flags ride with the gradients: those
 seen before batch b go in b's last gradient bucket (``Trainer.step_with(extras=...)``), and
 their sum is read after it, so they cost no message of their own (a separate 12-byte gloo
 all_reduce took ~1.2 ms of latency here, sent asynchronously still 0.1-0.3 ms a step). So
@@ -35,10 +36,12 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class Decision(NamedTuple):
     """What every process does after a batch: stop for ``signum`` (saving first), stop for
-    the non-finite loss of ``bad_batch``, or end the run as a callback asked (``requested``)."""
+    the non-finite loss of ``bad_batch``, end the run as a callback asked (``requested``), or
+    end it because ``max_time`` is up (``time_up``: resumable from there)."""
     signum: Optional[int] = None
     bad_batch: Optional[int] = None
     requested: bool = False
+    time_up: bool = False
 
 
 GO_ON = Decision()          # the answer of almost every batch, made once
@@ -83,6 +86,7 @@ class StopRequests:
         self.signum: Optional[int] = None
         self._bad = False                                # a non-finite loss here, not yet shared
         self._requested = False                          # a callback asked to stop
+        self._time_up = False                            # this process's clock passed max_time
         self._batch = 0                                  # the last batch done
         self._sent: Deque[Tuple[float, ...]] = collections.deque()   # flags given to batches not yet decided on
 
@@ -121,17 +125,23 @@ class StopRequests:
         """A callback asks the run to stop: every process hears it with the next flags."""
         self._requested = True
 
+    def time_up(self) -> None:
+        """``max_time`` has passed on this process's clock: every process hears it with the
+        next flags."""
+        self._time_up = True
+
     def _flags(self) -> Tuple[float, ...]:
         """Python numbers, not a tensor: the gradients' last bucket writes them with its
         counts in one copy (a tensor: 1-2 operations to make it, 3 to write it; each a
         kernel on a GPU)."""
-        flags = tuple(float(self.signum == s) for s in SIGNALS) + (float(self._bad), float(self._requested))
+        flags = tuple(float(self.signum == s) for s in SIGNALS) + (float(self._bad), float(self._requested),
+                                                                  float(self._time_up))
         self._bad = False
         return flags
 
     def before_batch(self) -> Optional[Tuple[float, ...]]:
         """What this process saw so far, to send with the next batch's gradients (several
-        processes; None with one): four numbers."""
+        processes; None with one): five numbers."""
         if not self._shared:
             return None
         self._sent.append(self._flags())
@@ -147,9 +157,9 @@ class StopRequests:
         """
         self._batch = batch
         if not self._shared:
-            if self.signum is None and not non_finite and not self._requested:
+            if self.signum is None and not non_finite and not self._requested and not self._time_up:
                 return GO_ON
-            return Decision(self.signum, batch if non_finite else None, self._requested)
+            return Decision(self.signum, batch if non_finite else None, self._requested, self._time_up)
         self._bad = self._bad or non_finite
         if not self._sent:
             return GO_ON
@@ -161,21 +171,24 @@ class StopRequests:
     def flush(self) -> Decision:
         """After the last batch of an epoch: share what it saw and decide (a blocking message)."""
         if not self._shared:
-            return Decision(self.signum, None, self._requested)
+            return Decision(self.signum, None, self._requested, self._time_up)
         return self._decide(self.collective.all_reduce(torch.tensor(self._flags(), device=self.device)), self._batch)
 
-    def agree(self) -> bool:
-        """After an epoch's callbacks: whether any process's callback asked to stop (one
-        small message with several processes)."""
+    def agree(self) -> Tuple[bool, bool]:
+        """After an epoch's callbacks: whether any process's callback asked to stop, and
+        whether any process's ``max_time`` is up (one small message with several processes)."""
         if not self._shared:
-            return self._requested
-        return bool(self.collective.all_reduce(torch.tensor([float(self._requested)], device=self.device)).item())
+            return self._requested, self._time_up
+        asked, late = self.collective.all_reduce(torch.tensor([float(self._requested), float(self._time_up)],
+                                                               device=self.device)).tolist()
+        return bool(asked), bool(late)
 
     @staticmethod
     def _decide(flags: Extras, flagged_batch: int) -> Decision:
-        seen_int, seen_term, any_bad, requested = (flags.tolist() if isinstance(flags, torch.Tensor) else flags)[:4]
+        seen_int, seen_term, any_bad, requested, late = (flags.tolist() if isinstance(flags, torch.Tensor)
+                                                         else flags)[:5]
         signum = signal.SIGTERM if seen_term else signal.SIGINT if seen_int else None
-        return Decision(signum, flagged_batch if any_bad else None, bool(requested))
+        return Decision(signum, flagged_batch if any_bad else None, bool(requested), bool(late))
 
     def barrier(self) -> None:
         """Wait until every process gets here (after rank 0 saved, before anyone leaves)."""
@@ -194,7 +207,9 @@ def act_on(run: Any, decision: Decision, epoch: int, batch: int, so_far: Callabl
                             f"lower --lr, or pass --on-nan skip to skip such batches (a batch whose targets "
                             f"are all ignore_index, or weigh 0 in all, has a NaN mean, as in PyTorch){kept}")
     if decision.signum is None:
-        return decision.requested
+        if decision.time_up:
+            run.timed_out = True
+        return decision.requested or decision.time_up
     resolve(0, batch)           # what the steps still in flight say, before a save
     save_mid_epoch(run, so_far(batch))
     run.stops.barrier()         # nobody leaves (and gets the others stopped) before the save

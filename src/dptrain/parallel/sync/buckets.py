@@ -29,7 +29,7 @@ from .base import Extras, extra_count
 
 DEFAULT_BUCKET_MB = 25.0
 #: Numbers besides the gradients the last bucket can sum (see ``prepare``).
-EXTRA_SLOTS = 4
+EXTRA_SLOTS = 5
 
 
 @dataclass

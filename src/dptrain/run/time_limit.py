@@ -1,0 +1,40 @@
+"""``max_time``: a run that ends after a length of wall-clock time (a job's time limit), resumable.
+
+As Lightning's ``max_time``: a cluster job granted 12 hours trains for 11:45 and ends well,
+instead of being killed mid-write. The clock starts when the run does (set-up counted: it is
+the job's time) and is read after every batch and after every epoch. With several processes
+each reads its own clock, and the first to pass the limit stops all of them after the same
+batch: its flag rides with the gradients, as a SIGTERM's does (``stopping.py``). An epoch the
+limit ends mid-way is evaluated and saved as one ``max_steps`` ends (``step_limit.Cut``): a
+run resumed (``resume=True``, with a fresh ``max_time``) drops that row and trains the rest
+of the epoch, ending as the unbroken run would, bit for bit on a CPU.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+#: The clock (tests replace it, to end a run at a batch of their choosing).
+now: Callable[[], float] = time.monotonic
+
+
+def said(seconds: float) -> str:
+    """``3725.0`` -> ``1:02:05``; under a minute, ``2.5 s``."""
+    if seconds < 60:
+        return f"{seconds:g} s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}"
+
+
+class TimeLimit:
+    """Whether ``seconds`` have passed since the run started (never, for None)."""
+
+    def __init__(self, seconds: Optional[float]):
+        self.seconds = seconds
+        self.start = now()
+
+    def up(self) -> bool:
+        return self.seconds is not None and now() - self.start >= self.seconds
+
+    def reason(self, where: str) -> str:
+        return f"max_time {said(self.seconds)} reached {where}"
