@@ -83,6 +83,40 @@ def test_gradients_fp16_cannot_hold_unscaled_train_as_with_a_grad_scaler_on_any_
     assert largest_difference(net, ref) < 5e-6
 
 
+def regression():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(256, 8, generator=g) * 30, torch.randn(256, 64, generator=g) * 30
+
+
+def plain_mse():
+    """A GradScaler loop on an element-wise mean (MSE over 64 outputs): two steps overflow."""
+    torch.manual_seed(0)
+    net, (X, y) = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 64)), regression()
+    opt, scaler = torch.optim.SGD(net.parameters(), lr=1e-3), torch.amp.GradScaler("cpu")
+    for _ in range(2):
+        for i in range(0, len(X), BATCH):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                value = F.mse_loss(net(X[i:i + BATCH]).float(), y[i:i + BATCH])
+            scaler.scale(value).backward()
+            scaler.step(opt)
+            scaler.update()
+    return net, scaler.get_scale()
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_an_element_wise_mean_is_scaled_as_the_grad_scaler_scales_it_on_any_devices(devices):
+    """The factor counts the target's elements per sample: scaled by the samples alone, the
+    gradients were 64 times GradScaler's, and 2-3 devices overflowed every step of the run."""
+    ref, last = plain_mse()
+    assert last == 65536.0 / 4                   # the plain loop skipped two steps
+    torch.manual_seed(0)
+    net, scales = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 64)), LastScale()
+    dptrain.fit(net, regression(), loss=nn.MSELoss(), optimizer="sgd", lr=1e-3, amp="fp16", shuffle=False,
+                epochs=2, batch_size=BATCH, devices=devices, log=None, callbacks=[scales])
+    assert scales.scale == last and largest_difference(net, ref) < 1e-5
+
+
 @pytest.mark.parametrize("kvstore", ["device", "local"])
 def test_an_overflow_on_several_devices_skips_the_update_and_halves_the_scale(kvstore):
     net, scales = model(), LastScale()

@@ -35,10 +35,13 @@ class LossScale:
         self.scale, self.growth, self.backoff, self.interval = float(init), growth, backoff, interval
         self.good = 0          # steps in a row without an overflow
 
-    def factor(self, samples: int) -> float:
+    def factor(self, samples: int, per_sample: float = 1.0) -> float:
         """What a step's loss sums are multiplied by before backward: the scale over the
-        step's global number of samples (the same on every device and process)."""
-        return self.scale / max(samples, 1)
+        step's global number of samples (the same on every device and process), times
+        ``per_sample``, what the loss's mean counts per sample: the target's elements for an
+        element-wise mean (``MSELoss``), so its gradients are GradScaler's, not that many
+        times larger (which cost a few skipped steps while the scale settled)."""
+        return self.scale / max(samples * per_sample, 1)
 
     def scaled_denominator(self, denominator: Union[Denominator, Callable[[], Denominator]], factor: float):
         """What to divide the summed gradient of loss sums times ``factor`` by: the
