@@ -27,7 +27,6 @@ from ..data.loader import prefetch
 from ..distributed import DistEnv, get_collective
 from ..engine.evaluation import sum_keys
 from ..engine.losses import add_counts
-from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.task import Task
 from ..parallel.model_edits import ModelEdits
 from . import auto_devices, report, resume
@@ -177,23 +176,7 @@ class Run(RunView):
                 evals = self._step_evals[1] if same else self.engine.evaluate(self.eval_loader)
                 others = self._step_evals[2] if same else report.other_sets(self.engine, self.other_evals,
                                                                              self.collective)
-        zero = torch.zeros((), dtype=torch.float64, device=self.devices[0])
-        local = [torch.as_tensor(v, dtype=torch.float64, device=self.devices[0]).reshape(())
-                 for v in [loss_sum, count] + figures] + [evals.get(k, zero) for k in keys]
-        sums = self.collective.all_reduce(torch.stack(local)).tolist()
-        trained, evaluated = dict(zip(self.figure_keys, sums[2:])), dict(zip(keys, sums[2 + len(figures):]))
-        split = self.balancer.sizes(epoch * self.batches, self.batch_size) if self.balancer is not None else None
-        objects = self.engine.train_figures.computed() if self.engine.train_figures is not None else {}
-        row = report.epoch_row(epoch, sec, sums[0], sums[1], evaluated, pair_metric_names(self.task.metrics), split,
-                               evals.get(COMPUTED, {}), trained, objects)
-        row.update(others)                      # the other evaluation sets' test_<name>_* figures
-        if self.config.on_nan == "skip":       # the loss above covers the batches not skipped
-            row["skipped"] = skipped
-        if self.scheduler is not None:          # the first group's, as the epoch's last batch had it
-            row["lr"] = self.engine.trainer.learning_rate
-        if self.cut is not None:                # max_steps or max_time ended it: what it trained
-            b = self.cut.position.batch
-            row.update(batches=b, samples=sum(self.train_loader.global_batch_size(i) for i in range(b)))
+        row = report.row_of(self, epoch, sec, [loss_sum, count] + figures, skipped, evals, keys, others)
         with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
             if self.evaluated_epoch:      # (told even when the set was empty)
                 self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})

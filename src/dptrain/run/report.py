@@ -78,6 +78,34 @@ def other_sets(engine: Any, loaders: Mapping[str, Any], collective: Any) -> Row:
     return row
 
 
+def row_of(run: Any, epoch: int, sec: float, trained: List[Any], skipped: int, evals: Dict[str, Any],
+           keys: List[str], others: Row) -> Row:
+    """Epoch ``epoch``'s row of ``run`` (``loop.py``), the same on every process: this
+    process's ``trained`` sums (loss, count, training figures) and evaluation sums ``evals``
+    (of ``keys``) summed over the processes in one message, then the rest of what the epoch
+    was: the other sets' figures, skipped batches, the learning rate, what a cut trained."""
+    device = run.devices[0]
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    local = [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in trained] + \
+        [evals.get(k, zero) for k in keys]
+    sums = run.collective.all_reduce(torch.stack(local)).tolist()
+    n = len(trained)
+    figures, evaluated = dict(zip(run.figure_keys, sums[2:n])), dict(zip(keys, sums[n:]))
+    split = run.balancer.sizes(epoch * run.batches, run.batch_size) if run.balancer is not None else None
+    objects = run.engine.train_figures.computed() if run.engine.train_figures is not None else {}
+    row = epoch_row(epoch, sec, sums[0], sums[1], evaluated, pair_metric_names(run.task.metrics), split,
+                    evals.get(COMPUTED, {}), figures, objects)
+    row.update(others)                      # the other evaluation sets' test_<name>_* figures
+    if run.config.on_nan == "skip":         # the loss above covers the batches not skipped
+        row["skipped"] = skipped
+    if run.scheduler is not None:           # the first group's, as the epoch's last batch had it
+        row["lr"] = run.engine.trainer.learning_rate
+    if run.cut is not None:                 # max_steps or max_time ended it: what it trained
+        b = run.cut.position.batch
+        row.update(batches=b, samples=sum(run.train_loader.global_batch_size(i) for i in range(b)))
+    return row
+
+
 def record(row: Row, recipe: str, devices: List[str], world_size: int, samples_per_epoch: int) -> Dict[str, Any]:
     """An epoch's line in the metrics file and TensorBoard."""
     return {**row, "recipe": recipe, "devices": devices, "world_size": world_size,
