@@ -1,12 +1,20 @@
 """dptrain's own outputs, as callbacks on the same protocol a user's callback has.
 
-``Run`` puts the ones a config asks for first in the list: the epoch lines, the progress
-bar, the metrics file, TensorBoard and the trace. Each writes from rank 0 only (the trace
-gathers every rank's events first).
+``Run`` puts the progress bar first in the list (its line is cleared before anything is
+printed), then the user's callbacks, then ``OwnFigures`` and the writers: the epoch lines,
+the metrics file, TensorBoard and the trace. So a figure a callback adds to an epoch's row
+in ``on_epoch_end`` (``row["weight_norm"] = ...``, as a Keras callback adds to ``logs``) is
+in the line, the history, the metrics file and TensorBoard. Each writes from rank 0 only
+(the trace gathers every rank's events first).
 """
 from __future__ import annotations
 
+import json
+import numbers
 from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
 
 from ..data.batch import holds_images
 from ..outputs.metrics_file import MetricsLog
@@ -14,6 +22,35 @@ from ..outputs.progress import ProgressBar as Bar, seconds
 from ..outputs.tensorboard import TensorBoardLog
 from ..outputs.trace import Window
 from .base import BatchEnd, Callback, Row
+
+
+def plain(key: str, value: Any) -> Any:
+    """A row's value as the outputs and checkpoints hold it: a one-element tensor or a NumPy
+    number becomes a Python number, a larger tensor or array a list; anything JSON cannot
+    hold is an error naming the key."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, np.ndarray):
+        return value.item() if value.size == 1 else value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (str, bool, numbers.Number)):
+        return value
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"the epoch row's {key!r} is a {type(value).__name__}, which the history, the metrics file "
+                        f"and checkpoints cannot hold: give a number (or a list, a string)") from None
+    return value
+
+
+class OwnFigures(Callback):
+    """After the user's callbacks: what they added to the epoch's row made plain (``plain``)."""
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        for key, value in row.items():
+            if not isinstance(value, (float, int, str)):
+                row[key] = plain(key, value)
 
 
 class EpochLog(Callback):

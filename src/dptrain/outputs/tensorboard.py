@@ -5,6 +5,10 @@ from pathlib import Path
 from typing import Any, Dict
 
 
+#: A record's bookkeeping, not a figure of the epoch.
+NOT_SCALARS = ("epoch", "world_size", "batches", "samples", "skipped")
+
+
 class TensorBoardLog:
     """Write ``train_loss`` (and ``train_acc``...), ``test_acc``..., ``images_per_sec`` and ``sec`` per epoch to DIR."""
 
@@ -24,9 +28,8 @@ class TensorBoardLog:
             raise ValueError(f"cannot write TensorBoard logs to {directory}: {e.strerror}") from None
 
     def append(self, record: Dict[str, Any]) -> None:
-        for key, value in record.items():       # the losses, every test metric, the speed
-            if (key in ("images_per_sec", "sec", "lr") or key.startswith(("train_", "test_"))) \
-                    and isinstance(value, (int, float)):
+        for key, value in record.items():       # the losses, every metric, the speed, a callback's own
+            if key not in NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(key, value, record["epoch"])
         self.writer.flush()
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..callbacks.outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard, Trace
+from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, TensorBoard, Trace
 from ..core.stage import stage
 from ..data.accumulate import Accumulating
 from ..data.dataset_loader import make_loader
@@ -24,18 +24,20 @@ from .preflight import check_space
 from .resume import has_batchnorm
 
 
-def builtin_callbacks(config: TrainConfig, env: DistEnv) -> List[Any]:
+def builtin_callbacks(config: TrainConfig, env: DistEnv) -> Tuple[List[Any], List[Any]]:
     """The outputs a config asks for, as callbacks (made now: a missing package is said
-    before any work)."""
-    out: List[Any] = [ProgressBar()] if config.progress and env.rank == 0 else []
-    out.append(EpochLog())          # after the bar: the bar's line is cleared before a line is printed
+    before any work): those before the user's callbacks (the bar: its line is cleared before
+    a line is printed), and those after (what writes the rows: a figure a callback adds to
+    a row in ``on_epoch_end`` is written too)."""
+    first: List[Any] = [ProgressBar()] if config.progress and env.rank == 0 else []
+    out: List[Any] = [OwnFigures(), EpochLog()]
     if config.metrics_file:
         out.append(MetricsFile(config.metrics_file))
     if config.tensorboard:
         out.append(TensorBoard(config.tensorboard, fresh=config.overwrite, rank=env.rank))
     if config.trace:
         out.append(Trace(config.trace, config.trace_steps, config.trace_from))
-    return out
+    return first, out
 
 
 def train_mode(model: torch.nn.Module, log: Callable[[str], None]) -> None:

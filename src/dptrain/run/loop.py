@@ -72,7 +72,7 @@ class Run(RunView):
                 task, devices = auto_devices.choose(task, config, devices, self.batch_size, self.epochs, say)
             self.task, self.devices = task, devices
         self.device_names = [format_device(d) for d in devices]
-        outputs = builtin_callbacks(config, env)        # before any work: a missing package is said now
+        first, outputs = builtin_callbacks(config, env)     # before any work: a missing package is said now
         self.kvstore, self.engine, self.train_loader, self.eval_loader, self.other_evals = build_engine(
             task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
@@ -106,7 +106,7 @@ class Run(RunView):
         self.stops = StopRequests(self.collective, announce, config.checkpoint_dir)
         self.stop_reason: Optional[str] = None
         self.balancer = build_balancer(config, self.collective, devices, self.train_loader, env.rank)
-        self.callbacks = CallbackList(outputs + list(task.callbacks))
+        self.callbacks = CallbackList(first + list(task.callbacks) + outputs)
         users = CallbackList(list(task.callbacks))      # (dptrain's outputs edit no model)
         self.watch_batches = any(users.wants(hook) for hook in ("on_batch_start", "on_batch_end", "on_train_log"))
         resume.own_random_streams(config.seed, env.rank, devices)     # dropout masks differ by rank
