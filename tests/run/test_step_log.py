@@ -55,6 +55,42 @@ def test_rows_on_several_devices_equal_one_device(devices):
     assert [r["train_loss"] for r in got] == pytest.approx([r["train_loss"] for r in want], rel=1e-5)
 
 
+def plain_norms(clip, epochs=2):
+    """The plain loop's ``clip_grad_norm_`` at every update (with fit's order of the samples)."""
+    from dptrain.data.loader import TensorLoader
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    order, norms = TensorLoader(data(), 20, shuffle=True, seed=0), []
+    for epoch in range(epochs):
+        order.set_epoch(epoch)
+        for X, y in order:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(X), y).backward()
+            norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), clip or float("inf"))))
+            opt.step()
+            sched.step()
+    return model, norms
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_log_grad_norm_gives_each_row_its_updates_norm_before_clipping_and_changes_no_step(devices, clip):
+    """Hugging Face's ``grad_norm``: the norm clip_grad_norm_ returns, of the whole summed
+    gradient; asking for it leaves the training as it was (nothing is clipped by it)."""
+    plain, norms = plain_norms(clip)
+    result = train(devices, log_grad_norm=True, clip_grad_norm=clip)
+    assert [r["grad_norm"] for r in result["step_history"]] == pytest.approx([norms[s - 1] for s in (4, 8, 12, 16, 20)],
+                                                                              rel=1e-5)
+    torch.manual_seed(0)
+    without = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    again = train(devices, clip_grad_norm=clip)
+    assert [r["train_loss"] for r in again["step_history"]] == [r["train_loss"] for r in result["step_history"]]
+    with pytest.raises(ValueError, match="--log-grad-norm goes with --log-every-n-steps"):
+        dptrain.fit(without, data(), log_grad_norm=True, epochs=1, log=None)
+
+
 def test_the_lines_and_the_callbacks_get_each_row():
     lines, seen = [], []
 

@@ -71,7 +71,7 @@ class EpochLog(Callback):
 
     def on_train_log(self, run: Any, row: Row) -> None:
         figures = "".join(f", {k.replace('_', ' ')} {v:.3g}" if k == "lr" else f", {k.replace('_', ' ')} {v:.3f}"
-                          for k, v in row.items() if (k in ("train_loss", "lr") or k.startswith("test_"))
+                          for k, v in row.items() if (k in ("train_loss", "lr", "grad_norm") or k.startswith("test_"))
                           and isinstance(v, (int, float)))
         run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}){figures}")
 

@@ -34,10 +34,10 @@ class TensorBoardLog:
         self.writer.flush()
 
     def append_step(self, row: Dict[str, Any]) -> None:
-        """A ``log_every_n_steps`` row: ``step/train_loss``, ``step/lr`` (and ``step/test_*``,
-        with ``eval_every_n_steps``) at its step."""
+        """A ``log_every_n_steps`` row: ``step/train_loss``, ``step/lr`` (``step/grad_norm``
+        with ``log_grad_norm``, ``step/test_*`` with ``eval_every_n_steps``) at its step."""
         for key, value in row.items():
-            if (key in ("train_loss", "lr") or key.startswith("test_")) and isinstance(value, (int, float)):
+            if (key in ("train_loss", "lr", "grad_norm") or key.startswith("test_")) and isinstance(value, (int, float)):
                 self.writer.add_scalar(f"step/{key}", value, row["step"])
         self.writer.flush()
 

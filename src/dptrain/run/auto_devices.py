@@ -161,7 +161,7 @@ def _engine(task: Task, config: TrainConfig, devices: List[torch.device], exampl
         optimizer = type(optimizer)
     probe = dataclasses.replace(task, model=copy.deepcopy(task.model), optimizer=optimizer, callbacks=[])
     engine = ModelEngine(probe, devices, kvstore=kvstore(task, config), amp=config.amp_dtype,
-                         clip_grad_norm=config.clip_grad_norm, clip_grad_value=config.clip_grad_value)
+                         clip_grad_norm=config.max_norm, clip_grad_value=config.clip_grad_value)
     engine.prepare(example, task.lr)
     return engine
 

@@ -71,7 +71,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     with stage("placing the model on its devices"):
         engine = ModelEngine(task, devices, kvstore=kvstore, sync_batchnorm=config.sync_batchnorm, amp=config.amp_dtype,
                              channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb,
-                             compile=config.compile, clip_grad_norm=config.clip_grad_norm,
+                             compile=config.compile, clip_grad_norm=config.max_norm,
                              clip_grad_value=config.clip_grad_value)
     if config.train_metrics:
         engine.keep_train_figures()

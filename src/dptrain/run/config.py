@@ -7,6 +7,7 @@ A ``TrainConfig`` says *how* to train (devices, epochs, checkpoints...); *what* 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Tuple
 
@@ -130,6 +131,9 @@ class TrainConfig:
     clip_grad_value: Optional[float] = option(None, "then clip every element of the summed gradient to [-V, V] "
                                               "before each update, as clip_grad_value_ on one device", Positive(),
                                               metavar="V")
+    log_grad_norm: bool = option(False, "with --log-every-n-steps: each row also gives the norm of the whole "
+                                 "summed gradient of the update before it (before clipping; Hugging Face's "
+                                 "grad_norm)", Switch())
     accumulate_grad_batches: int = option(1, "sum the gradients of N consecutive batches into each update: the "
                                           "update of an N-times larger batch, with the memory of one",
                                           Whole(1), metavar="N")
@@ -180,8 +184,17 @@ class TrainConfig:
             raise ValueError("--accumulate-grad-batches does not go with --balance yet: use --balance even")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir DIR (where the checkpoint is)")
+        if self.log_grad_norm and not self.log_every_n_steps:
+            raise ValueError("--log-grad-norm goes with --log-every-n-steps N: its rows carry the norm (a callback "
+                             "reads each update's as batch.result.grad_norm)")
         if self.resume and self.overwrite:
             raise ValueError("--resume continues a run and --overwrite replaces it: give one")
+
+    @property
+    def max_norm(self) -> Optional[float]:
+        """What each update clips the summed gradient's norm to: ``clip_grad_norm``, or, for
+        ``log_grad_norm`` alone, infinity (the norm computed, nothing clipped)."""
+        return self.clip_grad_norm if self.clip_grad_norm is not None else math.inf if self.log_grad_norm else None
 
     @property
     def amp_dtype(self):

@@ -289,7 +289,7 @@ class Run(RunView):
                     self.skipped += 1
                 self.step = first_step + b
                 if step_log is not None:
-                    log_step(self, tally, epoch, b)
+                    log_step(self, tally, epoch, b, result)
                 if tell:
                     self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
                                                                self.train_loader.global_batch_size(b - 1), result,

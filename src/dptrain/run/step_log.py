@@ -3,7 +3,8 @@ than an epoch (Lightning's ``log_every_n_steps``, Hugging Face's ``logging_steps
 ``eval_every_n_steps=M``: an evaluation every M updates, mid-epoch too (Hugging Face's
 ``eval_steps``, Lightning's ``val_check_interval``), its ``test_*`` figures in that step's row.
 
-A row is ``{step, epoch, batch, steps, train_loss, lr}``: the loss over the ``steps``
+A row is ``{step, epoch, batch, steps, train_loss, lr}`` (and ``grad_norm``, with
+``log_grad_norm``: the update's before it, as Hugging Face logs it): the loss over the ``steps``
 updates since the last such row (whole windows across epoch boundaries), summed over every device
 and process as the epoch's loss is (one ``all_reduce`` of two numbers a row), and the first
 group's learning rate. Rows go to the callbacks' ``on_train_log``, the epoch lines,
@@ -63,9 +64,10 @@ class StepLog:
         return row
 
 
-def log_step(run: Any, tally: Any, epoch: int, batch: int) -> None:
+def log_step(run: Any, tally: Any, epoch: int, batch: int, result: Any = None) -> None:
     """The row due after update ``run.step``, if one is (``run.step_log`` is set): the loss
-    window, an evaluation on the model's own weights (its sums kept in ``run._step_evals``:
+    window, with ``log_grad_norm`` the norm of that update's gradient (``result``'s; none
+    when the update was skipped), an evaluation on the model's own weights (its sums kept in ``run._step_evals``:
     the epoch's evaluation of the same weights reuses them), a plateau scheduler stepped every
     batch deciding on it, and the callbacks' ``on_train_log``."""
     every, test_every = run.config.log_every_n_steps, run.config.eval_every_n_steps
@@ -83,6 +85,9 @@ def log_step(run: Any, tally: Any, epoch: int, batch: int) -> None:
         figures.update(others)
     row = run.step_log.row(tally.numbers() if logged else None, run.step, epoch, batch,
                            run.engine.trainer.learning_rate, figures)
+    if logged and run.config.log_grad_norm and result is not None and result.stepped \
+            and result.grad_norm is not None:
+        row["grad_norm"] = float(result.grad_norm)
     if tested and run.schedule.after_step_evaluation(row):
         row["lr"] = run.engine.trainer.learning_rate        # what the next update uses
     run.callbacks.on_train_log(run, row)

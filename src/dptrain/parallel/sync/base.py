@@ -14,6 +14,7 @@ in a ``SyncStep`` made for that step, not on the strategy's attributes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, ContextManager, List, Optional, Sequence, Union
 import contextlib
@@ -101,8 +102,9 @@ def grad_norm(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tens
 def clip_(grads: Sequence[torch.Tensor], norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     """Scale ``grads`` in place so that the gradient whose norm is ``norm`` (it may cover more
     than ``grads``: every owner's part) is at most ``max_norm``, as ``clip_grad_norm_`` does
-    (the factor ``max_norm / (norm + 1e-6)``, at most 1); return ``norm``. No wait for the device."""
-    if grads:
+    (the factor ``max_norm / (norm + 1e-6)``, at most 1); return ``norm``. No wait for the device.
+    An infinite ``max_norm`` (the norm wanted, no clipping: ``log_grad_norm``) changes nothing."""
+    if grads and not math.isinf(max_norm):
         factor = (max_norm / (norm + 1e-6)).clamp_(max=1.0)
         torch._foreach_mul_(list(grads), factor if factor.device == grads[0].device else factor.to(grads[0].device))
     return norm
@@ -112,11 +114,15 @@ def scale_and_clip_(grads: Sequence[torch.Tensor], scale, max_norm: float, norm:
     """Divide the summed gradient (multiply by ``scale``, ``1 / denominator``; None: 1) and clip
     it to ``max_norm`` in one pass over ``grads``, not two. ``norm``: the norm of the summed,
     undivided gradient (it may cover more than ``grads``: every owner's part); the divided
-    one's is ``norm * scale``, which is returned (what ``clip_grad_norm_`` reports)."""
+    one's is ``norm * scale``, which is returned (what ``clip_grad_norm_`` reports). An
+    infinite ``max_norm`` divides only (the norm wanted, no clipping: ``log_grad_norm``)."""
     factor = None
     if scale is not None:
         scale = scale.to(norm.device, norm.dtype) if isinstance(scale, torch.Tensor) else scale
         norm, factor = norm * scale, scale
+    if math.isinf(max_norm):
+        scale_(list(grads), factor)
+        return norm
     clip = (max_norm / (norm + 1e-6)).clamp_(max=1.0)
     if grads:
         factor = clip if factor is None else clip * factor
