@@ -220,6 +220,15 @@ class LossAdapter:
             return target.numel() // target.shape[1]
         return target.numel()
 
+    def per_sample(self, target: Any) -> float:
+        """What the mean counts per sample of ``target``: its elements for a torch element-wise
+        mean (``MSELoss``, ``KLDivLoss``), else 1 (samples; cross-entropy's weighted or kept
+        targets are known only after the forward, and 1 is their usual count)."""
+        if not self.known or self.classification or self.reduction != "mean" or not isinstance(target, torch.Tensor) \
+                or target.dim() == 0 or target.shape[0] == 0:
+            return 1.0
+        return target.numel() / target.shape[0]
+
     def correct(self, output: torch.Tensor, target: Any) -> Optional[Tuple[torch.Tensor, Count]]:
         """``(correct, count)`` of the arg-max predictions, for classification losses (against
         the arg-max class of probability targets, as Keras's categorical accuracy)."""

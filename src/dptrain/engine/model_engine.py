@@ -225,23 +225,14 @@ class ModelEngine:
         if self.loss_scale is not None:
             micro = batch if isinstance(batch, MicroBatches) else [batch]
             n = global_size or self.trainer.world_size * sum(batch_size(m) for m in micro)
-            self.loss_factor = self.loss_scale.factor(n, self._counted_per_sample(micro[0]) if micro else 1.0)
+            # (what the loss's mean counts per sample, from the target before the forward)
+            known = micro and self.adapter is not None and self.task.forward is None
+            self.loss_factor = self.loss_scale.factor(n, self.adapter.per_sample(input_and_target(micro[0])[1])
+                                                      if known else 1.0)
         result = self._train_batch(batch, skip_nonfinite, extras, sizes, timed)
         if self.train_figures is not None:
             self.train_figures.end_step(result.counted)
         return result
-
-    def _counted_per_sample(self, batch: Batch) -> float:
-        """What the loss's mean counts per sample, as far as the batch tells before the
-        forward: the target's elements for a torch element-wise mean (MSE, KL), else 1."""
-        adapter = self.adapter
-        if adapter is None or not adapter.known or adapter.classification or adapter.reduction != "mean" \
-                or self.task.forward is not None:
-            return 1.0
-        target = input_and_target(batch)[1]
-        if not isinstance(target, torch.Tensor) or target.dim() == 0 or target.shape[0] == 0:
-            return 1.0
-        return target.numel() / target.shape[0]
 
     def _train_batch(self, batch: Batch, skip_nonfinite: bool, extras: Extras, sizes: Optional[Sequence[int]],
                      timed: bool) -> StepResult:

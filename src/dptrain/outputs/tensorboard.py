@@ -7,6 +7,8 @@ from typing import Any, Dict
 
 #: A record's bookkeeping, not a figure of the epoch.
 NOT_SCALARS = ("epoch", "world_size", "batches", "samples", "skipped")
+#: A step row's figures (beside its test_* ones).
+STEP_SCALARS = ("train_loss", "lr", "grad_norm")
 
 
 class TensorBoardLog:
@@ -37,7 +39,7 @@ class TensorBoardLog:
         """A ``log_every_n_steps`` row: ``step/train_loss``, ``step/lr`` (``step/grad_norm``
         with ``log_grad_norm``, ``step/test_*`` with ``eval_every_n_steps``) at its step."""
         for key, value in row.items():
-            if (key in ("train_loss", "lr", "grad_norm") or key.startswith("test_")) and isinstance(value, (int, float)):
+            if (key in STEP_SCALARS or key.startswith("test_")) and isinstance(value, (int, float)):
                 self.writer.add_scalar(f"step/{key}", value, row["step"])
         self.writer.flush()
 
