@@ -4,12 +4,15 @@ and against ``fit`` on the same samples as a map-style ``Dataset``; and a ``Data
 a ``WeightedRandomSampler``, and (text) a batch sampler grouping sequences by length, the
 plain loop's against ``fit``'s; in turns, median epoch
 times past the first, paired ratios; with ``--processes``, ``fit`` as 2 processes against DDP
-as 2 processes on the same stream sharded by rank (each reading its half), under torchrun.
+as 2 processes on the same stream sharded by rank (each reading its half), under torchrun,
+and ``fit`` with ``dispatch_batches`` (rank 0 reads, the other gets its parts). ``--read-us``:
+each sample's read waits that long (a stream read over a network).
 
 The stream yields the samples of ``everyday.py``'s programs (the tiny MLP's rows, the text
 classifier's token sequences, padded by its ``collate_fn``) in order, with ``__len__``.
 
     python benchmarks/bench_stream.py --rounds 5 --epochs 3 --processes   # --processes: also 2 vs DDP
+    python benchmarks/bench_stream.py --rounds 5 --epochs 3 --processes --read-us 100 --programs text
     python benchmarks/bench_stream.py --smoke        # CI: one short round
 """
 from __future__ import annotations
@@ -31,8 +34,12 @@ import dptrain  # noqa: E402
 from common import rounds_parser, save_result  # noqa: E402
 
 
+#: ``--read-us``: what reading a sample waits (a stream read over a network), in seconds.
+READ_WAIT = [0.0]
+
+
 class Streamed(IterableDataset):
-    """A map-style dataset's samples, in order, as a stream."""
+    """A map-style dataset's samples, in order, as a stream (each read waiting ``READ_WAIT``)."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
@@ -41,7 +48,12 @@ class Streamed(IterableDataset):
         return len(self.dataset)
 
     def __iter__(self):
-        return (self.dataset[i] for i in range(len(self.dataset)))
+        return (self._read(i) for i in range(len(self.dataset)))
+
+    def _read(self, i: int) -> Any:
+        if READ_WAIT[0]:
+            time.sleep(READ_WAIT[0])
+        return self.dataset[i]
 
 
 def dataset(program: everyday.Program, samples: int) -> Dataset:
@@ -108,10 +120,10 @@ def plain_bucketed(program: everyday.Program, data: Dataset, epochs: int) -> Lis
     return everyday._epochs(epochs, bucketed(program, data), lambda b: everyday._loss(program, model, b), opt, dev)
 
 
-def fitted(program: everyday.Program, data: Any, epochs: int, devices: int) -> List[float]:
+def fitted(program: everyday.Program, data: Any, epochs: int, devices: int, **kw: Any) -> List[float]:
     torch.manual_seed(0)
     settings = everyday.fit_settings(program, epochs, str(devices))
-    result = dptrain.fit(program.model(), data, shuffle=False, **settings)
+    result = dptrain.fit(program.model(), data, shuffle=False, **settings, **kw)
     return [row["sec"] for row in result["history"]]
 
 
@@ -126,7 +138,7 @@ class RankShare(Streamed):
         return len(range(self.rank, len(self.dataset), self.world))
 
     def __iter__(self):
-        return (self.dataset[i] for i in range(self.rank, len(self.dataset), self.world))
+        return (self._read(i) for i in range(self.rank, len(self.dataset), self.world))
 
 
 def ddp(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
@@ -145,12 +157,14 @@ def ddp(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
 
 
 WORKERS: Dict[str, Callable[[everyday.Program, Dataset, int], List[float]]] = {
-    "ddp": ddp, "dptrain": lambda program, data, epochs: fitted(program, Streamed(data), epochs, 1)}
+    "ddp": ddp, "dptrain": lambda program, data, epochs: fitted(program, Streamed(data), epochs, 1),
+    "dptrain-dispatch": lambda program, data, epochs: fitted(program, Streamed(data), epochs, 1,
+                                                             dispatch_batches=True)}
 
 
-def processes(program: str, samples: int, epochs: int, rounds: int) -> Dict[str, Any]:
-    """DDP and dptrain as 2 processes under torchrun (1 thread each), in turns; median epoch
-    past the first of each run, paired ratios."""
+def processes(program: str, samples: int, epochs: int, rounds: int, read_us: float = 0.0) -> Dict[str, Any]:
+    """DDP, dptrain and dptrain with ``dispatch_batches`` as 2 processes under torchrun (1
+    thread each), in turns; median epoch past the first of each run, paired ratios."""
     import subprocess
     import tempfile
     times: Dict[str, List[float]] = {w: [] for w in WORKERS}
@@ -162,11 +176,16 @@ def processes(program: str, samples: int, epochs: int, rounds: int) -> Dict[str,
                 subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                 "--master-port", str(29700 + r), os.path.abspath(__file__), "--worker", worker,
                                 "--programs", program, "--samples", str(samples), "--epochs", str(epochs),
-                                "--out", out], check=True, env=env, capture_output=True, timeout=600)
+                                "--read-us", str(read_us), "--out", out], check=True, env=env, capture_output=True,
+                               timeout=600)
                 with open(out) as f:
                     times[worker].append(statistics.median(json.load(f)[1:]))
+    def speed(a: str, b: str) -> float:      # b's speed over a's, paired
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
     return {"epoch_sec": {w: statistics.median(t) for w, t in times.items()},
-            "dptrain / DDP (speed)": statistics.median(d / m for d, m in zip(times["ddp"], times["dptrain"]))}
+            "dptrain / DDP (speed)": speed("ddp", "dptrain"),
+            "dptrain dispatch_batches / DDP (speed)": speed("ddp", "dptrain-dispatch"),
+            "dispatch_batches / every process reading (speed)": speed("dptrain", "dptrain-dispatch")}
 
 
 def main(argv: Any = None) -> None:
@@ -174,7 +193,10 @@ def main(argv: Any = None) -> None:
     parser.add_argument("--programs", default="tiny-mlp,text")
     parser.add_argument("--processes", action="store_true", help="also 2 processes: dptrain against DDP")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)   # a torchrun child
+    parser.add_argument("--read-us", type=float, default=0.0,
+                        help="each sample's read waits this long (microseconds: a stream read over a network)")
     args = parser.parse_args(argv)
+    READ_WAIT[0] = args.read_us / 1e6
     if args.worker:
         times = WORKERS[args.worker](everyday.PROGRAMS[args.programs], dataset(everyday.PROGRAMS[args.programs],
                                                                                 args.samples), args.epochs)
@@ -220,7 +242,8 @@ def main(argv: Any = None) -> None:
                                     if len(names) > 6 else {}),
                                  "bench_sec": time.perf_counter() - start}
         if args.processes:
-            out["programs"][name]["2 processes"] = processes(name, args.samples, args.epochs, args.rounds)
+            out["programs"][name]["2 processes"] = processes(name, args.samples, args.epochs, args.rounds,
+                                                             args.read_us)
         print(name, json.dumps(out["programs"][name], indent=1), flush=True)
     save_result(out, command, args.out)        # with the machine and the date, whole or not at all
 

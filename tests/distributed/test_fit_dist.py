@@ -547,3 +547,54 @@ def test_streams_samplers_and_eval_sets_on_two_processes_equal_one_device_and_a_
         assert sampled_figures == pytest.approx(test_samplers.figures(sampled_result), rel=1e-5)
         assert refused is not None and "the processes disagree on the training data: rank 0 has a stream" in refused
         assert "do not shard it by rank" in refused, refused
+
+
+def dispatched(rank, world, directory):
+    """``dispatch_batches``: rank 0 alone reads the stream (each process counts what it read);
+    a run cut by max_steps and resumed; then a stream that fails on rank 0 mid-epoch."""
+    from tests.run.test_streams import SizedSamples, rows, train
+
+    class Counted(SizedSamples):
+        read = 0
+
+        def __iter__(self):
+            for sample in super().__iter__():
+                Counted.read += 1
+                yield sample
+    model, result = train(Counted(), 1, dropout=0, dispatch_batches=True)
+    read = Counted.read
+    stream = functools.partial(SizedSamples, noise=0.1, shuffled=True)
+    train(stream(), 1, dropout=0, max_steps=7, checkpoint_dir=directory, dispatch_batches=True)
+    resumed = train(stream(), 1, dropout=0, max_steps=11, checkpoint_dir=directory, resume=True,
+                    dispatch_batches=True)[0]
+
+    class Broken(SizedSamples):
+        def __iter__(self):
+            for i, sample in enumerate(super().__iter__()):
+                if i == 50:
+                    raise OSError("the shard server went away")
+                yield sample
+    try:
+        train(Broken(), 1, dropout=0, dispatch_batches=True)
+        failed = None
+    except Exception as e:      # noqa: BLE001 - what each process says is the test
+        failed = f"{type(e).__name__}: {e}"
+    return ([p.detach().tolist() for p in model.parameters()], rows(result), read,
+            [p.detach().tolist() for p in resumed.parameters()], failed)
+
+
+def test_a_dispatched_stream_is_read_by_rank_0_alone_and_trains_as_one_device(tmp_path):
+    from tests.run.test_streams import SizedSamples, rows, train
+    model, result = train(SizedSamples(), 1, dropout=0)
+    stream = functools.partial(SizedSamples, noise=0.1, shuffled=True)
+    unbroken = train(stream(), 2, dropout=0, max_steps=11)[0]
+    outcomes = run_workers(dispatched, str(tmp_path))
+    for rank, (weights, history, read, resumed, failed) in enumerate(outcomes):
+        for p, q in zip(weights, model.parameters()):
+            torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
+        assert [r["train_loss"] for r in history] == pytest.approx([r["train_loss"] for r in rows(result)], rel=1e-5)
+        for p, q in zip(resumed, unbroken.parameters()):
+            torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
+        assert read == (3 * 90 + 1 if rank == 0 else 1)     # the epochs, and the first sample each looks at
+        assert "the shard server went away" in failed
+    assert outcomes[0][4].startswith("OSError") and outcomes[1][4].startswith("PeerFailed: rank 0 could not read Broken")

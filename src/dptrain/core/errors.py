@@ -39,6 +39,10 @@ class DataStalled(DptrainError, RuntimeError):
     """The data workers gave no batch within ``--worker-timeout``: one is stuck in the Dataset."""
 
 
+class PeerFailed(DptrainError, RuntimeError):
+    """Another process failed at work this one waited for (rank 0 reading a dispatched stream)."""
+
+
 class RendezvousError(DptrainError, RuntimeError):
     """The processes of a job did not all meet in time."""
 

@@ -88,12 +88,13 @@ class EpochPlan:
             part = self.part_of(b, hi - lo)
             yield b, slice(lo + part.start, lo + part.stop)
 
-    def part_of(self, b: int, n: int) -> slice:
-        """This process's consecutive part of batch ``b`` (from 0), of ``n`` samples."""
+    def part_of(self, b: int, n: int, rank: Optional[int] = None) -> slice:
+        """Process ``rank``'s (this process's) consecutive part of batch ``b`` (from 0), of ``n`` samples."""
+        rank = self.rank if rank is None else rank
         if self.balancer is not None:
-            start, size = self.balancer.process_part(self.epoch * len(self) + b, n, self.rank)
+            start, size = self.balancer.process_part(self.epoch * len(self) + b, n, rank)
         else:
-            start, size = even_part(n, self.world_size, self.rank)
+            start, size = even_part(n, self.world_size, rank)
         return slice(start, start + size)
 
 

@@ -24,7 +24,7 @@ each worker in turn.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -32,6 +32,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from ..core.errors import DataStalled
 from .batch import Batch, map_tensors
+from .dispatch import Dispatch
 from .loader import EpochPlan
 from .seeded_reads import _GENERATORS, _same_state       # name: (get the state, set it, seed it)
 
@@ -158,7 +159,7 @@ class StreamLoader(EpochPlan):
     def __init__(self, dataset: Any, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, worker_timeout: float = 0.0,
                  worker_init_fn: Optional[Callable[[int], None]] = None, steps_per_epoch: Optional[int] = None,
-                 **plan: Any):
+                 dispatch: bool = False, **plan: Any):
         plan.pop("shuffle", None)       # a stream is read in its own order
         if steps_per_epoch is not None:
             if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
@@ -177,6 +178,8 @@ class StreamLoader(EpochPlan):
         self.worker_timeout = worker_timeout if num_workers else 0.0
         self.worker_init_fn, self.collate_fn = worker_init_fn, collate_fn or default_collate
         self._reader = _Reader(self, num_workers)
+        #: dispatch_batches with several processes: rank 0 reads, and sends the others their parts
+        self.dispatch = Dispatch(self.dataset) if dispatch and self.world_size > 1 else None
         self._at = 0        # steps_per_epoch: the samples of the stream read so far (over its passes)
         self._example: Optional[Batch] = None
         self._empty: Optional[Batch] = None
@@ -193,6 +196,16 @@ class StreamLoader(EpochPlan):
 
     def batches(self, skip: int = 0) -> Iterator[Batch]:
         """This epoch's batches from batch ``skip`` on (to resume an epoch part-way)."""
+        if self.dispatch is None:
+            for b, samples in self._samples(skip):
+                yield self._part(b, samples)
+        elif self.rank == 0:
+            yield from self.dispatch.send(self._samples(skip), self._parts)
+        else:
+            yield from self.dispatch.receive()
+
+    def _samples(self, skip: int) -> Iterator[Tuple[int, List[Any]]]:
+        """``(b, the samples of global batch b)``, from batch ``skip`` on."""
         if self.steps_per_epoch:
             yield from self._steps(skip)
             return
@@ -213,13 +226,13 @@ class StreamLoader(EpochPlan):
             if b == last and last * bs + want == self.size and reader.take(1):
                 raise ValueError(f"{type(self.dataset).__name__} yielded more samples in pass {self.epoch + 1} than "
                                  f"its __len__ ({self.size}): make __len__ count them all, or give steps_per_epoch")
-            yield self._part(b, samples)
+            yield b, samples
             b += 1
             if len(samples) < bs:
                 break
         reader.close()
 
-    def _steps(self, skip: int) -> Iterator[Batch]:
+    def _steps(self, skip: int) -> Iterator[Tuple[int, List[Any]]]:
         """``steps_per_epoch`` full batches of the stream, from where this epoch starts in it."""
         reader, bs = self._reader, self.batch_size
         start = (self.epoch * self.steps_per_epoch + skip) * bs
@@ -235,7 +248,7 @@ class StreamLoader(EpochPlan):
                 if len(samples) < bs:       # the pass ended: the next one goes on
                     self._next_pass()
             self._at = start + (b - skip + 1) * bs
-            yield self._part(b, samples)
+            yield b, samples
 
     def _drop(self, n: int) -> None:
         """Read ``n`` samples and leave them (to resume part-way), in batch-sized reads."""
@@ -261,10 +274,14 @@ class StreamLoader(EpochPlan):
                           f"__len__ says {self.size}: make __len__ match what __iter__ yields (every pass), or give "
                           f"steps_per_epoch=N to count an epoch in batches")
 
-    def _part(self, b: int, samples: List[Any]) -> Batch:
-        part = self.part_of(b, len(samples))
-        mine = samples[part]
+    def _part(self, b: int, samples: List[Any], rank: Optional[int] = None) -> Batch:
+        """Process ``rank``'s part of global batch ``b`` (this process's by default), collated."""
+        mine = samples[self.part_of(b, len(samples), rank)]
         return self.collate_fn(mine) if mine else self.empty_batch()
+
+    def _parts(self, b: int, samples: List[Any]) -> List[Batch]:
+        """Every process's part of global batch ``b``, collated (``dispatch_batches``: rank 0's work)."""
+        return [self._part(b, samples, r) for r in range(self.world_size)]
 
     def example(self) -> Batch:
         """A batch of the stream's first sample (read apart: the epochs' reads do not move)."""

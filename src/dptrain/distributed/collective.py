@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 import torch.distributed as dist
 
-from .exchange import ExchangeWork, gather_objects, worth_exchanging
+from .exchange import ExchangeWork, gather_objects, scatter_objects, worth_exchanging
 from .join import join_from_environment
 
 
@@ -40,6 +40,10 @@ class Collective:
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Give every process rank ``src``'s values, packed into one message."""
+
+    def scatter_object(self, objs: Any, src: int = 0) -> Any:
+        """Rank ``src`` gives rank ``r`` its ``objs[r]`` (picklable; other ranks pass None)."""
+        return objs[src]
 
 
 
@@ -86,6 +90,13 @@ class TorchCollective(Collective):
         out: List[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.group)
         return out
+
+    def scatter_object(self, objs: Any, src: int = 0) -> Any:
+        if self.gloo:       # point to point, as all_gather_object (exchange.gather_objects)
+            return scatter_objects(objs, src, self.group)
+        out: List[Any] = [None]
+        dist.scatter_object_list(out, objs if self.rank == src else None, src=src, group=self.group)
+        return out[0]
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}

@@ -33,6 +33,7 @@ MAX_BYTES = 1 << 20
 TAG = 7919
 #: ... and of ``gather_objects``'s.
 GATHER_TAG = 7920
+SCATTER_TAG = 7921
 
 
 def worth_exchanging(tensor: torch.Tensor, world_size: int) -> bool:
@@ -106,3 +107,29 @@ def _gathered(tensor: torch.Tensor, sizes: List[int], rank: int, group) -> List[
     for request in requests:
         request.wait()
     return parts
+
+
+def scatter_objects(objs: Any, src: int = 0, group=None) -> Any:
+    """Rank ``src`` gives rank ``r`` its ``objs[r]`` (picklable; the others pass None); every
+    process returns its own, sent point to point as ``gather_objects`` sends (gloo), each
+    message's size first."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    if rank != src:
+        size = torch.empty(1, dtype=torch.long)
+        dist.recv(size, peer(src), group=group, tag=SCATTER_TAG)
+        payload = torch.empty(int(size), dtype=torch.uint8)
+        dist.recv(payload, peer(src), group=group, tag=SCATTER_TAG)
+        return pickle.loads(payload.numpy().tobytes())
+    requests, kept = [], []
+    for r in range(world):
+        if r != src:
+            payload = torch.frombuffer(bytearray(pickle.dumps(objs[r], protocol=pickle.HIGHEST_PROTOCOL)),
+                                       dtype=torch.uint8)
+            size = torch.tensor([payload.numel()], dtype=torch.long)
+            kept += [size, payload]
+            requests.append(dist.isend(size, peer(r), group=group, tag=SCATTER_TAG))
+            requests.append(dist.isend(payload, peer(r), group=group, tag=SCATTER_TAG))
+    for request in requests:
+        request.wait()
+    return objs[src]

@@ -79,7 +79,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
             log("train_metrics: nothing to score on the training batches: no accuracy without a classification "
                 "loss, and no (sum, count) metric given (metrics={'name': fn(output, target) -> (sum, count)})")
     shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
-                 worker_timeout=config.worker_timeout,
+                 worker_timeout=config.worker_timeout, dispatch=config.dispatch_batches,
                  collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices),
                  lower_priority=len(devices) > 1 and all(d.type == "cpu" for d in devices))
     with stage("loading the training data"):

@@ -97,6 +97,9 @@ class TrainConfig:
                                        "batch, mid-epoch if there (evaluated and saved): a job's time limit, as "
                                        "Lightning's max_time; --resume goes on from there", Duration(),
                                        metavar="SECONDS|[DD:]HH:MM:SS")
+    dispatch_batches: bool = option(False, "several processes on a stream (an IterableDataset): rank 0 alone reads "
+                                    "it and sends every process its part of each batch (Accelerate's "
+                                    "dispatch_batches), instead of every process reading it whole", Switch())
     log_every_n_steps: Optional[int] = option(None, "every N updates, the training loss over them (every device "
                                               "and process) and the learning rate: a line, TensorBoard scalars at "
                                               "the step, the result's step_history", Whole(1), metavar="N")

@@ -1,0 +1,55 @@
+"""``dispatch_batches``: rank 0 reads a stream and sends every other process its part of each batch.
+
+Without it every process reads the whole stream and keeps its part (``stream_loader.py``): N
+processes read it N times, which costs nothing extra for a stream made in memory and N times
+the traffic for one read over a network (Hugging Face's streaming datasets, shards in object
+storage) or decoded at a cost. With it (Accelerate's ``dispatch_batches``) rank 0 alone reads:
+it collates every process's part of a global batch (the same parts as without it, so the
+training is the same) and sends each its own, pickled, point to point
+(``Collective.scatter_object``); the other processes never open the stream. The end of an
+epoch's batches, or rank 0's error while reading, is sent in a batch's place, so no process
+waits for a batch that will not come. Every process asks for the same batches (they step
+together), so rank 0 never sends one nobody takes.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List, Tuple
+
+from ..core.errors import PeerFailed
+from ..distributed import get_collective
+from .batch import Batch
+
+BATCH, END, FAILED = "batch", "end", "failed"
+
+
+class Dispatch:
+    """Rank 0's ``send`` of the parts; the others' ``receive`` (see the module docstring)."""
+
+    def __init__(self, dataset: Any):
+        self.name = type(dataset).__name__
+
+    def send(self, samples: Iterator[Tuple[int, List[Any]]],
+             parts: Callable[[int, List[Any]], List[Batch]]) -> Iterator[Batch]:
+        """Rank 0: for each ``(b, samples)``, every process's part (``parts``) sent; its own yielded."""
+        collective = get_collective()
+        try:
+            for b, got in samples:
+                every = parts(b, got)
+                collective.scatter_object([(BATCH, part) for part in every])
+                yield every[0]
+        except Exception as e:
+            collective.scatter_object([(FAILED, f"{type(e).__name__}: {e}")] * collective.world_size)
+            raise
+        collective.scatter_object([(END, None)] * collective.world_size)
+
+    def receive(self) -> Iterator[Batch]:
+        """The other ranks: the parts rank 0 sends, until it sends the end (or its error)."""
+        collective = get_collective()
+        while True:
+            kind, value = collective.scatter_object(None)
+            if kind == END:
+                return
+            if kind == FAILED:
+                raise PeerFailed(f"rank 0 could not read {self.name} (dispatch_batches: it reads the stream for "
+                                 f"every process): {value}")
+            yield value
