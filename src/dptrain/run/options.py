@@ -103,7 +103,11 @@ class Duration(Kind):
     def flag_args(self) -> Dict[str, Any]:
         def parse(text: str) -> float:
             try:
-                return self.check("the time", text if ":" in text else float(text))
+                value: Any = float(text)
+            except ValueError:
+                value = text            # "HH:MM:SS", or what check names as wrong
+            try:
+                return self.check("the time", value)
             except ValueError as e:
                 raise argparse.ArgumentTypeError(str(e)) from None
         return {"type": parse}
