@@ -16,7 +16,7 @@ from ..core.parts import even_parts
 from ..core.modes import evaluating
 from ..data.batch import Batch, batch_size, input_and_target, needs_move, split_structure, to_device
 from .class_counts import LazyCount, class_count_total
-from .losses import loss_input
+from .losses import output_for
 from .stateful_metrics import COMPUTED, pair_metric_names
 
 Totals = Dict[str, torch.Tensor]
@@ -74,7 +74,7 @@ def evaluate(engine, batches) -> Totals:
         if adapter is not None or own_forward:
             with engine._autocast(device):
                 output, target = forward(net, shard)
-        output = loss_input(output, adapter is None or not adapter.known)
+        output = output_for(adapter, output)
         if adapter is not None:
             value = adapter(output, target, shard)
             if type(value) is tuple:        # (a loss returning (sum, count) gave its own count)

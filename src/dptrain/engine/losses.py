@@ -80,6 +80,12 @@ def loss_input(output: Any, whole: bool = False) -> Any:
     return output
 
 
+def output_for(adapter: Optional["LossAdapter"], output: Any) -> Any:
+    """``loss_input`` for ``adapter``'s loss: the output whole for a loss of the user's own,
+    or for none (a step function's output, for the metrics)."""
+    return loss_input(output, adapter is None or not adapter.known)
+
+
 def read_step(out: Any) -> Tuple[Any, Any]:
     """What a step function returned: ``(loss or (sum, count), output or None)``. A dict (a
     Hugging Face ``ModelOutput``: ``step=lambda model, batch: model(**batch)``) gives its
@@ -146,7 +152,7 @@ class LossAdapter:
     def measure(self, output: Any, target: Any, batch: Any = None, count: bool = True) -> Tuple[torch.Tensor, Count]:
         """The shard's sum and denominator (None: a sum; not computed unless ``count``, or
         the loss's own second value when it returns ``(sum, count)``)."""
-        output = loss_input(output, not self.known)
+        output = output_for(self, output)
         value = self(output, target, batch)
         if isinstance(value, tuple):
             return value
@@ -168,7 +174,7 @@ class LossAdapter:
         run backward on: a mean, or a sum with a sum reduction), and its denominator (None for
         a sum). The same gradient as ``measure``'s sum divided by its count, without the
         multiplications: what one device of one process runs (``direct_step.py``)."""
-        output = loss_input(output, not self.known)
+        output = output_for(self, output)
         if self.known:
             self._check(output, target)
             return self.loss(output, target), self.lazy_count(target)

@@ -31,7 +31,7 @@ import torch
 
 from ..data.batch import Batch, input_and_target, map_tensors
 from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values
-from .losses import loss_input
+from .losses import output_for
 from .stateful_metrics import StatefulMetrics, pair_metric_names
 
 
@@ -66,7 +66,7 @@ class TrainFigures:
         arg-max predictions and targets, compared and summed every ``FOLD_EVERY`` steps (the
         comparison and sum a step took 18 us more, in the loop, than the arg-max alone)."""
         adapter = self.engine.adapter
-        output = loss_input(output, adapter is None or not adapter.known)
+        output = output_for(adapter, output)
         output = output.detach() if isinstance(output, torch.Tensor) else map_tensors(torch.Tensor.detach, output)
         step = self._step[i]
         if self.metrics:
