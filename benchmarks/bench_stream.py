@@ -5,7 +5,8 @@ a ``WeightedRandomSampler``, and (text) a batch sampler grouping sequences by le
 plain loop's against ``fit``'s; in turns, median epoch
 times past the first, paired ratios; with ``--processes``, ``fit`` as 2 processes against DDP
 as 2 processes on the same stream sharded by rank (each reading its half), under torchrun,
-and ``fit`` with ``dispatch_batches`` (rank 0 reads, the other gets its parts). ``--read-us``:
+``fit`` with ``dispatch_batches`` (rank 0 reads, the other gets its parts), and ``fit`` with
+``sharded_stream`` on DDP's stream sharded by rank (each reads its share). ``--read-us``:
 each sample's read waits that long (a stream read over a network).
 
 The stream yields the samples of ``everyday.py``'s programs (the tiny MLP's rows, the text
@@ -23,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, WeightedRandomSampler
@@ -159,7 +160,13 @@ def ddp(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
 WORKERS: Dict[str, Callable[[everyday.Program, Dataset, int], List[float]]] = {
     "ddp": ddp, "dptrain": lambda program, data, epochs: fitted(program, Streamed(data), epochs, 1),
     "dptrain-dispatch": lambda program, data, epochs: fitted(program, Streamed(data), epochs, 1,
-                                                             dispatch_batches=True)}
+                                                             dispatch_batches=True),
+    "dptrain-sharded": lambda program, data, epochs: fitted(program, RankShare(data, *_rank_world()), epochs, 1,
+                                                            sharded_stream=True)}
+
+
+def _rank_world() -> Tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def processes(program: str, samples: int, epochs: int, rounds: int, read_us: float = 0.0) -> Dict[str, Any]:
@@ -185,7 +192,8 @@ def processes(program: str, samples: int, epochs: int, rounds: int, read_us: flo
     return {"epoch_sec": {w: statistics.median(t) for w, t in times.items()},
             "dptrain / DDP (speed)": speed("ddp", "dptrain"),
             "dptrain dispatch_batches / DDP (speed)": speed("ddp", "dptrain-dispatch"),
-            "dispatch_batches / every process reading (speed)": speed("dptrain", "dptrain-dispatch")}
+            "dispatch_batches / every process reading (speed)": speed("dptrain", "dptrain-dispatch"),
+            "dptrain sharded_stream / DDP (speed)": speed("ddp", "dptrain-sharded")}
 
 
 def main(argv: Any = None) -> None:

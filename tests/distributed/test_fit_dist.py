@@ -598,3 +598,48 @@ def test_a_dispatched_stream_is_read_by_rank_0_alone_and_trains_as_one_device(tm
         assert read == (3 * 90 + 1 if rank == 0 else 1)     # the epochs, and the first sample each looks at
         assert "the shard server went away" in failed
     assert outcomes[0][4].startswith("OSError") and outcomes[1][4].startswith("PeerFailed: rank 0 could not read Broken")
+
+
+def sharded(rank, world, directory):
+    """``sharded_stream``: each process given its share of the rows (every other one), as a
+    DDP script shards a stream; unbroken, then cut by max_steps mid-epoch and resumed."""
+    from tests.run.test_streams import X, Y, Samples, rows, train
+
+    class Share(Samples):
+        """Rows ``rank, rank + 2, ...``: 45 of the 90; it counts what it yields."""
+        read = 0
+
+        def order(self):
+            return list(range(rank, 90, world))
+
+        def __len__(self):
+            return len(self.order())
+
+        def __iter__(self):
+            for sample in super().__iter__():
+                Share.read += 1
+                yield sample
+    lines = []
+    model, result = train(Share(), 1, dropout=0, sharded_stream=True, log=lines.append)
+    read = Share.read
+    train(Share(), 1, dropout=0, sharded_stream=True, max_steps=6, checkpoint_dir=directory)
+    resumed = train(Share(), 1, dropout=0, sharded_stream=True, max_steps=12, checkpoint_dir=directory,
+                    resume=True)[0]
+    whole = train(Share(), 1, dropout=0, sharded_stream=True, max_steps=12)[0]
+    same = all(torch.equal(p, q) for p, q in zip(resumed.parameters(), whole.parameters()))
+    return [p.detach().tolist() for p in model.parameters()], rows(result), read, same, lines
+
+
+def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_its_batches(tmp_path):
+    """A global batch is every process's next 10 rows; 4 batches an epoch (45 rows a share:
+    5 left unread, and said); the same as one device on those batches in that order."""
+    from tests.run.test_streams import X, Y, rows, train
+    shares = [list(range(r, 90, 2)) for r in range(2)]
+    order = [i for b in range(4) for share in shares for i in share[b * 10:(b + 1) * 10]]
+    model, result = train((X[order], Y[order]), 1, dropout=0, shuffle=False)
+    for rank, (weights, history, read, same, lines) in enumerate(run_workers(sharded, str(tmp_path))):
+        for p, q in zip(weights, model.parameters()):
+            torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
+        assert [r["train_loss"] for r in history] == pytest.approx([r["train_loss"] for r in rows(result)], rel=1e-5)
+        assert read == 3 * 40 + 1 and same          # its share's 40 rows an epoch (and its first, for the checks)
+        assert any("10 samples of the longer shares are not read each epoch" in line for line in lines) == (rank == 0)

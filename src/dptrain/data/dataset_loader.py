@@ -201,7 +201,7 @@ class DatasetLoader(EpochPlan):
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
                 pin_memory: bool = False, worker_timeout: float = 0.0, lower_priority: bool = False,
                 steps_per_epoch: Optional[int] = None, optional_workers: bool = False, dispatch: bool = False,
-                **plan: Any) -> EpochPlan:
+                sharded: bool = False, **plan: Any) -> EpochPlan:
     """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
     ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, an ``IterableDataset``
     (``StreamLoader``; ``steps_per_epoch``: batches an epoch), or a ``DataLoader`` (its dataset,
@@ -210,7 +210,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     ``lower_priority``: the reading workers run below the training threads (``_yield_to_training``);
     ``optional_workers``: tensors ignore ``num_workers`` (an evaluation set beside a Dataset)
     instead of refusing it; ``dispatch``: a stream is read by rank 0 alone, which sends the
-    others their parts (``dispatch.py``; other data: each process reads its own part anyway)."""
+    others their parts, or ``sharded``: each process's stream is its share (``dispatch.py``;
+    other data: each process reads its own part anyway)."""
     sampler = batch_sampler = None
     if isinstance(data, DataLoader):
         if not isinstance(data.dataset, IterableDataset):
@@ -226,7 +227,10 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         return StreamLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
                             worker_timeout=worker_timeout, steps_per_epoch=steps_per_epoch,
                             worker_init_fn=_yield_to_training if lower_priority else None, dispatch=dispatch,
-                            **plan)
+                            sharded=sharded, **plan)
+    if sharded:
+        raise ValueError("sharded_stream applies to a training stream (an IterableDataset, each process's its own "
+                         "share); a Dataset or tensors are split between the processes by dptrain")
     if steps_per_epoch is not None:
         raise ValueError("steps_per_epoch counts the epochs of a stream (an IterableDataset); an epoch of a Dataset "
                          "or of tensors is one pass over them (max_batches= cuts each short)")

@@ -32,7 +32,8 @@ from torch.utils.data._utils.collate import default_collate
 
 from ..core.errors import DataStalled
 from .batch import Batch, map_tensors
-from .dispatch import Dispatch
+from ..core.parts import even_part
+from .dispatch import Dispatch, sharded_epoch
 from .loader import EpochPlan
 from .seeded_reads import _GENERATORS, _same_state       # name: (get the state, set it, seed it)
 
@@ -159,8 +160,10 @@ class StreamLoader(EpochPlan):
     def __init__(self, dataset: Any, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, worker_timeout: float = 0.0,
                  worker_init_fn: Optional[Callable[[int], None]] = None, steps_per_epoch: Optional[int] = None,
-                 dispatch: bool = False, **plan: Any):
+                 dispatch: bool = False, sharded: bool = False, **plan: Any):
         plan.pop("shuffle", None)       # a stream is read in its own order
+        world = plan.get("world_size", 1)
+        sharded = sharded and world > 1
         if steps_per_epoch is not None:
             if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
                 raise ValueError(f"steps_per_epoch must be a whole number >= 1, got {steps_per_epoch!r}")
@@ -170,6 +173,11 @@ class StreamLoader(EpochPlan):
                 size = len(dataset)
             except TypeError:
                 size = None
+        #: sharded_stream: the part of a full batch this process reads from its own share
+        self.part = even_part(batch_size, world, plan.get("rank", 0))[1] if sharded else batch_size
+        self.unread: List[int] = []         # sharded_stream: each share's samples an epoch leaves
+        if sharded and steps_per_epoch is None and size is not None:
+            size, self.unread = sharded_epoch(type(dataset).__name__, size, batch_size, world)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")
         super().__init__(size if size is not None else 1, batch_size, **plan)
@@ -180,6 +188,7 @@ class StreamLoader(EpochPlan):
         self._reader = _Reader(self, num_workers)
         #: dispatch_batches with several processes: rank 0 reads, and sends the others their parts
         self.dispatch = Dispatch(self.dataset) if dispatch and self.world_size > 1 else None
+        self.sharded = sharded
         self._at = 0        # steps_per_epoch: the samples of the stream read so far (over its passes)
         self._example: Optional[Batch] = None
         self._empty: Optional[Batch] = None
@@ -209,32 +218,32 @@ class StreamLoader(EpochPlan):
         if self.steps_per_epoch:
             yield from self._steps(skip)
             return
-        reader, bs = self._reader, self.batch_size
+        reader, bs, rs = self._reader, self.batch_size, self.part
         reader.open(self.epoch)
-        self._drop(skip * bs)
+        self._drop(skip * rs)
         last = len(self) - 1 if self.size is not None else None
         b = skip
         while last is None or b <= last:
             if self.max_batches and b >= self.max_batches:
                 break
-            want = bs if self.size is None else min(bs, self.size - b * bs)
+            want = rs if self.sharded or self.size is None else min(bs, self.size - b * bs)
             samples = reader.take(want)
             if len(samples) < want and self.size is not None:
                 raise self._short(reader.read)
             if not samples:
                 break
-            if b == last and last * bs + want == self.size and reader.take(1):
+            if not self.sharded and b == last and last * bs + want == self.size and reader.take(1):
                 raise ValueError(f"{type(self.dataset).__name__} yielded more samples in pass {self.epoch + 1} than "
                                  f"its __len__ ({self.size}): make __len__ count them all, or give steps_per_epoch")
             yield b, samples
             b += 1
-            if len(samples) < bs:
+            if len(samples) < want:
                 break
         reader.close()
 
     def _steps(self, skip: int) -> Iterator[Tuple[int, List[Any]]]:
         """``steps_per_epoch`` full batches of the stream, from where this epoch starts in it."""
-        reader, bs = self._reader, self.batch_size
+        reader, bs = self._reader, self.part      # (a batch's samples read here: this process's part, sharded)
         start = (self.epoch * self.steps_per_epoch + skip) * bs
         if reader.pass_ < 0 or self._at > start:
             reader.open(0)
@@ -275,8 +284,9 @@ class StreamLoader(EpochPlan):
                           f"steps_per_epoch=N to count an epoch in batches")
 
     def _part(self, b: int, samples: List[Any], rank: Optional[int] = None) -> Batch:
-        """Process ``rank``'s part of global batch ``b`` (this process's by default), collated."""
-        mine = samples[self.part_of(b, len(samples), rank)]
+        """Process ``rank``'s part of global batch ``b`` (this process's by default), collated
+        (sharded: ``samples`` are this process's part)."""
+        mine = samples if self.sharded else samples[self.part_of(b, len(samples), rank)]
         return self.collate_fn(mine) if mine else self.empty_batch()
 
     def _parts(self, b: int, samples: List[Any]) -> List[Batch]:

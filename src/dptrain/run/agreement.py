@@ -52,6 +52,8 @@ def fingerprint(loader: Any) -> str:
     text = f"{loader.size} samples"
     data = getattr(loader, "data", None)
     stream = getattr(loader, "stream", False)
+    if getattr(loader, "sharded", False):       # each process's its own share (sharded_stream)
+        return f"a stream sharded by process, {loader.size} samples an epoch"
     if stream:          # its first sample: a stream sharded by rank differs there
         text, data = f"a stream of {loader.size or 'unknown'} samples an epoch", loader.example()
     if data is not None:
@@ -82,7 +84,7 @@ def describe_settings(task: Task, config: TrainConfig, epochs: Optional[int], ba
         **{name: repr(getattr(config, name)) for name in (
             "max_batches", "steps_per_epoch", "max_steps", "max_time", "log_every_n_steps", "eval_every_n_steps", "eval_batches",
             "accumulate_grad_batches", "clip_grad_norm", "clip_grad_value", "on_nan", "train_metrics", "eval_every",
-            "validation_split", "shuffle", "sync_batchnorm", "amp", "resume")},
+            "validation_split", "shuffle", "sync_batchnorm", "amp", "resume", "dispatch_batches", "sharded_stream")},
     }
 
 

@@ -100,6 +100,9 @@ class TrainConfig:
     dispatch_batches: bool = option(False, "several processes on a stream (an IterableDataset): rank 0 alone reads "
                                     "it and sends every process its part of each batch (Accelerate's "
                                     "dispatch_batches), instead of every process reading it whole", Switch())
+    sharded_stream: bool = option(False, "several processes on a training stream sharded at its source (each "
+                                  "process's stream its own share, as a DDP script's: split_dataset_by_node): each "
+                                  "reads its share, a global batch is every process's next part", Switch())
     log_every_n_steps: Optional[int] = option(None, "every N updates, the training loss over them (every device "
                                               "and process) and the learning rate: a line, TensorBoard scalars at "
                                               "the step, the result's step_history", Whole(1), metavar="N")
@@ -190,6 +193,11 @@ class TrainConfig:
         if self.log_grad_norm and not self.log_every_n_steps:
             raise ValueError("--log-grad-norm goes with --log-every-n-steps N: its rows carry the norm (a callback "
                              "reads each update's as batch.result.grad_norm)")
+        if self.sharded_stream and self.dispatch_batches:
+            raise ValueError("--sharded-stream (each process reads its own share) and --dispatch-batches (rank 0 "
+                             "reads for all) say two ways to read a stream: give one")
+        if self.sharded_stream and self.balance != "even":
+            raise ValueError("--sharded-stream does not go with --balance yet: use --balance even")
         if self.resume and self.overwrite:
             raise ValueError("--resume continues a run and --overwrite replaces it: give one")
 
