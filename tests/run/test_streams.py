@@ -127,3 +127,13 @@ def test_evaluate_and_predict_read_a_stream_without_a_length_to_its_end():
     want = dptrain.evaluate(model, (X, Y), batch_size=32)
     assert dptrain.evaluate(model, Samples(), batch_size=32, devices=2) == pytest.approx(want)
     torch.testing.assert_close(dptrain.predict(model, Samples(), batch_size=32, devices=2), model(X))
+
+
+def test_sharded_stream_is_for_a_training_stream_and_one_process_reads_it_whole():
+    """(Its processes' shares: ``tests/distributed/test_fit_dist.py``.)"""
+    with pytest.raises(ValueError, match="sharded_stream applies to a training stream"):
+        train((X, Y), sharded_stream=True)
+    want_model, want = train(SizedSamples(), dropout=0)
+    model, result = train(SizedSamples(), dropout=0, sharded_stream=True)
+    assert rows(result) == rows(want)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), want_model.parameters()))
