@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
 from ..core.errors import DataStalled
-from .batch import Batch, map_tensors
 from ..core.parts import even_part
+from .batch import Batch, map_tensors
 from .dispatch import Dispatch, sharded_epoch
 from .loader import EpochPlan
 from .seeded_reads import _GENERATORS, _same_state       # name: (get the state, set it, seed it)
@@ -176,6 +176,7 @@ class StreamLoader(EpochPlan):
         #: sharded_stream: the part of a full batch this process reads from its own share
         self.part = even_part(batch_size, world, plan.get("rank", 0))[1] if sharded else batch_size
         self.unread: List[int] = []         # sharded_stream: each share's samples an epoch leaves
+        self.share = size                   # (this process's __len__: its share, sharded)
         if sharded and steps_per_epoch is None and size is not None:
             size, self.unread = sharded_epoch(type(dataset).__name__, size, batch_size, world)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -280,7 +281,7 @@ class StreamLoader(EpochPlan):
 
     def _short(self, got: int) -> ValueError:
         return ValueError(f"{type(self.dataset).__name__} yielded {got} samples in pass {self.epoch + 1}, but its "
-                          f"__len__ says {self.size}: make __len__ match what __iter__ yields (every pass), or give "
+                          f"__len__ says {self.share}: make __len__ match what __iter__ yields (every pass), or give "
                           f"steps_per_epoch=N to count an epoch in batches")
 
     def _part(self, b: int, samples: List[Any], rank: Optional[int] = None) -> Batch:
