@@ -19,7 +19,7 @@ import torch
 from ..data.batch import holds_images
 from ..outputs.metrics_file import MetricsLog
 from ..outputs.progress import ProgressBar as Bar, seconds
-from ..outputs.tensorboard import TensorBoardLog
+from ..outputs.tensorboard import STEP_SCALARS, TensorBoardLog
 from ..outputs.trace import Window
 from .base import BatchEnd, Callback, Row
 
@@ -71,7 +71,7 @@ class EpochLog(Callback):
 
     def on_train_log(self, run: Any, row: Row) -> None:
         figures = "".join(f", {k.replace('_', ' ')} {v:.3g}" if k == "lr" else f", {k.replace('_', ' ')} {v:.3f}"
-                          for k, v in row.items() if (k in ("train_loss", "lr", "grad_norm") or k.startswith("test_"))
+                          for k, v in row.items() if (k in STEP_SCALARS or k.startswith("test_"))
                           and isinstance(v, (int, float)))
         run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}){figures}")
 
