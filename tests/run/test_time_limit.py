@@ -3,6 +3,8 @@ passed it (mid-epoch: that epoch evaluated and saved), and a resumed run ends as
 one. The clock is replaced here, so the test decides where the time runs out."""
 import datetime
 import functools
+import os
+import time
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ from torch import nn
 
 import dptrain
 from dptrain.cli.args import build_parser
+from dptrain.distributed import env
 from dptrain.run import time_limit
 from dptrain.run.config import TrainConfig
 from tests.run.test_step_limit import Count, data
@@ -120,3 +123,30 @@ def test_time_up_in_the_last_epoch_ends_the_run_as_usual(clock):
     assert len(result["history"]) == 3 and not result["timed_out"]      # it trained what it was to train
     model, result = train(callbacks=[PassTheTime(clock, 1, 10)], max_time=60)    # the epoch's last batch
     assert [h.get("batches") for h in result["history"]] == [None]      # a whole epoch: no cut
+
+
+def test_a_job_started_before_the_run_counts_its_time_so_restarted_workers_share_one_limit(clock, monkeypatch):
+    # The job (a launcher, or the job script) began 100 s before this worker: a 50 s limit is
+    # up after the first batch, not 50 s after the worker started.
+    monkeypatch.setenv(env.JOB_START, f"{time.time() - 100:.3f}")
+    lines, count = [], Count()
+    model, result = train(callbacks=[count], max_time=50, log=lines.append)
+    assert result["timed_out"] and count.updates == 1
+    assert any("max_time 50 s reached at batch 1 of 10" in line for line in lines)
+    monkeypatch.setenv(env.JOB_START, f"{time.time() - 10:.3f}")     # 10 s of 50 gone: the run is whole
+    assert not train(max_time=50)[1]["timed_out"]
+    monkeypatch.setenv(env.JOB_START, "yesterday")
+    with pytest.raises(ValueError, match="DPTRAIN_JOB_START must be the job's start in seconds since the epoch"):
+        train(max_time=50)
+    train()                     # without max_time the variable is not read
+
+
+def test_the_launcher_marks_the_jobs_start_once(monkeypatch):
+    monkeypatch.delenv(env.JOB_START, raising=False)
+    before = time.time()
+    env.mark_job_start()
+    started = float(os.environ[env.JOB_START])
+    assert before - 0.01 <= started <= time.time() + 0.01
+    monkeypatch.setenv(env.JOB_START, "1000.5")         # set by the job script: kept
+    env.mark_job_start()
+    assert os.environ[env.JOB_START] == "1000.5"

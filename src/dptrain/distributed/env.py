@@ -2,12 +2,14 @@
 
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``: the variables ``torchrun`` exports. Without them a process is rank 0 of 1
-and nothing is initialised.
+and nothing is initialised. ``DPTRAIN_JOB_START``: when the job began (``max_time`` counts
+from it, so workers restarted within a job share its time limit).
 """
 from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,6 +23,28 @@ BACKENDS = ("auto", "gloo", "nccl")
 #: so the heartbeat (which names the right rank) always speaks first.
 DEFAULT_TIMEOUT_S = 60.0
 COLLECTIVE_MARGIN_S = 60.0
+
+
+#: Where a job's start is kept for its workers (seconds since the epoch).
+JOB_START = "DPTRAIN_JOB_START"
+
+
+def mark_job_start() -> None:
+    """Write the job's start for the workers it starts (kept if the job script set it)."""
+    os.environ.setdefault(JOB_START, f"{time.time():.3f}")
+
+
+def job_elapsed() -> float:
+    """Seconds since the job started (``DPTRAIN_JOB_START``); 0 without it."""
+    text = os.environ.get(JOB_START)
+    if not text:
+        return 0.0
+    try:
+        started = float(text)
+    except ValueError:
+        raise ValueError(f"{JOB_START} must be the job's start in seconds since the epoch (as `date +%s` gives), "
+                         f"got {text!r}: set it so, or unset it to count max_time from this run's start") from None
+    return max(0.0, time.time() - started)
 
 
 @dataclass(frozen=True)

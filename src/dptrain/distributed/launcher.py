@@ -30,7 +30,7 @@ import uuid
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..core.devices import host_cores
-from .env import DEFAULT_TIMEOUT_S, check_host
+from .env import DEFAULT_TIMEOUT_S, check_host, mark_job_start
 from .join import listening
 
 INTERRUPTED = 130
@@ -148,6 +148,7 @@ def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpo
         return 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, host_cores() // processes)))
     os.environ["DPTRAIN_LAUNCHED"] = "1"
+    mark_job_start()            # max_time counts from here, restarted workers too
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(INTERRUPT_GRACE_S)
     quiet_agent()
     with tempfile.TemporaryDirectory(prefix="dptrain-workers-") as log_dir:

@@ -93,9 +93,10 @@ class TrainConfig:
                                       "evaluated and saved), as Lightning's and Hugging Face's max_steps; the "
                                       "epochs, if given, still end it first if they come first", Whole(1),
                                       metavar="N")
-    max_time: Optional[float] = option(None, "end the run after this long (counted from its start), at the next "
-                                       "batch, mid-epoch if there (evaluated and saved): a job's time limit, as "
-                                       "Lightning's max_time; --resume goes on from there", Duration(),
+    max_time: Optional[float] = option(None, "end the run after this long (counted from the job's start, "
+                                       "$DPTRAIN_JOB_START, else the run's), at the next batch, mid-epoch if "
+                                       "there (evaluated and saved): a job's time limit, as Lightning's "
+                                       "max_time; --resume goes on from there", Duration(),
                                        metavar="SECONDS|[DD:]HH:MM:SS")
     dispatch_batches: bool = option(False, "several processes on a stream (an IterableDataset): rank 0 alone reads "
                                     "it and sends every process its part of each batch (Accelerate's "

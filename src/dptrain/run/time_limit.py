@@ -8,11 +8,20 @@ batch: its flag rides with the gradients, as a SIGTERM's does (``stopping.py``).
 limit ends mid-way is evaluated and saved as one ``max_steps`` ends (``step_limit.Cut``): a
 run resumed (``resume=True``, with a fresh ``max_time``) drops that row and trains the rest
 of the epoch, ending as the unbroken run would, bit for bit on a CPU.
+
+A job whose workers are started again within it (``--max-restarts``) has one time limit, not
+one per start: ``dptrain launch``/``--processes`` writes the job's start in
+``DPTRAIN_JOB_START`` (seconds since the epoch, as ``date +%s`` gives; ``distributed/env.py``),
+which the workers, restarted ones too, inherit and count from. A job script may set it first (say, at the top of
+a Slurm batch script, so the time before the launch counts too); a run started without it
+counts from its own start.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable, Optional
+
+from ..distributed.env import job_elapsed
 
 #: The clock (tests replace it, to end a run at a batch of their choosing).
 now: Callable[[], float] = time.monotonic
@@ -27,11 +36,12 @@ def said(seconds: float) -> str:
 
 
 class TimeLimit:
-    """Whether ``seconds`` have passed since the run started (never, for None)."""
+    """Whether ``seconds`` have passed since the run (or the job it is part of) started
+    (never, for None)."""
 
     def __init__(self, seconds: Optional[float]):
         self.seconds = seconds
-        self.start = now()
+        self.start = now() - (job_elapsed() if seconds is not None else 0.0)
 
     def up(self) -> bool:
         return self.seconds is not None and now() - self.start >= self.seconds
