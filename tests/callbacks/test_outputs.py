@@ -73,3 +73,42 @@ def test_what_no_file_can_hold_is_an_error_naming_it():
 
 def _has_tensorboard():
     return importlib.util.find_spec("tensorboard") is not None
+
+
+class StepFigures(dptrain.Callback):
+    """The largest weight, as a tensor, and a NumPy count, added to every step row."""
+
+    def __init__(self):
+        self.largest = []
+
+    def on_train_log(self, run, row):
+        row["max_weight"] = max(p.detach().abs().max() for p in run.model.parameters())
+        row["rows_seen"] = np.int64(len(self.largest) + 1)
+        self.largest.append(float(row["max_weight"]))
+
+
+def test_a_figure_a_callback_adds_to_a_step_row_is_in_its_line_the_step_history_and_tensorboard(tmp_path):
+    lines, figures = [], StepFigures()
+    board = str(tmp_path / "tb") if _has_tensorboard() else None
+    model, result = train(callbacks=[figures], log_every_n_steps=3, log=lines.append, tensorboard=board,
+                          checkpoint_dir=str(tmp_path / "ck"))
+    rows = result["step_history"]
+    assert [r["step"] for r in rows] == [3, 6] and [r["rows_seen"] for r in rows] == [1, 2]
+    assert [type(r["max_weight"]) for r in rows] == [float, float] and [r["max_weight"] for r in rows] == figures.largest
+    assert any(line.startswith("step 6 ") and "max weight" in line and "rows seen 2.000" in line for line in lines)
+    _, resumed = train(epochs=3, callbacks=[StepFigures()], log_every_n_steps=3, log=None, resume=True,
+                       checkpoint_dir=str(tmp_path / "ck"))
+    assert resumed["step_history"][:2] == rows         # the checkpoint kept them, plain
+    if board:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        events = EventAccumulator(board)
+        events.Reload()
+        assert [e.value for e in events.Scalars("step/rows_seen")] == [1.0, 2.0]
+        assert [e.step for e in events.Scalars("step/max_weight")] == [3, 6]
+        assert "step/train_loss" in events.Tags()["scalars"] and "step/batch" not in events.Tags()["scalars"]
+
+    class Adds(dptrain.Callback):
+        def on_train_log(self, run, row):
+            row["optimizer"] = run.optimizer
+    with pytest.raises(TypeError, match=r"the step row's 'optimizer' is a"):
+        train(callbacks=[Adds()], log_every_n_steps=2, log=None)

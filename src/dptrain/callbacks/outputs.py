@@ -4,7 +4,8 @@
 printed), then the user's callbacks, then ``OwnFigures`` and the writers: the epoch lines,
 the metrics file, TensorBoard and the trace. So a figure a callback adds to an epoch's row
 in ``on_epoch_end`` (``row["weight_norm"] = ...``, as a Keras callback adds to ``logs``) is
-in the line, the history, the metrics file and TensorBoard. Each writes from rank 0 only
+in the line, the history, the metrics file and TensorBoard; one added to a step's row in
+``on_train_log`` is in its line, ``step_history`` and TensorBoard (``step/<name>``). Each writes from rank 0 only
 (the trace gathers every rank's events first).
 """
 from __future__ import annotations
@@ -19,15 +20,15 @@ import torch
 from ..data.batch import holds_images
 from ..outputs.metrics_file import MetricsLog
 from ..outputs.progress import ProgressBar as Bar, seconds
-from ..outputs.tensorboard import STEP_SCALARS, TensorBoardLog
+from ..outputs.tensorboard import TensorBoardLog, step_figures
 from ..outputs.trace import Window
 from .base import BatchEnd, Callback, Row
 
 
-def plain(key: str, value: Any) -> Any:
+def plain(key: str, value: Any, where: str = "epoch") -> Any:
     """A row's value as the outputs and checkpoints hold it: a one-element tensor or a NumPy
     number becomes a Python number, a larger tensor or array a list; anything JSON cannot
-    hold is an error naming the key."""
+    hold is an error naming the key (of the ``where`` row)."""
     if isinstance(value, torch.Tensor):
         return value.item() if value.numel() == 1 else value.tolist()
     if isinstance(value, np.ndarray):
@@ -39,18 +40,22 @@ def plain(key: str, value: Any) -> Any:
     try:
         json.dumps(value)
     except (TypeError, ValueError):
-        raise TypeError(f"the epoch row's {key!r} is a {type(value).__name__}, which the history, the metrics file "
+        raise TypeError(f"the {where} row's {key!r} is a {type(value).__name__}, which the history, the metrics file "
                         f"and checkpoints cannot hold: give a number (or a list, a string)") from None
     return value
 
 
 class OwnFigures(Callback):
-    """After the user's callbacks: what they added to the epoch's row made plain (``plain``)."""
+    """After the user's callbacks: what they added to an epoch's or a step's row made plain
+    (``plain``)."""
 
-    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+    def on_epoch_end(self, run: Any, epoch: int, row: Row, where: str = "epoch") -> None:
         for key, value in row.items():
             if not isinstance(value, (float, int, str)):
-                row[key] = plain(key, value)
+                row[key] = plain(key, value, where)
+
+    def on_train_log(self, run: Any, row: Row) -> None:
+        self.on_epoch_end(run, row["epoch"], row, "step")
 
 
 class EpochLog(Callback):
@@ -71,8 +76,7 @@ class EpochLog(Callback):
 
     def on_train_log(self, run: Any, row: Row) -> None:
         figures = "".join(f", {k.replace('_', ' ')} {v:.3g}" if k == "lr" else f", {k.replace('_', ' ')} {v:.3f}"
-                          for k, v in row.items() if (k in STEP_SCALARS or k.startswith("test_"))
-                          and isinstance(v, (int, float)))
+                          for k, v in step_figures(row).items())
         run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}){figures}")
 
 

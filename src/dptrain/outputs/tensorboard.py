@@ -7,8 +7,15 @@ from typing import Any, Dict
 
 #: A record's bookkeeping, not a figure of the epoch.
 NOT_SCALARS = ("epoch", "world_size", "batches", "samples", "skipped")
-#: A step row's figures (beside its test_* ones).
-STEP_SCALARS = ("train_loss", "lr", "grad_norm")
+#: A step row's bookkeeping: every other number in it is a figure (the loss, lr, grad_norm,
+#: test_*, and a callback's own, added in ``on_train_log``).
+STEP_NOT_SCALARS = ("step", "epoch", "batch", "steps")
+
+
+def step_figures(row: Dict[str, Any]) -> Dict[str, float]:
+    """The figures of a step row (what its line and TensorBoard show)."""
+    return {k: v for k, v in row.items()
+            if k not in STEP_NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 class TensorBoardLog:
@@ -37,10 +44,10 @@ class TensorBoardLog:
 
     def append_step(self, row: Dict[str, Any]) -> None:
         """A ``log_every_n_steps`` row: ``step/train_loss``, ``step/lr`` (``step/grad_norm``
-        with ``log_grad_norm``, ``step/test_*`` with ``eval_every_n_steps``) at its step."""
-        for key, value in row.items():
-            if (key in STEP_SCALARS or key.startswith("test_")) and isinstance(value, (int, float)):
-                self.writer.add_scalar(f"step/{key}", value, row["step"])
+        with ``log_grad_norm``, ``step/test_*`` with ``eval_every_n_steps``, and a callback's
+        own) at its step."""
+        for key, value in step_figures(row).items():
+            self.writer.add_scalar(f"step/{key}", value, row["step"])
         self.writer.flush()
 
     def close(self) -> None:
