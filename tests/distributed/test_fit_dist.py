@@ -627,7 +627,17 @@ def sharded(rank, world, directory):
                     resume=True)[0]
     whole = train(Share(), 1, dropout=0, sharded_stream=True, max_steps=12)[0]
     same = all(torch.equal(p, q) for p, q in zip(resumed.parameters(), whole.parameters()))
-    return [p.detach().tolist() for p in model.parameters()], rows(result), read, same, lines
+
+    class EvalShare(Samples):
+        """The evaluation rows 0-39, unequally: 25 on rank 0 (3 parts of 10), 15 on rank 1 (2)."""
+        def order(self):
+            return list(range(25)) if rank == 0 else list(range(25, 40))
+
+        def __len__(self):
+            return len(self.order())
+    evaluated = train(Share(), 1, dropout=0, sharded_stream=True, eval_data=EvalShare())[1]
+    figures = dptrain.evaluate(model, EvalShare(), batch_size=20, devices=1, sharded_stream=True)
+    return [p.detach().tolist() for p in model.parameters()], rows(result), read, same, lines, rows(evaluated), figures
 
 
 def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_its_batches(tmp_path):
@@ -637,9 +647,16 @@ def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_
     shares = [list(range(r, 90, 2)) for r in range(2)]
     order = [i for b in range(4) for share in shares for i in share[b * 10:(b + 1) * 10]]
     model, result = train((X[order], Y[order]), 1, dropout=0, shuffle=False)
-    for rank, (weights, history, read, same, lines) in enumerate(run_workers(sharded, str(tmp_path))):
+    whole_set = dptrain.evaluate(model, (X[:40], Y[:40]), batch_size=20, devices=1)
+    for rank, (weights, history, read, same, lines, evaluated, figures) in \
+            enumerate(run_workers(sharded, str(tmp_path))):
+        # An evaluation stream sharded unequally (25 and 15 rows): each share read to its end,
+        # the figures those of the whole set, in fit's rows and in evaluate.
+        assert [r["test_loss"] for r in evaluated] == pytest.approx([r["test_loss"] for r in history], rel=1e-6)
+        assert [r["test_acc"] for r in evaluated] == [r["test_acc"] for r in history]
         for p, q in zip(weights, model.parameters()):
             torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
         assert [r["train_loss"] for r in history] == pytest.approx([r["train_loss"] for r in rows(result)], rel=1e-5)
         assert read == 3 * 40 + 1 and same          # its share's 40 rows an epoch (and its first, for the checks)
+        assert figures == pytest.approx(whole_set, rel=1e-5)
         assert any("10 samples of the longer shares are not read each epoch" in line for line in lines) == (rank == 0)

@@ -41,12 +41,12 @@ class SizedSamples(Samples):
         return self.n
 
 
-def train(data, devices=1, dropout=0.1, **kw):
+def train(data, devices=1, dropout=0.1, eval_data=(X[:40], Y[:40]), **kw):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(dropout), nn.ReLU(), nn.Linear(16, 3))
     kw.setdefault("log", None)
     kw.setdefault("epochs", 3)
-    result = dptrain.fit(model, data, (X[:40], Y[:40]), batch_size=20, devices=devices,
+    result = dptrain.fit(model, data, eval_data, batch_size=20, devices=devices,
                          optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9), **kw)
     return model, result
 

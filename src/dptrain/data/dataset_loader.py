@@ -201,7 +201,7 @@ class DatasetLoader(EpochPlan):
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
                 pin_memory: bool = False, worker_timeout: float = 0.0, lower_priority: bool = False,
                 steps_per_epoch: Optional[int] = None, optional_workers: bool = False, dispatch: bool = False,
-                sharded: bool = False, **plan: Any) -> EpochPlan:
+                sharded: bool = False, to_the_end: bool = False, **plan: Any) -> EpochPlan:
     """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
     ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, an ``IterableDataset``
     (``StreamLoader``; ``steps_per_epoch``: batches an epoch), or a ``DataLoader`` (its dataset,
@@ -211,7 +211,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     ``optional_workers``: tensors ignore ``num_workers`` (an evaluation set beside a Dataset)
     instead of refusing it; ``dispatch``: a stream is read by rank 0 alone, which sends the
     others their parts, or ``sharded``: each process's stream is its share (``dispatch.py``;
-    other data: each process reads its own part anyway)."""
+    ``to_the_end``: an evaluation's, each share read to its end; other data: each process
+    reads its own part anyway)."""
     sampler = batch_sampler = None
     if isinstance(data, DataLoader):
         if not isinstance(data.dataset, IterableDataset):
@@ -227,8 +228,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         return StreamLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
                             worker_timeout=worker_timeout, steps_per_epoch=steps_per_epoch,
                             worker_init_fn=_yield_to_training if lower_priority else None, dispatch=dispatch,
-                            sharded=sharded, **plan)
-    if sharded:
+                            sharded=sharded, to_the_end=to_the_end, **plan)
+    if sharded and not to_the_end:
         raise ValueError("sharded_stream applies to a training stream (an IterableDataset, each process's its own "
                          "share); a Dataset or tensors are split between the processes by dptrain")
     if steps_per_epoch is not None:

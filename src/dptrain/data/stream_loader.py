@@ -154,13 +154,17 @@ class StreamLoader(EpochPlan):
 
     Without ``__len__`` nor ``steps_per_epoch`` (evaluation, prediction), a pass is read to
     its end; ``len()`` is then an error naming the fix (training needs the epoch's length).
+    ``sharded`` (``sharded_stream``, several processes): each process's stream is its own
+    share, read in parts of a global batch; training's epoch is the full batches every share
+    holds, an evaluation (``to_the_end``) reads each share to its end, so its sums cover every
+    sample of every share.
     """
     stream = True
 
     def __init__(self, dataset: Any, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, worker_timeout: float = 0.0,
                  worker_init_fn: Optional[Callable[[int], None]] = None, steps_per_epoch: Optional[int] = None,
-                 dispatch: bool = False, sharded: bool = False, **plan: Any):
+                 dispatch: bool = False, sharded: bool = False, to_the_end: bool = False, **plan: Any):
         plan.pop("shuffle", None)       # a stream is read in its own order
         world = plan.get("world_size", 1)
         sharded = sharded and world > 1
@@ -177,7 +181,12 @@ class StreamLoader(EpochPlan):
         self.part = even_part(batch_size, world, plan.get("rank", 0))[1] if sharded else batch_size
         self.unread: List[int] = []         # sharded_stream: each share's samples an epoch leaves
         self.share = size                   # (this process's __len__: its share, sharded)
-        if sharded and steps_per_epoch is None and size is not None:
+        if sharded and to_the_end:
+            if steps_per_epoch is not None:
+                raise ValueError("a sharded evaluation stream is read to its end: steps_per_epoch counts training's "
+                                 "epochs")
+            size = None                     # (each share its own length: no global batch count)
+        elif sharded and steps_per_epoch is None and size is not None:
             size, self.unread = sharded_epoch(type(dataset).__name__, size, batch_size, world)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")
@@ -231,6 +240,8 @@ class StreamLoader(EpochPlan):
             samples = reader.take(want)
             if len(samples) < want and self.size is not None:
                 raise self._short(reader.read)
+            if len(samples) < want and self.sharded and self.share is not None and reader.read != self.share:
+                raise self._short(reader.read)      # (a share read to its end: its __len__ checked there)
             if not samples:
                 break
             if not self.sharded and b == last and last * bs + want == self.size and reader.take(1):

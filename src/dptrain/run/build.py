@@ -106,7 +106,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     with stage("loading the evaluation data"):
         sets = evaluation_sets(eval_data, task.metrics)
         loaders = {name: make_loader(data, batch_size, max_batches=config.eval_batches, optional_workers=True,
-                                     **shard) for name, data in sets.items()}
+                                     sharded=config.sharded_stream, to_the_end=True, **shard)
+                   for name, data in sets.items()}
         eval_loader = next(iter(loaders.values()), None)
         others = dict(list(loaders.items())[1:])
     check_agreement(collective, env.rank, describe_data(train_loader, eval_loader, others))

@@ -101,9 +101,10 @@ class TrainConfig:
     dispatch_batches: bool = option(False, "several processes on a stream (an IterableDataset): rank 0 alone reads "
                                     "it and sends every process its part of each batch (Accelerate's "
                                     "dispatch_batches), instead of every process reading it whole", Switch())
-    sharded_stream: bool = option(False, "several processes on a training stream sharded at its source (each "
-                                  "process's stream its own share, as a DDP script's: split_dataset_by_node): each "
-                                  "reads its share, a global batch is every process's next part", Switch())
+    sharded_stream: bool = option(False, "several processes on streams sharded at their source (each process's "
+                                  "stream its own share, as a DDP script's: split_dataset_by_node): a training "
+                                  "batch is every process's next part; an evaluation reads each share to its end",
+                                  Switch())
     log_every_n_steps: Optional[int] = option(None, "every N updates, the training loss over them (every device "
                                               "and process) and the learning rate: a line, TensorBoard scalars at "
                                               "the step, the result's step_history", Whole(1), metavar="N")

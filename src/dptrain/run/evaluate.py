@@ -33,7 +33,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
              forward: Optional[Callable] = None, step: Optional[Callable] = None,
              metrics: Optional[Mapping[str, Any]] = None, batch_size: int = 256,
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
-             num_workers: int = 0, amp: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
+             num_workers: int = 0, amp: Optional[str] = None, sharded_stream: bool = False,
+             timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
     """Return ``model``'s figures over every sample of ``data``: ``test_loss``, ``test_acc``
     (classification losses) and ``test_<name>`` for each metric, as ``fit``'s rows name them
     (several sets, ``{"val": ..., "ood": ...}``: the others' as ``test_<set>_*``, as ``fit``'s).
@@ -44,6 +45,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     eval mode, without gradients; the model's mode is restored. With several
     processes (``WORLD_SIZE`` > 1) each evaluates its part and every one gets the figures;
     their models must hold the same weights (as after ``fit``), which is checked.
+    ``sharded_stream``: each process's stream (an ``IterableDataset``) is its own share of the
+    set, read to its end (as ``fit``'s).
 
     >>> dptrain.evaluate(model, (X, y), devices=2)     # half of each batch on cpu:0, half on cpu:1
     {'test_loss': 0.412, 'test_acc': 0.861}
@@ -59,7 +62,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
                 metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
     sets = evaluation_sets(data, task.metrics)
     loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
-                                 world_size=env.world_size, optional_workers=len(sets) > 1)   # (workers: for some)
+                                 world_size=env.world_size, optional_workers=len(sets) > 1,   # (workers: for some)
+                                 sharded=sharded_stream, to_the_end=True)
                for name, one in sets.items()}
     first = next(iter(loaders.values()))
     try:
