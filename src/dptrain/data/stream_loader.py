@@ -181,10 +181,7 @@ class StreamLoader(EpochPlan):
         self.part = even_part(batch_size, world, plan.get("rank", 0))[1] if sharded else batch_size
         self.unread: List[int] = []         # sharded_stream: each share's samples an epoch leaves
         self.share = size                   # (this process's __len__: its share, sharded)
-        if sharded and to_the_end:
-            if steps_per_epoch is not None:
-                raise ValueError("a sharded evaluation stream is read to its end: steps_per_epoch counts training's "
-                                 "epochs")
+        if sharded and to_the_end:          # (evaluation: no steps_per_epoch)
             size = None                     # (each share its own length: no global batch count)
         elif sharded and steps_per_epoch is None and size is not None:
             size, self.unread = sharded_epoch(type(dataset).__name__, size, batch_size, world)
