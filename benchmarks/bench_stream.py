@@ -6,7 +6,9 @@ plain loop's against ``fit``'s; in turns, median epoch
 times past the first, paired ratios; with ``--processes``, ``fit`` as 2 processes against DDP
 as 2 processes on the same stream sharded by rank (each reading its half), under torchrun,
 ``fit`` with ``dispatch_batches`` (rank 0 reads, the other gets its parts), and ``fit`` with
-``sharded_stream`` on DDP's stream sharded by rank (each reads its share). ``--read-us``:
+``sharded_stream`` on DDP's stream sharded by rank (each reads its share); with
+``--evaluation``, 2 processes evaluating the stream: DDP's script on its shares, ``evaluate``
+reading it whole, ``evaluate`` with ``sharded_stream``. ``--read-us``:
 each sample's read waits that long (a stream read over a network).
 
 The stream yields the samples of ``everyday.py``'s programs (the tiny MLP's rows, the text
@@ -14,11 +16,13 @@ classifier's token sequences, padded by its ``collate_fn``) in order, with ``__l
 
     python benchmarks/bench_stream.py --rounds 5 --epochs 3 --processes   # --processes: also 2 vs DDP
     python benchmarks/bench_stream.py --rounds 5 --epochs 3 --processes --read-us 100 --programs text
+    python benchmarks/bench_stream.py --rounds 3 --epochs 4 --evaluation --read-us 200 --programs text
     python benchmarks/bench_stream.py --smoke        # CI: one short round
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -157,28 +161,70 @@ def ddp(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
     return times
 
 
+def ddp_evaluation(program: everyday.Program, data: Dataset, repeats: int) -> List[float]:
+    """A DDP script's evaluation of a stream sharded by rank: each process its share, the loss
+    sum and count summed over the processes (one ``all_reduce``); seconds per evaluation."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = everyday._model(program, torch.device("cpu")).eval()
+    loader = DataLoader(RankShare(data, rank, world), batch_size=program.batch // world, collate_fn=program.collate)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        totals = torch.zeros(2, dtype=torch.float64)
+        with torch.no_grad():
+            for batch in loader:
+                n = len(batch["labels"]) if isinstance(batch, dict) else len(batch[1])
+                totals += torch.tensor([float(everyday._loss(program, model, batch)) * n, n], dtype=torch.float64)
+        dist.all_reduce(totals)
+        times.append(time.perf_counter() - t)
+    dist.barrier()
+    dist.destroy_process_group()
+    return times
+
+
+def evaluated(program: everyday.Program, data: Any, repeats: int, **kw: Any) -> List[float]:
+    """``dptrain.evaluate`` ``repeats`` times on 1 device a process; seconds each."""
+    model, times = everyday._model(program, torch.device("cpu")), []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dptrain.evaluate(model, data, batch_size=program.batch, devices=1, collate_fn=program.collate, **kw)
+        times.append(time.perf_counter() - t)
+    return times
+
+
 WORKERS: Dict[str, Callable[[everyday.Program, Dataset, int], List[float]]] = {
     "ddp": ddp, "dptrain": lambda program, data, epochs: fitted(program, Streamed(data), epochs, 1),
     "dptrain-dispatch": lambda program, data, epochs: fitted(program, Streamed(data), epochs, 1,
                                                              dispatch_batches=True),
     "dptrain-sharded": lambda program, data, epochs: fitted(program, RankShare(data, *_rank_world()), epochs, 1,
-                                                            sharded_stream=True)}
+                                                            sharded_stream=True),
+    # --evaluation: the stream evaluated (epochs: how many times), as DDP's script does, read whole
+    # on every process, and each process reading its share to the end.
+    "eval-ddp": ddp_evaluation,
+    "eval-dptrain": lambda program, data, repeats: evaluated(program, Streamed(data), repeats),
+    "eval-dptrain-sharded": lambda program, data, repeats: evaluated(program, RankShare(data, *_rank_world()),
+                                                                     repeats, sharded_stream=True)}
+TRAINING = ("ddp", "dptrain", "dptrain-dispatch", "dptrain-sharded")
+EVALUATION = ("eval-ddp", "eval-dptrain", "eval-dptrain-sharded")
 
 
 def _rank_world() -> Tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def processes(program: str, samples: int, epochs: int, rounds: int, read_us: float = 0.0) -> Dict[str, Any]:
-    """DDP, dptrain and dptrain with ``dispatch_batches`` as 2 processes under torchrun (1
-    thread each), in turns; median epoch past the first of each run, paired ratios."""
+def processes(program: str, samples: int, epochs: int, rounds: int, read_us: float = 0.0,
+              workers: Tuple[str, ...] = TRAINING) -> Dict[str, List[float]]:
+    """``workers`` as 2 processes under torchrun (1 thread each), in turns: each run's median
+    epoch (or evaluation) past the first, per round."""
     import subprocess
     import tempfile
-    times: Dict[str, List[float]] = {w: [] for w in WORKERS}
+    times: Dict[str, List[float]] = {w: [] for w in workers}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            for worker in (list(WORKERS) if r % 2 == 0 else list(reversed(WORKERS))):
+            for worker in (list(workers) if r % 2 == 0 else list(reversed(workers))):
                 out = os.path.join(tmp, f"{worker}.json")
                 subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                 "--master-port", str(29700 + r), os.path.abspath(__file__), "--worker", worker,
@@ -187,8 +233,16 @@ def processes(program: str, samples: int, epochs: int, rounds: int, read_us: flo
                                timeout=600)
                 with open(out) as f:
                     times[worker].append(statistics.median(json.load(f)[1:]))
-    def speed(a: str, b: str) -> float:      # b's speed over a's, paired
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+    return times
+
+
+def paired(times: Dict[str, List[float]], a: str, b: str) -> float:
+    """b's speed over a's: a's time over b's, the median of the rounds' ratios."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def versus_ddp(times: Dict[str, List[float]]) -> Dict[str, Any]:
+    speed = functools.partial(paired, times)
     return {"epoch_sec": {w: statistics.median(t) for w, t in times.items()},
             "dptrain / DDP (speed)": speed("ddp", "dptrain"),
             "dptrain dispatch_batches / DDP (speed)": speed("ddp", "dptrain-dispatch"),
@@ -200,6 +254,9 @@ def main(argv: Any = None) -> None:
     parser = rounds_parser(__doc__, samples=8192)
     parser.add_argument("--programs", default="tiny-mlp,text")
     parser.add_argument("--processes", action="store_true", help="also 2 processes: dptrain against DDP")
+    parser.add_argument("--evaluation", action="store_true",
+                        help="also 2 processes evaluating the stream (--epochs times): DDP's script, dptrain reading "
+                             "it whole, dptrain with sharded_stream")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)   # a torchrun child
     parser.add_argument("--read-us", type=float, default=0.0,
                         help="each sample's read waits this long (microseconds: a stream read over a network)")
@@ -250,8 +307,15 @@ def main(argv: Any = None) -> None:
                                     if len(names) > 6 else {}),
                                  "bench_sec": time.perf_counter() - start}
         if args.processes:
-            out["programs"][name]["2 processes"] = processes(name, args.samples, args.epochs, args.rounds,
-                                                             args.read_us)
+            out["programs"][name]["2 processes"] = versus_ddp(processes(name, args.samples, args.epochs, args.rounds,
+                                                                        args.read_us))
+        if args.evaluation:
+            times = processes(name, args.samples, args.epochs, args.rounds, args.read_us, EVALUATION)
+            out["programs"][name]["2 processes, evaluation"] = {
+                "sec": {w: statistics.median(t) for w, t in times.items()},
+                "dptrain, stream read whole / DDP (speed)": paired(times, "eval-ddp", "eval-dptrain"),
+                "dptrain sharded_stream / DDP (speed)": paired(times, "eval-ddp", "eval-dptrain-sharded"),
+                "sharded_stream / read whole (speed)": paired(times, "eval-dptrain", "eval-dptrain-sharded")}
         print(name, json.dumps(out["programs"][name], indent=1), flush=True)
     save_result(out, command, args.out)        # with the machine and the date, whole or not at all
 
