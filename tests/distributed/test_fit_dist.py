@@ -603,7 +603,7 @@ def test_a_dispatched_stream_is_read_by_rank_0_alone_and_trains_as_one_device(tm
 def sharded(rank, world, directory):
     """``sharded_stream``: each process given its share of the rows (every other one), as a
     DDP script shards a stream; unbroken, then cut by max_steps mid-epoch and resumed."""
-    from tests.run.test_streams import X, Y, Samples, rows, train
+    from tests.run.test_streams import Samples, rows, train
 
     class Share(Samples):
         """Rows ``rank, rank + 2, ...``: 45 of the 90; it counts what it yields."""
