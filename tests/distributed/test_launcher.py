@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -328,3 +329,34 @@ def test_ctrl_c_while_waiting_for_a_peer_says_so_in_one_line(data_dir, how):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == [said], err
+
+
+def test_on_torch_2_3_a_restart_leaves_the_rendezvous_open(monkeypatch):
+    """torch 2.3's agent closed its rendezvous when it stopped the workers for a restart
+    (pytorch#123678): its restart runs with the handler out of its _shutdown's reach, and
+    gets it back after; other versions are left as they are."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from dptrain.distributed import launcher
+    seen = []
+
+    def restart(agent, group):              # the engine's: its _shutdown closes _rdzv_handler
+        seen.append((agent._rdzv_handler, group))
+    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", restart)
+    monkeypatch.setattr(LocalElasticAgent, "_dptrain_keeps_rendezvous", False, raising=False)
+    monkeypatch.setattr(launcher, "torch_release", lambda: (2, 13))
+    launcher.keep_rendezvous_on_restart()
+    assert LocalElasticAgent._restart_workers is restart
+    monkeypatch.setattr(launcher, "torch_release", lambda: (2, 3))
+    launcher.keep_rendezvous_on_restart()
+    launcher.keep_rendezvous_on_restart()   # once
+    agent = types.SimpleNamespace(_rdzv_handler="the rendezvous")
+    LocalElasticAgent._restart_workers(agent, "group")
+    assert seen == [(None, "group")] and agent._rdzv_handler == "the rendezvous"
+
+
+def test_the_torch_release_is_read_from_its_version(monkeypatch):
+    import torch
+    from dptrain.distributed.launcher import torch_release
+    for version, release in (("2.3.1+cu121", (2, 3)), ("2.13.0+cpu", (2, 13)), ("2.10.0.dev20260101", (2, 10))):
+        monkeypatch.setattr(torch, "__version__", version)
+        assert torch_release() == release

@@ -53,10 +53,12 @@ class _Join(threading.Thread):
             store = dist.TCPStore(self.host, self.port, self.world, is_master=self.rank == 0 and not _agent_store(),
                                   timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False,
                                   multi_tenant=True)
-            self.store = store
             store.set(store_key(f"joined/{self.rank}"), "1")
-            while not store.check([store_key(f"joined/{r}") for r in range(self.world)]):
+            everyone = [store_key(f"joined/{r}") for r in range(self.world)]
+            while not store.check(everyone):
+                self.store = store      # it answered as a store (torch 2.3's waits for ever on another server)
                 time.sleep(0.05)
+            self.store = store
             dist.init_process_group(self.backend, store=dist.PrefixStore(store_key("pg"), store), rank=self.rank,
                                     world_size=self.world, timeout=timedelta(seconds=self.collective_timeout_s))
         except BaseException as e:      # handed to the waiting thread
@@ -65,7 +67,8 @@ class _Join(threading.Thread):
             self.done.set()
 
     def missing(self) -> Optional[List[int]]:
-        """The ranks that have not marked themselves present (None: the store is out of reach)."""
+        """The ranks that have not marked themselves present (None: the store is out of reach,
+        or never answered as one: asking it again would wait for ever, deaf to Ctrl-C)."""
         if self.store is None:
             return None
         try:

@@ -100,6 +100,35 @@ def _reachable(host: str, port: int, timeout_s: float) -> bool:
     return True
 
 
+def keep_rendezvous_on_restart() -> None:
+    """torch 2.3's agent shut its rendezvous down when it stopped the workers to restart them,
+    so the restart could never meet again: ``RendezvousClosedError`` instead of a restart
+    (pytorch#123678, mended in 2.4 by #124819). There its restart leaves the rendezvous open,
+    as later versions do; nothing changes on other versions."""
+    if torch_release() != (2, 3):
+        return
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    if getattr(LocalElasticAgent, "_dptrain_keeps_rendezvous", False):
+        return
+    restart = LocalElasticAgent._restart_workers
+
+    def restart_keeping_rendezvous(self: Any, worker_group: Any) -> None:
+        handler, self._rdzv_handler = self._rdzv_handler, None      # what its _shutdown would close
+        try:
+            restart(self, worker_group)
+        finally:
+            self._rdzv_handler = handler
+    LocalElasticAgent._restart_workers = restart_keeping_rendezvous
+    LocalElasticAgent._dptrain_keeps_rendezvous = True
+
+
+def torch_release() -> Tuple[int, int]:
+    """(major, minor) of the torch installed (``2.3.1+cu121`` -> ``(2, 3)``)."""
+    import torch
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def _launch_config(processes: int, nnodes: str, rdzv_endpoint: Optional[str], rdzv_id: Optional[str],
                    max_restarts: int, timeout_s: float, log_dir: str):
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -151,6 +180,8 @@ def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpo
     mark_job_start()            # max_time counts from here, restarted workers too
     os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(INTERRUPT_GRACE_S)
     quiet_agent()
+    if max_restarts:
+        keep_rendezvous_on_restart()
     with tempfile.TemporaryDirectory(prefix="dptrain-workers-") as log_dir:
         config, single = _launch_config(processes, nnodes, rdzv_endpoint, rdzv_id, max_restarts, timeout_s,
                                         log_dir)
