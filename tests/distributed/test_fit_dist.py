@@ -603,7 +603,7 @@ def test_a_dispatched_stream_is_read_by_rank_0_alone_and_trains_as_one_device(tm
 def sharded(rank, world, directory):
     """``sharded_stream``: each process given its share of the rows (every other one), as a
     DDP script shards a stream; unbroken, then cut by max_steps mid-epoch and resumed."""
-    from tests.run.test_streams import Samples, rows, train
+    from tests.run.test_streams import X, Samples, rows, train
 
     class Share(Samples):
         """Rows ``rank, rank + 2, ...``: 45 of the 90; it counts what it yields."""
@@ -637,7 +637,13 @@ def sharded(rank, world, directory):
             return len(self.order())
     evaluated = train(Share(), 1, dropout=0, sharded_stream=True, eval_data=EvalShare())[1]
     figures = dptrain.evaluate(model, EvalShare(), batch_size=20, devices=1, sharded_stream=True)
-    return [p.detach().tolist() for p in model.parameters()], rows(result), read, same, lines, rows(evaluated), figures
+    # predict: each process its share's outputs, in its order (2 devices: parts of 5 each)
+    share = EvalShare().order()
+    outputs = dptrain.predict(model, EvalShare(), batch_size=20, devices=2, sharded_stream=True)
+    with torch.no_grad():
+        predicted = outputs.shape == (len(share), 3) and torch.allclose(outputs, model(X[share]), atol=1e-6)
+    return ([p.detach().tolist() for p in model.parameters()], rows(result), read, same, lines, rows(evaluated),
+            figures, predicted)
 
 
 def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_its_batches(tmp_path):
@@ -648,7 +654,7 @@ def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_
     order = [i for b in range(4) for share in shares for i in share[b * 10:(b + 1) * 10]]
     model, result = train((X[order], Y[order]), 1, dropout=0, shuffle=False)
     whole_set = dptrain.evaluate(model, (X[:40], Y[:40]), batch_size=20, devices=1)
-    for rank, (weights, history, read, same, lines, evaluated, figures) in \
+    for rank, (weights, history, read, same, lines, evaluated, figures, predicted) in \
             enumerate(run_workers(sharded, str(tmp_path))):
         # An evaluation stream sharded unequally (25 and 15 rows): each share read to its end,
         # the figures those of the whole set, in fit's rows and in evaluate.
@@ -658,5 +664,5 @@ def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_
             torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
         assert [r["train_loss"] for r in history] == pytest.approx([r["train_loss"] for r in rows(result)], rel=1e-5)
         assert read == 3 * 40 + 1 and same          # its share's 40 rows an epoch (and its first, for the checks)
-        assert figures == pytest.approx(whole_set, rel=1e-5)
+        assert figures == pytest.approx(whole_set, rel=1e-5) and predicted
         assert any("10 samples of the longer shares are not read each epoch" in line for line in lines) == (rank == 0)

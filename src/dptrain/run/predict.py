@@ -58,7 +58,7 @@ def concatenate(parts: List[Any]) -> Any:
 @torch.no_grad()
 def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
             forward: Optional[Callable[[nn.Module, Any], Any]] = None, collate_fn: Optional[Callable] = None,
-            num_workers: int = 0, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+            num_workers: int = 0, sharded_stream: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Return ``model``'s outputs for every sample of ``data``, in order (on the CPU).
 
     ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
@@ -67,7 +67,9 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     gradients; the model's mode is restored. ``devices``: ``auto`` is every GPU, else one
     CPU device (``session.inference_devices``: virtual devices slow a forward pass down);
     a count or a list as ``fit``'s. With several processes (``WORLD_SIZE`` > 1) every
-    process computes its part and gets all the outputs.
+    process computes its part and gets all the outputs. ``sharded_stream``: each process's
+    stream (an ``IterableDataset``) is its own share, read to its end, and each gets its
+    share's outputs, in its order (as a DDP script's predictions; None for an empty share).
 
     >>> dptrain.predict(model, (X, y), devices=2).shape     # half the batch on cpu:0, half on cpu:1
     torch.Size([1000, 10])
@@ -78,7 +80,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
         atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
     collective = get_collective()
     loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
-                         world_size=env.world_size)
+                         world_size=env.world_size, sharded=sharded_stream, to_the_end=True)
     replicas = replicate(model, devices)
     runner, feed = get_runner(replicas.devices), forward or model_input
     outputs: List[Any] = []
@@ -104,6 +106,9 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     finally:
         if hasattr(loader, "close"):
             loader.close()
+    if getattr(loader, "sharded", False):          # this process's share: its outputs alone
+        mine = [part for part in outputs if part is not None]
+        return concatenate(mine) if mine else None
     per_rank = collective.all_gather_object(outputs) if env.distributed else [outputs]
     ordered = [part for b in range(len(outputs)) for part in (r[b] for r in per_rank) if part is not None]
     return concatenate(ordered)
