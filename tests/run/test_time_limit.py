@@ -133,6 +133,8 @@ def test_a_job_started_before_the_run_counts_its_time_so_restarted_workers_share
     model, result = train(callbacks=[count], max_time=50, log=lines.append)
     assert result["timed_out"] and count.updates == 1
     assert any("max_time 50 s reached at batch 1 of 10" in line for line in lines)
+    assert any(line.startswith("dptrain: max_time 50 s counts from the job's start (DPTRAIN_JOB_START), 0:01:40 ago: 0 s left")
+               for line in lines), lines
     monkeypatch.setenv(env.JOB_START, f"{time.time() - 10:.3f}")     # 10 s of 50 gone: the run is whole
     assert not train(max_time=50)[1]["timed_out"]
     monkeypatch.setenv(env.JOB_START, "yesterday")

@@ -41,10 +41,19 @@ class TimeLimit:
 
     def __init__(self, seconds: Optional[float]):
         self.seconds = seconds
-        self.start = now() - (job_elapsed() if seconds is not None else 0.0)
+        #: how long the job ran before this run started (DPTRAIN_JOB_START; 0 without it)
+        self.before = job_elapsed() if seconds is not None else 0.0
+        self.start = now() - self.before
 
     def up(self) -> bool:
         return self.seconds is not None and now() - self.start >= self.seconds
+
+    def counted_from(self) -> Optional[str]:
+        """The line saying the limit counts from the job's start, when it does."""
+        if not self.before:
+            return None
+        return (f"dptrain: max_time {said(self.seconds)} counts from the job's start (DPTRAIN_JOB_START), "
+                f"{said(self.before)} ago: {said(max(0.0, self.seconds - self.before))} left")
 
     def reason(self, where: str) -> str:
         return f"max_time {said(self.seconds)} reached {where}"
