@@ -30,7 +30,7 @@ now: Callable[[], float] = time.monotonic
 def said(seconds: float) -> str:
     """``3725.0`` -> ``1:02:05``; under a minute, ``2.5 s``."""
     if seconds < 60:
-        return f"{seconds:g} s"
+        return f"{seconds:.3g} s"
     minutes, s = divmod(int(round(seconds)), 60)
     return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}"
 
