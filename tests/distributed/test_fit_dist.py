@@ -563,6 +563,9 @@ def dispatched(rank, world, directory):
                 yield sample
     model, result = train(Counted(), 1, dropout=0, dispatch_batches=True)
     read = Counted.read
+    figures = dptrain.evaluate(model, Counted(), batch_size=20, devices=1, dispatch_batches=True)
+    outputs = dptrain.predict(model, Counted(), batch_size=20, devices=2, dispatch_batches=True)
+    inference_read = Counted.read - read
     stream = functools.partial(SizedSamples, noise=0.1, shuffled=True)
     train(stream(), 1, dropout=0, max_steps=7, checkpoint_dir=directory, dispatch_batches=True)
     resumed = train(stream(), 1, dropout=0, max_steps=11, checkpoint_dir=directory, resume=True,
@@ -580,7 +583,7 @@ def dispatched(rank, world, directory):
     except Exception as e:      # noqa: BLE001 - what each process says is the test
         failed = f"{type(e).__name__}: {e}"
     return ([p.detach().tolist() for p in model.parameters()], rows(result), read,
-            [p.detach().tolist() for p in resumed.parameters()], failed)
+            [p.detach().tolist() for p in resumed.parameters()], failed, (figures, outputs.tolist(), inference_read))
 
 
 def test_a_dispatched_stream_is_read_by_rank_0_alone_and_trains_as_one_device(tmp_path):
@@ -589,7 +592,15 @@ def test_a_dispatched_stream_is_read_by_rank_0_alone_and_trains_as_one_device(tm
     stream = functools.partial(SizedSamples, noise=0.1, shuffled=True)
     unbroken = train(stream(), 2, dropout=0, max_steps=11)[0]
     outcomes = run_workers(dispatched, str(tmp_path))
-    for rank, (weights, history, read, resumed, failed) in enumerate(outcomes):
+    from tests.run.test_streams import X, Y
+    whole_set = dptrain.evaluate(model, (X, Y), batch_size=20, devices=1)
+    for rank, (weights, history, read, resumed, failed, (figures, outputs, inference_read)) in enumerate(outcomes):
+        # evaluate and predict with dispatch_batches: rank 0 reads for both; every process
+        # gets the whole set's figures and every output, in order
+        assert figures == pytest.approx(whole_set, rel=1e-5)
+        assert inference_read >= 2 * 90 if rank == 0 else inference_read <= 2     # (the first sample, for checks)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.tensor(outputs), model(X), rtol=1e-5, atol=1e-6)
         for p, q in zip(weights, model.parameters()):
             torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
         assert [r["train_loss"] for r in history] == pytest.approx([r["train_loss"] for r in rows(result)], rel=1e-5)

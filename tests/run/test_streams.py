@@ -137,3 +137,11 @@ def test_sharded_stream_is_for_a_training_stream_and_one_process_reads_it_whole(
     model, result = train(SizedSamples(), dropout=0, sharded_stream=True)
     assert rows(result) == rows(want)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), want_model.parameters()))
+
+
+def test_evaluate_and_predict_take_one_way_to_read_a_stream():
+    model = nn.Sequential(nn.Linear(8, 3))
+    for call in (dptrain.evaluate, dptrain.predict):
+        with pytest.raises(ValueError, match="say two ways to read a stream: give one"):
+            call(model, SizedSamples(), dispatch_batches=True, sharded_stream=True)
+        assert call(model, SizedSamples(), dispatch_batches=True) is not None      # one process: read as usual

@@ -79,3 +79,10 @@ def sharded_epoch(name: str, share: int, batch_size: int, world: int) -> Tuple[i
                          f"less than its part of a batch of {batch_size} ({parts}): give a smaller batch_size, "
                          f"or fewer processes")
     return batches * batch_size, [s - batches * p for s, p in zip(shares, parts)]
+
+
+def one_way_to_read(dispatch_batches: bool, sharded_stream: bool) -> None:
+    """Refuse both modes at once (``evaluate``'s and ``predict``'s keywords)."""
+    if dispatch_batches and sharded_stream:
+        raise ValueError("dispatch_batches (rank 0 reads for all) and sharded_stream (each process reads its own "
+                         "share) say two ways to read a stream: give one")

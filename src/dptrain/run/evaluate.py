@@ -19,6 +19,7 @@ from torch import nn
 
 from ..core.modes import evaluating
 from ..data.dataset_loader import make_loader
+from ..data.dispatch import one_way_to_read
 from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.model_engine import ModelEngine
@@ -33,8 +34,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
              forward: Optional[Callable] = None, step: Optional[Callable] = None,
              metrics: Optional[Mapping[str, Any]] = None, batch_size: int = 256,
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
-             num_workers: int = 0, amp: Optional[str] = None, sharded_stream: bool = False,
-             timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
+             num_workers: int = 0, amp: Optional[str] = None, dispatch_batches: bool = False,
+             sharded_stream: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
     """Return ``model``'s figures over every sample of ``data``: ``test_loss``, ``test_acc``
     (classification losses) and ``test_<name>`` for each metric, as ``fit``'s rows name them
     (several sets, ``{"val": ..., "ood": ...}``: the others' as ``test_<set>_*``, as ``fit``'s).
@@ -45,14 +46,16 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     eval mode, without gradients; the model's mode is restored. With several
     processes (``WORLD_SIZE`` > 1) each evaluates its part and every one gets the figures;
     their models must hold the same weights (as after ``fit``), which is checked.
-    ``sharded_stream``: each process's stream (an ``IterableDataset``) is its own share of the
-    set, read to its end (as ``fit``'s).
+    A stream (an ``IterableDataset``) is read whole by every process; ``dispatch_batches``: by
+    rank 0 alone, which sends the others their parts; ``sharded_stream``: each process's
+    stream is its own share of the set, read to its end (as ``fit``'s).
 
     >>> dptrain.evaluate(model, (X, y), devices=2)     # half of each batch on cpu:0, half on cpu:1
     {'test_loss': 0.412, 'test_acc': 0.861}
     """
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
+    one_way_to_read(dispatch_batches, sharded_stream)
     env = DistEnv.current()
     devices = inference_devices(devices, env)
     if join_job(env, "auto", devices, timeout):
@@ -63,7 +66,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     sets = evaluation_sets(data, task.metrics)
     loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                                  world_size=env.world_size, optional_workers=len(sets) > 1,   # (workers: for some)
-                                 sharded=sharded_stream, to_the_end=True)
+                                 dispatch=dispatch_batches, sharded=sharded_stream, to_the_end=True)
                for name, one in sets.items()}
     first = next(iter(loaders.values()))
     try:

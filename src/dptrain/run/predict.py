@@ -21,6 +21,7 @@ from ..core.parts import even_parts
 from ..core.runner import get_runner
 from ..data.batch import TARGET_KEYS, Batch, batch_size as size_of, map_tensors, split_structure, to_device
 from ..data.dataset_loader import make_loader
+from ..data.dispatch import one_way_to_read
 from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..parallel.replicas import replicate
@@ -58,7 +59,8 @@ def concatenate(parts: List[Any]) -> Any:
 @torch.no_grad()
 def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
             forward: Optional[Callable[[nn.Module, Any], Any]] = None, collate_fn: Optional[Callable] = None,
-            num_workers: int = 0, sharded_stream: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+            num_workers: int = 0, dispatch_batches: bool = False, sharded_stream: bool = False,
+            timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Return ``model``'s outputs for every sample of ``data``, in order (on the CPU).
 
     ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
@@ -67,20 +69,23 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     gradients; the model's mode is restored. ``devices``: ``auto`` is every GPU, else one
     CPU device (``session.inference_devices``: virtual devices slow a forward pass down);
     a count or a list as ``fit``'s. With several processes (``WORLD_SIZE`` > 1) every
-    process computes its part and gets all the outputs. ``sharded_stream``: each process's
+    process computes its part and gets all the outputs; a stream is read whole by each, or by
+    rank 0 alone with ``dispatch_batches``, which sends the others their parts. ``sharded_stream``: each process's
     stream (an ``IterableDataset``) is its own share, read to its end, and each gets its
     share's outputs, in its order (as a DDP script's predictions; None for an empty share).
 
     >>> dptrain.predict(model, (X, y), devices=2).shape     # half the batch on cpu:0, half on cpu:1
     torch.Size([1000, 10])
     """
+    one_way_to_read(dispatch_batches, sharded_stream)
     env = DistEnv.current()
     devices = inference_devices(devices, env)
     if join_job(env, "auto", devices, timeout):
         atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
     collective = get_collective()
     loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
-                         world_size=env.world_size, sharded=sharded_stream, to_the_end=True)
+                         world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
+                         to_the_end=True)
     replicas = replicate(model, devices)
     runner, feed = get_runner(replicas.devices), forward or model_input
     outputs: List[Any] = []
