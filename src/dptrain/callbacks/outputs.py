@@ -5,8 +5,8 @@ printed), then the user's callbacks, then ``OwnFigures`` and the writers: the ep
 the metrics file, TensorBoard and the trace. So a figure a callback adds to an epoch's row
 in ``on_epoch_end`` (``row["weight_norm"] = ...``, as a Keras callback adds to ``logs``) is
 in the line, the history, the metrics file and TensorBoard; one added to a step's row in
-``on_train_log`` is in its line, ``step_history`` and TensorBoard (``step/<name>``). Each writes from rank 0 only
-(the trace gathers every rank's events first).
+``on_train_log`` is in its line, ``step_history`` and TensorBoard (``step/<name>``). Each
+writes from rank 0 only (the trace gathers every rank's events first).
 """
 from __future__ import annotations
 
@@ -49,13 +49,17 @@ class OwnFigures(Callback):
     """After the user's callbacks: what they added to an epoch's or a step's row made plain
     (``plain``)."""
 
-    def on_epoch_end(self, run: Any, epoch: int, row: Row, where: str = "epoch") -> None:
-        for key, value in row.items():
-            if not isinstance(value, (float, int, str)):
-                row[key] = plain(key, value, where)
+    def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        _made_plain(row, "epoch")
 
     def on_train_log(self, run: Any, row: Row) -> None:
-        self.on_epoch_end(run, row["epoch"], row, "step")
+        _made_plain(row, "step")
+
+
+def _made_plain(row: Row, where: str) -> None:
+    for key, value in row.items():
+        if not isinstance(value, (float, int, str)):
+            row[key] = plain(key, value, where)
 
 
 class EpochLog(Callback):
