@@ -294,8 +294,7 @@ def main(argv: Any = None) -> None:
             for v in (list(variants) if r % 2 == 0 else list(reversed(variants))):
                 times[v].append(statistics.median(variants[v]()[1:]))
 
-        def speed(a: str, b: str) -> float:      # b's speed over a's: a's time over b's, paired
-            return statistics.median(x / y for x, y in zip(times[a], times[b]))
+        speed = functools.partial(paired, times)
         names = list(variants)
         out["programs"][name] = {"epoch_sec": {v: statistics.median(t) for v, t in times.items()},
                                  "stream 1 device / plain loop": speed(names[0], names[1]),

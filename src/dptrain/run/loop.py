@@ -63,8 +63,9 @@ class Run(RunView):
         self.timed_out = False                      # every process decided max_time is up
         self.rank, self.world_size, self.is_main = env.rank, env.world_size, env.rank == 0
         self.log: Log = log or (lambda _: None)
-        if self.clock.counted_from():
-            self.log(self.clock.counted_from())
+        counted = self.clock.counted_from()
+        if counted:
+            self.log(counted)
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
         train_mode(task.model, self.log)
