@@ -460,14 +460,16 @@ def test_max_time_passed_on_one_process_stops_every_process_at_one_batch_and_res
 
 def step_logged(rank, world):
     from tests.run.test_step_log import train
-    return train(1, eval_every_n_steps=3, log_grad_norm=True, clip_grad_norm=0.5)["step_history"]
+    return train(1, eval_every_n_steps=3, log_grad_norm="parameters", clip_grad_norm=0.5)["step_history"]
 
 
 def test_logged_steps_and_their_evaluations_on_two_processes_equal_one_device():
     want = step_logged(0, 1)
+    each = sorted(k for k in want[1] if k.startswith("grad_norm/"))        # (row 0: step 3's evaluation)
+    assert each == ["grad_norm/0.bias", "grad_norm/0.weight", "grad_norm/2.bias", "grad_norm/2.weight"]
     for rows in run_workers(step_logged):
         assert [sorted(r) for r in rows] == [sorted(r) for r in want]
-        for key in ("train_loss", "test_loss", "test_acc", "grad_norm"):
+        for key in ("train_loss", "test_loss", "test_acc", "grad_norm", *each):
             assert [r.get(key, 0.0) for r in rows] == pytest.approx([r.get(key, 0.0) for r in want], rel=1e-5)
 
 

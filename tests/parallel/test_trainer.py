@@ -443,3 +443,41 @@ def test_an_optimizer_object_is_lent_to_the_trainer_and_given_back_by_close(n_de
         torch.testing.assert_close(optimizer.state[p]["exp_avg_sq"], plain.state[q]["exp_avg_sq"], rtol=1e-5,
                                    atol=1e-9)
         assert float(optimizer.state[p]["step"]) == 3
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local", "ring"])
+def test_grad_norms_by_parameter_are_the_summed_gradients_norms_by_name(kvstore):
+    """``norms_by_parameter``: each parameter's norm of the summed, divided gradient, before
+    clipping (what ``clip_grad_norm_`` sees on one device); nothing after a skipped step."""
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    torch.manual_seed(0)
+    ref = GluonLeNet()
+    X, y = batches(steps=1)[0]
+    nn.functional.cross_entropy(ref(X), y).backward()
+    want = {name: float(p.grad.norm()) for name, p in ref.named_parameters()}
+    replicas = dptrain.replicate(copy.deepcopy(ref), devices)
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1}, kvstore=kvstore)
+    trainer.norms_by_parameter = True
+    Xs, ys = dptrain.split_batch(X, y, devices)
+    replicas.forward_backward(Xs, ys)
+    trainer.step(len(X), max_norm=0.1)
+    got = trainer.grad_norms()
+    assert list(got) == list(want) and got == pytest.approx(want, rel=1e-5)
+    for p in replicas[0].parameters():           # a NaN gradient: the step is skipped
+        p.grad = torch.full_like(p, float("nan"))
+    for p in replicas[1].parameters():
+        p.grad = torch.zeros_like(p)
+    assert not trainer.step(len(X), skip_nonfinite=True, max_norm=0.1)
+    assert trainer.grad_norms() == {}
+
+
+def test_grad_norms_of_parameter_lists_are_named_by_index():
+    params = [torch.ones(3, requires_grad=True), torch.ones(2, requires_grad=True)]
+    trainer = dptrain.Trainer(params, "sgd", {"learning_rate": 1.0}, kvstore=None)
+    trainer.norms_by_parameter = True
+    (params[0].sum() * 2 + params[1].sum()).backward()
+    trainer.step(1, max_norm=float("inf"))
+    assert trainer.grad_norms() == pytest.approx({"#0": 2 * 3 ** 0.5, "#1": 2 ** 0.5})
+    (params[0].sum() + params[1].sum()).backward()
+    trainer.step(1)                             # no max_norm: no norm computed
+    assert trainer.grad_norms() == {}

@@ -62,16 +62,17 @@ def plain_norms(clip, epochs=2):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-    order, norms = TensorLoader(data(), 20, shuffle=True, seed=0), []
+    order, norms, each = TensorLoader(data(), 20, shuffle=True, seed=0), [], []
     for epoch in range(epochs):
         order.set_epoch(epoch)
         for X, y in order:
             opt.zero_grad()
             nn.functional.cross_entropy(model(X), y).backward()
+            each.append({f"grad_norm/{name}": float(p.grad.norm()) for name, p in model.named_parameters()})
             norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), clip or float("inf"))))
             opt.step()
             sched.step()
-    return model, norms
+    return model, norms, each
 
 
 @pytest.mark.parametrize("devices", [1, 2, 3])
@@ -79,7 +80,7 @@ def plain_norms(clip, epochs=2):
 def test_log_grad_norm_gives_each_row_its_updates_norm_before_clipping_and_changes_no_step(devices, clip):
     """Hugging Face's ``grad_norm``: the norm clip_grad_norm_ returns, of the whole summed
     gradient; asking for it leaves the training as it was (nothing is clipped by it)."""
-    plain, norms = plain_norms(clip)
+    plain, norms, _ = plain_norms(clip)
     result = train(devices, log_grad_norm=True, clip_grad_norm=clip)
     assert [r["grad_norm"] for r in result["step_history"]] == pytest.approx([norms[s - 1] for s in (4, 8, 12, 16, 20)],
                                                                               rel=1e-5)
@@ -89,6 +90,48 @@ def test_log_grad_norm_gives_each_row_its_updates_norm_before_clipping_and_chang
     assert [r["train_loss"] for r in again["step_history"]] == [r["train_loss"] for r in result["step_history"]]
     with pytest.raises(ValueError, match="--log-grad-norm goes with --log-every-n-steps"):
         dptrain.fit(without, data(), log_grad_norm=True, epochs=1, log=None)
+
+
+@pytest.mark.parametrize("devices,kvstore", [(1, "device"), (2, "device"), (3, "device"), (2, "local"),
+                                             (2, "ring")])
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_log_grad_norm_parameters_gives_each_parameters_norm_before_clipping(devices, kvstore, clip):
+    """Lightning's ``grad_norm(module)``: each parameter's part of the summed gradient, by
+    name, in the rows (not the lines), whatever the devices and the way they sum."""
+    _, totals, each = plain_norms(clip)
+    lines = []
+    result = train(devices, log_grad_norm="parameters", clip_grad_norm=clip, kvstore=kvstore, log=lines.append)
+    rows = result["step_history"]
+    for row, step in zip(rows, (4, 8, 12, 16, 20)):
+        mine = {k: v for k, v in row.items() if k.startswith("grad_norm/")}
+        assert list(mine) == list(each[step - 1])           # the model's order
+        assert mine == pytest.approx(each[step - 1], rel=1e-5)
+        assert row["grad_norm"] == pytest.approx(totals[step - 1], rel=1e-5)
+        assert sum(v * v for v in mine.values()) == pytest.approx(row["grad_norm"] ** 2, rel=1e-5)
+    assert len(rows) == 5 and not any("grad_norm/" in line for line in lines)
+    assert any("grad norm " in line for line in lines)
+
+
+def test_a_frozen_layer_has_no_norm_and_an_unfrozen_one_gets_its_own():
+    """Only what trains has a norm: a layer unfrozen by a callback joins from that update."""
+    class Unfreeze(dptrain.Callback):
+        def on_batch_start(self, run, epoch, batch):
+            if run.step == 6:
+                run.model[0].requires_grad_(True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    model[0].requires_grad_(False)
+    rows = dptrain.fit(model, data(), batch_size=20, devices=2, epochs=1, log_every_n_steps=4, log=None,
+                       optimizer=torch.optim.SGD(model.parameters(), lr=0.1), log_grad_norm="parameters",
+                       callbacks=[Unfreeze()])["step_history"]
+    assert [sorted(k for k in r if k.startswith("grad_norm/")) for r in rows] == [
+        ["grad_norm/2.bias", "grad_norm/2.weight"],
+        ["grad_norm/0.bias", "grad_norm/0.weight", "grad_norm/2.bias", "grad_norm/2.weight"]]
+
+
+def test_a_bad_log_grad_norm_names_the_choices():
+    with pytest.raises(ValueError, match="unknown --log-grad-norm 'layers'; choose one of False, True, parameters"):
+        dptrain.fit(nn.Linear(8, 3), data(), log_every_n_steps=2, log_grad_norm="layers", log=None)
 
 
 def test_the_lines_and_the_callbacks_get_each_row():

@@ -80,7 +80,8 @@ class EpochLog(Callback):
 
     def on_train_log(self, run: Any, row: Row) -> None:
         figures = "".join(f", {k.replace('_', ' ')} {v:.3g}" if k == "lr" else f", {k.replace('_', ' ')} {v:.3f}"
-                          for k, v in step_figures(row).items())
+                          for k, v in step_figures(row).items()
+                          if not k.startswith("grad_norm/"))     # each parameter's: too many for a line
         run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}){figures}")
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
 from .trainable import NEW_TRAINER, agree
 from .sync import Denominator, GradientSync, SyncStep
-from .sync.base import Extras, clamp_, grad_norm, scale_and_clip_, unscale_and_check_
+from .sync.base import Extras, clamp_, grad_norm, parameter_norms, scale_and_clip_, unscale_and_check_
 from .sync.buckets import DEFAULT_BUCKET_MB
 
 T = TypeVar("T")
@@ -87,6 +87,10 @@ class Trainer:
         self.sync: GradientSync = sync.create(kvstore, self.runner, self.collective, bucket_cap_mb)
         self.layout: Optional[Layout] = None        # what trains, and the per-device optimizers
         self.optimizer: Optional[ReplicatedOptimizer] = None
+        #: With ``max_norm`` (``math.inf`` clips nothing), keep each parameter's norm too:
+        #: ``grad_norms()`` gives the last update's.
+        self.norms_by_parameter = False
+        self._parameter_norms: List[Tuple[Sequence[int], torch.Tensor, Any]] = []
         if self._replicas is None or self._replicas.initialized:
             # Now, before any backward: several processes start from rank 0's parameters.
             self._setup()
@@ -172,6 +176,7 @@ class Trainer:
         """
         self._check_denominator(batch_size)
         self._ready()
+        self._parameter_norms = []
         if self.layout.trainable is not None:
             self.layout.trainable.check("between two Trainer.step calls", NEW_TRAINER)
         if skip_nonfinite and self.collective.world_size == 1 and not self._grads_finite():
@@ -181,9 +186,9 @@ class Trainer:
         self.optimizer.push(zip(self._optimizers, self._origins))
         # several processes: checked on the summed gradients (the buckets were sent in backward)
         step = SyncStep(batch_size, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
-                        max_norm=max_norm, max_value=max_value)
+                        max_norm=max_norm, max_value=max_value, by_parameter=self.norms_by_parameter)
         self.sync.step(self._groups, active, step, self._optimizers)
-        return self._finish_step(step.skipped)
+        return self._finish_step(step)
 
     def step_with(self, compute: Callable[[int], T], batch_size: Denominator,
                   ignore_stale_grad: bool = False, skip_nonfinite: bool = False,
@@ -205,13 +210,15 @@ class Trainer:
             return StepOutcome(outputs, stepped, extras if self.collective.world_size == 1 else None)
         self.optimizer.push(zip(self._optimizers, self._origins))
         step = SyncStep(batch_size, extras, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
-                        max_norm=max_norm, max_value=max_value)
+                        max_norm=max_norm, max_value=max_value, by_parameter=self.norms_by_parameter)
         self.sync.prepare(step)
         phases = self.sync.phases(self._groups, step, self._optimizers)
         local_check = skip_nonfinite and self.collective.world_size == 1
         outputs, skipped = run_fused(self.runner, compute, phases, lambda: self._active(ignore_stale_grad),
                                      self._grads_finite if local_check else None, self._clear_grads)
-        stepped = False if skipped else self._finish_step(step.skipped)
+        if skipped:
+            self._parameter_norms = []
+        stepped = False if skipped else self._finish_step(step)
         return StepOutcome(outputs, stepped, step.summed_extras, step.grad_norm)
 
     @property
@@ -227,6 +234,7 @@ class Trainer:
         ``optimizer.step(); optimizer.zero_grad()``, with ``step``'s NaN check and clipping;
         ``loss_scale``: what the loss was multiplied by (float16), divided out first.
         Returns whether it updated and the norm before clipping (with ``max_norm``)."""
+        self._parameter_norms = []
         if loss_scale is not None:      # divided out and checked in one pass, as GradScaler does
             skip_nonfinite = unscale_and_check_(self._groups[0], loss_scale)
             if skip_nonfinite:
@@ -238,20 +246,43 @@ class Trainer:
         optimizer, norm = self._optimizers[0], None
         self.optimizer.push(((optimizer, self._origins[0]),))
         if max_norm is not None or max_value is not None:
-            grads = [p.grad for p in self._groups[0] if p.grad is not None]
+            held = [j for j, p in enumerate(self._groups[0]) if p.grad is not None]
+            grads = [self._groups[0][j].grad for j in held]
             if max_norm is not None:
-                norm = scale_and_clip_(grads, None, max_norm, grad_norm(grads, self.devices[0]))
+                step = SyncStep(by_parameter=self.norms_by_parameter)
+                norm = scale_and_clip_(grads, None, max_norm, grad_norm(grads, self.devices[0], step, held))
+                self._parameter_norms = step.parameter_norms
             clamp_(grads, max_value)
         bare_step.step(optimizer)
         bare_step.zero_grad(optimizer)
         self.optimizer.step()       # marks the step for lr schedulers
         return True, norm
 
-    def _finish_step(self, skipped: bool) -> bool:
+    def _finish_step(self, step: SyncStep) -> bool:
         self._broadcast_buffers()
-        if not skipped:
+        self._parameter_norms = [] if step.skipped else step.parameter_norms
+        if not step.skipped:
             self.optimizer.step()      # marks the step for lr schedulers
-        return not skipped
+        return not step.skipped
+
+    def grad_norms(self) -> Dict[str, float]:
+        """Each trainable parameter's gradient norm in the last update, by name (``#j`` for
+        a parameter list's ``j``-th), in the model's order: the summed and divided gradient's,
+        before clipping, whose norm together is the ``grad_norm`` of that update. Kept with
+        ``norms_by_parameter = True`` by the updates given a ``max_norm`` (``math.inf``
+        clips nothing); empty otherwise, and after a skipped update. Waits for the devices."""
+        norms = parameter_norms(self._parameter_norms)
+        names = self.parameter_names()
+        return {names[j]: norms[j] for j in sorted(norms)}
+
+    def parameter_names(self) -> List[str]:
+        """The names of the parameters that train, in the order the steps hold them (by
+        index): the model's ``named_parameters``, or ``#j`` for a parameter list's."""
+        self._ready()
+        if self._replicas is None:
+            return [f"#{j}" for j in range(len(self._groups[0]))]
+        name_of = {id(p): n for n, p in self._replicas[0].named_parameters()}
+        return [name_of[id(p)] for p in self._groups[0]]
 
     def _grads_finite(self) -> bool:
         # One fused check and one wait per device (a wait per parameter took a GPU's lead away).
@@ -356,6 +387,5 @@ class Trainer:
 
     def _name(self, j: int) -> str:
         if self._replicas is not None:
-            names = [n for n, p in self._replicas[0].named_parameters() if any(p is q for q in self._groups[0])]
-            return repr(names[j])
+            return repr(self.parameter_names()[j])
         return f"#{j} (shape {tuple(self._groups[0][j].shape)})"

@@ -73,6 +73,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                              channels_last=channels_last, bucket_cap_mb=config.bucket_cap_mb,
                              compile=config.compile, clip_grad_norm=config.max_norm,
                              clip_grad_value=config.clip_grad_value)
+    engine.trainer.norms_by_parameter = config.log_grad_norm == "parameters"
     if config.train_metrics:
         engine.keep_train_figures()
         if not engine.train_figures.keys and not engine.train_figures.objects:

@@ -139,9 +139,11 @@ class TrainConfig:
     clip_grad_value: Optional[float] = option(None, "then clip every element of the summed gradient to [-V, V] "
                                               "before each update, as clip_grad_value_ on one device", Positive(),
                                               metavar="V")
-    log_grad_norm: bool = option(False, "with --log-every-n-steps: each row also gives the norm of the whole "
-                                 "summed gradient of the update before it (before clipping; Hugging Face's "
-                                 "grad_norm)", Switch())
+    log_grad_norm: Any = option(False, "with --log-every-n-steps: each row also gives the norm of the whole "
+                                "summed gradient of the update before it (before clipping; Hugging Face's "
+                                "grad_norm); 'parameters': and each trainable parameter's (grad_norm/NAME)",
+                                Choice([False, True, "parameters"], "--log-grad-norm", flag_choices=False),
+                                nargs="?", const=True, choices=["parameters"], metavar="parameters")
     accumulate_grad_batches: int = option(1, "sum the gradients of N consecutive batches into each update: the "
                                           "update of an N-times larger batch, with the memory of one",
                                           Whole(1), metavar="N")

@@ -4,7 +4,9 @@ than an epoch (Lightning's ``log_every_n_steps``, Hugging Face's ``logging_steps
 ``eval_steps``, Lightning's ``val_check_interval``), its ``test_*`` figures in that step's row.
 
 A row is ``{step, epoch, batch, steps, train_loss, lr}`` (and ``grad_norm``, with
-``log_grad_norm``: the update's before it, as Hugging Face logs it): the loss over the ``steps``
+``log_grad_norm``: the update's before it, as Hugging Face logs it; with
+``log_grad_norm="parameters"`` also ``grad_norm/<name>``, each trainable parameter's part of
+it, as Lightning's ``grad_norm(module)`` names them, left out of the line): the loss over the ``steps``
 updates since the last such row (whole windows across epoch boundaries), summed over every device
 and process as the epoch's loss is (one ``all_reduce`` of two numbers a row), and the first
 group's learning rate. Rows go to the callbacks' ``on_train_log``, the epoch lines,
@@ -88,6 +90,7 @@ def log_step(run: Any, tally: Any, epoch: int, batch: int, result: Any = None) -
     if logged and run.config.log_grad_norm and result is not None and result.stepped \
             and result.grad_norm is not None:
         row["grad_norm"] = float(result.grad_norm)
+        row.update({f"grad_norm/{name}": norm for name, norm in run.engine.trainer.grad_norms().items()})
     if tested and run.schedule.after_step_evaluation(row):
         row["lr"] = run.engine.trainer.learning_rate        # what the next update uses
     run.callbacks.on_train_log(run, row)

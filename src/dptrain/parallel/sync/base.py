@@ -15,8 +15,8 @@ in a ``SyncStep`` made for that step, not on the strategy's attributes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable, ContextManager, List, Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, List, Optional, Sequence, Tuple, Union
 import contextlib
 
 import torch
@@ -44,9 +44,14 @@ class SyncStep:
     ``check_finite``: skip the update if a summed gradient is NaN or infinite. ``max_norm``:
     clip the whole summed gradient (every parameter, device and process) to this norm;
     ``max_value``: then clip each of its elements to ``[-max_value, max_value]``.
+    ``by_parameter``: with ``max_norm``, also keep each parameter's norm.
     Filled in by the phases: ``skipped`` (also when the summed denominator is 0: a batch
     with no counted target, whose mean is 0/0), ``summed_extras`` (None if they could not
-    ride) and ``grad_norm`` (the norm before clipping, when clipping).
+    ride), ``grad_norm`` (the norm before clipping, when clipping) and, ``by_parameter``,
+    ``parameter_norms``: ``(indices, norms, scale)``, a 1-d tensor of the norms of those
+    parameters' summed gradients before clipping, which ``scale`` (``1 / denominator``; None:
+    1) divides (then they are the parts of ``grad_norm``: ``parameter_norms``), one for each
+    device that updates a part of them.
     """
     denominator: Union[Denominator, Callable[[], Denominator]] = None
     extras: Extras = None
@@ -57,6 +62,25 @@ class SyncStep:
     skipped: bool = False
     summed_extras: Extras = None
     grad_norm: Optional[torch.Tensor] = None
+    by_parameter: bool = False
+    parameter_norms: List[Tuple[Sequence[int], torch.Tensor, object]] = field(default_factory=list)
+
+    def keep_norms(self, indices: Sequence[int], norms: torch.Tensor, scale=None) -> None:
+        """With ``by_parameter``: keep the norms of ``indices``' summed gradients and the
+        ``scale`` that divides them, multiplied only when read (most steps are not logged;
+        several owner threads may each keep theirs: a list's append is one step)."""
+        if self.by_parameter:
+            self.parameter_norms.append((list(indices), norms, scale))
+
+
+def parameter_norms(parts: Sequence[Tuple[Sequence[int], torch.Tensor, object]]) -> dict:
+    """``SyncStep.parameter_norms`` as numbers by parameter index (waits for the devices)."""
+    out = {}
+    for indices, norms, scale in parts:
+        if scale is not None:
+            norms = norms.double() * (scale.to(norms.device) if isinstance(scale, torch.Tensor) else scale)
+        out.update(zip(indices, norms.tolist()))
+    return out
 
 
 def extra_count(extras: Extras) -> int:
@@ -88,15 +112,26 @@ def scale_(grads: List[torch.Tensor], scale) -> None:
     torch._foreach_mul_(grads, scale)
 
 
-def grad_norm(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The 2-norm of ``grads`` together (a 0-d tensor on ``device``): one fused norm per
-    tensor, then the norm of those, as ``clip_grad_norm_`` computes it."""
+def tensor_norms(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The 2-norm of each of ``grads`` (a 1-d tensor on ``device``): one fused call."""
     if not grads:
-        return torch.zeros((), device=device)
+        return torch.zeros((0,), device=device)
     norms = torch._foreach_norm(list(grads), 2)
     if any(n.device != device for n in norms):
         norms = [n.to(device) for n in norms]
-    return torch.linalg.vector_norm(torch.stack(norms), 2)
+    return torch.stack(norms)
+
+
+def grad_norm(grads: Sequence[torch.Tensor], device: torch.device,
+              step: Optional[SyncStep] = None, indices: Optional[Sequence[int]] = None, scale=None) -> torch.Tensor:
+    """The 2-norm of ``grads`` together (a 0-d tensor on ``device``): the norm of each, then
+    the norm of those, as ``clip_grad_norm_`` computes it. With ``step``, each one's is kept
+    too (``SyncStep.keep_norms``: ``grads`` are the parameters ``indices``', to be scaled by
+    ``scale``)."""
+    norms = tensor_norms(grads, device)
+    if step is not None:
+        step.keep_norms(indices, norms, scale)
+    return torch.linalg.vector_norm(norms, 2)
 
 
 def clip_(grads: Sequence[torch.Tensor], norm: torch.Tensor, max_norm: float) -> torch.Tensor:
@@ -215,7 +250,9 @@ class GradientSync:
             if step.max_norm is None:
                 scale_(grads, scale)
             else:           # every device holds the whole sum: the same norm
-                norm = scale_and_clip_(grads, scale, step.max_norm, grad_norm(grads, self.devices[i]))
+                keep = step if i == 0 else None
+                norm = scale_and_clip_(grads, scale, step.max_norm,
+                                       grad_norm(grads, self.devices[i], keep, active, scale))
                 if i == 0:
                     step.grad_norm = norm
             clamp_(grads, step.max_value)

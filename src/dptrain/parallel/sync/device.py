@@ -69,7 +69,7 @@ class OwnerDeviceSync(GradientSync):
 
         def sum_and_update(k: int, active: Sequence[int]) -> None:
             dev, is_active = self.devices[k], set(active)
-            totals = []
+            totals, indices = [], []
             for j in self.optimized(k):
                 total = params[k][j].grad
                 if j not in is_active:        # stale and ignored: the optimizer skips it
@@ -82,9 +82,10 @@ class OwnerDeviceSync(GradientSync):
                     if i != k and grad is not None:
                         total.add_(grad.to(dev, non_blocking=True))
                 totals.append(total)
+                indices.append(j)
             scale = reciprocal(step.denominator, dev)
             if clipping:            # each owner holds part of the sum: the norm needs them all
-                totals_of[k], parts[k], scales[k] = totals, grad_norm(totals, dev), scale
+                totals_of[k], parts[k], scales[k] = totals, grad_norm(totals, dev, step, indices, scale), scale
                 return
             scale_(totals, scale)
             clamp_(totals, step.max_value)

@@ -90,9 +90,11 @@ class ProcessSync(GradientSync):
             if not step.skipped:
                 self.reducer.scatter(i, state["used"], state["scale"])
                 if step.max_norm is not None or step.max_value is not None:   # the same sum in every process
-                    grads = [p.grad for p in params[i] if p.grad is not None]
+                    held = [j for j, p in enumerate(params[i]) if p.grad is not None]
+                    grads = [params[i][j].grad for j in held]
                     if step.max_norm is not None:
-                        norm = clip_(grads, grad_norm(grads, self.devices[i]), step.max_norm)
+                        norm = clip_(grads, grad_norm(grads, self.devices[i], step if i == 0 else None, held),
+                                     step.max_norm)
                         if i == 0:
                             step.grad_norm = norm
                     clamp_(grads, step.max_value)
