@@ -118,6 +118,14 @@ class Layout:
             self.lend([k for k, j in enumerate(self.kept) if j not in old])
             carry_states(held, self.optimizers, self.groups, self.kept)
 
+    def names(self) -> List[str]:
+        """The name of each parameter the steps hold, by its index there: the model's
+        (``named_parameters``), or ``#k`` for the ``k``-th of a parameter list."""
+        if self.replicas is None:
+            return [f"#{k}" for k in self.kept]
+        every = [name for name, _ in self.replicas[0].named_parameters()]
+        return [every[k] for k in self.kept]
+
     # -- checkpoints and the user's optimizer ----------------------------------------------
     def trains(self) -> Dict[str, Any]:
         """What a checkpoint keeps of the layout: which parameters train, each group's members."""

@@ -272,17 +272,8 @@ class Trainer:
         ``norms_by_parameter = True`` by the updates given a ``max_norm`` (``math.inf``
         clips nothing); empty otherwise, and after a skipped update. Waits for the devices."""
         norms = parameter_norms(self._parameter_norms)
-        names = self.parameter_names()
+        names = self.layout.names() if norms else []
         return {names[j]: norms[j] for j in sorted(norms)}
-
-    def parameter_names(self) -> List[str]:
-        """The names of the parameters that train, in the order the steps hold them (by
-        index): the model's ``named_parameters``, or ``#j`` for a parameter list's."""
-        self._ready()
-        if self._replicas is None:
-            return [f"#{j}" for j in range(len(self._groups[0]))]
-        name_of = {id(p): n for n, p in self._replicas[0].named_parameters()}
-        return [name_of[id(p)] for p in self._groups[0]]
 
     def _grads_finite(self) -> bool:
         # One fused check and one wait per device (a wait per parameter took a GPU's lead away).
@@ -387,5 +378,5 @@ class Trainer:
 
     def _name(self, j: int) -> str:
         if self._replicas is not None:
-            return repr(self.parameter_names()[j])
+            return repr(self.layout.names()[j])
         return f"#{j} (shape {tuple(self._groups[0][j].shape)})"
