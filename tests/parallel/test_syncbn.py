@@ -61,3 +61,41 @@ def test_a_device_that_never_arrives_is_an_error_not_a_hang():
     for t in threads:
         t.join(timeout=10)
     assert [o.item() for o in out] == [3.0, 3.0]
+
+
+def bn_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def test_fit_gives_the_model_back_with_its_own_batchnorm_trained_and_picklable():
+    """The user's BatchNorm layer, parameters and buffers are the ones trained (an optimizer
+    built on the model holds them), and the model ends as it was: plain BatchNorm, which
+    ``torch.save`` pickles (a SyncBatchNorm holds its group's locks)."""
+    import io
+    X = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
+    y = (X[:, 0] > 0).long()
+    runs = []
+    for devices, sync in ((1, False), (2, True)):
+        model = bn_net()
+        bn, params = model[1], list(model.parameters())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        dptrain.fit(model, (X, y), epochs=2, batch_size=32, devices=devices, sync_batchnorm=sync, optimizer=opt,
+                    shuffle=False, log=None)
+        assert type(model[1]) is nn.BatchNorm1d and model[1] is bn and list(model.parameters()) == params
+        assert int(bn.num_batches_tracked) == 6 and opt.state[bn.weight]["momentum_buffer"] is not None
+        torch.save(model, io.BytesIO())
+        runs.append(model.state_dict())
+    for key, value in runs[0].items():                    # and 2 synchronised devices train as one
+        torch.testing.assert_close(runs[1][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_replicas_close_puts_the_batchnorm_layers_back():
+    net = bn_net()
+    bn = net[1]
+    replicas = dptrain.replicate(net, [dptrain.cpu(0), dptrain.cpu(1)], sync_batchnorm=True)
+    assert isinstance(net[1], SyncBatchNorm) and net[1].weight is bn.weight and net[1].running_mean is bn.running_mean
+    assert "_replaced" not in "".join(net.state_dict())
+    net.eval()
+    replicas.close()
+    assert net[1] is bn and not bn.training

@@ -103,6 +103,7 @@ class ModelEngine:
     def close(self) -> None:
         """Give the model back as it was: no hook or wrapper of ours left on it."""
         self.random.close()
+        self.replicas.close()           # its own BatchNorm layers, with sync_batchnorm
         if self.trainer is not None:
             self.trainer.close()        # last: it gives the user's optimizer object its state back
 

@@ -18,7 +18,7 @@ from ..core.devices import DeviceLike, check_devices, format_device, format_devi
 from ..core.modes import evaluating
 from ..core.runner import get_runner
 from ..distributed.collective import get_collective
-from .syncbn import convert_sync_batchnorm, synchronized
+from .syncbn import convert_sync_batchnorm, restore_batchnorm, synchronized
 
 Init = Callable[[nn.Module], None]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -196,6 +196,13 @@ class Replicas(Sequence[nn.Module]):
         default ``module(example[:1])``. Does nothing once the replicas exist."""
         if not self.initialized:
             self._materialize(example, run)
+
+    def close(self) -> None:
+        """Give the model (replica 0) back as it was: with ``sync_batchnorm``, its own
+        BatchNorm layers put back, trained (they held the same parameters and buffers all
+        along). The replicas cannot train together after this."""
+        if self.sync_batchnorm and self._modules:
+            restore_batchnorm(self._modules[0])
 
     def _check(self, shards: Sequence[torch.Tensor]) -> None:
         if len(shards) != len(self.devices):

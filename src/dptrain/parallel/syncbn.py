@@ -133,11 +133,16 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """A BatchNorm layer whose training statistics cover the shards of every device."""
 
     def __init__(self, bn: nn.modules.batchnorm._BatchNorm, group: ThreadGroup, rank: int):
-        like = next(iter(bn.parameters()), bn.running_mean)
-        factory = {"device": like.device, "dtype": like.dtype} if like is not None else {}
-        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, **factory)
-        self.load_state_dict(bn.state_dict())
+        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, device="meta")
+        # The layer's own parameters and buffers, not copies: an optimizer built on the model
+        # holds them, and the layer put back after training (``restore_batchnorm``) has them trained.
+        for name, p in bn.named_parameters(recurse=False):
+            setattr(self, name, p)
+        for name, b in bn.named_buffers(recurse=False):
+            setattr(self, name, b)
+        self.train(bn.training)
         self.group, self.rank = group, rank
+        self._replaced = [bn]           # (a list: not a submodule, not in the state_dict)
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
         if x.dim() < 2:
@@ -156,8 +161,9 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
 
 
 def convert_sync_batchnorm(modules: Sequence[nn.Module], collective: Optional[Collective] = None) -> ThreadGroup:
-    """Replace the BatchNorm layers of every replica with ``SyncBatchNorm`` sharing one group;
-    with ``collective``, statistics also cover the other processes' devices."""
+    """Replace the BatchNorm layers of every replica with ``SyncBatchNorm`` sharing one group
+    (each holding the replaced layer's parameters and buffers); with ``collective``,
+    statistics also cover the other processes' devices. ``restore_batchnorm`` undoes it."""
     group = ThreadGroup(len(modules), collective=collective)
     for rank, module in enumerate(modules):
         for name, child in list(module.named_modules()):
@@ -165,3 +171,15 @@ def convert_sync_batchnorm(modules: Sequence[nn.Module], collective: Optional[Co
                 if isinstance(sub, nn.modules.batchnorm._BatchNorm) and not isinstance(sub, SyncBatchNorm):
                     setattr(child, attr, SyncBatchNorm(sub, group, rank))
     return group
+
+
+def restore_batchnorm(module: nn.Module) -> None:
+    """Put back the BatchNorm layers ``convert_sync_batchnorm`` replaced in ``module``, trained
+    (they share the parameters and buffers), in the mode the module is in: the model as it
+    was, which ``torch.save`` can pickle (a ``SyncBatchNorm`` holds its group's locks)."""
+    for child in list(module.modules()):
+        for attr, sub in list(child.named_children()):
+            if isinstance(sub, SyncBatchNorm):
+                original = sub._replaced[0]
+                original.momentum, original.eps = sub.momentum, sub.eps
+                setattr(child, attr, original.train(sub.training))
