@@ -473,6 +473,21 @@ def test_logged_steps_and_their_evaluations_on_two_processes_equal_one_device():
             assert [r.get(key, 0.0) for r in rows] == pytest.approx([r.get(key, 0.0) for r in want], rel=1e-5)
 
 
+def step_rows_resumed(rank, world, directory):
+    """Step rows of a run ``max_steps=6`` cut in the window of updates 5-8, resumed."""
+    from tests.run.test_step_log import train
+    train(1, checkpoint_dir=directory, max_steps=6)
+    return train(1, checkpoint_dir=directory, resume=True)["step_history"]
+
+
+def test_step_rows_of_two_processes_resumed_mid_window_equal_one_unbroken_device(tmp_path):
+    from tests.run.test_step_log import train
+    want = train(1)["step_history"]
+    for rows in run_workers(step_rows_resumed, str(tmp_path)):
+        assert [r["steps"] for r in rows] == [4] * 5
+        assert [r["train_loss"] for r in rows] == pytest.approx([r["train_loss"] for r in want], rel=1e-6)
+
+
 def resumed_metric_objects(rank, world, directory):
     """train_f1 (a torchmetrics object on the training batches) of an unbroken run, and of one
     stopped by Ctrl-C after batch 3 of epoch 1 and resumed: its state rides in the checkpoint."""

@@ -146,15 +146,37 @@ def test_the_lines_and_the_callbacks_get_each_row():
     assert sum(line.startswith("step ") for line in lines) == 2
 
 
-def test_a_resumed_run_keeps_the_rows_and_says_what_its_first_covers(tmp_path):
-    want = train()["step_history"]
+class CtrlC(dptrain.Callback):
+    def __init__(self, step):
+        self.step = step
 
-    class CtrlC(dptrain.Callback):
-        def on_batch_end(self, run, batch):
-            if batch.step == 6:
-                signal.raise_signal(signal.SIGINT)
+    def on_batch_end(self, run, batch):
+        if batch.step == self.step:
+            signal.raise_signal(signal.SIGINT)
+
+
+@pytest.mark.parametrize("step,devices", [(6, 1), (10, 1), (6, 2)])
+def test_a_resumed_run_gives_the_unbroken_runs_rows(tmp_path, step, devices):
+    """The checkpoint keeps the open window's loss sums: cut mid-window (update 6 of the
+    window 5-8), at an epoch's end (update 10, window 9-12), or resumed on 2 devices."""
+    want = train(log_grad_norm=True)["step_history"]
     with pytest.raises(Interrupted):
-        train(callbacks=[CtrlC()], checkpoint_dir=str(tmp_path))
+        train(callbacks=[CtrlC(step)], checkpoint_dir=str(tmp_path), log_grad_norm=True)
+    rows = train(devices, checkpoint_dir=str(tmp_path), resume=True, log_grad_norm=True)["step_history"]
+    assert [sorted(r) for r in rows] == [sorted(r) for r in want]
+    for row, want_row in zip(rows, want):
+        assert row == pytest.approx(want_row, rel=1e-6)
+
+
+def test_a_checkpoint_without_the_open_window_says_what_the_first_row_covers(tmp_path):
+    """(Checkpoints of older versions): the first row covers the updates since the checkpoint."""
+    from dptrain.outputs.checkpoint import load_checkpoint, save_checkpoint
+    want = train()["step_history"]
+    with pytest.raises(Interrupted):
+        train(callbacks=[CtrlC(6)], checkpoint_dir=str(tmp_path))
+    state = load_checkpoint(tmp_path)
+    del state["step_window"]
+    save_checkpoint(tmp_path, state)
     rows = train(checkpoint_dir=str(tmp_path), resume=True)["step_history"]
     assert rows[0] == pytest.approx(want[0])                            # from the checkpoint
     assert (rows[1]["step"], rows[1]["steps"]) == (8, 2)                  # updates 7 and 8

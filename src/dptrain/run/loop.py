@@ -233,7 +233,7 @@ class Run(RunView):
         last = self.limit.last_batch(epoch)
         step_log = self.step_log
         if step_log is not None:
-            step_log.epoch_start()
+            step_log.epoch_start(tally.numbers)
         clocked = self.clock.seconds is not None
 
         def so_far(b: int) -> Position:    # what a save mid-epoch keeps

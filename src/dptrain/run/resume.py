@@ -97,12 +97,13 @@ def save(run: Any, position: Position, partial: List[List[float]], cut: Any = No
     if not directory:
         return
     random = random_states(run) if cut is None else cut.random
+    window = run.step_log.state_dict() if run.step_log is not None else None     # (every process)
     if run.rank == 0:
         save_checkpoint(directory, {
             "identity": json.dumps(run.identity()), "epoch": position.epoch, "batch": position.batch,
             "partial": partial, "seconds": position.seconds, "skipped": run.skipped,
             "epoch_skipped": position.skipped, "history": json.dumps(run.history),
-            **({"step_history": json.dumps(run.step_log.rows)} if run.step_log is not None else {}),
+            **({"step_history": json.dumps(run.step_log.rows), "step_window": window} if window else {}),
             "engine": run.engine.state_dict(),
             "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
             "balance": run.balancer.state_dict() if run.balancer is not None else None,
@@ -164,6 +165,7 @@ def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
     run.history[:] = json.loads(state["history"])
     if run.step_log is not None:
         run.step_log.rows[:] = json.loads(state.get("step_history", "[]"))
+        run.step_log.restore(state.get("step_window"), run.rank)
     run.skipped = state["skipped"]
     partial = state["partial"]
     if len(partial) != run.world_size:     # another number of processes: rank 0 carries the sums

@@ -11,13 +11,15 @@ updates since the last such row (whole windows across epoch boundaries), summed 
 and process as the epoch's loss is (one ``all_reduce`` of two numbers a row), and the first
 group's learning rate. Rows go to the callbacks' ``on_train_log``, the epoch lines,
 TensorBoard (``step/train_loss``, ``step/lr``, at the step) and the result's
-``step_history``; checkpoints keep them. A resumed run's first row covers the updates since
-the checkpoint (``steps`` says how many).
+``step_history``; checkpoints keep them, with the loss sums of the window the checkpoint
+cut (summed over the processes), so a resumed run's rows equal the unbroken run's (a
+checkpoint of an older version has none: its first row covers the updates since the
+checkpoint, and ``steps`` says how many).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -34,17 +36,37 @@ class StepLog:
         self.carried = (0.0, 0.0)       # the window's sums from the epochs before (their tails)
         self.last = (0.0, 0.0)          # the epoch's sums at the last row
         self.last_step = 0
+        self.sums: Callable[[], Tuple[float, float]] = lambda: self.last     # the epoch's sums now
+        self.restored = False
 
     def start(self, step: int) -> None:
-        """Where the run (re)starts: windows count from there."""
-        self.last_step = step
+        """Where the run (re)starts: windows count from there (from the last row before a
+        checkpoint, for a run resumed from one that kept its window: ``restore``)."""
+        if not self.restored:
+            self.last_step = step
 
-    def epoch_start(self) -> None:
-        self.last = (0.0, 0.0)
+    def epoch_start(self, sums: Callable[[], Tuple[float, float]]) -> None:
+        """An epoch begins; ``sums()`` gives its ``(loss sum, count)`` so far, when asked."""
+        self.last, self.sums = (0.0, 0.0), sums
 
     def epoch_end(self, sums: Tuple[float, float]) -> None:
         """The epoch's ``(loss sum, count)`` at its end: the tail since the last row carries over."""
         self.carried = (self.carried[0] + sums[0] - self.last[0], self.carried[1] + sums[1] - self.last[1])
+        self.last = sums
+
+    def state_dict(self) -> Dict[str, Any]:
+        """For a checkpoint (every process calls it, at the same point): the open window's
+        loss sums over every process, and the step of the last row."""
+        now = self.sums()
+        open_window = (self.carried[0] + now[0] - self.last[0], self.carried[1] + now[1] - self.last[1])
+        total, count = self.collective.all_reduce(torch.tensor(open_window, dtype=torch.float64)).tolist()
+        return {"window": [total, count], "last_step": self.last_step}
+
+    def restore(self, state: Optional[Dict[str, Any]], rank: int) -> None:
+        """Go on with a checkpoint's open window (``state_dict``): rank 0 carries its sums."""
+        if state:
+            self.carried = tuple(state["window"]) if rank == 0 else (0.0, 0.0)
+            self.last_step, self.restored = int(state["last_step"]), True
 
     def row(self, sums: Optional[Tuple[float, float]], step: int, epoch: int, batch: int, lr: Any,
             tested: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
