@@ -59,12 +59,45 @@ def test_random_transforms_draw_the_same_numbers_whatever_reads_them():
     resumed = epoch(DatasetLoader(Indexed(n), 4, shuffle=True, seed=1), 0, skip=2)
     for a, b in zip(one, workers):
         assert torch.equal(a["x"], b["x"])
-    for a, p, q in zip(one, *parts):      # torch's numbers (torchvision's) do not depend on the processes
-        assert torch.equal(a["x"][:, :2], torch.cat([p["x"], q["x"]])[:, :2])
+    for a, p, q in zip(one, *parts):      # torch's, Python's and NumPy's numbers do not depend on the processes
+        assert torch.equal(a["x"], torch.cat([p["x"], q["x"]]))
     for a, b in zip(one[2:], resumed):
         assert torch.equal(a["x"], b["x"])
     other_epoch = epoch(DatasetLoader(Indexed(n), 4, shuffle=False, seed=1), 1)
     assert not torch.equal(one[0]["x"][:, 1:], other_epoch[0]["x"][:, 1:])
+
+
+@pytest.mark.parametrize("wrap", ["random_split", "validation_split", "stack"])
+def test_a_subset_or_stack_of_a_dataset_draws_per_sample_whatever_the_processes(wrap):
+    """torch's ``Subset`` and ``StackDataset`` have a ``__getitems__`` that reads sample by
+    sample: seen through (read as one call, a part was seeded as a whole, and 2 processes
+    drew other numbers than 1)."""
+    from dptrain.data.holdout import hold_out
+    n = 40
+    if wrap == "random_split":
+        data = torch.utils.data.random_split(Indexed(n), [30, 10], generator=torch.Generator().manual_seed(0))[0]
+    elif wrap == "validation_split":
+        data = hold_out(Indexed(n), 0.25)[0]
+    else:
+        data = torch.utils.data.StackDataset(Indexed(30), TensorDataset(torch.arange(30)))
+    first = (lambda b: b[0]["x"]) if wrap == "stack" else (lambda b: b["x"])
+    one = epoch(DatasetLoader(data, 6, shuffle=True, seed=1), 0)
+    parts = [epoch(DatasetLoader(data, 6, shuffle=True, seed=1, rank=r, world_size=2), 0) for r in (0, 1)]
+    for a, p, q in zip(one, *parts):
+        assert torch.equal(first(a), torch.cat([first(p), first(q)]))
+
+
+def test_reads_in_batches_sees_through_torchs_wrappers():
+    from dptrain.data.seeded_reads import reads_in_batches
+
+    class Batched(Indexed):
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+    plain, batched = Indexed(4), Batched(4)
+    assert not reads_in_batches(torch.utils.data.Subset(torch.utils.data.Subset(plain, [0, 1]), [0]))
+    assert reads_in_batches(torch.utils.data.Subset(batched, [0, 1])) and reads_in_batches(batched)
+    assert not reads_in_batches(torch.utils.data.StackDataset(plain, plain))
+    assert reads_in_batches(torch.utils.data.StackDataset(a=plain, b=batched))
 
 
 def test_the_callers_random_state_is_left_alone():
@@ -239,20 +272,25 @@ def test_a_dataset_drawing_from_any_generator_stays_seeded_and_reproducible(name
 
 
 class _Noisy(Dataset):
-    """Sample i is torch's next number (an augmentation's draw)."""
+    """Sample i is a generator's next number (an augmentation's draw)."""
+
+    def __init__(self, draw=lambda: torch.rand(()).item()):
+        self.draw = draw
 
     def __len__(self):
         return 64
 
     def __getitem__(self, i):
-        return torch.rand(()).item()
+        return self.draw()
 
 
-def test_a_sample_draws_the_same_numbers_read_during_the_watch_and_after_it():
+@pytest.mark.parametrize("name, draw", [("torch", lambda: torch.rand(()).item()), ("random", lambda: random.random()),
+                                        ("numpy", lambda: np.random.rand())])
+def test_a_sample_draws_the_same_numbers_read_during_the_watch_and_after_it(name, draw):
     from dptrain.data.seeded_reads import _Seeded
-    watched = _Seeded(_Noisy())
+    watched = _Seeded(_Noisy(draw))
     during = [x for p in _parts(_Seeded.WATCH) for x in watched.__getitems__(p)]
-    assert watched._watch == 0 and watched._draws == {"torch"}
+    assert watched._watch == 0 and watched._draws == {name}
     after = [x for p in _parts(_Seeded.WATCH) for x in watched.__getitems__(p)]     # the inline read
     assert after == during and len(set(during)) == len(during)
 

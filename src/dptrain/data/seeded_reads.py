@@ -2,7 +2,7 @@
 
 ``DatasetLoader`` (``dataset_loader.py``) hands each part of a global batch to its
 ``DataLoader`` as a ``_Part`` of indices that knows where it sits in the epoch; ``_Seeded``
-wraps the Dataset and reads the part under those seeds, so random transforms draw the same
+wraps the Dataset and reads each sample under its seeds, so random transforms draw the same
 numbers whatever the workers and processes, and a resumed epoch sees what an unbroken one saw.
 It watches the first parts to learn which generators the Dataset draws from, and seeds only
 those from then on.
@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Set, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 
 class _Part(list):
@@ -27,21 +27,23 @@ class _Seeded(Dataset):
     """Reads a part of a batch under seeds that depend only on ``(seed, epoch, position)``,
     restoring the caller's random state afterwards.
 
-    torch's generator (what torchvision's transforms draw from) is seeded per sample
-    (``torch.manual_seed`` took 116 us here, the generator's own ``manual_seed`` 1.3 us);
-    Python's ``random`` and NumPy's (4.5 and 3 us to seed) once per part of a batch. A
-    dataset with ``__getitems__`` (a batched read) is called once per part, under the part's
-    seeds. The first ``WATCH`` parts are also watched: a dataset that drew no number there is
-    read as it is from then on (text, lookups, fixed transforms: the seeding cost 1-2 us a
-    sample and 30 us a part, 4-6% of a text classifier's step, issue 22); one that drew keeps
-    torch's generator seeded, and Python's and NumPy's only if it drew from them (torch-only
-    augmentation does not pay for their states: 68 us a part).
+    Each sample is read with every generator it draws from seeded by its position: torch's
+    (what torchvision's transforms draw from; the generator's own ``manual_seed`` takes 1.3
+    us, ``torch.manual_seed`` 116), Python's ``random`` and NumPy's (albumentations' and
+    hand-written augmentations'; 4.5 and 3 us to seed), so a sample draws the same numbers
+    whatever the workers and processes read it with. A dataset that reads a list of indices
+    in one call of its own (``__getitems__``, ``reads_in_batches``) is called once per part,
+    under the part's seeds. The first ``WATCH`` parts are also watched: a dataset that drew
+    no number there is read as it is from then on (text, lookups, fixed transforms: the
+    seeding cost 1-2 us a sample and 30 us a part, 4-6% of a text classifier's step, issue
+    22); one that drew keeps torch's generator seeded, and Python's and NumPy's only if it
+    drew from them (torch-only augmentation does not pay for their states: 68 us a part).
     """
     WATCH = 8
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
-        self._batched = callable(getattr(dataset, "__getitems__", None))
+        self._batched = reads_in_batches(dataset)
         self._watch = self.WATCH
         self._draws: Set[str] = set()       # the generators it drew from while watched
 
@@ -62,65 +64,76 @@ class _Seeded(Dataset):
         self._watch -= watching
         # torch's generator stays seeded for any dataset that draws (its numbers are the ones
         # that must not depend on the processes, and a rare draw can hide from the watch).
-        uses = _GENERATORS if watching else self._draws | {"torch"}
+        uses = list(_GENERATORS) if watching else sorted(self._draws | {"torch"})
         seed_, epoch, start = where
         saved = {name: _GENERATORS[name][0]() for name in uses}
         try:
-            part_seed = hash((seed_, epoch, start, 1)) % 2**32     # ints (not str) hash alike in every run
-            for name in uses:
-                if name != "torch":
-                    _GENERATORS[name][2](part_seed)
-            seeded = {name: _GENERATORS[name][0]() for name in uses if name != "torch"} if watching else {}
             if self._batched:
-                out = self._torch_seeded(watching, part_seed, lambda: self.dataset.__getitems__(list(indices)))
-            elif watching and "torch" not in self._draws:
-                out = self._read_watched(indices, seed_, epoch, start, part_seed, uses)
-            elif watching:
-                out = [self._torch_seeded(True, _sample_seed(seed_, epoch, k), lambda i=i: self.dataset[i])
-                       for k, i in enumerate(indices, start)]
-            else:   # the usual read, inline: the seeding cost 1.8 us a sample with two calls more, 1.6 inline
-                out, dataset, manual_seed = [], self.dataset, torch.default_generator.manual_seed
-                for k, i in enumerate(indices, start):
-                    manual_seed(_sample_seed(seed_, epoch, k))
-                    out.append(dataset[i])
-            self._draws.update(name for name, state in seeded.items()
-                               if not _same_state(state, _GENERATORS[name][0]()))
+                part_seed = hash((seed_, epoch, start, 1)) % 2**32     # ints (not str) hash alike in every run
+                return self._seeded(watching, uses, part_seed, lambda: self.dataset.__getitems__(list(indices)))
+            if watching and not self._draws:
+                return self._read_watched(indices, seed_, epoch, start, uses)
+            if watching:
+                return [self._seeded(True, uses, _sample_seed(seed_, epoch, k), lambda i=i: self.dataset[i])
+                        for k, i in enumerate(indices, start)]
+            # The usual read, inline: the seeding cost 1.8 us a sample with two calls more, 1.6 inline.
+            out, dataset, manual_seed = [], self.dataset, torch.default_generator.manual_seed
+            python = random.seed if "random" in self._draws else None
+            numpy = np.random.seed if "numpy" in self._draws else None
+            for k, i in enumerate(indices, start):
+                sample_seed = _sample_seed(seed_, epoch, k)
+                manual_seed(sample_seed)
+                if python is not None:
+                    python(sample_seed)
+                if numpy is not None:
+                    numpy(sample_seed % 2**32)
+                out.append(dataset[i])
             return out
         finally:
             for name, state in saved.items():
                 _GENERATORS[name][1](state)
 
-    def _read_watched(self, indices: List[int], seed_: int, epoch: int, start: int, part_seed: int,
-                      uses: Any) -> List[Any]:
-        """A watched part of a Dataset not yet seen drawing from torch: read once under one
-        seed, and again sample by sample under each sample's seed only if torch's generator
-        moved (Python's and NumPy's seeded as before, so the second read draws what a
-        sample-by-sample read would have). Seeding and comparing torch's state for every
-        sample cost 6.5 us a sample, ~2 ms a fresh ``dptrain.evaluate`` of the text classifier
-        (session 18); a drawing Dataset reads one part twice instead."""
-        generator = torch.default_generator
-        generator.manual_seed(part_seed)
-        fresh = generator.get_state()
-        out = [self.dataset[i] for i in indices]
-        if torch.equal(fresh, generator.get_state()):
+    def _read_watched(self, indices: List[int], seed_: int, epoch: int, start: int, uses: List[str]) -> List[Any]:
+        """A watched part of a Dataset not yet seen drawing: read once under one seed, and
+        again sample by sample under each sample's seeds only if a generator moved. Seeding
+        and comparing the generators for every sample cost 6.5 us a sample (torch's alone),
+        ~2 ms a fresh ``dptrain.evaluate`` of the text classifier (session 18); a drawing
+        Dataset reads one part twice instead."""
+        part_seed = hash((seed_, epoch, start, 1)) % 2**32
+        out = self._seeded(True, uses, part_seed, lambda: [self.dataset[i] for i in indices])
+        if not self._draws:
             return out
-        self._draws.add("torch")
-        for name in uses:
-            if name != "torch":
-                _GENERATORS[name][2](part_seed)
-        return [self._torch_seeded(False, _sample_seed(seed_, epoch, k), lambda i=i: self.dataset[i])
+        return [self._seeded(False, uses, _sample_seed(seed_, epoch, k), lambda i=i: self.dataset[i])
                 for k, i in enumerate(indices, start)]
 
-    def _torch_seeded(self, watching: bool, seed: int, read: Callable[[], Any]) -> Any:
-        """``read()`` under torch's generator seeded with ``seed`` (noting, while watched,
-        whether it drew)."""
-        generator = torch.default_generator
-        generator.manual_seed(seed)
-        fresh = generator.get_state() if watching else None
+    def _seeded(self, watching: bool, uses: List[str], seed: int, read: Callable[[], Any]) -> Any:
+        """``read()`` with the generators ``uses`` seeded by ``seed`` (noting, while
+        watched, which of them it drew from)."""
+        for name in uses:
+            _GENERATORS[name][2](seed % 2**32 if name == "numpy" else seed)
+        fresh = {name: _GENERATORS[name][0]() for name in uses} if watching else {}
         out = read()
-        if watching and "torch" not in self._draws and not torch.equal(fresh, generator.get_state()):
-            self._draws.add("torch")
+        self._draws.update(name for name, state in fresh.items() if not _same_state(state, _GENERATORS[name][0]()))
         return out
+
+
+def reads_in_batches(dataset: Any) -> bool:
+    """Whether ``dataset`` reads a list of indices in one call of its own (``__getitems__``),
+    which is then seeded once per part. torch's ``Subset`` and ``StackDataset`` have a
+    ``__getitems__`` that reads sample by sample unless the dataset inside reads in batches:
+    they are seen through, so a ``random_split`` or ``validation_split`` part of a Dataset
+    keeps per-sample seeds (seeded per part, its augmentation depended on how the batch was
+    split over processes)."""
+    kind = type(dataset)
+    if isinstance(dataset, Subset) and kind.__getitems__ is Subset.__getitems__:
+        return reads_in_batches(dataset.dataset)
+    if _Stack is not None and isinstance(dataset, _Stack) and kind.__getitems__ is _Stack.__getitems__:
+        inner = dataset.datasets.values() if isinstance(dataset.datasets, dict) else dataset.datasets
+        return any(reads_in_batches(d) for d in inner)
+    return callable(getattr(dataset, "__getitems__", None))
+
+
+_Stack = getattr(torch.utils.data, "StackDataset", None)     # (torch >= 2.2)
 
 
 def _sample_seed(seed: int, epoch: int, position: int) -> int:
@@ -137,7 +150,7 @@ def _same_state(a: Any, b: Any) -> bool:
     return a == b
 
 
-# name: (get the state, set it, seed it); torch's is seeded per sample by _Seeded._torch_seeded
+# name: (get the state, set it, seed it)
 _GENERATORS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], None], Callable[[int], None]]] = {
     "torch": (torch.get_rng_state, torch.set_rng_state, torch.default_generator.manual_seed),
     "random": (random.getstate, random.setstate, random.seed),
