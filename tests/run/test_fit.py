@@ -322,3 +322,74 @@ def test_a_model_handed_over_in_eval_mode_is_trained_in_train_mode_and_fit_says_
     assert all(m.training for m in model.modules())
     assert model[1].running_mean.abs().sum() > 0   # BatchNorm's statistics were updated
     assert any("the model was in eval mode: fit trains it in train mode" in line for line in lines)
+
+
+def _penalised_step(guarded):
+    """A step with a gradient penalty (WGAN-GP's, on the inputs): gradients inside the loss."""
+    def step(model, batch):
+        x, t = batch
+        x = x.clone().requires_grad_(True)
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, t, reduction="sum")
+        if guarded and not model.training:
+            return loss, len(t)
+        g, = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return loss + 0.1 * (g.norm(dim=1) - 1).pow(2).sum(), len(t)
+    return step
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_a_gradient_penalty_in_the_step_trains_as_the_plain_loop(devices):
+    g = torch.Generator().manual_seed(4)
+    X, y = torch.randn(60, 6, generator=g), torch.randint(0, 2, (60,), generator=g)
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+    plain, step = net(), _penalised_step(guarded=True)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for _ in range(2):
+        for i in range(0, 60, 20):
+            total, count = step(plain, (X[i:i + 20], y[i:i + 20]))
+            opt.zero_grad()
+            (total / count).backward()
+            opt.step()
+    model = net()
+    result = dptrain.fit(model, (X, y), (X, y), step=step, optimizer="sgd", lr=0.1, epochs=2, batch_size=20,
+                         shuffle=False, devices=devices, log=None)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q)
+    assert "test_loss" in result["history"][-1]
+
+
+def test_gradients_taken_in_an_evaluated_step_fail_with_the_fix():
+    X, y = torch.randn(8, 6), torch.randint(0, 2, (8,))
+    with pytest.raises(RuntimeError, match=r"does not require grad.*under `if model.training:`"):
+        dptrain.fit(nn.Linear(6, 2), (X, y), (X, y), step=_penalised_step(guarded=False), epochs=1, batch_size=4,
+                    devices=1, log=None)
+    # Without an evaluation set, the same step trains; dptrain.evaluate then says the fix.
+    model = nn.Linear(6, 2)
+    dptrain.fit(model, (X, y), step=_penalised_step(guarded=False), epochs=1, batch_size=4, devices=1, log=None)
+    with pytest.raises(RuntimeError, match="torch.enable_grad"):
+        dptrain.evaluate(model, (X, y), step=_penalised_step(guarded=False), devices=1)
+
+
+class _CountsSamples(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        if self.training:
+            self.seen += len(x)
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_buffer_the_forward_writes_is_device_zeros_as_in_ddp(devices):
+    """As DDP's broadcast_buffers: device 0's buffers after each step (a sample counter counts its part)."""
+    model = _CountsSamples()
+    dptrain.fit(model, (torch.randn(96, 3), torch.randint(0, 2, (96,))), epochs=1, batch_size=16, devices=devices,
+                log=None)
+    assert int(model.seen) == 96 // devices

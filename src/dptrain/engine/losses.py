@@ -100,6 +100,19 @@ def read_step(out: Any) -> Tuple[Any, Any]:
     return loss, out.get("logits", out.get("output"))
 
 
+def explain_no_grad(e: RuntimeError) -> None:
+    """A step function that takes gradients for its loss (a gradient penalty's
+    ``torch.autograd.grad``) fails under evaluation's ``torch.no_grad()`` with torch's words
+    only: add to the message why, and the fix, as the plain loop's own evaluation would not
+    have called that code. Nothing changes for other errors, or when gradients are on."""
+    if torch.is_grad_enabled() or "does not require grad" not in str(e) or not e.args:
+        return
+    e.args = (f"{e.args[0]} (dptrain runs step= under torch.no_grad() when it evaluates, and when it tries the "
+              f"model on an evaluation batch before training: take the gradients your loss needs only while "
+              f"training, under `if model.training:`, or run that part, its forward too, under "
+              f"`with torch.enable_grad():`)",) + e.args[1:]
+
+
 def takes_batch(loss: Callable) -> bool:
     """Whether a loss function asks for the batch: ``loss(output, target, batch)``."""
     try:

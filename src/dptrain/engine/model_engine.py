@@ -28,7 +28,7 @@ from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
 from .loss_scale import LossScale
-from .losses import Count, LossAdapter, add_counts, host_number, read_step
+from .losses import Count, LossAdapter, add_counts, explain_no_grad, host_number, read_step
 from .stateful_metrics import StatefulMetrics
 from .step_plan import StepPlan, StepResult
 from .task import Task
@@ -177,8 +177,12 @@ class ModelEngine:
         """The step function's loss as it gave it: ``(value, denominator, output, mean)``,
         ``mean`` when the value is a mean over the denominator's samples (else a sum; one
         device of one process trains on it as it is, ``direct_step.py``)."""
-        with self._autocast(device):
-            out, output = read_step(self.task.step(net, shard))
+        try:
+            with self._autocast(device):
+                out, output = read_step(self.task.step(net, shard))
+        except RuntimeError as e:
+            explain_no_grad(e)
+            raise
         if isinstance(out, (tuple, list)):
             if len(out) != 2:
                 raise ValueError(f"step returned {len(out)} values: return the loss, or (sum, count)")
