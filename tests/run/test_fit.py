@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 import dptrain
 
@@ -393,3 +393,31 @@ def test_a_buffer_the_forward_writes_is_device_zeros_as_in_ddp(devices):
     dptrain.fit(model, (torch.randn(96, 3), torch.randint(0, 2, (96,))), epochs=1, batch_size=16, devices=devices,
                 log=None)
     assert int(model.seen) == 96 // devices
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_a_dataloaders_drop_last_trains_as_the_plain_loop_on_it(devices):
+    """A BatchNorm model, whose last batch of one sample would fail in training (as in the plain loop)."""
+    g = torch.Generator().manual_seed(5)
+    data = TensorDataset(torch.randn(49, 4, generator=g), torch.randint(0, 2, (49,), generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=16, drop_last=True)
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    plain = net()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for _ in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(plain(x), y).backward()
+            opt.step()
+    model = net()
+    result = dptrain.fit(model, loader, loader, optimizer="sgd", lr=0.1, epochs=2, shuffle=False, devices=devices,
+                         sync_batchnorm=devices > 1, log=None)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q)
+    plain.eval()        # the evaluation reads every sample, the last one too
+    with torch.no_grad():
+        want = float(nn.functional.cross_entropy(plain(data.tensors[0]), data.tensors[1]))
+    assert result["history"][-1]["test_loss"] == pytest.approx(want, rel=1e-5)

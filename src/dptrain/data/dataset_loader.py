@@ -201,7 +201,8 @@ class DatasetLoader(EpochPlan):
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
                 pin_memory: bool = False, worker_timeout: float = 0.0, lower_priority: bool = False,
                 steps_per_epoch: Optional[int] = None, optional_workers: bool = False, dispatch: bool = False,
-                sharded: bool = False, to_the_end: bool = False, **plan: Any) -> EpochPlan:
+                sharded: bool = False, to_the_end: bool = False, drop_last: Optional[bool] = False,
+                **plan: Any) -> EpochPlan:
     """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
     ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, an ``IterableDataset``
     (``StreamLoader``; ``steps_per_epoch``: batches an epoch), or a ``DataLoader`` (its dataset,
@@ -212,7 +213,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     instead of refusing it; ``dispatch``: a stream is read by rank 0 alone, which sends the
     others their parts, or ``sharded``: each process's stream is its share (``dispatch.py``;
     ``to_the_end``: an evaluation's, each share read to its end; other data: each process
-    reads its own part anyway)."""
+    reads its own part anyway). ``drop_last``: drop each epoch's last batch when it is short
+    (None: a ``DataLoader``'s ``drop_last``, else keep it)."""
     sampler = batch_sampler = None
     if isinstance(data, DataLoader):
         if not isinstance(data.dataset, IterableDataset):
@@ -223,7 +225,13 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
                              "batch_size= to fit")
         collate_fn = collate_fn or data.collate_fn
         num_workers = num_workers or data.num_workers
+        drop_last = data.drop_last if drop_last is None else drop_last
         data = data.dataset
+    plan["drop_last"] = bool(drop_last)
+    if drop_last and batch_sampler is not None:
+        raise ValueError(f"drop_last drops a short last batch of batch_size samples, but the batch sampler "
+                         f"{type(batch_sampler).__name__} makes the batches: drop short ones in it, and leave "
+                         f"drop_last unset")
     if isinstance(data, IterableDataset):
         return StreamLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
                             worker_timeout=worker_timeout, steps_per_epoch=steps_per_epoch,

@@ -42,6 +42,10 @@ class EpochPlan:
             raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
         if num_samples < 1:
             raise ValueError("the data holds no sample: give at least one")
+        if drop_last and num_samples < batch_size:
+            raise ValueError(f"drop_last drops a last batch smaller than {batch_size}, and the data's {num_samples} "
+                             f"samples make no other: every batch would be dropped; use a batch size of "
+                             f"{num_samples} or less, or drop_last=False")
         self.size, self.batch_size = num_samples, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.max_batches, self.epoch = max_batches, 0

@@ -73,6 +73,8 @@ class StreamLoader(EpochPlan):
             size, self.unread = sharded_epoch(type(dataset).__name__, size, batch_size, world)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")
+        if size is None:
+            plan["drop_last"] = False       # (read to its end: no length to cut at)
         super().__init__(size if size is not None else 1, batch_size, **plan)
         self.size: Optional[int] = size      # type: ignore[assignment]
         self.dataset, self.steps_per_epoch, self.num_workers = dataset, steps_per_epoch, num_workers

@@ -93,7 +93,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
             train_data, eval_data = hold_out(train_data, config.validation_split)
         train_loader = make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
                                    max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch,
-                                   sharded=config.sharded_stream, **shard)
+                                   sharded=config.sharded_stream, drop_last=config.drop_last, **shard)
         if any(getattr(train_loader, "unread", ())):
             log(f"dptrain: sharded_stream: an epoch is {len(train_loader)} batches of {batch_size}, the parts every "
                 f"process's share holds; {sum(train_loader.unread)} samples of the longer shares are not read each "

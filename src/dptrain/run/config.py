@@ -149,6 +149,9 @@ class TrainConfig:
                                           Whole(1), metavar="N")
     shuffle: bool = option(True, "shuffle the training samples every epoch, by seed and epoch (--no-shuffle keeps "
                            "their order, as Keras's shuffle=False)", Switch(), action=argparse.BooleanOptionalAction)
+    drop_last: Optional[bool] = option(None, "drop each epoch's last training batch when it is smaller than the "
+                                       "batch size (default: a DataLoader's drop_last, else keep it; evaluation "
+                                       "reads every sample)", Switch(), action=argparse.BooleanOptionalAction)
     eval_every: int = option(1, "evaluate after every N-th epoch only (and after the last, and one a stop "
                              "ended), as Keras's validation_freq", Whole(1), metavar="N")
     validation_split: Optional[float] = option(None, "hold out the last FRACTION of the training samples (taken "
