@@ -428,3 +428,32 @@ def test_the_watch_reads_a_quiet_dataset_once_and_a_drawing_ones_first_part_twic
         noisy.__getitems__(p)
     assert quiet.dataset.reads == 4 * _Seeded.WATCH and not quiet._draws
     assert noisy.dataset.reads == 4 * _Seeded.WATCH + 4 and noisy._draws == {"torch"}
+
+
+class _OpenedPerWorker(Dataset):
+    """A file handle opened per worker by the DataLoader's worker_init_fn (h5py, LMDB)."""
+    handle = None
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if self.handle is None:
+            raise RuntimeError("the worker_init_fn did not run: no handle")
+        return torch.tensor([float(i), float(self.handle)])
+
+
+def _open_handle(worker_id):
+    torch.utils.data.get_worker_info().dataset.handle = 100 + worker_id
+
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_a_dataloaders_worker_init_fn_runs_in_every_worker(lower):
+    loader = make_loader(DataLoader(_OpenedPerWorker(), num_workers=2, worker_init_fn=_open_handle), 4,
+                         lower_priority=lower)
+    try:
+        rows = torch.cat(list(loader.batches()))
+    finally:
+        loader.close()
+    assert sorted(rows[:, 0].tolist()) == list(map(float, range(16)))
+    assert set(rows[:, 1].tolist()) == {100.0, 101.0}

@@ -102,3 +102,32 @@ def test_make_loader_takes_a_stream_or_a_dataloader_over_one():
         make_loader(DataLoader(stream, batch_size=None), 3)
     with pytest.raises(ValueError, match="steps_per_epoch counts the epochs of a stream"):
         make_loader(torch.zeros(10, 2), 3, steps_per_epoch=2)
+
+
+class _Range(IterableDataset):
+    """torch's documented pattern: ``worker_init_fn`` cuts each worker's copy of the range."""
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def __len__(self):
+        return self.end - self.start
+
+    def __iter__(self):
+        return (torch.tensor(float(i)) for i in range(self.start, self.end))
+
+
+def _cut_range(worker_id):
+    info = get_worker_info()
+    whole = info.dataset
+    per = -(-(whole.end - whole.start) // info.num_workers)
+    whole.start, whole.end = whole.start + worker_id * per, min(whole.start + (worker_id + 1) * per, whole.end)
+
+
+def test_a_dataloaders_worker_init_fn_shards_the_stream_for_its_workers():
+    loader = make_loader(DataLoader(_Range(0, 24), batch_size=4, num_workers=2, worker_init_fn=_cut_range), 4)
+    try:
+        seen = [v for batch in loader for v in batch.tolist()]
+    finally:
+        loader.close()
+    assert sorted(seen) == list(map(float, range(24)))          # each sample once, not once per worker

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from ..core.errors import DataStalled
@@ -41,6 +41,28 @@ def _yield_to_training(worker_id: int) -> None:
         os.nice(10)
     except (AttributeError, OSError):
         pass
+
+
+class _WorkerStart:
+    """What each reading worker runs when it starts: the user's ``worker_init_fn`` (a
+    ``DataLoader``'s: a file opened per worker, a stream's range cut per worker) after the
+    lower priority, if asked. A class, not a closure, so that a spawned worker unpickles it."""
+
+    def __init__(self, lower_priority: bool, user: Optional[Callable[[int], None]]):
+        self.lower_priority, self.user = lower_priority, user
+
+    def __call__(self, worker_id: int) -> None:
+        if self.lower_priority:
+            _yield_to_training(worker_id)
+        if self.user is not None:
+            info = get_worker_info()
+            if info is not None and isinstance(info.dataset, _Seeded):    # theirs, as a DataLoader shows it
+                object.__setattr__(info, "dataset", info.dataset.dataset)     # (WorkerInfo refuses setattr)
+            self.user(worker_id)
+
+
+def worker_start(lower_priority: bool, user: Optional[Callable[[int], None]] = None) -> Optional[Callable]:
+    return _WorkerStart(lower_priority, user) if lower_priority or user is not None else None
 
 
 class _Parts:
@@ -73,7 +95,7 @@ class DatasetLoader(EpochPlan):
     def __init__(self, dataset: Dataset, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, pin_memory: bool = False,
                  worker_timeout: float = 0.0, lower_priority: bool = False, sampler: Optional[Sampler] = None,
-                 batch_sampler: Any = None, **plan: Any):
+                 batch_sampler: Any = None, worker_init_fn: Optional[Callable[[int], None]] = None, **plan: Any):
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
             raise TypeError(f"{type(dataset).__name__} is not a map-style Dataset (with __len__ and __getitem__): "
                             f"a stream (an IterableDataset) is read by StreamLoader, which make_loader picks for it")
@@ -99,7 +121,7 @@ class DatasetLoader(EpochPlan):
         self._loader = DataLoader(_Seeded(dataset), batch_sampler=self._sampler, num_workers=num_workers,
                                   collate_fn=self.collate_fn, pin_memory=pin_memory,
                                   persistent_workers=num_workers > 0,
-                                  worker_init_fn=_yield_to_training if lower_priority else None,
+                                  worker_init_fn=worker_start(lower_priority, worker_init_fn),
                                   timeout=self.worker_timeout, generator=torch.Generator().manual_seed(self.seed))
         self._empty: Optional[Batch] = None
 
@@ -215,7 +237,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     ``to_the_end``: an evaluation's, each share read to its end; other data: each process
     reads its own part anyway). ``drop_last``: drop each epoch's last batch when it is short
     (None: a ``DataLoader``'s ``drop_last``, else keep it)."""
-    sampler = batch_sampler = None
+    sampler = batch_sampler = worker_init_fn = None
     if isinstance(data, DataLoader):
         if not isinstance(data.dataset, IterableDataset):
             sampler, batch_sampler = picks_of(data)
@@ -225,6 +247,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
                              "batch_size= to fit")
         collate_fn = collate_fn or data.collate_fn
         num_workers = num_workers or data.num_workers
+        worker_init_fn = data.worker_init_fn
         drop_last = data.drop_last if drop_last is None else drop_last
         data = data.dataset
     plan["drop_last"] = bool(drop_last)
@@ -235,7 +258,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     if isinstance(data, IterableDataset):
         return StreamLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
                             worker_timeout=worker_timeout, steps_per_epoch=steps_per_epoch,
-                            worker_init_fn=_yield_to_training if lower_priority else None, dispatch=dispatch,
+                            worker_init_fn=worker_start(lower_priority, worker_init_fn), dispatch=dispatch,
                             sharded=sharded, to_the_end=to_the_end, **plan)
     if sharded and not to_the_end:
         raise ValueError("sharded_stream applies to a training stream (an IterableDataset, each process's its own "
@@ -253,7 +276,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
             and not isinstance(data, (torch.Tensor, np.ndarray, tuple, list, dict))):
         return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, sampler=sampler,
                              batch_sampler=batch_sampler, pin_memory=pin_memory, worker_timeout=worker_timeout,
-                             lower_priority=lower_priority, **plan)
+                             lower_priority=lower_priority, worker_init_fn=worker_init_fn, **plan)
     if num_workers and not optional_workers:
         raise ValueError("num_workers applies to a Dataset; tensors in memory are gathered without workers")
     return TensorLoader(data, batch_size, **plan)
