@@ -457,3 +457,17 @@ def test_a_dataloaders_worker_init_fn_runs_in_every_worker(lower):
         loader.close()
     assert sorted(rows[:, 0].tolist()) == list(map(float, range(16)))
     assert set(rows[:, 1].tolist()) == {100.0, 101.0}
+
+
+def test_a_dataloaders_prefetch_factor_and_start_method_reach_the_reading_workers():
+    import multiprocessing
+    given = DataLoader(_OpenedPerWorker(), num_workers=2, worker_init_fn=_open_handle, prefetch_factor=3,
+                       multiprocessing_context="fork")
+    loader = make_loader(given, 4)
+    try:
+        assert len(torch.cat(list(loader.batches()))) == 16
+        inner = loader._loader
+        assert inner.prefetch_factor == 3
+        assert inner.multiprocessing_context is multiprocessing.get_context("fork")
+    finally:
+        loader.close()

@@ -125,7 +125,9 @@ def _cut_range(worker_id):
 
 
 def test_a_dataloaders_worker_init_fn_shards_the_stream_for_its_workers():
-    loader = make_loader(DataLoader(_Range(0, 24), batch_size=4, num_workers=2, worker_init_fn=_cut_range), 4)
+    loader = make_loader(DataLoader(_Range(0, 24), batch_size=4, num_workers=2, worker_init_fn=_cut_range,
+                                    prefetch_factor=3), 4)
+    assert loader.worker_options == {"prefetch_factor": 3}     # (its other settings reach the workers too)
     try:
         seen = [v for batch in loader for v in batch.tolist()]
     finally:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -95,7 +95,8 @@ class DatasetLoader(EpochPlan):
     def __init__(self, dataset: Dataset, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, pin_memory: bool = False,
                  worker_timeout: float = 0.0, lower_priority: bool = False, sampler: Optional[Sampler] = None,
-                 batch_sampler: Any = None, worker_init_fn: Optional[Callable[[int], None]] = None, **plan: Any):
+                 batch_sampler: Any = None, worker_init_fn: Optional[Callable[[int], None]] = None,
+                 worker_options: Optional[Dict[str, Any]] = None, **plan: Any):
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
             raise TypeError(f"{type(dataset).__name__} is not a map-style Dataset (with __len__ and __getitem__): "
                             f"a stream (an IterableDataset) is read by StreamLoader, which make_loader picks for it")
@@ -122,7 +123,8 @@ class DatasetLoader(EpochPlan):
                                   collate_fn=self.collate_fn, pin_memory=pin_memory,
                                   persistent_workers=num_workers > 0,
                                   worker_init_fn=worker_start(lower_priority, worker_init_fn),
-                                  timeout=self.worker_timeout, generator=torch.Generator().manual_seed(self.seed))
+                                  timeout=self.worker_timeout, generator=torch.Generator().manual_seed(self.seed),
+                                  **((worker_options or {}) if num_workers else {}))
         self._empty: Optional[Batch] = None
 
     def __iter__(self) -> Iterator[Batch]:
@@ -238,6 +240,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     reads its own part anyway). ``drop_last``: drop each epoch's last batch when it is short
     (None: a ``DataLoader``'s ``drop_last``, else keep it)."""
     sampler = batch_sampler = worker_init_fn = None
+    worker_options: Dict[str, Any] = {}
     if isinstance(data, DataLoader):
         if not isinstance(data.dataset, IterableDataset):
             sampler, batch_sampler = picks_of(data)
@@ -248,6 +251,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         collate_fn = collate_fn or data.collate_fn
         num_workers = num_workers or data.num_workers
         worker_init_fn = data.worker_init_fn
+        worker_options = {k: getattr(data, k) for k in ("prefetch_factor", "multiprocessing_context")
+                          if getattr(data, k, None) is not None}
         drop_last = data.drop_last if drop_last is None else drop_last
         data = data.dataset
     plan["drop_last"] = bool(drop_last)
@@ -258,7 +263,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     if isinstance(data, IterableDataset):
         return StreamLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
                             worker_timeout=worker_timeout, steps_per_epoch=steps_per_epoch,
-                            worker_init_fn=worker_start(lower_priority, worker_init_fn), dispatch=dispatch,
+                            worker_init_fn=worker_start(lower_priority, worker_init_fn),
+                            worker_options=worker_options, dispatch=dispatch,
                             sharded=sharded, to_the_end=to_the_end, **plan)
     if sharded and not to_the_end:
         raise ValueError("sharded_stream applies to a training stream (an IterableDataset, each process's its own "
@@ -276,7 +282,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
             and not isinstance(data, (torch.Tensor, np.ndarray, tuple, list, dict))):
         return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, sampler=sampler,
                              batch_sampler=batch_sampler, pin_memory=pin_memory, worker_timeout=worker_timeout,
-                             lower_priority=lower_priority, worker_init_fn=worker_init_fn, **plan)
+                             lower_priority=lower_priority, worker_init_fn=worker_init_fn,
+                             worker_options=worker_options, **plan)
     if num_workers and not optional_workers:
         raise ValueError("num_workers applies to a Dataset; tensors in memory are gathered without workers")
     return TensorLoader(data, batch_size, **plan)

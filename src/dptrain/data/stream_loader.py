@@ -19,7 +19,7 @@ The reading itself, a pass at a time with the stream's own random states or from
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from torch.utils.data._utils.collate import default_collate
 
@@ -50,6 +50,7 @@ class StreamLoader(EpochPlan):
     def __init__(self, dataset: Any, batch_size: int, num_workers: int = 0,
                  collate_fn: Optional[Callable[[List[Any]], Batch]] = None, worker_timeout: float = 0.0,
                  worker_init_fn: Optional[Callable[[int], None]] = None, steps_per_epoch: Optional[int] = None,
+                 worker_options: Optional[Dict[str, Any]] = None,
                  dispatch: bool = False, sharded: bool = False, to_the_end: bool = False, **plan: Any):
         plan.pop("shuffle", None)       # a stream is read in its own order
         world = plan.get("world_size", 1)
@@ -80,6 +81,7 @@ class StreamLoader(EpochPlan):
         self.dataset, self.steps_per_epoch, self.num_workers = dataset, steps_per_epoch, num_workers
         self.worker_timeout = worker_timeout if num_workers else 0.0
         self.worker_init_fn, self.collate_fn = worker_init_fn, collate_fn or default_collate
+        self.worker_options = dict(worker_options or {})     # a DataLoader's prefetch_factor, multiprocessing_context
         self._reader = Reader(self, num_workers)
         #: dispatch_batches with several processes: rank 0 reads, and sends the others their parts
         self.dispatch = Dispatch(self.dataset) if dispatch and self.world_size > 1 else None

@@ -47,7 +47,7 @@ class Reader:
         if self.workers:
             self._workers = iter(DataLoader(dataset, batch_size=loader.batch_size, collate_fn=_as_list,
                                             num_workers=self.workers, timeout=loader.worker_timeout,
-                                            worker_init_fn=loader.worker_init_fn,
+                                            worker_init_fn=loader.worker_init_fn, **loader.worker_options,
                                             generator=torch.Generator().manual_seed(seed)))
             self._it = self._from_workers(self._workers)
             return
