@@ -68,3 +68,22 @@ def test_a_metric_without_merge_state_on_several_devices_says_what_to_do():
         def reset(self): ...
     with pytest.raises(TypeError, match="has no merge_state.*upgrade torchmetrics"):
         StatefulMetrics({"old": Old()}, [dptrain.cpu(0), dptrain.cpu(1)])
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_a_metric_collection_gives_each_member_over_the_whole_set(devices):
+    """torchmetrics' MetricCollection (Lightning programs' way) has no merge_state: each member is merged."""
+    from torchmetrics import MetricCollection
+    from torchmetrics.classification import MulticlassAccuracy
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    train, (Xe, ye) = sets()
+    collection = MetricCollection({"f1": MulticlassF1Score(3, average="macro"), "acc": MulticlassAccuracy(3)},
+                                  prefix="val_")
+    result = dptrain.fit(model, train, (Xe, ye), epochs=1, batch_size=32, devices=devices, log=None,
+                         metrics={"cls": collection})
+    with torch.no_grad():
+        want = collection(model(Xe), ye)
+    assert set(want) == {"val_f1", "val_acc"}
+    for key, value in want.items():
+        assert result[f"test_cls_{key}"] == pytest.approx(value.item(), abs=1e-6)

@@ -14,7 +14,7 @@ figure is the one a single device computes over the whole set, however it divide
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import torch
 
@@ -42,9 +42,7 @@ class StatefulMetrics:
     def __init__(self, metrics: Mapping[str, Any], devices: Sequence[torch.device]):
         self.devices = list(devices)
         self.copies: Dict[str, List[Any]] = {}
-        for name, metric in metrics.items():
-            if not is_stateful(metric):
-                continue
+        for name, metric in _members(metrics):
             if len(self.devices) > 1 and not callable(getattr(metric, "merge_state", None)):
                 raise TypeError(f"metric {name!r} ({type(metric).__name__}) has no merge_state, which combines "
                                 f"its copies on several devices: upgrade torchmetrics (>= 1.3), or use one device")
@@ -98,6 +96,26 @@ class StatefulMetrics:
             else:
                 out[name] = _plain(value)
         return out
+
+
+def _members(metrics: Mapping[str, Any]) -> List[Tuple[str, Any]]:
+    """``(name, metric object)`` of each stateful metric, a collection of them (torchmetrics'
+    ``MetricCollection``, which has no ``merge_state``) giving each of its members, named as
+    its ``compute()`` names them: ``{name}_{key}``, the collection's prefix in the key."""
+    out: List[Tuple[str, Any]] = []
+    for name, metric in metrics.items():
+        if not is_stateful(metric):
+            continue
+        if not callable(getattr(metric, "merge_state", None)) and callable(getattr(metric, "items", None)):
+            try:
+                members = list(metric.items(keep_base=False))
+            except TypeError:
+                members = list(metric.items())
+            if members and all(is_stateful(m) for _, m in members):
+                out.extend((f"{name}_{key}", m) for key, m in members)
+                continue
+        out.append((name, metric))
+    return out
 
 
 def _to(metric: Any, device: torch.device) -> Any:
