@@ -62,3 +62,28 @@ def test_built_in_callbacks_snippet_runs(tmp_path, monkeypatch):
     assert len(list((tmp_path / "runs").glob("top-*.pt"))) == min(3, len(scope["result"]["history"]))
     assert scope["outputs"].shape == (64, 2) and set(scope["figures"]) == {"test_loss", "test_acc"}
     assert [line for line in lines if line.startswith("restored the weights of epoch")]
+
+
+def test_several_models_snippet_trains_a_gan_on_two_devices():
+    """The README's GAN loop, as written, on 2 devices: the generator moves its points
+    towards the real ones."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    import dptrain
+    text = README.read_text()
+    code = re.search(r"```python\n(.*?)```", text[text.index("**Several models and optimizers**"):], re.S).group(1)
+    torch.manual_seed(0)
+    latent = 4
+    generator = nn.Sequential(nn.Linear(latent, 32), nn.ReLU(), nn.Linear(32, 2))
+    discriminator = nn.Sequential(nn.Linear(2, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    real_points = torch.randn(2048, 2) * 0.3 + torch.tensor([2.0, -1.0])
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    before = generator(torch.randn(512, latent)).mean(0)
+    scope = {"torch": torch, "F": F, "dptrain": dptrain, "generator": generator, "discriminator": discriminator,
+             "devices": devices, "latent": latent,
+             "loader": [real_points[i:i + 64] for i in range(0, 2048, 64)] * 15}
+    exec(compile(code, "README.md", "exec"), scope)           # noqa: S102 - our own README
+    after = generator(torch.randn(512, latent)).mean(0).detach()
+    target = torch.tensor([2.0, -1.0])
+    assert (after - target).norm() < 0.5 * (before - target).norm(), (before, after)

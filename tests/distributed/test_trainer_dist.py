@@ -86,3 +86,26 @@ def test_channels_last_parameters_two_processes_equal_one(n_devices):
     ranks = run_workers(train, "lenet-nhwc", n_devices, True)
     assert_same(ranks[0], want, rtol=1e-5, atol=1e-6)
     assert_same(ranks[1], ranks[0], rtol=0, atol=0)
+
+
+def train_gan(rank, world, n_devices, way):
+    """Each process its consecutive part of every global batch; the README's two Trainers."""
+    from tests.parallel.test_several_trainers import two_trainers
+    from tests.tasks import gan
+    parts = []
+    for real, z in gan.batches():
+        start, size = even_part(len(real), world, rank)
+        parts.append((real[start:start + size], z[start:start + size]))
+    model = two_trainers([dptrain.cpu(i) for i in range(n_devices)], way=way, data=parts)
+    return {n: p.detach().tolist() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("n_devices, way", [(1, "freeze"), (2, "discard")])
+def test_a_gan_on_two_processes_trains_as_the_plain_loop(n_devices, way):
+    """The discriminator's gradients of the generator's step are sent (discard) or never
+    computed (freeze): either way both processes end with the plain loop's weights."""
+    from tests.tasks import gan
+    want = {n: p.detach().tolist() for n, p in gan.plain_loop().named_parameters()}
+    ranks = run_workers(train_gan, n_devices, way)
+    assert_same(ranks[0], want, rtol=1e-5, atol=1e-6)
+    assert_same(ranks[1], ranks[0], rtol=0, atol=0)

@@ -151,6 +151,14 @@ class Replicas(Sequence[nn.Module]):
     def eval(self) -> "Replicas":
         return self.train(False)
 
+    def requires_grad_(self, requires_grad: bool = True) -> "Replicas":
+        """Set ``requires_grad`` on every replica's parameters (``nn.Module.requires_grad_``
+        on each copy: setting it on ``replicas[0]`` alone leaves the other devices computing
+        gradients). A GAN freezes its discriminator so during the generator's step."""
+        for m in self:
+            m.requires_grad_(requires_grad)
+        return self
+
     def forward(self, shards: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         """Run every shard through its device's replica, all at once."""
         self._check(shards)
