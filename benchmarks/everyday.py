@@ -12,6 +12,7 @@ and the set-up cost (total minus the epochs) compare alike.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -39,6 +40,9 @@ class Program:
     collate: Optional[Callable] = None
     workers: int = 0
     step: Optional[Callable] = None       # step(model, batch) -> loss, for models computing their own
+    # Several optimizers (a GAN): {submodule name: step(model, batch) -> loss}, in order; each
+    # submodule's own optimizer (``optimizer`` over its parameters) updates after its step.
+    updates: Optional[Dict[str, Callable]] = None
 
     def dataset(self) -> Dataset:
         data = self.data()
@@ -173,6 +177,42 @@ def resnet() -> nn.Module:
     return resnet18(10, in_channels=1)
 
 
+class RingGAN(nn.Module):
+    """examples/gan.py's GAN: a generator and a discriminator, MLPs of 128 units."""
+
+    def __init__(self):
+        super().__init__()
+        self.generator = nn.Sequential(nn.Linear(8, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 2))
+        self.discriminator = nn.Sequential(nn.Linear(2, 128), nn.LeakyReLU(0.2), nn.Linear(128, 128),
+                                           nn.LeakyReLU(0.2), nn.Linear(128, 1))
+
+
+def ring(n: int = 16_384) -> torch.Tensor:
+    """Points on a ring of 8 Gaussians (the real data; no labels)."""
+    g = torch.Generator().manual_seed(3)
+    angles = torch.randint(0, 8, (n,), generator=g) * (2 * math.pi / 8)
+    return 2 * torch.stack([angles.cos(), angles.sin()], 1) + 0.05 * torch.randn(n, 2, generator=g)
+
+
+def _bce(logits: torch.Tensor, label: float) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, label))
+
+
+def _real(batch: Any) -> torch.Tensor:
+    return batch[0] if isinstance(batch, (list, tuple)) else batch
+
+
+def gan_d_step(gan: nn.Module, batch: Any) -> torch.Tensor:
+    real = _real(batch)
+    fake = gan.generator(torch.randn(len(real), 8, device=real.device)).detach()
+    return _bce(gan.discriminator(real), 1.0) + _bce(gan.discriminator(fake), 0.0)
+
+
+def gan_g_step(gan: nn.Module, batch: Any) -> torch.Tensor:
+    real = _real(batch)
+    return _bce(gan.discriminator(gan.generator(torch.randn(len(real), 8, device=real.device))), 1.0)
+
+
 PROGRAMS: Dict[str, Program] = {
     "tiny-mlp": Program("tiny-mlp", tiny_data, tiny_mlp, 128, 0.1),
     "text": Program("text", Sentences, BagClassifier, 64, 1e-3, torch.optim.AdamW, pad_collate),
@@ -181,6 +221,8 @@ PROGRAMS: Dict[str, Program] = {
                         step=hf_step),
     "lenet": Program("lenet", fashion_tensors, lenet, 256, 0.9),
     "resnet18": Program("resnet18", lambda: fashion_tensors(512), resnet, 64, 0.05),
+    "gan": Program("gan", ring, RingGAN, 256, 1e-3, functools.partial(torch.optim.Adam, betas=(0.5, 0.999)),
+                   updates={"discriminator": gan_d_step, "generator": gan_g_step}),
 }
 
 
@@ -190,9 +232,11 @@ def shrink(program: Program, samples: int) -> Program:
         d = program.data()
         if isinstance(d, tuple):
             return tuple(t[:samples] for t in d)
+        if isinstance(d, torch.Tensor):
+            return d[:samples]
         return torch.utils.data.Subset(d, range(min(samples, len(d))))
     return Program(program.name, data, program.model, program.batch, program.lr, program.optimizer,
-                   program.collate, min(program.workers, 1), program.step)
+                   program.collate, min(program.workers, 1), program.step, program.updates)
 
 
 # -- the frameworks ---------------------------------------------------------------------------
@@ -207,9 +251,38 @@ def _loss(program: Program, model: nn.Module, batch: Any) -> torch.Tensor:
     return F.cross_entropy(model(X), y)
 
 
+def _optimizer(program: Program, model: nn.Module) -> Any:
+    """The program's optimizer on the model; with several, ``{name: one on that submodule}``."""
+    if program.updates is None:
+        return program.optimizer(model.parameters(), lr=program.lr)
+    return {name: program.optimizer(getattr(model, name).parameters(), lr=program.lr) for name in program.updates}
+
+
+def _train_batch(program: Program, model: nn.Module, opt: Any, to: Callable[[Any], Any] = lambda b: b,
+                 backward: Callable[[torch.Tensor], None] = torch.Tensor.backward) -> Callable[[Any], None]:
+    """One batch as the program's users write it: ``zero_grad``, backward, ``step``; with
+    several optimizers each update in turn (the GAN: the discriminator's, then the generator's)."""
+    if program.updates is None:
+        def train(batch: Any) -> None:
+            opt.zero_grad()
+            backward(_loss(program, model, to(batch)))
+            opt.step()
+        return train
+
+    def train_each(batch: Any) -> None:
+        batch = to(batch)
+        for name, step in program.updates.items():
+            opt[name].zero_grad()
+            backward(step(model, batch))
+            opt[name].step()
+    return train_each
+
+
 def _to(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, dict):
         return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
     return [t.to(device, non_blocking=True) for t in batch]
 
 
@@ -228,7 +301,7 @@ def _plain(program: Program, device: str):
     """The plain loop's device, model, optimizer and DataLoader."""
     dev = torch.device(device)
     model = _model(program, dev)
-    return dev, model, program.optimizer(model.parameters(), lr=program.lr), _loader(program, program.batch)
+    return dev, model, _optimizer(program, model), _loader(program, program.batch)
 
 
 def run_plain(program: Program, epochs: int, device: str = "cpu", gate: Optional[Callable[[], None]] = None
@@ -237,7 +310,7 @@ def run_plain(program: Program, epochs: int, device: str = "cpu", gate: Optional
     called before each epoch (``bench_programs``'s interleaved part: variants take turns)."""
     start = time.perf_counter()
     dev, model, opt, loader = _plain(program, device)
-    return {"epochs": _epochs(epochs, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev, gate),
+    return {"epochs": _epochs_of(epochs, loader, _train_batch(program, model, opt, lambda b: _to(b, dev)), dev, gate),
             "total": time.perf_counter() - start, "steps": len(loader)}
 
 
@@ -265,6 +338,17 @@ def run_plain_tensors(program: Program, epochs: int, device: str = "cpu") -> Dic
 
 def _epochs(epochs: int, loader, loss_of: Callable, opt, dev: torch.device,
             gate: Optional[Callable[[], None]] = None) -> List[float]:
+    """Each epoch's seconds of ``zero_grad``, ``loss_of(batch).backward()``, ``step``."""
+    def train(batch: Any) -> None:
+        opt.zero_grad()
+        loss_of(batch).backward()
+        opt.step()
+    return _epochs_of(epochs, loader, train, dev, gate)
+
+
+def _epochs_of(epochs: int, loader, train: Callable[[Any], None], dev: torch.device,
+               gate: Optional[Callable[[], None]] = None) -> List[float]:
+    """Each epoch's seconds of ``train(batch)`` over the loader."""
     times = []
     for epoch in range(epochs):
         if gate is not None:
@@ -274,9 +358,7 @@ def _epochs(epochs: int, loader, loss_of: Callable, opt, dev: torch.device,
         _sync(dev)
         t = time.perf_counter()
         for batch in loader:
-            opt.zero_grad()
-            loss_of(batch).backward()
-            opt.step()
+            train(batch)
         _sync(dev)
         times.append(time.perf_counter() - t)
     return times
@@ -292,6 +374,9 @@ def fit_settings(program: Program, epochs: int, devices: Optional[str] = None,
     """``dptrain.fit``'s keyword arguments for the program, as its README writes them."""
     kwargs: Dict[str, Any] = dict(optimizer=program.optimizer, lr=program.lr, epochs=epochs,
                                   batch_size=program.batch, num_workers=program.workers, log=None, progress=False)
+    if program.updates is not None:     # (the optimizers, built on the model: see with_model)
+        del kwargs["optimizer"], kwargs["lr"]
+        kwargs["step"] = dict(program.updates)
     if program.collate is not None:
         kwargs["collate_fn"] = program.collate
     if program.step is not None:
@@ -301,6 +386,11 @@ def fit_settings(program: Program, epochs: int, devices: Optional[str] = None,
     if callbacks:
         kwargs["callbacks"] = callbacks
     return kwargs
+
+
+def with_model(program: Program, model: nn.Module, settings: Dict[str, Any]) -> Dict[str, Any]:
+    """``settings`` with the optimizers several updates need, built on ``model``'s parts."""
+    return {**settings, "optimizer": _optimizer(program, model)} if program.updates is not None else settings
 
 
 def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None,
@@ -318,7 +408,7 @@ def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None,
             def on_epoch_start(self, run, epoch):
                 gate()
         callbacks = [Gate()]
-    result = dptrain.fit(model, data, **fit_settings(program, epochs, devices, callbacks))
+    result = dptrain.fit(model, data, **with_model(program, model, fit_settings(program, epochs, devices, callbacks)))
     return {"epochs": [row["sec"] for row in result["history"]], "total": time.perf_counter() - start,
             "devices": result["devices"], "steps": None}
 
@@ -331,9 +421,17 @@ def run_accelerate(program: Program, epochs: int, gate: Optional[Callable[[], No
     accelerator = Accelerator()
     torch.manual_seed(0)
     model = program.model()
-    opt = program.optimizer(model.parameters(), lr=program.lr)
+    opt = _optimizer(program, model)
     loader = _loader(program, program.batch // accelerator.num_processes)
-    model, opt, loader = accelerator.prepare(model, opt, loader)
+    if program.updates is None:
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+    else:       # each submodule and its optimizer prepared, as Accelerate's GAN examples do
+        names = list(program.updates)
+        *parts, loader = accelerator.prepare(*[getattr(model, n) for n in names], *[opt[n] for n in names], loader)
+        for n, part, o in zip(names, parts[:len(names)], parts[len(names):]):
+            setattr(model, n, part)
+            opt[n] = o
+    train = _train_batch(program, model, opt, backward=accelerator.backward)
     times = []
     for epoch in range(epochs):
         if gate is not None:
@@ -342,9 +440,7 @@ def run_accelerate(program: Program, epochs: int, gate: Optional[Callable[[], No
             loader.set_epoch(epoch)
         t = time.perf_counter()
         for batch in loader:
-            opt.zero_grad()
-            accelerator.backward(_loss(program, model, batch))
-            opt.step()
+            train(batch)
         accelerator.wait_for_everyone()
         times.append(time.perf_counter() - t)
     steps = len(loader)
@@ -363,13 +459,18 @@ def run_ddp(program: Program, epochs: int, gate: Optional[Callable[[], None]] = 
     start = time.perf_counter()
     dist.init_process_group("gloo")
     world = dist.get_world_size()
-    model = DDP(_model(program, torch.device("cpu")))
-    opt = program.optimizer(model.parameters(), lr=program.lr)
+    if program.updates is None:
+        model = DDP(_model(program, torch.device("cpu")))
+    else:       # each submodule wrapped (the GAN: DDP(generator), DDP(discriminator)), as DCGAN scripts do
+        model = _model(program, torch.device("cpu"))
+        for name in program.updates:
+            setattr(model, name, DDP(getattr(model, name)))
+    opt = _optimizer(program, model)
     data = program.dataset()
     sampler = DistributedSampler(data, shuffle=True, drop_last=True)
     loader = DataLoader(data, batch_size=program.batch // world, sampler=sampler, collate_fn=program.collate,
                         num_workers=program.workers, persistent_workers=program.workers > 0, drop_last=True)
-    times = _epochs(epochs, loader, lambda b: _loss(program, model, b), opt, torch.device("cpu"), gate)
+    times = _epochs_of(epochs, loader, _train_batch(program, model, opt), torch.device("cpu"), gate)
     dist.barrier()
     dist.destroy_process_group()
     return {"epochs": times, "total": time.perf_counter() - start, "steps": len(loader)}
@@ -473,6 +574,7 @@ def run_paired(program: Program, epochs: int, evaluation: bool = False,
     if gate is not None:
         gate()
     dev, model, opt, loader = _plain(program, "cpu")
+    train = _train_batch(program, model, opt, lambda b: _to(b, dev))
     evals = _eval_loader(program) if evaluation else None
     plain: List[float] = []
     first: List[str] = []           # which ran first in each pair
@@ -483,7 +585,7 @@ def run_paired(program: Program, epochs: int, evaluation: bool = False,
             _evaluate(program, model, evals, dev)
             plain.append(time.perf_counter() - t)
         else:
-            plain.extend(_epochs(1, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev))
+            plain.extend(_epochs_of(1, loader, train, dev))
 
     class Paired(dptrain.Callback):
         def __init__(self):
@@ -520,8 +622,9 @@ def run_paired(program: Program, epochs: int, evaluation: bool = False,
                 self._after(epoch)
     paired = Paired()
     torch.manual_seed(0)
-    result = dptrain.fit(program.model(), program.data(), held_out(program) if evaluation else None,
-                         **fit_settings(program, epochs, "cpu:0", [paired]))
+    mine_model = program.model()
+    result = dptrain.fit(mine_model, program.data(), held_out(program) if evaluation else None,
+                         **with_model(program, mine_model, fit_settings(program, epochs, "cpu:0", [paired])))
     mine = paired.mine if evaluation else [row["sec"] for row in result["history"]]
     return {"plain loop": {"epochs": plain, "steps": len(evals if evaluation else loader)},
             "dptrain, 1 device": {"epochs": mine}, "first": first}

@@ -3,6 +3,7 @@ Keras callback adds to ``logs``) is in the epoch line, the history, the metrics 
 TensorBoard and a resumed run's history; what no file can hold is an error naming it."""
 import importlib.util
 import json
+import re
 
 import numpy as np
 import pytest
@@ -95,7 +96,7 @@ def test_a_figure_a_callback_adds_to_a_step_row_is_in_its_line_the_step_history_
     rows = result["step_history"]
     assert [r["step"] for r in rows] == [3, 6] and [r["rows_seen"] for r in rows] == [1, 2]
     assert [type(r["max_weight"]) for r in rows] == [float, float] and [r["max_weight"] for r in rows] == figures.largest
-    assert any(line.startswith("step 6 ") and "max weight" in line and "rows seen 2.000" in line for line in lines)
+    assert any(line.startswith("step 6 ") and "max weight" in line and re.search(r"rows seen 2(,|$)", line) for line in lines)
     _, resumed = train(epochs=3, callbacks=[StepFigures()], log_every_n_steps=3, log=None, resume=True,
                        checkpoint_dir=str(tmp_path / "ck"))
     assert resumed["step_history"][:2] == rows         # the checkpoint kept them, plain

@@ -694,3 +694,32 @@ def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_
         assert read == 3 * 40 + 1 and same          # its share's 40 rows an epoch (and its first, for the checks)
         assert figures == pytest.approx(whole_set, rel=1e-5) and predicted
         assert any("10 samples of the longer shares are not read each epoch" in line for line in lines) == (rank == 0)
+
+
+def fit_gan(rank, world, devices):
+    """fit with two optimizers (tests/run/test_several_optimizers.py), 2 epochs, a scheduler each."""
+    from tests.run.test_several_optimizers import fit_gan as fit
+    from tests.tasks import gan
+    torch.manual_seed(rank)
+    model, result, optimizers = fit(gan.GAN(seed=rank), devices=devices, epochs=2, batch_size=13,
+                                    scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=4))
+    return ([p.detach().tolist() for p in model.parameters()],
+            [{k: v for k, v in h.items() if k != "sec"} for h in result["history"]],
+            [int(s["step"]) for opt in optimizers.values() for s in opt.state.values()])
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_several_optimizers_on_two_processes_equal_one_device(devices):
+    """A GAN: rank 1 starts from other weights (rank 0's win), each process trains its part of
+    every batch of 13 (uneven parts), and both end with one device's weights and figures."""
+    want_params, want_history, want_steps = fit_gan(0, 1, 1)
+    ranks = run_workers(fit_gan, devices)
+    params, history, steps = ranks[0]
+    for p, q in zip(params, want_params):
+        torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+    for row, want_row in zip(history, want_history):
+        assert row.keys() == want_row.keys()
+        for k in want_row:
+            assert abs(row[k] - want_row[k]) <= 1e-5 * max(1.0, abs(want_row[k])), (k, row, want_row)
+    assert steps == want_steps == [14] * 8      # 7 batches an epoch, 2 epochs, 4 tensors each
+    assert ranks[0] == ranks[1]

@@ -62,12 +62,21 @@ def _made_plain(row: Row, where: str) -> None:
             row[key] = plain(key, value, where)
 
 
+def said(key: str, value: float) -> str:
+    """A figure as a line gives it: ``train loss 0.512``; a learning rate (``lr``, several
+    optimizers' ``lr_<name>``) to 3 significant figures, a whole number (a callback's count) whole."""
+    if isinstance(value, int):
+        return f"{key.replace('_', ' ')} {value}"
+    return f"{key.replace('_', ' ')} {value:.3g}" if key == "lr" or key.startswith("lr_") else \
+        f"{key.replace('_', ' ')} {value:.3f}"
+
+
 class EpochLog(Callback):
     """``epoch 3, 7.9 sec, train loss 0.512, test loss 0.498, test acc 0.822`` after each epoch."""
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
         line = f"epoch {row['epoch']}, {seconds(row['sec'])} sec, " + ", ".join(
-            f"{k.replace('_', ' ')} {v:.3g}" if k == "lr" else f"{k.replace('_', ' ')} {v:.3f}" for k, v in row.items()
+            said(k, v) for k, v in row.items()
             if k not in ("epoch", "sec", "skipped", "split", "batches", "samples") and isinstance(v, (int, float)))
         if "split" in row:
             line += f", split {'/'.join(map(str, row['split']))}"
@@ -79,8 +88,7 @@ class EpochLog(Callback):
         run.log(line)
 
     def on_train_log(self, run: Any, row: Row) -> None:
-        figures = "".join(f", {k.replace('_', ' ')} {v:.3g}" if k == "lr" else f", {k.replace('_', ' ')} {v:.3f}"
-                          for k, v in step_figures(row).items()
+        figures = "".join(f", {said(k, v)}" for k, v in step_figures(row).items()
                           if not k.startswith("grad_norm/"))     # each parameter's: too many for a line
         run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}){figures}")
 

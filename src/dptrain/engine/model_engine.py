@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from ..parallel.replicas import replicate
 from ..parallel.sync.base import Extras
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..parallel.trainer import Trainer
+from ..parallel.trainers import Trainers
 from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
@@ -33,6 +34,7 @@ from .stateful_metrics import StatefulMetrics
 from .step_plan import StepPlan, StepResult
 from .task import Task
 from .train_figures import TrainFigures
+from .updates import several_step
 
 _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
 
@@ -82,8 +84,12 @@ class ModelEngine:
         self.devices = self.replicas.devices
         self.stateful = StatefulMetrics(task.metrics, self.devices)     # torchmetrics objects, per device
         # Evaluation alone (dptrain.evaluate) needs no optimizer, gradient sync or broadcast.
-        self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
-                               bucket_cap_mb=bucket_cap_mb) if training else None
+        self.trainer: Any = None
+        if training and task.several:       # one Trainer per optimizer, taking turns (updates.py)
+            self.trainer = Trainers(self.replicas, task.optimizer, kvstore=kvstore, bucket_cap_mb=bucket_cap_mb)
+        elif training:
+            self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
+                                   bucket_cap_mb=bucket_cap_mb)
         self.amp = amp
         # float16: the loss scaled before backward, so that small gradients do not vanish
         self.loss_scale = LossScale() if amp == torch.float16 and training else None
@@ -97,6 +103,8 @@ class ModelEngine:
         self.compile_seconds = 0.0
         self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
+        if task.several:
+            self.keep_train_figures()           # each update's loss
         # Dropout on several CPU devices: each device's stream, or the forwards in turn.
         self.random = RandomDraws(self.devices, training, sync_batchnorm, rank())
 
@@ -131,7 +139,8 @@ class ModelEngine:
         ``eval_example``: its loss too, in eval mode (an evaluation set that does not fit the
         model fails now, not after an epoch of training)."""
         def run(net: nn.Module, batch: Batch) -> None:
-            self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0])
+            for step in self.task.updates.values() or [None]:
+                self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0], step=step)
         self.replicas.initialize(example, run)
         if eval_example is not None:
             with evaluating(self.replicas[0]), torch.no_grad():
@@ -150,10 +159,11 @@ class ModelEngine:
         return torch.autocast(device.type, dtype=self.amp)
 
     def _loss(self, net: nn.Module, shard: Batch, device: torch.device, count: bool = True,
-              scored: Optional[int] = None) -> Tuple[torch.Tensor, Count]:
+              scored: Optional[int] = None, step: Optional[Callable] = None) -> Tuple[torch.Tensor, Count]:
         """The shard's loss as a sum, and its denominator (None: a sum, nothing to divide;
         not computed unless ``count``). ``scored``: the device index under which the
-        training figures (``train_metrics``) count this shard, if they are kept."""
+        training figures (``train_metrics``) count this shard, if they are kept. ``step``:
+        the step function (several optimizers: the update's; default the task's)."""
         figures = self.train_figures if scored is not None else None
         if self.adapter is not None:
             with self._autocast(device):
@@ -162,24 +172,26 @@ class ModelEngine:
             if figures is not None:
                 figures.add(scored, output, target)
             return value, denominator
-        value, denominator, output = self._loss_and_output(net, shard, device)
+        value, denominator, output = self._loss_and_output(net, shard, device, step)
         if figures is not None:
             figures.add_step_output(scored, net, shard, output)
         return value, denominator
 
-    def _loss_and_output(self, net: nn.Module, shard: Batch, device: torch.device) -> Tuple[torch.Tensor, Count, Any]:
+    def _loss_and_output(self, net: nn.Module, shard: Batch, device: torch.device,
+                         step: Optional[Callable] = None) -> Tuple[torch.Tensor, Count, Any]:
         """A step function's loss as a sum, its denominator, and the output it returned
         besides its loss (its ``logits``, for metrics; None if none)."""
-        value, denominator, output, mean = self._step_loss(net, shard, device)
+        value, denominator, output, mean = self._step_loss(net, shard, device, step)
         return (value * denominator if mean else value), denominator, output
 
-    def _step_loss(self, net: nn.Module, shard: Batch, device: torch.device) -> Tuple[torch.Tensor, Count, Any, bool]:
+    def _step_loss(self, net: nn.Module, shard: Batch, device: torch.device,
+                   step: Optional[Callable] = None) -> Tuple[torch.Tensor, Count, Any, bool]:
         """The step function's loss as it gave it: ``(value, denominator, output, mean)``,
         ``mean`` when the value is a mean over the denominator's samples (else a sum; one
         device of one process trains on it as it is, ``direct_step.py``)."""
         try:
             with self._autocast(device):
-                out, output = read_step(self.task.step(net, shard))
+                out, output = read_step((step or self.task.step)(net, shard))
         except RuntimeError as e:
             explain_no_grad(e)
             raise
@@ -241,6 +253,8 @@ class ModelEngine:
 
     def _train_batch(self, batch: Batch, skip_nonfinite: bool, extras: Extras, sizes: Optional[Sequence[int]],
                      timed: bool) -> StepResult:
+        if self.task.several:
+            return several_step(self, batch, skip_nonfinite, extras, timed)
         if direct.applies(self, batch, sizes, timed):
             return direct.direct_step(self, batch, skip_nonfinite, extras)
         micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
@@ -286,7 +300,9 @@ class ModelEngine:
         outputs = self.runner.map(plan.compute(False))
         return plan.loss(outputs), plan.denominator(None) if plan.known else plan.shard_counts(), plan.n
 
-    def _plan(self, batch: Batch, sizes: Optional[Sequence[int]]) -> StepPlan:
+    def _plan(self, batch: Batch, sizes: Optional[Sequence[int]], step: Optional[Callable] = None) -> StepPlan:
+        """``batch``'s shards and their work; ``step``: an update's step function (several
+        optimizers: its denominator is counted by the shards)."""
         if self.random.wanted:
             self.random.start(self.replicas)
         n = batch_size(batch)
@@ -302,8 +318,8 @@ class ModelEngine:
         used = [s for s in sizes if s]
         parts = split_structure(batch, used) if len(used) > 1 else [batch] * len(used)
         shards: List[Optional[Batch]] = [parts.pop(0) if s else None for s in sizes]
-        known, denominator = self._known_count(batch) if n else (True, 0)
-        return StepPlan(self, shards, n, known, denominator)
+        known, denominator = (self._known_count(batch) if step is None else (False, None)) if n else (True, 0)
+        return StepPlan(self, shards, n, known, denominator, step)
 
     def _idle(self, i: int) -> torch.Tensor:
         for p in self.replicas[i].parameters():

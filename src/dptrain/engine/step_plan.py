@@ -89,8 +89,10 @@ class StepPlan:
     ``n``: the batch's samples; ``known``: whether ``count`` (the denominator) was known
     from the batch alone, else each shard counts its own in ``compute``."""
 
-    def __init__(self, engine: Any, shards: List[Optional[Batch]], n: int, known: bool, count: Count):
+    def __init__(self, engine: Any, shards: List[Optional[Batch]], n: int, known: bool, count: Count,
+                 step: Optional[Callable] = None):
         self.engine, self.shards, self.n, self.known, self.count = engine, shards, n, known, count
+        self.step = step            # an update's step function (several optimizers), else the task's
         devices = engine.devices
         self.counts: List[Count] = [None] * len(devices)
         self.seconds = [0.0] * len(devices)
@@ -118,7 +120,7 @@ class StepPlan:
                 with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
                     value, self.counts[i] = engine._loss(engine._net(i), to_device(shard, device,
                                                                                    engine.memory_format),
-                                                         device, count=not self.known, scored=i)
+                                                         device, count=not self.known, scored=i, step=self.step)
             finally:
                 if turns is not None:
                     turns.pass_on(i)

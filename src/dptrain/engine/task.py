@@ -13,11 +13,12 @@ recipe returns: the built-in recipes (``recipes.py``) and yours
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
 from .losses import REDUCTIONS
+from .updates import check_updates
 from ..parallel.optim import OptimizerSpec, check_learning_rate
 
 Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
@@ -41,7 +42,8 @@ class Task:
       whole loss, for models that compute their own.
     - ``optimizer``: a name (``"sgd"``...) with ``optimizer_params``, a ``torch.optim`` class
       or factory, or an optimizer built on ``model``; ``lr`` overrides every group's.
-    - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval``.
+    - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval`` (with
+      several optimizers: one for each, or a dict of them by update name).
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
       ``eval_data`` and summed over devices and processes (accuracy is added for
       classification losses); or ``{name: metric object}`` (a ``torchmetrics.Metric``:
@@ -62,11 +64,11 @@ class Task:
     loss: Optional[Callable] = None
     reduction: Optional[str] = None
     forward: Optional[Callable[[nn.Module, Any], Tuple[Any, Any]]] = None
-    step: Optional[Callable[[nn.Module, Any], Any]] = None
-    optimizer: OptimizerSpec = "sgd"
+    step: Union[None, Callable[[nn.Module, Any], Any], Dict[str, Callable[[nn.Module, Any], Any]]] = None
+    optimizer: Union[OptimizerSpec, Dict[str, OptimizerSpec]] = "sgd"
     optimizer_params: Optional[Dict[str, Any]] = None
     lr: Optional[float] = None
-    scheduler: Optional[Callable[[Any], Any]] = None
+    scheduler: Union[None, Callable[[Any], Any], Dict[str, Callable[[Any], Any]]] = None
     scheduler_interval: str = "epoch"
     metrics: Dict[str, Metric] = field(default_factory=dict)
     init: Optional[Callable[[nn.Module], None]] = None
@@ -88,8 +90,12 @@ class Task:
         if self.step is not None and self.loss is not None:
             raise ValueError("give either loss (with the default or your forward) or step, not both: step "
                              "computes the loss itself")
+        if self.several:
+            check_updates(self)
         for name in ("loss", "forward", "step", "scheduler", "init", "collate_fn"):
             value = getattr(self, name)
+            if name in ("step", "scheduler") and self.several and isinstance(value, dict):
+                continue        # (check_updates looked at them)
             if name == "scheduler" and hasattr(value, "optimizer") and not callable(value):
                 kind = type(value).__name__
                 raise TypeError(f"scheduler must be a function of the optimizer, not a {kind} made on one: fit "
@@ -117,6 +123,16 @@ class Task:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+    @property
+    def several(self) -> bool:
+        """Whether it has several optimizers, each with its step (``step`` a dict)."""
+        return isinstance(self.step, dict) or isinstance(self.optimizer, dict)
+
+    @property
+    def updates(self) -> Dict[str, Callable[[nn.Module, Any], Any]]:
+        """The steps by update name, in the order they run (``{}`` with one optimizer)."""
+        return dict(self.step) if self.several else {}
 
     def load(self, which: str) -> Any:
         """``train_data`` or ``eval_data``, calling it first if it is a function."""

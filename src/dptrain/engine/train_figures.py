@@ -48,7 +48,9 @@ class TrainFigures:
 
     def __init__(self, engine: Any):
         self.engine = engine
-        self.keys = figure_keys(engine)
+        # (several optimizers: each update's loss, as a (sum, count) figure: updates.py)
+        self.keys = figure_keys(engine) + [k for name in engine.task.updates for k in (f"{name}_loss",
+                                                                                       f"{name}_loss_count")]
         self.metrics = {name: engine.task.metrics[name] for name in pair_metric_names(engine.task.metrics)}
         self.own_forward = engine.task.forward is not None
         n = len(engine.devices)
@@ -80,6 +82,11 @@ class TrainFigures:
                 step += [("correct", hits), ("correct_count", count)]
             else:           # compared with the targets later, many steps at once
                 step.append((PREDICTED, (output.argmax(dim=1), target)))
+
+    def add_sums(self, key: str, value: Any, count: Any) -> None:
+        """A figure's sum and count for this step, as this process has them (on the first
+        device): ``<key>`` and ``<key>_count``."""
+        self._step[0] += [(key, value), (f"{key}_count", count)]
 
     def add_step_output(self, i: int, net: Any, shard: Batch, output: Any) -> None:
         """Score a shard trained by a ``step`` function: the logits it returned, else (with

@@ -33,6 +33,8 @@ def describe_callable(spec: Any) -> str:
     """A loss, optimizer or scheduler spec: its kind and settings, without addresses."""
     if spec is None or isinstance(spec, str):
         return str(spec)
+    if isinstance(spec, dict):                  # several optimizers: one per update name
+        return "{" + ", ".join(f"{k}: {describe_callable(v)}" for k, v in spec.items()) + "}"
     if isinstance(spec, torch.optim.Optimizer):
         return f"{type(spec).__name__}({spec.defaults})"
     func = getattr(spec, "func", None)          # functools.partial
@@ -104,6 +106,8 @@ def what_it_trains(task: Task, train_loader: Any) -> Dict[str, str]:
 def loss_identity(task: Task) -> str:
     """The loss as a resumed run must match it: a torch loss by kind and settings; the user's
     own function or ``step`` only as such (renaming or rewriting one is allowed)."""
+    if task.several:
+        return f"your step functions ({', '.join(task.updates)})"
     if task.step is not None:
         return "your step function"
     loss = task.loss

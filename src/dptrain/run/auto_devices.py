@@ -157,13 +157,25 @@ def _timed(engine: ModelEngine, batch: Any) -> float:
 
 def _engine(task: Task, config: TrainConfig, devices: List[torch.device], example: Any) -> ModelEngine:
     optimizer: Optional[Any] = task.optimizer
+    model = copy.deepcopy(task.model)
     if isinstance(optimizer, torch.optim.Optimizer):        # built on the real model: its kind, on the copy
         optimizer = type(optimizer)
-    probe = dataclasses.replace(task, model=copy.deepcopy(task.model), optimizer=optimizer, callbacks=[])
+    elif isinstance(optimizer, dict):                       # several: each on its parameters of the copy
+        optimizer = {name: on_copy(opt, task.model, model) for name, opt in optimizer.items()}
+    probe = dataclasses.replace(task, model=model, optimizer=optimizer, callbacks=[])
     engine = ModelEngine(probe, devices, kvstore=kvstore(task, config), amp=config.amp_dtype,
                          clip_grad_norm=config.max_norm, clip_grad_value=config.clip_grad_value)
     engine.prepare(example, task.lr)
     return engine
+
+
+def on_copy(optimizer: torch.optim.Optimizer, model: torch.nn.Module, copied: torch.nn.Module) -> torch.optim.Optimizer:
+    """An optimizer of ``optimizer``'s kind and groups on ``copied``'s parameters (a deep copy
+    of ``model``), with no state."""
+    index = {id(p): j for j, p in enumerate(model.parameters())}
+    params = list(copied.parameters())
+    return type(optimizer)([{**g, "params": [params[index[id(p)]] for p in g["params"]]}
+                            for g in optimizer.param_groups])
 
 
 def _names(devices: List[torch.device]) -> str:

@@ -19,6 +19,7 @@ from ..distributed.env import BACKENDS, DEFAULT_TIMEOUT_S
 from ..engine.balance import parse_balance
 from ..engine.compiled import check_mode
 from ..engine.task import DEFAULT_EPOCHS, Task
+from ..engine.updates import NOT_WITH_SEVERAL, check_settings
 from ..parallel.optim import OPTIMIZERS
 from ..parallel.sync import KVSTORES
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
@@ -240,8 +241,11 @@ def hyperparameters(task: Task, config: TrainConfig, n_devices: int) -> Tuple[Op
     its updates need: ``Run`` counts them once it knows an epoch's batches).
     A per-device task (resnet18) multiplies its default batch and lr by the device count
     (the linear scaling rule) unless ``scale=False``; values given explicitly are global.
-    ``lr`` None: the optimizer's own.
+    ``lr`` None: the optimizer's own. Several optimizers: the settings they do not take yet
+    are refused here (``engine/updates.py``).
     """
+    if task.several:            # (before any device is measured or model placed)
+        check_settings({name: getattr(config, name) for name in NOT_WITH_SEVERAL})
     if not config.scale and not task.per_device:
         raise ValueError(f"--no-scale applies to tasks whose batch and lr are per device (resnet18); "
                          f"{task.name}'s are global already")

@@ -35,7 +35,7 @@ from .build import build_balancer, build_engine, builtin_callbacks, run_ahead, t
 from .config import TrainConfig, hyperparameters
 from .resume import Position
 from .step_limit import Cut, StepLimit, epochs_for, resume_cut, steps_done
-from .schedule import Schedule
+from .schedule import Schedule, make_scheduler
 from .step_log import StepLog, log_step
 from .stopping import GO_ON, StopRequests, act_on, say_at_once
 from .tally import Tally
@@ -90,7 +90,7 @@ class Run(RunView):
         if config.eval_every_n_steps and self.eval_loader is None:
             raise ValueError("eval_every_n_steps needs an evaluation set: give eval_data (or validation_split)")
         with stage("making the learning-rate scheduler"):
-            self.scheduler = task.scheduler(self.engine.trainer.optimizer) if task.scheduler else None
+            self.scheduler = make_scheduler(task.scheduler, self.engine.trainer.optimizer)
         self.schedule = Schedule(self.scheduler, task.scheduler_interval, config.eval_every_n_steps)
         self.runner = get_runner(devices)
         self.history: List[Dict[str, Any]] = []

@@ -18,13 +18,17 @@ Row = Dict[str, Any]
 def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str, float],
               metric_names: Sequence[str], split: Optional[List[int]] = None,
               computed: Mapping[str, Any] = MappingProxyType({}), trained: Optional[Dict[str, float]] = None,
-              trained_computed: Mapping[str, Any] = MappingProxyType({})) -> Row:
+              trained_computed: Mapping[str, Any] = MappingProxyType({}), updates: Sequence[str] = ()) -> Row:
     """The history row of an epoch from the sums over every process (``evals``: the
     evaluation's sums, empty without an evaluation set; ``trained``: the training figures'
-    sums with ``train_metrics``, ``trained_computed`` its metric objects' values)."""
+    sums with ``train_metrics``, ``trained_computed`` its metric objects' values).
+    ``updates``: several optimizers' names: each one's ``train_<name>_loss``, and
+    ``train_loss`` their sum."""
     row: Row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
     if trained:
-        row.update(named_figures("train", trained, metric_names))
+        row.update(named_figures("train", trained, list(metric_names) + [f"{name}_loss" for name in updates]))
+    if updates:
+        row["train_loss"] = sum(row[f"train_{name}_loss"] for name in updates)
     row.update({f"train_{name}": value for name, value in trained_computed.items()})
     if split is not None:            # each device's part of a full batch, now (--balance)
         row["split"] = split
@@ -94,16 +98,23 @@ def row_of(run: Any, epoch: int, sec: float, trained: List[Any], skipped: int, e
     split = run.balancer.sizes(epoch * run.batches, run.batch_size) if run.balancer is not None else None
     objects = run.engine.train_figures.computed() if run.engine.train_figures is not None else {}
     row = epoch_row(epoch, sec, sums[0], sums[1], evaluated, pair_metric_names(run.task.metrics), split,
-                    evals.get(COMPUTED, {}), figures, objects)
+                    evals.get(COMPUTED, {}), figures, objects, list(run.task.updates))
     row.update(others)                      # the other evaluation sets' test_<name>_* figures
     if run.config.on_nan == "skip":         # the loss above covers the batches not skipped
         row["skipped"] = skipped
     if run.scheduler is not None:           # the first group's, as the epoch's last batch had it
-        row["lr"] = run.engine.trainer.learning_rate
+        row.update(lr_figures(run.engine.trainer))
     if run.cut is not None:                 # max_steps or max_time ended it: what it trained
         b = run.cut.position.batch
         row.update(batches=b, samples=sum(run.train_loader.global_batch_size(i) for i in range(b)))
     return row
+
+
+def lr_figures(trainer: Any) -> Row:
+    """The learning rate the next update uses (its first group's): ``lr``; with several
+    optimizers (``parallel/trainers.py``) each one's, ``lr_<name>``."""
+    several = getattr(trainer, "learning_rates", None)
+    return {f"lr_{name}": lr for name, lr in several.items()} if several is not None else {"lr": trainer.learning_rate}
 
 
 def record(row: Row, recipe: str, devices: List[str], world_size: int, samples_per_epoch: int) -> Dict[str, Any]:

@@ -12,13 +12,51 @@ from typing import Any, Dict, Optional
 
 import torch
 
+PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
+
+
+def make_scheduler(factory: Any, optimizer: Any) -> Optional[Any]:
+    """``factory(optimizer)``; with several optimizers (``{name: optimizer}``) one scheduler
+    for each, from one factory or a dict of them by name (``Schedulers``); None without one."""
+    if factory is None:
+        return None
+    if not isinstance(optimizer, dict):
+        return factory(optimizer)
+    made = {name: (factory.get(name) if isinstance(factory, dict) else factory) for name in optimizer}
+    return Schedulers({name: f(optimizer[name]) for name, f in made.items() if f is not None})
+
+
+class Schedulers:
+    """Several optimizers' schedulers, stepped together (all plateau ones, or none)."""
+
+    def __init__(self, schedulers: Dict[str, Any]):
+        self.schedulers = schedulers
+        kinds = {isinstance(s, PLATEAU) for s in schedulers.values()}
+        if len(kinds) > 1:
+            raise ValueError("the schedulers mix ReduceLROnPlateau with others, which step at other points: use one "
+                             "kind for every optimizer")
+        self.plateau = kinds == {True}
+
+    def step(self, *figure: Any) -> None:
+        for s in self.schedulers.values():
+            s.step(*figure)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {name: s.state_dict() for name, s in self.schedulers.items()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if set(state) != set(self.schedulers):
+            raise ValueError(f"it holds the schedulers of {sorted(state)}, this run has {sorted(self.schedulers)}")
+        for name, s in self.schedulers.items():
+            s.load_state_dict(state[name])
+
 
 class Schedule:
     """Steps ``scheduler`` (None: nothing to step) at the points its interval names."""
 
     def __init__(self, scheduler: Optional[Any], interval: str, eval_every_n_steps: Optional[int]):
         self.scheduler = scheduler
-        self.plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        self.plateau = isinstance(scheduler, PLATEAU) or getattr(scheduler, "plateau", False) is True
         self.per_batch = scheduler is not None and interval == "batch"
         self.per_epoch = scheduler is not None and interval == "epoch"
         if self.plateau and self.per_batch and not eval_every_n_steps:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .report import figures_over, other_sets
+from .report import figures_over, lr_figures, other_sets
 
 
 class StepLog:
@@ -68,7 +68,7 @@ class StepLog:
             self.carried = tuple(state["window"]) if rank == 0 else (0.0, 0.0)
             self.last_step, self.restored = int(state["last_step"]), True
 
-    def row(self, sums: Optional[Tuple[float, float]], step: int, epoch: int, batch: int, lr: Any,
+    def row(self, sums: Optional[Tuple[float, float]], step: int, epoch: int, batch: int, lr: Dict[str, float],
             tested: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """The row after update ``step``: with ``sums``, the epoch's ``(loss sum, count)`` so
         far (a ``log_every_n_steps`` step), the training loss since the last such row; with
@@ -81,8 +81,7 @@ class StepLog:
             total, count = self.collective.all_reduce(torch.tensor(window, dtype=torch.float64)).tolist()
             row.update(steps=step - self.last_step, train_loss=total / count if count else math.nan)
             self.last_step = step
-        if lr is not None:
-            row["lr"] = lr
+        row.update(lr)                  # {"lr": ...} (report.lr_figures)
         row.update(tested or {})
         self.rows.append(row)
         return row
@@ -108,13 +107,13 @@ def log_step(run: Any, tally: Any, epoch: int, batch: int, result: Any = None) -
         run._step_evals = (run.step, evals, others)
         figures.update(others)
     row = run.step_log.row(tally.numbers() if logged else None, run.step, epoch, batch,
-                           run.engine.trainer.learning_rate, figures)
+                           lr_figures(run.engine.trainer), figures)
     if logged and run.config.log_grad_norm and result is not None and result.stepped \
             and result.grad_norm is not None:
         row["grad_norm"] = float(result.grad_norm)
         row.update({f"grad_norm/{name}": norm for name, norm in run.engine.trainer.grad_norms().items()})
     if tested and run.schedule.after_step_evaluation(row):
-        row["lr"] = run.engine.trainer.learning_rate        # what the next update uses
+        row.update(lr_figures(run.engine.trainer))        # what the next update uses
     run.callbacks.on_train_log(run, row)
     if run.watch_batches:
         run.edits.after("in on_train_log")

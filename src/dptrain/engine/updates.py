@@ -1,0 +1,101 @@
+"""Several optimizers, each with a step of its own, taking turns on every batch (a GAN).
+
+    dptrain.fit(gan, images,
+                step={"discriminator": d_step, "generator": g_step},      # fn(model, batch) -> loss
+                optimizer={"discriminator": Adam(gan.discriminator.parameters(), lr=2e-4),
+                           "generator": Adam(gan.generator.parameters(), lr=2e-4)})
+
+For each name in order, a batch runs that step's loss on every device's part (only that
+optimizer's parameters requiring gradients: ``Trainers.toggled``), sums the gradients over
+devices and processes, divides them once by the global denominator and updates; the next
+step sees the updated weights. That is the plain loop on one device (DCGAN's, a Keras
+``train_step`` with two optimizers, Lightning's manual optimization). Each step's loss is a
+figure of its own, ``train_<name>_loss``, summed as the loss is; ``train_loss`` is their sum.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict
+
+import torch
+
+from ..data.batch import Batch
+from ..parallel.sync.base import Extras
+from ..parallel.trainers import check_optimizers
+from .losses import add_counts
+from .step_plan import StepResult
+
+
+def check_updates(task: Any) -> None:
+    """A ``TypeError`` or ``ValueError`` naming the fix unless ``task``'s several optimizers
+    are well given: ``step`` and ``optimizer`` dicts with the same names, each optimizer built
+    on its own parameters of the model; and nothing given that applies to one optimizer."""
+    step, optimizer = task.step, task.optimizer
+    if not isinstance(step, dict) or not isinstance(optimizer, dict):
+        raise TypeError("several optimizers take a step each: give step={name: fn(model, batch) -> loss} and "
+                        "optimizer={name: an optimizer built on the parameters that step trains}, with the same names")
+    if not step:
+        raise ValueError("step is an empty dict: give one step function per optimizer")
+    if set(step) != set(optimizer):
+        raise ValueError(f"step and optimizer must name the same updates: step has {sorted(step)}, optimizer "
+                         f"{sorted(optimizer)}")
+    for name, fn in step.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"update names must be identifiers (they name figures: train_<name>_loss), got {name!r}")
+        if not callable(fn):
+            raise TypeError(f"step[{name!r}] must be a function (model, batch) -> loss, got {type(fn).__name__}")
+    check_optimizers(optimizer, task.model)
+    scheduler = task.scheduler
+    if isinstance(scheduler, dict):
+        unknown = sorted(set(scheduler) - set(step))
+        if unknown or not all(callable(f) for f in scheduler.values()):
+            raise ValueError(f"scheduler must be {{update name: fn(optimizer) -> scheduler}} for some of "
+                             f"{sorted(step)}; got {'unknown names ' + str(unknown) if unknown else 'a value not callable'}")
+    one = [what for what, given in (("optimizer_params", task.optimizer_params), ("lr", task.lr),
+                                    ("metrics", task.metrics), ("eval_data", task.eval_data),
+                                    ("forward", task.forward)) if given]
+    if one:
+        raise ValueError(f"{', '.join(one)}: not taken with several optimizers (set each optimizer's own lr; an "
+                         f"evaluation of a GAN is a callback of yours, on_epoch_end with run.model)")
+
+
+#: Settings of a run not taken with several optimizers yet: (setting, when it is in force).
+NOT_WITH_SEVERAL = {
+    "accumulate_grad_batches": lambda v: v > 1, "amp": lambda v: v == "fp16", "compile": bool,
+    "balance": lambda v: v not in (None, "even"), "sync_batchnorm": bool, "log_grad_norm": bool,
+    "train_metrics": bool, "validation_split": lambda v: v is not None, "eval_every_n_steps": bool,
+    "lr": lambda v: v is not None,
+}
+
+
+def check_settings(settings: Dict[str, Any]) -> None:
+    """A ``ValueError`` naming the settings in force that several optimizers do not take."""
+    refused = [name for name, used in NOT_WITH_SEVERAL.items() if name in settings and used(settings[name])]
+    if refused:
+        raise ValueError(f"{', '.join(refused)}: not taken with several optimizers (step and optimizer dicts) yet; "
+                         f"leave {'it' if len(refused) == 1 else 'them'} out")
+
+
+def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras, timed: bool) -> StepResult:
+    """One batch: each update in turn (see the module docstring). The result's loss is the
+    updates' loss sums added (NaN if one did not update), its count this process's samples;
+    each update's ``(sum, count)`` goes to the training figures."""
+    trainers, figures = engine.trainer, engine.train_figures
+    names = trainers.names
+    total, stepped, seconds, flags = None, True, None, None
+    for k, name in enumerate(names):
+        plan = engine._plan(batch, None, step=engine.task.step[name])
+        with trainers.toggled(name) as trainer:
+            outcome = trainer.step_with(plan.compute(timed), plan.shard_counts, ignore_stale_grad=True,
+                                        skip_nonfinite=skip_nonfinite, extras=extras if k == len(names) - 1 else None,
+                                        max_norm=engine.clip_grad_norm, max_value=engine.clip_grad_value)
+        loss = plan.loss(outcome.outputs)
+        figures.add_sums(f"{name}_loss", loss, add_counts(None, plan.shard_counts()))
+        total = loss if total is None else total + loss
+        stepped = stepped and outcome.stepped
+        flags = outcome.summed_extras
+        if timed:
+            seconds = plan.seconds if seconds is None else [a + b for a, b in zip(seconds, plan.seconds)]
+    if not stepped:
+        total = torch.full_like(total, math.nan)
+    return StepResult(total, plan.n, stepped, flags, seconds)

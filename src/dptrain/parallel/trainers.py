@@ -1,0 +1,158 @@
+"""Several optimizers over parts of one model, taking turns on every batch: ``Trainers``.
+
+A GAN's discriminator and generator, an actor and a critic: each optimizer holds its own
+parameters of one module (built on ``model.discriminator.parameters()``...), and each batch
+runs one update per optimizer, in order, each on a loss of its own. ``Trainers`` holds one
+``Trainer`` per optimizer, all on the same ``Replicas``, and during an update lets only that
+optimizer's parameters require gradients, on every replica (Lightning's
+``toggle_optimizer``): the others compute no gradient and send none, and none is left over
+to count in their next update. That is the plain loop's result, whose
+``opt_d.zero_grad()`` before each update throws those gradients away.
+
+It offers what a run asks of its ``Trainer`` (state for checkpoints, learning rates,
+closing), each by update where one is not enough.
+
+>>> trainers = Trainers(replicas, {"d": torch.optim.Adam(gan.d.parameters()), "g": ...})
+>>> with trainers.toggled("d"):
+...     trainers["d"].step_with(compute, n)
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Mapping
+
+import torch
+
+from .replicas import Replicas
+from .sync.buckets import DEFAULT_BUCKET_MB
+from .trainer import Trainer
+
+
+def check_optimizers(optimizers: Mapping[str, Any], model: torch.nn.Module) -> None:
+    """A ``ValueError`` or ``TypeError`` unless ``optimizers`` is ``{name: optimizer built on
+    model's parameters}``, no parameter in two of them."""
+    where = {id(p): name for name, p in model.named_parameters()}
+    owner: Dict[int, str] = {}
+    for key, optimizer in optimizers.items():
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer[{key!r}] must be an optimizer built on the parameters it updates, e.g. "
+                            f"torch.optim.Adam(model.generator.parameters(), lr=2e-4), got {type(optimizer).__name__}"
+                            f" (with several optimizers each names its parameters)")
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in where:
+                    raise ValueError(f"optimizer[{key!r}] holds a parameter of shape {tuple(p.shape)} that is not "
+                                     f"the model's: build it on the parameters of the model given to fit")
+                if owner.setdefault(id(p), key) != key:
+                    raise ValueError(f"the parameter {where[id(p)]!r} is in optimizer[{owner[id(p)]!r}] and "
+                                     f"optimizer[{key!r}]: each parameter is updated by one optimizer")
+
+
+class Trainers:
+    """One ``Trainer`` per named optimizer, on the same replicas; see the module docstring."""
+
+    def __init__(self, replicas: Replicas, optimizers: Mapping[str, torch.optim.Optimizer],
+                 kvstore: Any = "device", bucket_cap_mb: float = DEFAULT_BUCKET_MB):
+        check_optimizers(optimizers, replicas[0])
+        self.replicas = replicas
+        self.trainers: Dict[str, Trainer] = {name: Trainer(replicas, opt, kvstore=kvstore, bucket_cap_mb=bucket_cap_mb)
+                                             for name, opt in optimizers.items()}
+        params = list(replicas[0].parameters())
+        index = {id(p): j for j, p in enumerate(params)}
+        # Each update's parameters, by index among the model's.
+        self._own = {name: {index[id(p)] for g in opt.param_groups for p in g["params"]}
+                     for name, opt in optimizers.items()}
+
+    def __getitem__(self, name: str) -> Trainer:
+        return self.trainers[name]
+
+    @property
+    def names(self) -> List[str]:
+        return list(self.trainers)
+
+    @contextmanager
+    def toggled(self, name: str) -> Iterator[Trainer]:
+        """Within: only update ``name``'s parameters that train require gradients, on every
+        replica; afterwards each parameter's ``requires_grad`` is as it was."""
+        own, paused = self._own[name], []
+        for m in self.replicas:
+            for j, p in enumerate(m.parameters()):
+                if p.requires_grad and j not in own:
+                    p.requires_grad_(False)
+                    paused.append(p)
+        try:
+            yield self.trainers[name]
+        finally:
+            for p in paused:
+                p.requires_grad_(True)
+
+    # -- what a run asks of its trainer ----------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self._first.world_size
+
+    @property
+    def alone(self) -> bool:
+        """Never the plain loop's direct step (``engine/direct_step.py``): updates take turns."""
+        return False
+
+    @property
+    def learning_rate(self) -> float:
+        """The first update's optimizer's (first group's) learning rate; ``learning_rates``: each's."""
+        return self._first.learning_rate
+
+    @property
+    def learning_rates(self) -> Dict[str, float]:
+        return {name: t.learning_rate for name, t in self.trainers.items()}
+
+    def set_learning_rate(self, lr: float) -> None:
+        for t in self.trainers.values():
+            t.set_learning_rate(lr)
+
+    @property
+    def optimizer(self) -> Dict[str, Any]:
+        """Each update's optimizer (what schedulers attach to), by name."""
+        return {name: t.optimizer for name, t in self.trainers.items()}
+
+    @property
+    def optimizer_name(self) -> str:
+        return ", ".join(f"{name}: {t.optimizer_name}" for name, t in self.trainers.items())
+
+    def grad_norms(self) -> Dict[str, float]:
+        return {k: v for t in self.trainers.values() for k, v in t.grad_norms().items()}
+
+    def follow_edits(self) -> None:
+        for t in self.trainers.values():
+            t.follow_edits()
+
+    def follow(self, trainable_changed: bool = True) -> bool:
+        """A callback's change to what trains is not followed with several optimizers: each
+        is set up for its parameters when the run starts."""
+        if trainable_changed:
+            raise ValueError("requires_grad changed during training: with several optimizers each one's parameters "
+                             "train from the start to the end of a fit; freeze or unfreeze layers between two fits")
+        return any([t.follow(False) for t in self.trainers.values()])
+
+    def discard_gradients(self) -> None:
+        for t in self.trainers.values():
+            t.discard_gradients()
+
+    def state_dict(self) -> dict:
+        return {"updates": {name: t.state_dict() for name, t in self.trainers.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state.get("updates")
+        if not isinstance(saved, dict) or set(saved) != set(self.trainers):
+            said = f"the optimizers {sorted(saved)}" if isinstance(saved, dict) else "one optimizer"
+            raise ValueError(f"the checkpoint holds {said}, this run has {sorted(self.trainers)}: resume with the "
+                             f"optimizers (and step names) it was saved with")
+        for name, t in self.trainers.items():
+            t.load_state_dict(saved[name])
+
+    def close(self) -> None:
+        for t in self.trainers.values():
+            t.close()
+
+    @property
+    def _first(self) -> Trainer:
+        return next(iter(self.trainers.values()))

@@ -1,0 +1,175 @@
+"""fit with several optimizers (a GAN): ``step`` and ``optimizer`` dicts, one update each per
+batch, in order. On 1-3 devices, both kvstores, it trains as the plain loop on one device
+(tests/tasks/gan.py), its figures are the plain loop's mean losses, a resumed run ends as
+the unbroken one, and what it cannot take yet is refused with the fix."""
+import functools
+import math
+
+import pytest
+import torch
+
+import dptrain
+from tests.tasks import gan as g
+
+
+def d_step(gan, batch):
+    real, z = batch
+    return g.d_loss(gan, real, z)
+
+
+def g_step(gan, batch):
+    real, z = batch
+    return g.g_loss(gan, z)
+
+
+def data(steps=5, n=16):
+    batches = g.batches(steps, n)
+    return torch.cat([r for r, _ in batches]), torch.cat([z for _, z in batches])
+
+
+def fit_gan(gan=None, data_=None, **settings):
+    gan = gan or g.GAN()
+    optimizers = {"discriminator": g.adam(gan.discriminator), "generator": g.adam(gan.generator)}
+    settings = {"epochs": 1, "batch_size": 16, "shuffle": False, "log": None, "progress": False, **settings}
+    result = dptrain.fit(gan, data_ or data(), step={"discriminator": d_step, "generator": g_step},
+                         optimizer=optimizers, **settings)
+    return gan, result, optimizers
+
+
+def plain_figures(batches):
+    """The plain loop's mean losses over the batches, as it trains (each before its update)."""
+    gan = g.GAN()
+    opt_d, opt_g = g.adam(gan.discriminator), g.adam(gan.generator)
+    d_sum = g_sum = n = 0.0
+    for real, z in batches:
+        opt_d.zero_grad()
+        loss = g.d_loss(gan, real, z)
+        loss.backward()
+        opt_d.step()
+        d_sum += loss.item() * len(real)
+        opt_g.zero_grad()
+        loss = g.g_loss(gan, z)
+        loss.backward()
+        opt_g.step()
+        g_sum, n = g_sum + loss.item() * len(real), n + len(real)
+    return d_sum / n, g_sum / n
+
+
+def assert_same(got, want, **tol):
+    for (name, p), q in zip(got.named_parameters(), want.parameters()):
+        torch.testing.assert_close(p, q, msg=name, **tol)
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local"])
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_a_gan_trains_as_the_plain_loop_on_n_devices(devices, kvstore):
+    gan, result, optimizers = fit_gan(devices=devices, kvstore=kvstore)
+    assert_same(gan, g.plain_loop())
+    row = result["history"][0]
+    d, gl = plain_figures(g.batches())
+    assert row["train_discriminator_loss"] == pytest.approx(d, rel=1e-5)
+    assert row["train_generator_loss"] == pytest.approx(gl, rel=1e-5)
+    assert row["train_loss"] == pytest.approx(d + gl, rel=1e-5)
+    # The user's optimizers end with the state training reached (5 Adam steps each).
+    for opt in optimizers.values():
+        assert all(int(s["step"]) == 5 for s in opt.state.values()) and len(opt.state) == 4
+    assert result["optimizer"] == "discriminator: Adam, generator: Adam"
+
+
+def test_the_epoch_line_names_each_update():
+    lines = []
+    fit_gan(devices=2, log=lines.append)
+    assert lines[0].startswith("epoch 1, ") and "train discriminator loss" in lines[0] \
+        and "train generator loss" in lines[0], lines
+
+
+def test_an_uneven_last_batch_and_sum_losses_train_as_the_plain_loop():
+    """13 samples a batch on 2 devices (parts of 7 and 6) and a last batch of 2 out of 80: the
+    losses are summed on each device and divided once by the global batch."""
+    real, z = data()
+    want = g.plain_loop([(real[i:i + 13], z[i:i + 13]) for i in range(0, 80, 13)])
+    gan, _, _ = fit_gan(data_=(real, z), devices=2, batch_size=13)
+    assert_same(gan, want)
+
+
+def test_a_resumed_run_ends_as_the_unbroken_one(tmp_path):
+    """Cut after 3 batches of the second epoch (max_steps 8 of 10), then resumed to the end:
+    the weights, both optimizers' states and the last row are the unbroken run's."""
+    sched = functools.partial(torch.optim.lr_scheduler.StepLR, step_size=3, gamma=0.5)
+    whole, result, _ = fit_gan(devices=2, epochs=2, scheduler=sched, scheduler_interval="batch")
+    cut, _, _ = fit_gan(devices=2, epochs=2, max_steps=8, scheduler=sched, scheduler_interval="batch",
+                        checkpoint_dir=str(tmp_path))
+    resumed, again, optimizers = fit_gan(cut, devices=1, epochs=2, scheduler=sched, scheduler_interval="batch",
+                                         checkpoint_dir=str(tmp_path), resume=True)
+    assert_same(resumed, whole, rtol=1e-5, atol=1e-6)
+    for key in ("train_discriminator_loss", "train_generator_loss"):
+        assert again["history"][-1][key] == pytest.approx(result["history"][-1][key], rel=1e-5)
+    # 10 StepLR steps: lr 1e-2 halved 3 times, for each optimizer
+    assert [grp["lr"] for opt in optimizers.values() for grp in opt.param_groups] == [1.25e-3, 1.25e-3]
+
+
+def test_a_scheduler_for_one_update_only():
+    gan, _, optimizers = fit_gan(devices=2, epochs=2, scheduler={
+        "generator": functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.1)})
+    assert optimizers["generator"].param_groups[0]["lr"] == pytest.approx(1e-4)
+    assert optimizers["discriminator"].param_groups[0]["lr"] == 1e-2
+
+
+def test_a_skipped_update_leaves_its_parameters_and_the_batch_uncounted():
+    """on_nan="skip": the generator's loss is NaN on batch 3, so its update is skipped (the
+    discriminator's of that batch is made, as the plain loop that skips a NaN step would)."""
+    calls = []
+
+    def nan_once(gan, batch):
+        calls.append(1)
+        loss = g_step(gan, batch)
+        return loss * math.nan if len(calls) == 3 else loss
+    gan = g.GAN()
+    result = dptrain.fit(gan, data(), step={"discriminator": d_step, "generator": nan_once},
+                         optimizer={"discriminator": g.adam(gan.discriminator), "generator": g.adam(gan.generator)},
+                         epochs=1, batch_size=16, shuffle=False, devices=1, on_nan="skip", log=None, progress=False)
+    want = g.GAN()
+    opt_d, opt_g = g.adam(want.discriminator), g.adam(want.generator)
+    for b, (real, z) in enumerate(g.batches()):
+        opt_d.zero_grad()
+        g.d_loss(want, real, z).backward()
+        opt_d.step()
+        if b != 2:
+            opt_g.zero_grad()
+            g.g_loss(want, z).backward()
+            opt_g.step()
+    assert_same(gan, want)
+    assert result["history"][0]["skipped"] == 1 and result["skipped_batches"] == 1
+
+
+def test_devices_auto_measures_a_copy_with_its_own_optimizers():
+    gan, result, _ = fit_gan(devices="auto", batch_size=16)
+    assert_same(gan, g.plain_loop(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("settings, said", [
+    ({"optimizer": {"d": torch.optim.Adam, "g": torch.optim.Adam}}, "optimizer['d'] must be an optimizer built on the parameters"),
+    ({"step": {"d": d_step}}, "step and optimizer must name the same updates"),
+    ({"step": {"d": d_step, "g": g_step}, "optimizer": "adam"}, "give step={name: fn(model, batch) -> loss}"),
+    ({"eval_data": data()}, "eval_data: not taken with several optimizers"),
+    ({"lr": 0.1}, "lr: not taken with several optimizers (set each optimizer's own lr"),
+    ({"accumulate_grad_batches": 2}, "accumulate_grad_batches: not taken with several optimizers"),
+    ({"amp": "fp16"}, "amp: not taken with several optimizers"),
+])
+def test_what_several_optimizers_cannot_take_is_refused_with_the_fix(settings, said):
+    gan = g.GAN()
+    kw = {"step": {"d": d_step, "g": g_step}, "optimizer": {"d": g.adam(gan.discriminator), "g": g.adam(gan.generator)},
+          "epochs": 1, "batch_size": 16, "devices": 1, "log": None, **settings}
+    with pytest.raises((ValueError, TypeError)) as e:
+        dptrain.fit(gan, data(), **kw)
+    assert said in str(e.value)
+
+
+def test_a_parameter_in_two_optimizers_or_not_the_models_is_refused():
+    gan = g.GAN()
+    both = {"d": g.adam(gan.discriminator), "g": torch.optim.Adam(gan.parameters())}
+    with pytest.raises(ValueError, match=r"'discriminator.0.weight' is in optimizer\['d'\] and optimizer\['g'\]"):
+        dptrain.fit(gan, data(), step={"d": d_step, "g": g_step}, optimizer=both, log=None)
+    other = {"d": g.adam(gan.discriminator), "g": g.adam(g.GAN().generator)}
+    with pytest.raises(ValueError, match=r"optimizer\['g'\] holds a parameter of shape \(32, 4\) that is not the "):
+        dptrain.fit(gan, data(), step={"d": d_step, "g": g_step}, optimizer=other, log=None)
