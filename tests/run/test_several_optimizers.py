@@ -173,3 +173,28 @@ def test_a_parameter_in_two_optimizers_or_not_the_models_is_refused():
     other = {"d": g.adam(gan.discriminator), "g": g.adam(g.GAN().generator)}
     with pytest.raises(ValueError, match=r"optimizer\['g'\] holds a parameter of shape \(32, 4\) that is not the "):
         dptrain.fit(gan, data(), step={"d": d_step, "g": g_step}, optimizer=other, log=None)
+
+
+@pytest.mark.parametrize("form", ["sum", "pairs"])
+def test_steps_returning_sums_or_sum_and_count_train_as_the_plain_loop(form):
+    """reduction="sum" (each step's loss summed over its part, divided once by the global
+    batch), or steps returning (sum, count): the same update, the same figures."""
+    def d_sum(gan, batch):
+        real, z = batch
+        loss = g.d_loss(gan, real, z, "sum")
+        return loss if form == "sum" else (loss, len(real))
+
+    def g_sum(gan, batch):
+        real, z = batch
+        loss = g.g_loss(gan, z, "sum")
+        return loss if form == "sum" else (loss, len(z))
+    gan = g.GAN()
+    result = dptrain.fit(gan, data(), step={"discriminator": d_sum, "generator": g_sum},
+                         optimizer={"discriminator": g.adam(gan.discriminator), "generator": g.adam(gan.generator)},
+                         epochs=1, batch_size=16, shuffle=False, devices=2, log=None, progress=False,
+                         **({"reduction": "sum"} if form == "sum" else {}))
+    assert_same(gan, g.plain_loop())
+    d, gl = plain_figures(g.batches())
+    row = result["history"][0]
+    assert row["train_discriminator_loss"] == pytest.approx(d, rel=1e-5)
+    assert row["train_generator_loss"] == pytest.approx(gl, rel=1e-5)

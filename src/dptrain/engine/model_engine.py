@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -101,6 +101,9 @@ class ModelEngine:
                              "every device inside the graph; drop one of them")
         self._nets: Optional[List[nn.Module]] = None
         self.compile_seconds = 0.0
+        # Whether each step function returns (sum, count), once it has run (then the batch
+        # alone tells the denominator: it rides with the gradients, no message of its own).
+        self._pairs: Dict[Callable, bool] = {}
         self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
         if task.several:
@@ -189,34 +192,35 @@ class ModelEngine:
         """The step function's loss as it gave it: ``(value, denominator, output, mean)``,
         ``mean`` when the value is a mean over the denominator's samples (else a sum; one
         device of one process trains on it as it is, ``direct_step.py``)."""
+        step = step or self.task.step
         try:
             with self._autocast(device):
-                out, output = read_step((step or self.task.step)(net, shard))
+                out, output = read_step(step(net, shard))
         except RuntimeError as e:
             explain_no_grad(e)
             raise
         if isinstance(out, (tuple, list)):
             if len(out) != 2:
                 raise ValueError(f"step returned {len(out)} values: return the loss, or (sum, count)")
-            self._step_pairs = True
+            self._pairs[step] = True
             return out[0].reshape(()), out[1], output, False
         if not isinstance(out, torch.Tensor) or out.numel() != 1:
             raise ValueError(f"step must return the loss (one number) or (sum, count), got "
                              f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-        self._step_pairs = False
+        self._pairs[step] = False
         value = out if out.dim() == 0 else out.reshape(())      # (a view: an operation, and one in backward)
         if self.task.reduction == "sum":
             return value, None, output, False
         return value, batch_size(shard), output, True
 
-    _step_pairs: Optional[bool] = None      # whether the step function returns (sum, count)
-
-    def _known_count(self, batch: Batch) -> Tuple[bool, Count]:
-        """This process's denominator before any forward, when the batch alone tells it."""
+    def _known_count(self, batch: Batch, step: Optional[Callable] = None) -> Tuple[bool, Count]:
+        """This process's denominator before any forward, when the batch alone tells it
+        (``step``: an update's step function, several optimizers; default the task's)."""
         if self.adapter is None:
-            if self.task.reduction == "sum" and self._step_pairs is False:
+            pairs = self._pairs.get(step or self.task.step)
+            if self.task.reduction == "sum" and pairs is False:
                 return True, None
-            if self._step_pairs is False:
+            if pairs is False:
                 return True, batch_size(batch)
             return False, None          # not known yet whether the step returns (sum, count)
         if self.task.forward is not None or self.adapter.pairs is not False:
@@ -302,7 +306,7 @@ class ModelEngine:
 
     def _plan(self, batch: Batch, sizes: Optional[Sequence[int]], step: Optional[Callable] = None) -> StepPlan:
         """``batch``'s shards and their work; ``step``: an update's step function (several
-        optimizers: its denominator is counted by the shards)."""
+        optimizers; default the task's)."""
         if self.random.wanted:
             self.random.start(self.replicas)
         n = batch_size(batch)
@@ -318,7 +322,7 @@ class ModelEngine:
         used = [s for s in sizes if s]
         parts = split_structure(batch, used) if len(used) > 1 else [batch] * len(used)
         shards: List[Optional[Batch]] = [parts.pop(0) if s else None for s in sizes]
-        known, denominator = (self._known_count(batch) if step is None else (False, None)) if n else (True, 0)
+        known, denominator = self._known_count(batch, step) if n else (True, 0)
         return StepPlan(self, shards, n, known, denominator, step)
 
     def _idle(self, i: int) -> torch.Tensor:

@@ -85,12 +85,14 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
     total, stepped, seconds, flags = None, True, None, None
     for k, name in enumerate(names):
         plan = engine._plan(batch, None, step=engine.task.step[name])
+        divisor = plan.count if plan.known else plan.shard_counts     # (known once the step has run)
         with trainers.toggled(name) as trainer:
-            outcome = trainer.step_with(plan.compute(timed), plan.shard_counts, ignore_stale_grad=True,
+            outcome = trainer.step_with(plan.compute(timed), divisor, ignore_stale_grad=True,
                                         skip_nonfinite=skip_nonfinite, extras=extras if k == len(names) - 1 else None,
                                         max_norm=engine.clip_grad_norm, max_value=engine.clip_grad_value)
         loss = plan.loss(outcome.outputs)
-        figures.add_sums(f"{name}_loss", loss, add_counts(None, plan.shard_counts()))
+        count = plan.count if plan.known else add_counts(None, plan.shard_counts())
+        figures.add_sums(f"{name}_loss", loss, plan.n if count is None else count)     # (None: a sum's)
         total = loss if total is None else total + loss
         stepped = stepped and outcome.stepped
         flags = outcome.summed_extras
