@@ -1,6 +1,6 @@
 """The benchmark scripts run in their smoke modes, so they cannot rot: the everyday-programs
-suite (issue 22; every framework's loop on a program in one process and in two, and the
-evaluations) and the processes benchmark (lenet-scratch on 2 processes against DDP)."""
+suite (issue 22; every framework's loop on a program in one process and in two, a GAN's two
+optimizers too, and the evaluations) and the processes benchmark (lenet-scratch on 2 processes against DDP)."""
 import json
 import os
 import subprocess
@@ -50,6 +50,24 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     jobs = [r for r in rows if r["part"] == "2 processes, interleaved"]
     assert [r["variant"] for r in jobs] == ["ddp", "accelerate", "dptrain"]
     assert jobs[2]["x ddp"] > 0 and jobs[2]["x accelerate"] > 0 and jobs[2]["pairs"] == 2
+
+
+@pytest.mark.slow
+def test_the_gan_program_runs_in_every_framework_in_smoke_mode(tmp_path):
+    """Two optimizers, each framework's way (DDP and Accelerate: each network wrapped)."""
+    pytest.importorskip("accelerate")
+    out = tmp_path / "programs.json"
+    empty = ["--evaluation", "", "--interleaved", "", "--interleaved-evaluation", "", "--interleaved-processes", "",
+             "--paired-evaluation", ""]
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke", "--programs",
+                           "gan", "--processes", "gan", "--paired", "gan", *empty, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    got = {(r["part"], r["variant"]) for r in json.loads(out.read_text())["rows"]}
+    assert {v for p, v in got if p == "2 processes"} == {"ddp", "accelerate", "dptrain"}
+    assert {("1 process", "plain loop"), ("1 process", "dptrain, 1 device"), ("1 process", "accelerate"),
+            ("1 process, paired", "dptrain, 1 device")} <= got
 
 
 @pytest.mark.parametrize("evaluation", [False, True])
