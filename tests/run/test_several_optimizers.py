@@ -36,23 +36,28 @@ def fit_gan(gan=None, data_=None, **settings):
     return gan, result, optimizers
 
 
-def plain_figures(batches):
-    """The plain loop's mean losses over the batches, as it trains (each before its update)."""
+def plain_losses(batches):
+    """The plain loop's two losses on each batch, as it trains (each before its update)."""
     gan = g.GAN()
     opt_d, opt_g = g.adam(gan.discriminator), g.adam(gan.generator)
-    d_sum = g_sum = n = 0.0
+    losses = []
     for real, z in batches:
         opt_d.zero_grad()
-        loss = g.d_loss(gan, real, z)
-        loss.backward()
+        d = g.d_loss(gan, real, z)
+        d.backward()
         opt_d.step()
-        d_sum += loss.item() * len(real)
         opt_g.zero_grad()
-        loss = g.g_loss(gan, z)
-        loss.backward()
+        gl = g.g_loss(gan, z)
+        gl.backward()
         opt_g.step()
-        g_sum, n = g_sum + loss.item() * len(real), n + len(real)
-    return d_sum / n, g_sum / n
+        losses.append((d.item(), gl.item()))
+    return losses
+
+
+def plain_figures(batches):
+    """The plain loop's mean losses over the batches (of equal sizes)."""
+    losses = plain_losses(batches)
+    return sum(d for d, _ in losses) / len(losses), sum(gl for _, gl in losses) / len(losses)
 
 
 def assert_same(got, want, **tol):
@@ -198,3 +203,23 @@ def test_steps_returning_sums_or_sum_and_count_train_as_the_plain_loop(form):
     row = result["history"][0]
     assert row["train_discriminator_loss"] == pytest.approx(d, rel=1e-5)
     assert row["train_generator_loss"] == pytest.approx(gl, rel=1e-5)
+
+
+def test_step_rows_give_each_updates_loss_over_their_window_and_resume_exactly(tmp_path):
+    """log_every_n_steps=2 over 2 epochs of 5 batches: each row's train_<name>_loss is the
+    plain loop's mean over its 2 updates (the row at step 6 spans the two epochs), train_loss
+    their sum; a run cut at step 7 (a window open) and resumed gives the same rows."""
+    rows = fit_gan(devices=2, epochs=2, log_every_n_steps=2)[1]["step_history"]
+    plain = plain_losses(g.batches() * 2)
+    assert [r["step"] for r in rows] == [2, 4, 6, 8, 10]
+    for r in rows:
+        window = plain[r["step"] - 2:r["step"]]
+        assert r["train_discriminator_loss"] == pytest.approx(sum(d for d, _ in window) / 2, rel=1e-5)
+        assert r["train_generator_loss"] == pytest.approx(sum(gl for _, gl in window) / 2, rel=1e-5)
+        assert r["train_loss"] == pytest.approx(r["train_discriminator_loss"] + r["train_generator_loss"])
+        assert r["lr_discriminator"] == r["lr_generator"] == 1e-2 and "lr" not in r
+    cut = fit_gan(devices=2, epochs=2, log_every_n_steps=2, max_steps=7, checkpoint_dir=str(tmp_path))[0]
+    again = fit_gan(cut, devices=1, epochs=2, log_every_n_steps=2, checkpoint_dir=str(tmp_path), resume=True)[1]
+    assert len(again["step_history"]) == len(rows)
+    for got, want in zip(again["step_history"], rows):
+        assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-5) for k in want), (got, want)

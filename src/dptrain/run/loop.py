@@ -86,7 +86,8 @@ class Run(RunView):
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
             self.epochs = epochs_for(config.max_steps, self.batches)
         self.cut: Optional[Cut] = None     # where max_steps or max_time ended an epoch mid-way
-        self.step_log = StepLog(self.collective) if config.log_every_n_steps or config.eval_every_n_steps else None
+        self.step_log = StepLog(self.collective, list(task.updates)) \
+            if config.log_every_n_steps or config.eval_every_n_steps else None
         if config.eval_every_n_steps and self.eval_loader is None:
             raise ValueError("eval_every_n_steps needs an evaluation set: give eval_data (or validation_split)")
         with stage("making the learning-rate scheduler"):
@@ -233,7 +234,7 @@ class Run(RunView):
         last = self.limit.last_batch(epoch)
         step_log = self.step_log
         if step_log is not None:
-            step_log.epoch_start(tally.numbers)
+            step_log.epoch_start(tally)
         clocked = self.clock.seconds is not None
 
         def so_far(b: int) -> Position:    # what a save mid-epoch keeps
@@ -322,7 +323,7 @@ class Run(RunView):
                                resume.random_states(self) if saving else {}, "max_steps" if limited else "max_time")
         synchronize(self.devices)
         if step_log is not None:
-            step_log.epoch_end(tally.numbers())
+            step_log.epoch_end(tally)
         loss_sum, count = tally.totals()
         return (at.seconds + time.perf_counter() - start, at.loss_sum + loss_sum, add_counts(at.count, count),
                 tally.figure_totals(at.figures), self.skipped - skipped_at_start, ending[0])

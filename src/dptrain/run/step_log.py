@@ -9,7 +9,8 @@ A row is ``{step, epoch, batch, steps, train_loss, lr}`` (and ``grad_norm``, wit
 it, as Lightning's ``grad_norm(module)`` names them, left out of the line): the loss over the ``steps``
 updates since the last such row (whole windows across epoch boundaries), summed over every device
 and process as the epoch's loss is (one ``all_reduce`` of two numbers a row), and the first
-group's learning rate. Rows go to the callbacks' ``on_train_log``, the epoch lines,
+group's learning rate (several optimizers: each update's loss too, ``train_<name>_loss``, and
+each one's ``lr_<name>``). Rows go to the callbacks' ``on_train_log``, the epoch lines,
 TensorBoard (``step/train_loss``, ``step/lr``, at the step) and the result's
 ``step_history``; checkpoints keep them, with the loss sums of the window the checkpoint
 cut (summed over the processes), so a resumed run's rows equal the unbroken run's (a
@@ -19,7 +20,7 @@ checkpoint, and ``steps`` says how many).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -28,16 +29,28 @@ from .report import figures_over, lr_figures, other_sets
 
 class StepLog:
     """The training-loss windows and the rows (see the module docstring; the loop decides at
-    which steps rows are due); ``rows``: the history."""
+    which steps rows are due); ``rows``: the history. ``updates``: several optimizers' names:
+    each one's loss is windowed too (``train_<name>_loss``), and ``train_loss`` is their sum.
+    A window is a list of sums: the loss and its count, then each update's loss and count."""
 
-    def __init__(self, collective: Any):
-        self.collective = collective
+    def __init__(self, collective: Any, updates: Sequence[str] = ()):
+        self.collective, self.updates = collective, list(updates)
+        self.width = 2 + 2 * len(self.updates)
         self.rows: List[Dict[str, Any]] = []
-        self.carried = (0.0, 0.0)       # the window's sums from the epochs before (their tails)
-        self.last = (0.0, 0.0)          # the epoch's sums at the last row
+        self.carried = [0.0] * self.width       # the window's sums from the epochs before (their tails)
+        self.last = [0.0] * self.width          # the epoch's sums at the last row
         self.last_step = 0
-        self.sums: Callable[[], Tuple[float, float]] = lambda: self.last     # the epoch's sums now
+        self.tally: Any = None                  # the epoch's sums now: read(tally)
         self.restored = False
+
+    def read(self, tally: Any) -> List[float]:
+        """The epoch's sums so far in ``tally`` (several optimizers: their training figures'
+        too, which are then each update's loss and count, in order)."""
+        sums = list(tally.numbers())
+        return sums + tally.figure_numbers([]) if self.updates else sums
+
+    def _open(self, now: Sequence[float]) -> List[float]:
+        return [c + n - l for c, n, l in zip(self.carried, now, self.last)]
 
     def start(self, step: int) -> None:
         """Where the run (re)starts: windows count from there (from the last row before a
@@ -45,46 +58,53 @@ class StepLog:
         if not self.restored:
             self.last_step = step
 
-    def epoch_start(self, sums: Callable[[], Tuple[float, float]]) -> None:
-        """An epoch begins; ``sums()`` gives its ``(loss sum, count)`` so far, when asked."""
-        self.last, self.sums = (0.0, 0.0), sums
+    def epoch_start(self, tally: Any) -> None:
+        """An epoch begins; ``tally`` holds its sums (``read`` them when asked)."""
+        self.last, self.tally = [0.0] * self.width, tally
 
-    def epoch_end(self, sums: Tuple[float, float]) -> None:
-        """The epoch's ``(loss sum, count)`` at its end: the tail since the last row carries over."""
-        self.carried = (self.carried[0] + sums[0] - self.last[0], self.carried[1] + sums[1] - self.last[1])
-        self.last = sums
+    def epoch_end(self, tally: Any) -> None:
+        """The epoch's end: the tail since the last row carries over."""
+        now = self.read(tally)
+        self.carried, self.last = self._open(now), now
 
     def state_dict(self) -> Dict[str, Any]:
         """For a checkpoint (every process calls it, at the same point): the open window's
-        loss sums over every process, and the step of the last row."""
-        now = self.sums()
-        open_window = (self.carried[0] + now[0] - self.last[0], self.carried[1] + now[1] - self.last[1])
-        total, count = self.collective.all_reduce(torch.tensor(open_window, dtype=torch.float64)).tolist()
-        return {"window": [total, count], "last_step": self.last_step}
+        sums over every process, and the step of the last row."""
+        now = self.read(self.tally) if self.tally is not None else self.last
+        window = self.collective.all_reduce(torch.tensor(self._open(now), dtype=torch.float64)).tolist()
+        return {"window": window, "last_step": self.last_step}
 
     def restore(self, state: Optional[Dict[str, Any]], rank: int) -> None:
         """Go on with a checkpoint's open window (``state_dict``): rank 0 carries its sums."""
         if state:
-            self.carried = tuple(state["window"]) if rank == 0 else (0.0, 0.0)
+            window = (list(state["window"]) + [0.0] * self.width)[:self.width]
+            self.carried = window if rank == 0 else [0.0] * self.width
             self.last_step, self.restored = int(state["last_step"]), True
 
-    def row(self, sums: Optional[Tuple[float, float]], step: int, epoch: int, batch: int, lr: Dict[str, float],
+    def row(self, sums: Optional[Sequence[float]], step: int, epoch: int, batch: int, lr: Dict[str, float],
             tested: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """The row after update ``step``: with ``sums``, the epoch's ``(loss sum, count)`` so
-        far (a ``log_every_n_steps`` step), the training loss since the last such row; with
+        """The row after update ``step``: with ``sums``, the epoch's so far (``read``: a
+        ``log_every_n_steps`` step), the training loss since the last such row; with
         ``tested``, the ``test_*`` figures of an evaluation made then (``eval_every_n_steps``).
         Every process calls it at the same steps."""
         row: Dict[str, Any] = {"step": step, "epoch": epoch, "batch": batch}
         if sums is not None:
-            window = (self.carried[0] + sums[0] - self.last[0], self.carried[1] + sums[1] - self.last[1])
-            self.last, self.carried = sums, (0.0, 0.0)
-            total, count = self.collective.all_reduce(torch.tensor(window, dtype=torch.float64)).tolist()
-            row.update(steps=step - self.last_step, train_loss=total / count if count else math.nan)
+            window, self.carried, self.last = self._open(sums), [0.0] * self.width, list(sums)
+            total = self.collective.all_reduce(torch.tensor(window, dtype=torch.float64)).tolist()
+            row.update(steps=step - self.last_step, train_loss=_ratio(total[0], total[1]))
+            if self.updates:
+                each = {f"train_{name}_loss": _ratio(total[2 + 2 * k], total[3 + 2 * k])
+                        for k, name in enumerate(self.updates)}
+                row.update(train_loss=sum(each.values()), **each)
             self.last_step = step
         row.update(lr)                  # {"lr": ...} (report.lr_figures)
         row.update(tested or {})
         self.rows.append(row)
         return row
+
+
+def _ratio(total: float, count: float) -> float:
+    return total / count if count else math.nan
 
 
 def log_step(run: Any, tally: Any, epoch: int, batch: int, result: Any = None) -> None:
@@ -106,7 +126,7 @@ def log_step(run: Any, tally: Any, epoch: int, batch: int, result: Any = None) -
         others = other_sets(run.engine, run.other_evals, run.collective)
         run._step_evals = (run.step, evals, others)
         figures.update(others)
-    row = run.step_log.row(tally.numbers() if logged else None, run.step, epoch, batch,
+    row = run.step_log.row(run.step_log.read(tally) if logged else None, run.step, epoch, batch,
                            lr_figures(run.engine.trainer), figures)
     if logged and run.config.log_grad_norm and result is not None and result.stepped \
             and result.grad_norm is not None:
