@@ -696,24 +696,34 @@ def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_
         assert any("10 samples of the longer shares are not read each epoch" in line for line in lines) == (rank == 0)
 
 
-def fit_gan(rank, world, devices):
-    """fit with two optimizers (tests/run/test_several_optimizers.py), 2 epochs, a scheduler each."""
-    from tests.run.test_several_optimizers import fit_gan as fit
+def fit_gan(rank, world, devices, batchnorm=False):
+    """fit with two optimizers (tests/run/test_several_optimizers.py), 2 epochs, a scheduler
+    each; ``batchnorm``: DCGAN's BatchNorm, synchronised, in float64."""
+    from tests.run.test_several_optimizers import data, fit_gan as fit
     from tests.tasks import gan
     torch.manual_seed(rank)
-    model, result, optimizers = fit(gan.GAN(seed=rank), devices=devices, epochs=2, batch_size=13,
-                                    scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=4))
+    real, z = data()
+    extra = {"sync_batchnorm": True} if batchnorm else {}
+    dtype = torch.float64 if batchnorm else torch.float32
+    torch.set_default_dtype(dtype)
+    try:
+        model, result, optimizers = fit(gan.GAN(seed=rank, batchnorm=batchnorm), (real.to(dtype), z.to(dtype)),
+                                        devices=devices, epochs=2, batch_size=13, **extra,
+                                        scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=4))
+    finally:
+        torch.set_default_dtype(torch.float32)
     return ([p.detach().tolist() for p in model.parameters()],
             [{k: v for k, v in h.items() if k != "sec"} for h in result["history"]],
             [int(s["step"]) for opt in optimizers.values() for s in opt.state.values()])
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_several_optimizers_on_two_processes_equal_one_device(devices):
+@pytest.mark.parametrize("devices, batchnorm", [(1, False), (2, False), (1, True)])
+def test_several_optimizers_on_two_processes_equal_one_device(devices, batchnorm):
     """A GAN: rank 1 starts from other weights (rank 0's win), each process trains its part of
-    every batch of 13 (uneven parts), and both end with one device's weights and figures."""
-    want_params, want_history, want_steps = fit_gan(0, 1, 1)
-    ranks = run_workers(fit_gan, devices)
+    every batch of 13 (uneven parts), and both end with one device's weights and figures
+    (with BatchNorm synchronised over the processes too)."""
+    want_params, want_history, want_steps = fit_gan(0, 1, 1, batchnorm)
+    ranks = run_workers(fit_gan, devices, batchnorm)
     params, history, steps = ranks[0]
     for p, q in zip(params, want_params):
         torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
@@ -721,7 +731,7 @@ def test_several_optimizers_on_two_processes_equal_one_device(devices):
         assert row.keys() == want_row.keys()
         for k in want_row:
             assert abs(row[k] - want_row[k]) <= 1e-5 * max(1.0, abs(want_row[k])), (k, row, want_row)
-    assert steps == want_steps == [14] * 8      # 7 batches an epoch, 2 epochs, 4 tensors each
+    assert steps == want_steps == [14] * len(params)     # 7 batches an epoch, 2 epochs, each tensor
     assert ranks[0] == ranks[1]
 
 

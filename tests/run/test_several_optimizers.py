@@ -160,6 +160,7 @@ def test_devices_auto_measures_a_copy_with_its_own_optimizers():
     ({"lr": 0.1}, "lr: not taken with several optimizers (set each optimizer's own lr"),
     ({"accumulate_grad_batches": 2}, "accumulate_grad_batches: not taken with several optimizers"),
     ({"amp": "fp16"}, "amp: not taken with several optimizers"),
+    ({"log_grad_norm": True, "log_every_n_steps": 1}, "log_grad_norm: not taken with several optimizers"),
 ])
 def test_what_several_optimizers_cannot_take_is_refused_with_the_fix(settings, said):
     gan = g.GAN()
@@ -223,3 +224,20 @@ def test_step_rows_give_each_updates_loss_over_their_window_and_resume_exactly(t
     assert len(again["step_history"]) == len(rows)
     for got, want in zip(again["step_history"], rows):
         assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-5) for k in want), (got, want)
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+def test_a_gan_with_batchnorm_and_sync_batchnorm_trains_as_the_plain_loop(devices):
+    """DCGAN's BatchNorm in both networks, statistics over the whole batch: N devices train as
+    one does (float64: per-device statistics would be off by ~0.1)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        want = g.plain_loop([(r.double(), z.double()) for r, z in g.batches()], batchnorm=True)
+        real, z = data()
+        gan, _, _ = fit_gan(g.GAN(batchnorm=True), (real.double(), z.double()), devices=devices, sync_batchnorm=True)
+    finally:
+        torch.set_default_dtype(before)
+    assert isinstance(gan.generator[1], torch.nn.BatchNorm1d)      # its own layers, given back
+    for (name, p), q in zip(gan.state_dict().items(), want.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-7, atol=1e-8, msg=name)

@@ -12,11 +12,12 @@ LATENT = 4
 class GAN(nn.Module):
     """A generator and a discriminator in one module, as Keras's and Lightning's GANs hold them."""
 
-    def __init__(self, seed=0):
+    def __init__(self, seed=0, batchnorm=False):
         super().__init__()
         torch.manual_seed(seed)
-        self.generator = nn.Sequential(nn.Linear(LATENT, 32), nn.ReLU(), nn.Linear(32, 2))
-        self.discriminator = nn.Sequential(nn.Linear(2, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+        norm = (lambda: nn.BatchNorm1d(32)) if batchnorm else nn.Identity      # (DCGAN's BatchNorm)
+        self.generator = nn.Sequential(nn.Linear(LATENT, 32), norm(), nn.ReLU(), nn.Linear(32, 2))
+        self.discriminator = nn.Sequential(nn.Linear(2, 32), norm(), nn.LeakyReLU(0.2), nn.Linear(32, 1))
 
 
 def adam(module):
@@ -42,9 +43,9 @@ def g_loss(gan, z, reduction="mean"):
     return bce(gan.discriminator(gan.generator(z)), 1.0, reduction)
 
 
-def plain_loop(data=None):
+def plain_loop(data=None, batchnorm=False):
     """The discriminator's step, then the generator's, on each batch: one device."""
-    gan = GAN()
+    gan = GAN(batchnorm=batchnorm)
     opt_d, opt_g = adam(gan.discriminator), adam(gan.generator)
     for real, z in data or batches():
         opt_d.zero_grad()

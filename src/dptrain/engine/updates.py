@@ -62,7 +62,7 @@ def check_updates(task: Any) -> None:
 #: Settings of a run not taken with several optimizers yet: (setting, when it is in force).
 NOT_WITH_SEVERAL = {
     "accumulate_grad_batches": lambda v: v > 1, "amp": lambda v: v == "fp16", "compile": bool,
-    "balance": lambda v: v not in (None, "even"), "sync_batchnorm": bool, "log_grad_norm": bool,
+    "balance": lambda v: v not in (None, "even"), "log_grad_norm": bool,
     "train_metrics": bool, "validation_split": lambda v: v is not None, "eval_every_n_steps": bool,
     "lr": lambda v: v is not None,
 }
