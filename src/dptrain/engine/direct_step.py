@@ -74,7 +74,7 @@ def whole_loss(engine: Any, shard: Batch, device: torch.device):
         if figures is not None:
             figures.add(0, output, target)
         return whole
-    value, count, output, mean = engine._step_loss(net, shard, device)          # a step function's
+    value, count, output, mean = engine.steps.loss(net, shard, engine._autocast(device))     # a step function's
     if figures is not None:
         figures.add_step_output(0, net, shard, output)
     return (value if mean or count is None else value / count), count

@@ -60,7 +60,7 @@ def evaluate(engine, batches) -> Totals:
         if move:
             shard = to_device(shard, device, engine.memory_format)
         if adapter is None:
-            value, count, output = engine._loss_and_output(net, shard, device)
+            value, count, output = engine.steps.sum_loss(net, shard, engine._autocast(device))
             accumulate(out, "loss", value)
             accumulate(out, "count", batch_size(shard) if count is None else count)
             if not needs_output:

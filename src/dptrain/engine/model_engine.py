@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -29,8 +29,9 @@ from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
 from .loss_scale import LossScale
-from .losses import Count, LossAdapter, add_counts, explain_no_grad, host_number, read_step
+from .losses import Count, LossAdapter, add_counts, host_number
 from .stateful_metrics import StatefulMetrics
+from .step_functions import StepFunctions
 from .step_plan import StepPlan, StepResult
 from .task import Task
 from .train_figures import TrainFigures
@@ -75,6 +76,8 @@ class ModelEngine:
         self.task, self.clip_grad_norm, self.sync_batchnorm = task, clip_grad_norm, sync_batchnorm
         self.clip_grad_value = clip_grad_value
         self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
+        # A step function's forms (steps of several optimizers too), read as the engine needs them
+        self.steps = StepFunctions(None if task.several else task.step, task.reduction)
         self.forward = task.forward or default_forward
         self.memory_format = torch.channels_last if channels_last else None
         model = task.model
@@ -101,9 +104,6 @@ class ModelEngine:
                              "every device inside the graph; drop one of them")
         self._nets: Optional[List[nn.Module]] = None
         self.compile_seconds = 0.0
-        # Whether each step function returns (sum, count), once it has run (then the batch
-        # alone tells the denominator: it rides with the gradients, no message of its own).
-        self._pairs: Dict[Callable, bool] = {}
         self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
         if task.several:
@@ -175,54 +175,16 @@ class ModelEngine:
             if figures is not None:
                 figures.add(scored, output, target)
             return value, denominator
-        value, denominator, output = self._loss_and_output(net, shard, device, step)
+        value, denominator, output = self.steps.sum_loss(net, shard, self._autocast(device), step)
         if figures is not None:
             figures.add_step_output(scored, net, shard, output)
         return value, denominator
-
-    def _loss_and_output(self, net: nn.Module, shard: Batch, device: torch.device,
-                         step: Optional[Callable] = None) -> Tuple[torch.Tensor, Count, Any]:
-        """A step function's loss as a sum, its denominator, and the output it returned
-        besides its loss (its ``logits``, for metrics; None if none)."""
-        value, denominator, output, mean = self._step_loss(net, shard, device, step)
-        return (value * denominator if mean else value), denominator, output
-
-    def _step_loss(self, net: nn.Module, shard: Batch, device: torch.device,
-                   step: Optional[Callable] = None) -> Tuple[torch.Tensor, Count, Any, bool]:
-        """The step function's loss as it gave it: ``(value, denominator, output, mean)``,
-        ``mean`` when the value is a mean over the denominator's samples (else a sum; one
-        device of one process trains on it as it is, ``direct_step.py``)."""
-        step = step or self.task.step
-        try:
-            with self._autocast(device):
-                out, output = read_step(step(net, shard))
-        except RuntimeError as e:
-            explain_no_grad(e)
-            raise
-        if isinstance(out, (tuple, list)):
-            if len(out) != 2:
-                raise ValueError(f"step returned {len(out)} values: return the loss, or (sum, count)")
-            self._pairs[step] = True
-            return out[0].reshape(()), out[1], output, False
-        if not isinstance(out, torch.Tensor) or out.numel() != 1:
-            raise ValueError(f"step must return the loss (one number) or (sum, count), got "
-                             f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
-        self._pairs[step] = False
-        value = out if out.dim() == 0 else out.reshape(())      # (a view: an operation, and one in backward)
-        if self.task.reduction == "sum":
-            return value, None, output, False
-        return value, batch_size(shard), output, True
 
     def _known_count(self, batch: Batch, step: Optional[Callable] = None) -> Tuple[bool, Count]:
         """This process's denominator before any forward, when the batch alone tells it
         (``step``: an update's step function, several optimizers; default the task's)."""
         if self.adapter is None:
-            pairs = self._pairs.get(step or self.task.step)
-            if self.task.reduction == "sum" and pairs is False:
-                return True, None
-            if pairs is False:
-                return True, batch_size(batch)
-            return False, None          # not known yet whether the step returns (sum, count)
+            return self.steps.known_count(batch, step)
         if self.task.forward is not None or self.adapter.pairs is not False:
             return False, None          # the forward or the loss tells it
         _, target = input_and_target(batch)

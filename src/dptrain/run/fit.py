@@ -52,7 +52,9 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
     loss``, ``optimizer`` (name, ``torch.optim`` class or factory, or an optimizer built on
     ``model``), ``lr``, ``scheduler(optimizer)`` stepped per ``scheduler_interval``,
     ``metrics={name: fn(output, target) -> (sum, count) or a torchmetrics object}``,
-    ``init(model)``, ``collate_fn``,
+    ``init(model)``, ``collate_fn``; several optimizers (a GAN): ``step`` and ``optimizer``
+    dicts with the same names, each batch running each step and its update in turn
+    (``engine/updates.py``),
     ``epochs``, ``batch_size`` (global: split over every device of every process),
     ``kvstore``, ``callbacks`` (``dptrain.Callback``: hooks at each batch and epoch, which
     can stop the run and keep state in checkpoints), ``name``.

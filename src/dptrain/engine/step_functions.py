@@ -1,0 +1,76 @@
+"""The user's step functions (``step=fn(model, batch) -> loss``, or several by update name):
+what each returns, read as the engine needs it.
+
+A step returns its loss as a mean over the shard's samples (the usual), a sum (with
+``reduction="sum"``), or ``(sum, count)`` (a weighted or masked loss counting its own
+denominator), and may return a dict or a Hugging Face output holding the loss and its
+``logits`` (``losses.read_step``). Which form a function returns is remembered once it has run:
+then the batch alone tells the denominator before any forward (``known_count``), and with
+several processes it rides in the last gradient bucket, not in a message of its own (each
+GAN update's did: 0.9x DDP's speed, benchmarks/RESULTS.md session 28).
+
+>>> steps = StepFunctions(task.step, task.reduction)
+>>> value, count, output, mean = steps.loss(net, shard, autocast)    # as the step gave it
+>>> steps.known_count(batch)                                         # (True, 64) once it ran
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..data.batch import Batch, batch_size
+from .losses import Count, explain_no_grad, read_step
+
+Step = Callable[[nn.Module, Any], Any]
+
+
+class StepFunctions:
+    """``default``: the task's step function (None with several: each call names its own);
+    ``reduction``: ``"sum"`` when a one-number loss is a sum over the shard."""
+
+    def __init__(self, default: Optional[Step], reduction: Optional[str]):
+        self.default, self.reduction = default, reduction
+        self._pairs: Dict[Step, bool] = {}      # whether each returned (sum, count)
+
+    def loss(self, net: nn.Module, shard: Batch, autocast: ContextManager,
+             step: Optional[Step] = None) -> Tuple[torch.Tensor, Count, Any, bool]:
+        """``step``'s loss on ``shard`` as it gave it: ``(value, denominator, output, mean)``,
+        ``mean`` when the value is a mean over the denominator's samples (else a sum; one
+        device of one process trains on it as it is, ``direct_step.py``), ``output`` what it
+        returned besides its loss (its ``logits``, for metrics; None if none)."""
+        step = step or self.default
+        try:
+            with autocast:
+                out, output = read_step(step(net, shard))
+        except RuntimeError as e:
+            explain_no_grad(e)
+            raise
+        if isinstance(out, (tuple, list)):
+            if len(out) != 2:
+                raise ValueError(f"step returned {len(out)} values: return the loss, or (sum, count)")
+            self._pairs[step] = True
+            return out[0].reshape(()), out[1], output, False
+        if not isinstance(out, torch.Tensor) or out.numel() != 1:
+            raise ValueError(f"step must return the loss (one number) or (sum, count), got "
+                             f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+        self._pairs[step] = False
+        value = out if out.dim() == 0 else out.reshape(())      # (a view: an operation, and one in backward)
+        if self.reduction == "sum":
+            return value, None, output, False
+        return value, batch_size(shard), output, True
+
+    def sum_loss(self, net: nn.Module, shard: Batch, autocast: ContextManager,
+                 step: Optional[Step] = None) -> Tuple[torch.Tensor, Count, Any]:
+        """``loss``'s value as a sum over the shard, its denominator and the output."""
+        value, denominator, output, mean = self.loss(net, shard, autocast, step)
+        return (value * denominator if mean else value), denominator, output
+
+    def known_count(self, batch: Batch, step: Optional[Step] = None) -> Tuple[bool, Count]:
+        """This process's denominator for ``step`` on ``batch`` before any forward, if the batch
+        alone tells it (the function has run: its form is known); else ``(False, None)``."""
+        pairs = self._pairs.get(step or self.default)
+        if pairs is False:
+            return True, (None if self.reduction == "sum" else batch_size(batch))
+        return False, None
