@@ -9,8 +9,9 @@ optimizer's parameters require gradients, on every replica (Lightning's
 to count in their next update. That is the plain loop's result, whose
 ``opt_d.zero_grad()`` before each update throws those gradients away.
 
-It offers what a run asks of its ``Trainer`` (state for checkpoints, learning rates,
-closing), each by update where one is not enough.
+It offers what a run with several optimizers asks of its ``Trainer`` (state for checkpoints,
+learning rates, what callbacks change, closing), each by update where one is not enough; the
+settings that would ask more are refused before (``engine/updates.py``).
 
 >>> trainers = Trainers(replicas, {"d": torch.optim.Adam(gan.d.parameters()), "g": ...})
 >>> with trainers.toggled("d"):
@@ -88,15 +89,6 @@ class Trainers:
 
     # -- what a run asks of its trainer ----------------------------------------------------
     @property
-    def world_size(self) -> int:
-        return self._first.world_size
-
-    @property
-    def alone(self) -> bool:
-        """Never the plain loop's direct step (``engine/direct_step.py``): updates take turns."""
-        return False
-
-    @property
     def learning_rate(self) -> float:
         """The first update's optimizer's (first group's) learning rate; ``learning_rates``: each's."""
         return self._first.learning_rate
@@ -104,10 +96,6 @@ class Trainers:
     @property
     def learning_rates(self) -> Dict[str, float]:
         return {name: t.learning_rate for name, t in self.trainers.items()}
-
-    def set_learning_rate(self, lr: float) -> None:
-        for t in self.trainers.values():
-            t.set_learning_rate(lr)
 
     @property
     def optimizer(self) -> Dict[str, Any]:
@@ -117,9 +105,6 @@ class Trainers:
     @property
     def optimizer_name(self) -> str:
         return ", ".join(f"{name}: {t.optimizer_name}" for name, t in self.trainers.items())
-
-    def grad_norms(self) -> Dict[str, float]:
-        return {k: v for t in self.trainers.values() for k, v in t.grad_norms().items()}
 
     def follow_edits(self) -> None:
         for t in self.trainers.values():
@@ -132,10 +117,6 @@ class Trainers:
             raise ValueError("requires_grad changed during training: with several optimizers each one's parameters "
                              "train from the start to the end of a fit; freeze or unfreeze layers between two fits")
         return any([t.follow(False) for t in self.trainers.values()])
-
-    def discard_gradients(self) -> None:
-        for t in self.trainers.values():
-            t.discard_gradients()
 
     def state_dict(self) -> dict:
         return {"updates": {name: t.state_dict() for name, t in self.trainers.items()}}
