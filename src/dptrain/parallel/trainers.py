@@ -14,8 +14,8 @@ learning rates, what callbacks change, closing), each by update where one is not
 settings that would ask more are refused before (``engine/updates.py``).
 
 >>> trainers = Trainers(replicas, {"d": torch.optim.Adam(gan.d.parameters()), "g": ...})
->>> with trainers.toggled("d"):
-...     trainers["d"].step_with(compute, n)
+>>> with trainers.toggled("d") as trainer:
+...     trainer.step_with(compute, n)
 """
 from __future__ import annotations
 
@@ -63,9 +63,6 @@ class Trainers:
         # Each update's parameters, by index among the model's.
         self._own = {name: {index[id(p)] for g in opt.param_groups for p in g["params"]}
                      for name, opt in optimizers.items()}
-
-    def __getitem__(self, name: str) -> Trainer:
-        return self.trainers[name]
 
     @property
     def names(self) -> List[str]:
