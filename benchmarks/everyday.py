@@ -43,6 +43,9 @@ class Program:
     # Several optimizers (a GAN): {submodule name: step(model, batch) -> loss}, in order; each
     # submodule's own optimizer (``optimizer`` over its parameters) updates after its step.
     updates: Optional[Dict[str, Callable]] = None
+    # Several optimizers on one loss (Muon + AdamW): fn(model) -> {name: optimizer on its
+    # parameters}; each steps after the one backward.
+    optimizers: Optional[Callable[[nn.Module], Dict[str, torch.optim.Optimizer]]] = None
 
     def dataset(self) -> Dataset:
         data = self.data()
@@ -118,6 +121,16 @@ class TinyEncoder(nn.Module):
         if labels is not None:
             out["loss"] = F.cross_entropy(logits, labels)
         return out
+
+
+def muon_and_adamw(model: nn.Module) -> Dict[str, torch.optim.Optimizer]:
+    """Muon for the hidden matrices, AdamW for the embedding, the biases and the output layer
+    (Muon's own advice: not for embeddings or the last layer)."""
+    named = list(model.named_parameters())
+    last = named[-2][0]           # the output layer's weight
+    matrices = [p for n, p in named if p.ndim == 2 and "embed" not in n and n != last]
+    others = [p for p in model.parameters() if all(p is not q for q in matrices)]
+    return {"muon": torch.optim.Muon(matrices, lr=0.02), "adamw": torch.optim.AdamW(others, lr=1e-3)}
 
 
 def hf_step(model, batch):
@@ -223,6 +236,8 @@ PROGRAMS: Dict[str, Program] = {
     "resnet18": Program("resnet18", lambda: fashion_tensors(512), resnet, 64, 0.05),
     "gan": Program("gan", ring, RingGAN, 256, 1e-3, functools.partial(torch.optim.Adam, betas=(0.5, 0.999)),
                    updates={"discriminator": gan_d_step, "generator": gan_g_step}),
+    "muon": Program("muon", lambda: Sentences(4096), TinyEncoder, 32, 1e-3, collate=pad_collate, step=hf_step,
+                    optimizers=muon_and_adamw),
 }
 
 
@@ -236,7 +251,7 @@ def shrink(program: Program, samples: int) -> Program:
             return d[:samples]
         return torch.utils.data.Subset(d, range(min(samples, len(d))))
     return Program(program.name, data, program.model, program.batch, program.lr, program.optimizer,
-                   program.collate, min(program.workers, 1), program.step, program.updates)
+                   program.collate, min(program.workers, 1), program.step, program.updates, program.optimizers)
 
 
 # -- the frameworks ---------------------------------------------------------------------------
@@ -252,7 +267,10 @@ def _loss(program: Program, model: nn.Module, batch: Any) -> torch.Tensor:
 
 
 def _optimizer(program: Program, model: nn.Module) -> Any:
-    """The program's optimizer on the model; with several, ``{name: one on that submodule}``."""
+    """The program's optimizer on the model; with several, ``{name: one on that submodule}``
+    (or on its parameters: ``program.optimizers``)."""
+    if program.optimizers is not None:
+        return program.optimizers(model)
     if program.updates is None:
         return program.optimizer(model.parameters(), lr=program.lr)
     return {name: program.optimizer(getattr(model, name).parameters(), lr=program.lr) for name in program.updates}
@@ -262,6 +280,14 @@ def _train_batch(program: Program, model: nn.Module, opt: Any, to: Callable[[Any
                  backward: Callable[[torch.Tensor], None] = torch.Tensor.backward) -> Callable[[Any], None]:
     """One batch as the program's users write it: ``zero_grad``, backward, ``step``; with
     several optimizers each update in turn (the GAN: the discriminator's, then the generator's)."""
+    if program.optimizers is not None:
+        def train_all(batch: Any) -> None:
+            for o in opt.values():
+                o.zero_grad()
+            backward(_loss(program, model, to(batch)))
+            for o in opt.values():
+                o.step()
+        return train_all
     if program.updates is None:
         def train(batch: Any) -> None:
             opt.zero_grad()
@@ -374,8 +400,9 @@ def fit_settings(program: Program, epochs: int, devices: Optional[str] = None,
     """``dptrain.fit``'s keyword arguments for the program, as its README writes them."""
     kwargs: Dict[str, Any] = dict(optimizer=program.optimizer, lr=program.lr, epochs=epochs,
                                   batch_size=program.batch, num_workers=program.workers, log=None, progress=False)
-    if program.updates is not None:     # (the optimizers, built on the model: see with_model)
+    if program.updates is not None or program.optimizers is not None:     # (built on the model: with_model)
         del kwargs["optimizer"], kwargs["lr"]
+    if program.updates is not None:
         kwargs["step"] = dict(program.updates)
     if program.collate is not None:
         kwargs["collate_fn"] = program.collate
@@ -390,7 +417,8 @@ def fit_settings(program: Program, epochs: int, devices: Optional[str] = None,
 
 def with_model(program: Program, model: nn.Module, settings: Dict[str, Any]) -> Dict[str, Any]:
     """``settings`` with the optimizers several updates need, built on ``model``'s parts."""
-    return {**settings, "optimizer": _optimizer(program, model)} if program.updates is not None else settings
+    several = program.updates is not None or program.optimizers is not None
+    return {**settings, "optimizer": _optimizer(program, model)} if several else settings
 
 
 def run_dptrain(program: Program, epochs: int, devices: Optional[str] = None,
@@ -423,7 +451,11 @@ def run_accelerate(program: Program, epochs: int, gate: Optional[Callable[[], No
     model = program.model()
     opt = _optimizer(program, model)
     loader = _loader(program, program.batch // accelerator.num_processes)
-    if program.updates is None:
+    if program.optimizers is not None:      # the model and every optimizer prepared
+        names = list(opt)
+        model, *prepared, loader = accelerator.prepare(model, *opt.values(), loader)
+        opt = dict(zip(names, prepared))
+    elif program.updates is None:
         model, opt, loader = accelerator.prepare(model, opt, loader)
     else:       # each submodule and its optimizer prepared, as Accelerate's GAN examples do
         names = list(program.updates)

@@ -53,19 +53,24 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_gan_program_runs_in_every_framework_in_smoke_mode(tmp_path):
-    """Two optimizers, each framework's way (DDP and Accelerate: each network wrapped)."""
+def test_the_programs_of_several_optimizers_run_in_every_framework_in_smoke_mode(tmp_path):
+    """Two optimizers, each framework's way: the GAN's taking turns (DDP and Accelerate: each
+    network wrapped), Muon + AdamW on one loss (Accelerate: each optimizer prepared)."""
     pytest.importorskip("accelerate")
     out = tmp_path / "programs.json"
     empty = ["--evaluation", "", "--interleaved", "", "--interleaved-evaluation", "", "--interleaved-processes", "",
              "--paired-evaluation", ""]
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke", "--programs",
-                           "gan", "--processes", "gan", "--paired", "gan", *empty, "--out", str(out)],
+                           "gan,muon", "--processes", "gan,muon", "--paired", "gan", *empty, "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    got = {(r["part"], r["variant"]) for r in json.loads(out.read_text())["rows"]}
+    rows = json.loads(out.read_text())["rows"]
+    got = {(r["part"], r["variant"]) for r in rows}
     assert {v for p, v in got if p == "2 processes"} == {"ddp", "accelerate", "dptrain"}
+    assert {(r["part"], r["variant"]) for r in rows if r["program"] == "muon"} >= {
+        ("2 processes", "ddp"), ("2 processes", "accelerate"), ("2 processes", "dptrain"),
+        ("1 process", "plain loop"), ("1 process", "dptrain, 1 device")}
     assert {("1 process", "plain loop"), ("1 process", "dptrain, 1 device"), ("1 process", "accelerate"),
             ("1 process, paired", "dptrain, 1 device")} <= got
 

@@ -24,6 +24,7 @@ from .core.runner import DeviceRunner, get_runner
 from .data import ArrayLoader, DatasetLoader, TensorLoader, load_dataset
 from .distributed.env import rank
 from .engine.task import Task
+from .parallel.combined import CombinedOptimizer
 from .parallel.replicas import NotInitializedError, Replicas, replicate
 from .parallel.trainer import Trainer
 from .run.fit import fit
@@ -38,7 +39,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the product
-    "fit", "evaluate", "predict", "load_weights", "Task", "Callback", "BatchEnd", "Trainer", "Replicas", "replicate", "NotInitializedError",
+    "fit", "evaluate", "predict", "load_weights", "Task", "Callback", "BatchEnd", "Trainer", "CombinedOptimizer", "Replicas", "replicate",
+    "NotInitializedError",
     "ArrayLoader", "DatasetLoader", "TensorLoader", "load_dataset", "rank",
     # devices
     "as_device", "cpu", "gpu", "num_gpus", "try_all_gpus", "try_gpu", "parse_devices", "format_devices",

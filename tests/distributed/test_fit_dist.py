@@ -762,3 +762,21 @@ def test_a_step_of_several_optimizers_sends_its_denominators_with_the_gradients(
     bucket: no all_reduce of its own (one each cost the GAN 0.9x DDP's speed: RESULTS.md)."""
     for per_batch in run_workers(messages_a_gan_step_sends):
         assert per_batch[1:] == [0] * 4, per_batch
+
+
+def combined(rank, world, devices):
+    """Several optimizers on one loss (SGD for the weights, Adam for the biases), clipped."""
+    from tests.parallel.test_combined import net, parts
+    from tests.run.test_combined_fit import SETTINGS, data, schedule
+    model = net()
+    dptrain.fit(model, data(), optimizer=parts(model), scheduler=schedule, scheduler_interval="batch",
+                clip_grad_norm=0.3, devices=[dptrain.cpu(0)] * devices, **SETTINGS)
+    return [p.detach().tolist() for p in model.parameters()]
+
+
+def test_several_optimizers_on_one_loss_on_two_processes_equal_one_device():
+    want = combined(0, 1, 1)
+    for ranks in (run_workers(combined, 1), run_workers(combined, 2)):
+        for params in ranks:
+            for p, q in zip(params, want):
+                torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from .losses import REDUCTIONS
-from .updates import check_updates
+from .updates import check_updates, combined
 from ..parallel.optim import OptimizerSpec, check_learning_rate
 
 Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
@@ -41,7 +41,9 @@ class Task:
       ``model(x)`` against ``y``. ``step(model, batch) -> loss`` (or ``(sum, count)``): the
       whole loss, for models that compute their own.
     - ``optimizer``: a name (``"sgd"``...) with ``optimizer_params``, a ``torch.optim`` class
-      or factory, or an optimizer built on ``model``; ``lr`` overrides every group's.
+      or factory, or an optimizer built on ``model``; ``lr`` overrides every group's. Several
+      optimizers on one loss (Muon for matrices, AdamW for the rest): ``{name: optimizer}``
+      or a list, each built on its parameters, taken as one ``CombinedOptimizer``.
     - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval`` (with
       several optimizers: one for each, or a dict of them by update name).
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
@@ -92,6 +94,8 @@ class Task:
                              "computes the loss itself")
         if self.several:
             check_updates(self)
+        elif isinstance(self.optimizer, (dict, list, tuple)):       # one loss: stepped as one optimizer
+            self.optimizer = combined(self.optimizer, self.model, self.scheduler)
         for name in ("loss", "forward", "step", "scheduler", "init", "collate_fn"):
             value = getattr(self, name)
             if name in ("step", "scheduler") and self.several and isinstance(value, dict):
@@ -127,7 +131,7 @@ class Task:
     @property
     def several(self) -> bool:
         """Whether it has several optimizers, each with its step (``step`` a dict)."""
-        return isinstance(self.step, dict) or isinstance(self.optimizer, dict)
+        return isinstance(self.step, dict)
 
     @property
     def updates(self) -> Dict[str, Callable[[nn.Module, Any], Any]]:

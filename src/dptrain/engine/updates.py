@@ -20,6 +20,7 @@ from typing import Any, Dict
 import torch
 
 from ..data.batch import Batch
+from ..parallel.combined import CombinedOptimizer
 from ..parallel.sync.base import Extras
 from ..parallel.trainers import check_optimizers
 from .losses import add_counts
@@ -32,8 +33,9 @@ def check_updates(task: Any) -> None:
     on its own parameters of the model; and nothing given that applies to one optimizer."""
     step, optimizer = task.step, task.optimizer
     if not isinstance(step, dict) or not isinstance(optimizer, dict):
-        raise TypeError("several optimizers take a step each: give step={name: fn(model, batch) -> loss} and "
-                        "optimizer={name: an optimizer built on the parameters that step trains}, with the same names")
+        raise TypeError("a dict of steps takes turns, one optimizer each: give step={name: fn(model, batch) -> loss} "
+                        "and optimizer={name: an optimizer built on the parameters that step trains}, with the same "
+                        "names (several optimizers on one loss take one step: step=fn, optimizer={name: optimizer})")
     if not step:
         raise ValueError("step is an empty dict: give one step function per optimizer")
     if set(step) != set(optimizer):
@@ -57,6 +59,27 @@ def check_updates(task: Any) -> None:
     if one:
         raise ValueError(f"{', '.join(one)}: not taken with several optimizers (set each optimizer's own lr; an "
                          f"evaluation of a GAN is a callback of yours, on_epoch_end with run.model)")
+
+
+def combined(optimizers: Any, model: torch.nn.Module, scheduler: Any) -> CombinedOptimizer:
+    """Several optimizers given with one step (or loss): one ``CombinedOptimizer`` of them, once
+    each is seen built on its own parameters of ``model``; a ``TypeError`` or ``ValueError``
+    naming the fix otherwise (a scheduler for each: one over all of their groups instead)."""
+    named = optimizers if isinstance(optimizers, dict) else dict(enumerate(optimizers))
+    if not named:
+        raise ValueError("optimizer is empty: give one optimizer, or several built on their parameters")
+    for key, optimizer in named.items():
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer[{key!r}] must be an optimizer built on the parameters it updates: with "
+                            f"several optimizers on one loss each names its parameters, e.g. "
+                            f"{{'muon': torch.optim.Muon(matrices, lr=0.02), 'adamw': torch.optim.AdamW(others)}}; "
+                            f"got {type(optimizer).__name__}")
+    check_optimizers(named, model)
+    if isinstance(scheduler, dict):
+        raise TypeError("scheduler: with one step, the optimizers are stepped as one, whose groups are all of "
+                        "theirs in order: give one fn(optimizer) -> scheduler (LambdaLR(optimizer, [f, g]) takes "
+                        "a function per group); a dict of schedulers goes with a dict of steps")
+    return CombinedOptimizer(optimizers)
 
 
 #: Settings of a run not taken with several optimizers yet: (setting, when it is in force).

@@ -101,6 +101,7 @@ class OptimizerPlan:
 
     def __init__(self, cls: type, defaults: Dict[str, Any], groups: List[Tuple[List[int], Dict[str, Any]]]):
         self.cls, self.defaults, self.groups = cls, defaults, groups
+        self.label = cls.__name__       # what checkpoints and the run's header call it
 
     @classmethod
     def resolve(cls, spec: OptimizerSpec, optimizer_params: Optional[Mapping[str, Any]],
@@ -128,6 +129,9 @@ class OptimizerPlan:
 
     @classmethod
     def from_optimizer(cls, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> "OptimizerPlan":
+        from .combined import CombinedOptimizer, CombinedPlan      # (combined.py builds on this module)
+        if isinstance(optimizer, CombinedOptimizer):
+            return CombinedPlan.of(optimizer, params)
         return cls(type(optimizer), dict(optimizer.defaults), _groups_of(optimizer, params))
 
     def regrouped(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> "OptimizerPlan":
@@ -221,6 +225,7 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                  replicas: Sequence[Sequence[torch.Tensor]]):
         groups = [{"params": [params[j] for j in members], **hyper} for members, hyper in plan.groups]
         super().__init__(groups, plan.defaults)
+        self.label = plan.label
         self._replicas = replicas
         #: Whether ``add_param_group`` may add groups between steps (``fit``'s Trainer follows
         #: them: ``Trainer.follow``); ``group_added``: one was added since the Trainer last looked.

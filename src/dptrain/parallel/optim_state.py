@@ -32,7 +32,7 @@ def optimizer_state(optimizers: Sequence[torch.optim.Optimizer], groups: Sequenc
                 state[j] = dict(opt.state[groups[i][j]])
         if mine is None:        # every device holds the same full state: one is enough
             break
-    return {"optimizer": type(optimizers[0]).__name__, "shapes": [list(p.shape) for p in groups[0]],
+    return {"optimizer": replicated.label, "shapes": [list(p.shape) for p in groups[0]],
             "state": state, "groups": replicated.state_dict()["param_groups"]}
 
 
@@ -41,8 +41,9 @@ def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.op
                          replicated: Optional["ReplicatedOptimizer"] = None) -> None:
     """Load what ``optimizer_state`` gave into ``optimizers`` (over ``groups``), whatever
     devices, kvstore or processes saved it, and its groups' hyper-parameters into
-    ``replicated`` (if given); a ValueError names what does not match."""
-    ours = type(optimizers[0]).__name__
+    ``replicated`` (if given: the optimizer it names must be this one); a ValueError names
+    what does not match."""
+    ours = replicated.label if replicated is not None else state.get("optimizer")
     if state.get("optimizer") != ours:
         raise ValueError(f"the checkpoint's optimizer is {state.get('optimizer')!r}, this run's {ours!r}: "
                          f"resume with the same optimizer")
@@ -122,7 +123,7 @@ def lend(user: torch.optim.Optimizer, new: Sequence[int], optimizers: Sequence[t
         return
     lent = state_of_user_optimizer(user, [groups[0][k] for k in new], replicated)["state"]
     if lent:
-        state = {"optimizer": type(optimizers[0]).__name__, "state": {new[k]: s for k, s in lent.items()},
+        state = {"optimizer": replicated.label, "state": {new[k]: s for k, s in lent.items()},
                  "shapes": [list(p.shape) for p in groups[0]]}
         load_optimizer_state(state, optimizers, groups)
         for k in new:
@@ -135,7 +136,7 @@ def state_of_user_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[t
     """The state an optimizer the user built on the model holds (a second ``fit`` with it, or
     one trained before), as ``optimizer_state`` lays it out: ``params``, the trainable ones."""
     index = {id(p): j for j, p in enumerate(params)}
-    return {"optimizer": type(optimizer).__name__, "shapes": [list(p.shape) for p in params],
+    return {"optimizer": replicated.label, "shapes": [list(p.shape) for p in params],
             "state": {index[id(p)]: dict(s) for p, s in optimizer.state.items() if id(p) in index},
             "groups": replicated.state_dict()["param_groups"]}
 

@@ -153,6 +153,15 @@ class Trainer:
         self._ready()
         return float(self.optimizer.param_groups[0]["lr"])
 
+    @property
+    def learning_rates(self) -> Optional[Dict[str, float]]:
+        """With a ``CombinedOptimizer``: each of its optimizers' learning rate (its first
+        group's), by name; None with one optimizer (``learning_rate`` is all there is)."""
+        self._ready()
+        firsts = getattr(self.layout.plan, "first_groups", None)
+        return None if firsts is None else {name: float(self.optimizer.param_groups[g]["lr"])
+                                            for name, g in firsts.items()}
+
     def set_learning_rate(self, lr: float) -> None:
         """Set every parameter group's learning rate from the next step on (0 is allowed)."""
         lr = check_learning_rate(lr)
@@ -312,9 +321,10 @@ class Trainer:
 
     @property
     def optimizer_name(self) -> str:
-        """The class name of the optimizer every device runs (``SGD``, ``AdamW``...)."""
+        """The class name of the optimizer every device runs (``SGD``, ``AdamW``...;
+        ``Muon+AdamW`` for a ``CombinedOptimizer``)."""
         self._ready()
-        return type(self._optimizers[0]).__name__
+        return self.optimizer.label
 
     @property
     def kvstore(self) -> GradientSync:

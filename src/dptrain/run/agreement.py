@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..engine.task import Task
+from ..parallel.combined import CombinedOptimizer
 from .config import TrainConfig
 
 
@@ -35,6 +36,8 @@ def describe_callable(spec: Any) -> str:
         return str(spec)
     if isinstance(spec, dict):                  # several optimizers: one per update name
         return "{" + ", ".join(f"{k}: {describe_callable(v)}" for k, v in spec.items()) + "}"
+    if isinstance(spec, CombinedOptimizer):
+        return "combined" + describe_callable(spec.optimizers)
     if isinstance(spec, torch.optim.Optimizer):
         return f"{type(spec).__name__}({spec.defaults})"
     func = getattr(spec, "func", None)          # functools.partial

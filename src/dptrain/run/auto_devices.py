@@ -33,6 +33,7 @@ import torch
 from ..core.devices import format_device
 from ..data.dataset_loader import make_loader
 from ..engine.model_engine import ModelEngine
+from ..parallel.combined import CombinedOptimizer
 from ..engine.task import Task
 from .config import TrainConfig
 
@@ -158,7 +159,9 @@ def _timed(engine: ModelEngine, batch: Any) -> float:
 def _engine(task: Task, config: TrainConfig, devices: List[torch.device], example: Any) -> ModelEngine:
     optimizer: Optional[Any] = task.optimizer
     model = copy.deepcopy(task.model)
-    if isinstance(optimizer, torch.optim.Optimizer):        # built on the real model: its kind, on the copy
+    if isinstance(optimizer, CombinedOptimizer):            # each part on its parameters of the copy
+        optimizer = CombinedOptimizer({name: on_copy(o, task.model, model) for name, o in optimizer.optimizers.items()})
+    elif isinstance(optimizer, torch.optim.Optimizer):      # built on the real model: its kind, on the copy
         optimizer = type(optimizer)
     elif isinstance(optimizer, dict):                       # several: each on its parameters of the copy
         optimizer = {name: on_copy(opt, task.model, model) for name, opt in optimizer.items()}

@@ -112,7 +112,7 @@ def row_of(run: Any, epoch: int, sec: float, trained: List[Any], skipped: int, e
 
 def lr_figures(trainer: Any) -> Row:
     """The learning rate the next update uses (its first group's): ``lr``; with several
-    optimizers (``parallel/trainers.py``) each one's, ``lr_<name>``."""
+    optimizers (``parallel/trainers.py``, or a ``CombinedOptimizer``) each one's, ``lr_<name>``."""
     several = getattr(trainer, "learning_rates", None)
     return {f"lr_{name}": lr for name, lr in several.items()} if several is not None else {"lr": trainer.learning_rate}
 
