@@ -10,7 +10,6 @@ from torch import nn
 
 import dptrain
 from dptrain.core.errors import Interrupted
-from dptrain.run.config import TrainConfig
 
 
 def data(n=203, seed=1):
@@ -21,9 +20,12 @@ def data(n=203, seed=1):
     return X, y
 
 
-def train(devices, batch_size, k, loss=None, **kw):
+def train(devices, batch_size, k, loss=None, seen=None, **kw):
+    """``seen``: a list to which every training forward, on any device, adds its batch size."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.0), nn.Linear(16, 3))
+    if seen is not None:        # (each replica is a copy of the model, with its hooks)
+        model.register_forward_hook(lambda module, args, out: seen.append(len(args[0])) if module.training else None)
     if "step" not in kw:
         kw["loss"] = loss or nn.CrossEntropyLoss()
     result = dptrain.fit(model, data(), data(50, seed=2), epochs=2,
@@ -86,6 +88,11 @@ def test_a_run_stopped_between_updates_resumes_bit_identical(tmp_path):
                                    for i, row in enumerate(resumed[1]["history"])]
 
 
-def test_balance_and_accumulation_are_refused_together():
-    with pytest.raises(ValueError, match="--accumulate-grad-batches does not go with --balance"):
-        TrainConfig(accumulate_grad_batches=2, balance="auto")
+@pytest.mark.parametrize("balance", ["1,3", "auto"])
+def test_micro_batches_split_unequally_equal_one_batch_four_times_as_large(balance):
+    """--balance: each micro-batch of a group cut by the update's weights (1:3: 4 and 12 of 16,
+    3 and 8 of the last, 11)."""
+    seen = []
+    assert_same(train(1, 64, 1), train(2, 16, 4, balance=balance, seen=seen))
+    if balance == "1,3":
+        assert set(seen) == {4, 12, 3, 8}, seen

@@ -27,6 +27,7 @@ class Accumulating:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"accumulate_grad_batches must be a whole number >= 1, got {k!r}")
         self.loader, self.k = loader, k
+        loader.batches_per_step = k     # (--balance: a group's batches are split by one update's weights)
 
     def __len__(self) -> int:
         return -(-len(self.loader) // self.k)
@@ -39,8 +40,12 @@ class Accumulating:
 
     def global_batch_size(self, step: int) -> int:
         """Samples summed into update ``step`` (from 0) of an epoch, over all processes."""
+        return sum(self.global_batch_sizes(step))
+
+    def global_batch_sizes(self, step: int) -> List[int]:
+        """The size of each batch update ``step`` (from 0) of an epoch sums, over all processes."""
         first = step * self.k
-        return sum(self.loader.global_batch_size(b) for b in range(first, min(first + self.k, len(self.loader))))
+        return [self.loader.global_batch_size(b) for b in range(first, min(first + self.k, len(self.loader)))]
 
     def batches(self, skip: int = 0) -> Iterator[MicroBatches]:
         """This epoch's groups from group ``skip`` on (to resume an epoch part-way)."""

@@ -51,6 +51,7 @@ class EpochPlan:
         self.max_batches, self.epoch = max_batches, 0
         self.rank, self.world_size = rank, world_size
         self.balancer = None            # --balance: who reads which part (see balance.py)
+        self.batches_per_step = 1       # accumulate_grad_batches (accumulate.py): batches an update sums
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -92,11 +93,17 @@ class EpochPlan:
             part = self.part_of(b, hi - lo)
             yield b, slice(lo + part.start, lo + part.stop)
 
+    def step_of(self, b: int) -> int:
+        """The update (counted from the run's first) that batch ``b`` of this epoch goes into:
+        the balancer's weights change by update, and with accumulation an update is a group."""
+        k = self.batches_per_step
+        return self.epoch * -(-len(self) // k) + b // k
+
     def part_of(self, b: int, n: int, rank: Optional[int] = None) -> slice:
         """Process ``rank``'s (this process's) consecutive part of batch ``b`` (from 0), of ``n`` samples."""
         rank = self.rank if rank is None else rank
         if self.balancer is not None:
-            start, size = self.balancer.process_part(self.epoch * len(self) + b, n, rank)
+            start, size = self.balancer.process_part(self.step_of(b), n, rank)
         else:
             start, size = even_part(n, self.world_size, rank)
         return slice(start, start + size)

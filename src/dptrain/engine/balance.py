@@ -89,8 +89,11 @@ class Balancer:
         first = sum(self.slots_per_rank[:rank])
         return sum(sizes[:first]), sum(sizes[first:first + self.slots_per_rank[rank]])
 
-    def local_sizes(self, step: int, n: int) -> List[int]:
-        """This process's devices' parts (they add up to its part)."""
+    def local_sizes(self, step: int, n: Union[int, Sequence[int]]) -> Union[List[int], List[List[int]]]:
+        """This process's devices' parts of a batch of ``n`` (they add up to its part); of each
+        batch of a group, by the same update's weights, for a list (accumulated micro-batches)."""
+        if not isinstance(n, int):
+            return [self.local_sizes(step, m) for m in n]
         return self.sizes(step, n)[self.first:self.first + self.local]
 
     # -- auto --------------------------------------------------------------------------

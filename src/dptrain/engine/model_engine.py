@@ -198,7 +198,8 @@ class ModelEngine:
         ``skip_nonfinite``: if a gradient is NaN or infinite on any device of any process, the
         model is left as it was. ``extras``: numbers to sum over the processes with the
         gradients (their sum over processes comes back as ``flags``). ``sizes``: each device's
-        part of the batch (``--balance``; default: as equal as can be). ``timed``: measure each
+        part of the batch (``--balance``; default: as equal as can be; a list of them for a group
+        of micro-batches, one each). ``timed``: measure each (the last micro-batch's)
         device's forward and backward seconds (on a GPU it then waits). A ``MicroBatches``
         group (``data/accumulate.py``) is one step: forward and backward of each micro-batch
         in turn, the gradients summed locally, then one exchange and one update over them all.
@@ -226,19 +227,21 @@ class ModelEngine:
         micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
         if not micro:
             raise ValueError("an empty group of micro-batches: nothing to step on")
+        # --balance: each micro-batch's parts (a list per micro-batch when given a group)
+        each = list(sizes) if sizes is not None and isinstance(batch, MicroBatches) else [sizes] * len(micro)
+        if len(each) != len(micro):
+            raise ValueError(f"{len(each)} lists of parts for a group of {len(micro)} micro-batches: give one each")
         loss: Optional[torch.Tensor] = None
         denominator: Count = None
         n = 0
         if len(micro) > 1:
-            if sizes is not None:
-                raise ValueError("--balance does not apply to accumulated micro-batches yet; use --balance even")
             with self.trainer.no_sync():            # the gradients stay on the devices, summed
-                for part in micro[:-1]:
-                    shard_loss, count, size = self._micro_batch(part, sizes)
+                for part, parts in zip(micro[:-1], each[:-1]):
+                    shard_loss, count, size = self._micro_batch(part, parts)
                     loss = shard_loss if loss is None else loss + shard_loss
                     denominator, n = add_counts(denominator, count), n + size
         before = denominator
-        plan = self._plan(micro[-1], sizes)
+        plan = self._plan(micro[-1], each[-1])
         n += plan.n
         if plan.known and self.trainer.world_size == 1 and nothing_counted(plan.denominator(before)):
             self.trainer.discard_gradients()    # every target ignored (or weighing 0): a NaN mean, no update

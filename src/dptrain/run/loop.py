@@ -228,6 +228,8 @@ class Run(RunView):
         per_batch = self.schedule.per_batch
         # float16's loss scale wants the step's global samples (loss_scale.py)
         global_size = self.train_loader.global_batch_size if self.engine.loss_scale is not None else None
+        # --balance with accumulation: each micro-batch of a group split by the update's weights
+        sizes_of = getattr(self.train_loader, "global_batch_sizes", self.train_loader.global_batch_size)
         every = self.config.checkpoint_every
         tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
         ending = [False]
@@ -270,7 +272,7 @@ class Run(RunView):
                 flags = self.stops.before_batch()        # they ride with the gradients
                 sizes = timed = None
                 if self.balancer is not None:
-                    sizes = self.balancer.local_sizes(self.step, self.train_loader.global_batch_size(b - 1))
+                    sizes = self.balancer.local_sizes(self.step, sizes_of(b - 1))
                     timed = self.balancer.measuring(self.step)
                 result = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
                                                  timed=bool(timed), global_size=global_size and global_size(b - 1))
@@ -282,7 +284,7 @@ class Run(RunView):
                              f"another, so that runs repeat; nn.Dropout layers draw from each device's own stream")
                 if self.balancer is not None:
                     if timed:
-                        self.balancer.observe(result.seconds, sizes)
+                        self.balancer.observe(result.seconds, sizes[-1] if isinstance(sizes[0], list) else sizes)
                     self.balancer.after_step(self.step, self.collective)
                 verdict = result.loss
                 if result.counted:          # (an fp16 overflow: no update, its loss counts)
