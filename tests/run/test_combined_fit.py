@@ -138,6 +138,7 @@ def test_a_resumed_run_ends_as_the_unbroken_one(tmp_path):
 @pytest.mark.parametrize("optimizer, settings, error, said", [
     ({"sgd": torch.optim.SGD, "adam": torch.optim.Adam}, {}, TypeError, "each names its parameters"),
     (None, {"scheduler": {"sgd": schedule}}, TypeError, "LambdaLR\\(optimizer, \\[f, g\\]\\)"),
+    (None, {"lr": 0.1}, ValueError, "lr: not taken with several optimizers on one loss \\(SGD\\+Adam\\)"),
     ("twice", {}, ValueError, "is in optimizer\\['sgd'\\] and optimizer\\['adam'\\]"),
     ("foreign", {}, ValueError, "not the model's"),
 ])

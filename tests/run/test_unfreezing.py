@@ -1,8 +1,9 @@
 """A layer frozen when ``fit`` starts and unfrozen by a callback mid-run (a backbone after a
 few epochs of training the head: Lightning's ``BackboneFinetuning``) trains from the next step
 on, as in the plain loop: with an optimizer built on every parameter (the frozen ones train
-once unfrozen), or with a group added to ``run.optimizer``; every optimizer state goes on, a
-resumed run unfreezes as the unbroken one did, and the user's optimizer ends with the group."""
+once unfrozen; several combined too), or with a group added to ``run.optimizer``; every
+optimizer state goes on, a resumed run unfreezes as the unbroken one did, and the user's
+optimizer ends with the group."""
 import functools
 
 import pytest
@@ -21,6 +22,11 @@ def optimizer_for(net, variant):
         return torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     if variant == "adam":
         return torch.optim.Adam(net.parameters(), lr=0.01)
+    if variant == "combined":       # several on one loss: the frozen weight in the SGD part
+        weights = [p for p in net.parameters() if p.ndim == 2]
+        return dptrain.CombinedOptimizer({"sgd": torch.optim.SGD(weights, lr=0.1, momentum=0.9),
+                                          "adam": torch.optim.Adam([p for p in net.parameters() if p.ndim == 1],
+                                                                   lr=0.01)})
     return torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1, momentum=0.9)   # "group"
 
 
@@ -85,7 +91,7 @@ def fit(net, devices, variant, hook="on_epoch_start", epochs=EPOCHS, optimizer=N
 STEPS_BEFORE = {"on_epoch_start": 3, "on_batch_start": 3, "on_batch_end": 4}     # epoch 1 has 3 batches
 
 
-@pytest.mark.parametrize("variant", ["all", "group", "adam"])
+@pytest.mark.parametrize("variant", ["all", "group", "adam", "combined"])
 @pytest.mark.parametrize("devices", [1, 2, 3])
 def test_a_layer_unfrozen_mid_run_trains_from_the_next_step_as_in_the_plain_loop(devices, variant):
     net = model(frozen=True)

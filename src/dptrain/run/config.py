@@ -20,6 +20,7 @@ from ..engine.balance import parse_balance
 from ..engine.compiled import check_mode
 from ..engine.task import DEFAULT_EPOCHS, Task
 from ..engine.updates import NOT_WITH_SEVERAL, check_settings
+from ..parallel.combined import CombinedOptimizer
 from ..parallel.optim import OPTIMIZERS
 from ..parallel.sync import KVSTORES
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
@@ -194,8 +195,6 @@ class TrainConfig:
                 raise ValueError(f"--allreduce {self.allreduce} and --kvstore {self.kvstore} both say how to sum "
                                  f"gradients: give one")
             self.kvstore = self.allreduce
-        if self.accumulate_grad_batches > 1 and self.balance != "even":
-            raise ValueError("--accumulate-grad-batches does not go with --balance yet: use --balance even")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir DIR (where the checkpoint is)")
         if self.log_grad_norm and not self.log_every_n_steps:
@@ -241,8 +240,8 @@ def hyperparameters(task: Task, config: TrainConfig, n_devices: int) -> Tuple[Op
     its updates need: ``Run`` counts them once it knows an epoch's batches).
     A per-device task (resnet18) multiplies its default batch and lr by the device count
     (the linear scaling rule) unless ``scale=False``; values given explicitly are global.
-    ``lr`` None: the optimizer's own. Several optimizers: the settings they do not take yet
-    are refused here (``engine/updates.py``).
+    ``lr`` None: the optimizer's own (several combined on one loss: refused, each has its own).
+    Several optimizers: the settings they do not take yet are refused here (``engine/updates.py``).
     """
     if task.several:            # (before any device is measured or model placed)
         check_settings({name: getattr(config, name) for name in NOT_WITH_SEVERAL})
@@ -251,5 +250,8 @@ def hyperparameters(task: Task, config: TrainConfig, n_devices: int) -> Tuple[Op
                          f"{task.name}'s are global already")
     scale = n_devices if task.per_device and config.scale else 1
     lr = config.lr if config.lr is not None else (task.lr * scale if task.lr is not None else None)
+    if lr is not None and isinstance(task.optimizer, CombinedOptimizer):
+        raise ValueError(f"lr: not taken with several optimizers on one loss ({task.optimizer.label}): each keeps "
+                         f"its own rate (Muon's and AdamW's differ); set it where each is built")
     epochs = config.epochs or task.epochs or (None if config.max_steps else DEFAULT_EPOCHS)
     return epochs, config.batch_size or task.batch_size * scale, lr
