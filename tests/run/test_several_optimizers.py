@@ -160,7 +160,6 @@ def test_devices_auto_measures_a_copy_with_its_own_optimizers():
     ({"lr": 0.1}, "lr: not taken with several optimizers (set each optimizer's own lr"),
     ({"accumulate_grad_batches": 2}, "accumulate_grad_batches: not taken with several optimizers"),
     ({"amp": "fp16"}, "amp: not taken with several optimizers"),
-    ({"log_grad_norm": True, "log_every_n_steps": 1}, "log_grad_norm: not taken with several optimizers"),
 ])
 def test_what_several_optimizers_cannot_take_is_refused_with_the_fix(settings, said):
     gan = g.GAN()
@@ -224,6 +223,44 @@ def test_step_rows_give_each_updates_loss_over_their_window_and_resume_exactly(t
     assert len(again["step_history"]) == len(rows)
     for got, want in zip(again["step_history"], rows):
         assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-5) for k in want), (got, want)
+
+
+def plain_norms(batches, max_norm=math.inf):
+    """The plain loop's gradient norm in each update (``clip_grad_norm_`` over that optimizer's
+    parameters, clipping them to ``max_norm``): (discriminator's, generator's) per batch."""
+    gan = g.GAN()
+    opt_d, opt_g = g.adam(gan.discriminator), g.adam(gan.generator)
+    norms = []
+    for real, z in batches:
+        opt_d.zero_grad()
+        g.d_loss(gan, real, z).backward()
+        d = torch.nn.utils.clip_grad_norm_(gan.discriminator.parameters(), max_norm)
+        opt_d.step()
+        opt_g.zero_grad()
+        g.g_loss(gan, z).backward()
+        gn = torch.nn.utils.clip_grad_norm_(gan.generator.parameters(), max_norm)
+        opt_g.step()
+        norms.append((d.item(), gn.item()))
+    return gan, norms
+
+
+@pytest.mark.parametrize("devices, max_norm", [(1, None), (2, 0.5)])
+def test_log_grad_norm_gives_each_updates_norm_and_clipping_clips_each(devices, max_norm):
+    """Each row's grad_norm_<name>: that update's gradient norm before clipping, as the plain
+    loop's clip_grad_norm_ over its optimizer's parameters; "parameters": each one's too."""
+    want, norms = plain_norms(g.batches(), max_norm or math.inf)
+    gan, result, _ = fit_gan(devices=devices, log_every_n_steps=1, log_grad_norm="parameters",
+                             **({"clip_grad_norm": max_norm} if max_norm else {}))
+    assert_same(gan, want, rtol=1e-5, atol=1e-6)
+    rows = result["step_history"]
+    assert len(rows) == len(norms)
+    for row, (d, gn) in zip(rows, norms):
+        assert row["grad_norm_discriminator"] == pytest.approx(d, rel=1e-5)
+        assert row["grad_norm_generator"] == pytest.approx(gn, rel=1e-5)
+        assert "grad_norm" not in row
+        parts = [v for k, v in row.items() if k.startswith("grad_norm/discriminator.")]
+        assert len(parts) == 4 and math.sqrt(sum(v * v for v in parts)) == pytest.approx(d, rel=1e-5)
+        assert len([k for k in row if k.startswith("grad_norm/generator.")]) == 4
 
 
 @pytest.mark.parametrize("devices", [2, 3])

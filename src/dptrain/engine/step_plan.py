@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -33,7 +33,7 @@ class StepResult:
     parameters were updated; ``flags``: the processes' sum of the ``extras`` sent with the
     gradients (None if none rode); ``seconds``: each device's forward and backward time when
     the step was ``timed``; ``grad_norm``: the global gradient norm before clipping (with
-    ``clip_grad_norm``; a 0-d tensor); ``overflow``: not stepped because float16's scaled
+    ``clip_grad_norm``; a 0-d tensor; several optimizers: each update's, by name); ``overflow``: not stepped because float16's scaled
     gradients overflowed (``loss_scale.py``): its loss is finite, and it counts as a step.
     """
     loss: torch.Tensor
@@ -41,7 +41,7 @@ class StepResult:
     stepped: bool = True
     flags: Extras = None
     seconds: Optional[List[float]] = None
-    grad_norm: Optional[torch.Tensor] = None
+    grad_norm: Union[torch.Tensor, Dict[str, torch.Tensor], None] = None
     mean: bool = False
     overflow: bool = False
 

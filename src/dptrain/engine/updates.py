@@ -85,7 +85,7 @@ def combined(optimizers: Any, model: torch.nn.Module, scheduler: Any) -> Combine
 #: Settings of a run not taken with several optimizers yet: (setting, when it is in force).
 NOT_WITH_SEVERAL = {
     "accumulate_grad_batches": lambda v: v > 1, "amp": lambda v: v == "fp16", "compile": bool,
-    "balance": lambda v: v not in (None, "even"), "log_grad_norm": bool,
+    "balance": lambda v: v not in (None, "even"),
     "train_metrics": bool, "validation_split": lambda v: v is not None, "eval_every_n_steps": bool,
     "lr": lambda v: v is not None,
 }
@@ -101,11 +101,12 @@ def check_settings(settings: Dict[str, Any]) -> None:
 
 def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras, timed: bool) -> StepResult:
     """One batch: each update in turn (see the module docstring). The result's loss is the
-    updates' loss sums added (NaN if one did not update), its count this process's samples;
-    each update's ``(sum, count)`` goes to the training figures."""
+    updates' loss sums added (NaN if one did not update), its count this process's samples,
+    its ``grad_norm`` each update's by name (with clipping or ``log_grad_norm``); each
+    update's ``(sum, count)`` goes to the training figures."""
     trainers, figures = engine.trainer, engine.train_figures
     names = trainers.names
-    total, stepped, seconds, flags = None, True, None, None
+    total, stepped, seconds, flags, norms = None, True, None, None, {}
     for k, name in enumerate(names):
         plan = engine._plan(batch, None, step=engine.task.step[name])
         divisor = plan.count if plan.known else plan.shard_counts     # (known once the step has run)
@@ -119,8 +120,10 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
         total = loss if total is None else total + loss
         stepped = stepped and outcome.stepped
         flags = outcome.summed_extras
+        if outcome.grad_norm is not None:       # (clipping or log_grad_norm: each update's own)
+            norms[name] = outcome.grad_norm
         if timed:
             seconds = plan.seconds if seconds is None else [a + b for a, b in zip(seconds, plan.seconds)]
     if not stepped:
         total = torch.full_like(total, math.nan)
-    return StepResult(total, plan.n, stepped, flags, seconds)
+    return StepResult(total, plan.n, stepped, flags, seconds, norms or None)

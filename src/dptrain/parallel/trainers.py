@@ -103,6 +103,20 @@ class Trainers:
     def optimizer_name(self) -> str:
         return ", ".join(f"{name}: {t.optimizer_name}" for name, t in self.trainers.items())
 
+    @property
+    def norms_by_parameter(self) -> bool:
+        """Keep each parameter's gradient norm in every update (``Trainer.norms_by_parameter``)."""
+        return self._first.norms_by_parameter
+
+    @norms_by_parameter.setter
+    def norms_by_parameter(self, keep: bool) -> None:
+        for t in self.trainers.values():
+            t.norms_by_parameter = keep
+
+    def grad_norms(self) -> Dict[str, float]:
+        """Each trainable parameter's gradient norm in its optimizer's last update, by name."""
+        return {name: norm for t in self.trainers.values() for name, norm in t.grad_norms().items()}
+
     def follow_edits(self) -> None:
         for t in self.trainers.values():
             t.follow_edits()

@@ -6,7 +6,8 @@ than an epoch (Lightning's ``log_every_n_steps``, Hugging Face's ``logging_steps
 A row is ``{step, epoch, batch, steps, train_loss, lr}`` (and ``grad_norm``, with
 ``log_grad_norm``: the update's before it, as Hugging Face logs it; with
 ``log_grad_norm="parameters"`` also ``grad_norm/<name>``, each trainable parameter's part of
-it, as Lightning's ``grad_norm(module)`` names them, left out of the line): the loss over the ``steps``
+it, as Lightning's ``grad_norm(module)`` names them, left out of the line; several optimizers:
+``grad_norm_<name>``, each update's): the loss over the ``steps``
 updates since the last such row (whole windows across epoch boundaries), summed over every device
 and process as the epoch's loss is (one ``all_reduce`` of two numbers a row), and the first
 group's learning rate (several optimizers: each update's loss too, ``train_<name>_loss``, and
@@ -130,7 +131,9 @@ def log_step(run: Any, tally: Any, epoch: int, batch: int, result: Any = None) -
                            lr_figures(run.engine.trainer), figures)
     if logged and run.config.log_grad_norm and result is not None and result.stepped \
             and result.grad_norm is not None:
-        row["grad_norm"] = float(result.grad_norm)
+        norm = result.grad_norm     # several optimizers: each update's, grad_norm_<name>
+        row.update({f"grad_norm_{name}": float(n) for name, n in norm.items()} if isinstance(norm, dict)
+                   else {"grad_norm": float(norm)})
         row.update({f"grad_norm/{name}": norm for name, norm in run.engine.trainer.grad_norms().items()})
     if tested and run.schedule.after_step_evaluation(row):
         row.update(lr_figures(run.engine.trainer))        # what the next update uses
