@@ -29,6 +29,15 @@ class Accumulating:
         self.loader, self.k = loader, k
         loader.batches_per_step = k     # (--balance: a group's batches are split by one update's weights)
 
+    @property
+    def balancer(self) -> Any:
+        """--balance: the loader's (who reads which part of each batch: ``loader.py``)."""
+        return self.loader.balancer
+
+    @balancer.setter
+    def balancer(self, balancer: Any) -> None:
+        self.loader.balancer = balancer
+
     def __len__(self) -> int:
         return -(-len(self.loader) // self.k)
 
