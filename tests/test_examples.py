@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.ipynb"))
 
@@ -68,3 +69,18 @@ def test_the_gan_example_covers_the_modes_and_resumes_exactly(tmp_path):
     example.main(small + ["--epochs", "2", "--checkpoint-dir", str(tmp_path)])
     again = example.main(small + ["--epochs", "4", "--checkpoint-dir", str(tmp_path), "--resume"])["history"][-1]
     assert {k: v for k, v in again.items() if k != "sec"} == {k: v for k, v in whole.items() if k != "sec"}
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon is new in torch 2.9")
+def test_the_muon_example_trains_both_optimizers_on_one_loss():
+    """examples/muon.py: Muon for the matrices, AdamW for the rest, on 2 devices: it learns, and
+    each optimizer's scheduled rate is in the rows."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("muon", Path(__file__).parents[1] / "examples" / "muon.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    result = example.main(["--epochs", "2", "--samples", "2048", "--devices", "2"])
+    first, last = result["history"]
+    assert result["optimizer"] == "Muon+AdamW" and last["test_acc"] > 0.8, last
+    assert last["lr_muon"] / first["lr_muon"] == pytest.approx(last["lr_adamw"] / first["lr_adamw"])
+    assert last["lr_muon"] < first["lr_muon"]       # (the decay: one schedule, each rate its own scale)
