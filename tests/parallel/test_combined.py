@@ -104,7 +104,8 @@ def test_a_trainer_takes_the_plain_loops_steps_clipping_over_every_parameter(dev
     model = net()
     user = parts(model)
     replicas = dptrain.replicate(model, [dptrain.cpu(0)] * devices)
-    trainer = dptrain.Trainer(replicas, CombinedOptimizer(user), kvstore=kvstore)
+    given = user if devices == 2 else CombinedOptimizer(user)        # (the dict itself: combined by the Trainer)
+    trainer = dptrain.Trainer(replicas, given, kvstore=kvstore)
     for X, y in batches():
         Xs, ys = dptrain.split_batch(X, y, replicas.devices)
         trainer.step_with(lambda i: nn.functional.cross_entropy(replicas[i](Xs[i]), ys[i], reduction="sum").backward(),

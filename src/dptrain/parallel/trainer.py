@@ -30,6 +30,7 @@ from ..core.runner import get_runner
 from ..distributed.collective import get_collective
 from . import bare_step, sync
 from .params import devices_of, parameter_lists
+from .combined import CombinedOptimizer
 from .layout import Layout
 from .optim import OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
 from .optim_state import load_optimizer_state, optimizer_state
@@ -62,7 +63,9 @@ class Trainer:
     or one parameter list per device (the from-scratch layout), with ``devices`` naming them.
     ``optimizer``: a name (``"sgd"``, ``"nag"``, ``"adam"``, ``"adamw"``) with
     ``optimizer_params``, a ``torch.optim`` class or factory (``torch.optim.AdamW``,
-    ``functools.partial(torch.optim.SGD, lr=0.1)``), or an optimizer built on the model.
+    ``functools.partial(torch.optim.SGD, lr=0.1)``), or an optimizer built on the model;
+    several on one loss, each built on its parameters: ``{name: optimizer}`` or a list (a
+    ``CombinedOptimizer``).
     """
 
     def __init__(self, params_or_replicas: Params, optimizer: OptimizerSpec = "sgd",
@@ -71,6 +74,8 @@ class Trainer:
                  bucket_cap_mb: float = DEFAULT_BUCKET_MB):
         if isinstance(optimizer, str):
             check_optimizer(optimizer, optimizer_params)          # a typo fails here, not at step 1
+        elif isinstance(optimizer, (dict, list, tuple)):        # several on one loss: stepped as one
+            optimizer = CombinedOptimizer(optimizer)
         self._spec, self._optimizer_params = optimizer, optimizer_params
         self._kvstore, self._bucket_cap_mb, self._growable = kvstore, bucket_cap_mb, False
         self._given: Optional[List[List[torch.Tensor]]] = None
