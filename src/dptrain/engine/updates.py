@@ -68,13 +68,7 @@ def combined(optimizers: Any, model: torch.nn.Module, scheduler: Any) -> Combine
     named = optimizers if isinstance(optimizers, dict) else dict(enumerate(optimizers))
     if not named:
         raise ValueError("optimizer is empty: give one optimizer, or several built on their parameters")
-    for key, optimizer in named.items():
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer[{key!r}] must be an optimizer built on the parameters it updates: with "
-                            f"several optimizers on one loss each names its parameters, e.g. "
-                            f"{{'muon': torch.optim.Muon(matrices, lr=0.02), 'adamw': torch.optim.AdamW(others)}}; "
-                            f"got {type(optimizer).__name__}")
-    check_optimizers(named, model)
+    check_optimizers(named, model)      # (each an optimizer, on the model's parameters, none in two)
     if isinstance(scheduler, dict):
         raise TypeError("scheduler: with one step, the optimizers are stepped as one, whose groups are all of "
                         "theirs in order: give one fn(optimizer) -> scheduler (LambdaLR(optimizer, [f, g]) takes "
