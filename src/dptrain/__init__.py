@@ -39,8 +39,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the product
-    "fit", "evaluate", "predict", "load_weights", "Task", "Callback", "BatchEnd", "Trainer", "CombinedOptimizer", "Replicas", "replicate",
-    "NotInitializedError",
+    "fit", "evaluate", "predict", "load_weights", "Task", "Callback", "BatchEnd", "Trainer", "CombinedOptimizer",
+    "Replicas", "replicate", "NotInitializedError",
     "ArrayLoader", "DatasetLoader", "TensorLoader", "load_dataset", "rank",
     # devices
     "as_device", "cpu", "gpu", "num_gpus", "try_all_gpus", "try_gpu", "parse_devices", "format_devices",

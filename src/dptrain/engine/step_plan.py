@@ -33,8 +33,9 @@ class StepResult:
     parameters were updated; ``flags``: the processes' sum of the ``extras`` sent with the
     gradients (None if none rode); ``seconds``: each device's forward and backward time when
     the step was ``timed``; ``grad_norm``: the global gradient norm before clipping (with
-    ``clip_grad_norm``; a 0-d tensor; several optimizers: each update's, by name); ``overflow``: not stepped because float16's scaled
-    gradients overflowed (``loss_scale.py``): its loss is finite, and it counts as a step.
+    ``clip_grad_norm``; a 0-d tensor; several optimizers: each update's, by name);
+    ``overflow``: not stepped because float16's scaled gradients overflowed
+    (``loss_scale.py``): its loss is finite, and it counts as a step.
     """
     loss: torch.Tensor
     count: Count

@@ -150,7 +150,8 @@ class CombinedOptimizer(torch.optim.Optimizer):
             mine = groups[first:first + len(o.param_groups)]
             count = sum(len(g["params"]) for g in o.param_groups)
             o.load_state_dict({
-                "state": {int(k) - offset: s for k, s in state_dict["state"].items() if offset <= int(k) < offset + count},
+                "state": {int(k) - offset: s for k, s in state_dict["state"].items()
+                          if offset <= int(k) < offset + count},
                 "param_groups": [{**g, "params": [position - offset for position in g["params"]]} for g in mine]})
             first, offset = first + len(mine), offset + count
 
@@ -218,8 +219,9 @@ class CombinedPlan(OptimizerPlan):
     def regrouped(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> "CombinedPlan":
         groups = _groups_of(optimizer, params)
         if len(groups) != len(self.groups):
-            raise ValueError(f"a parameter group was added to the {self.label} optimizer of the run: with several "
-                             f"optimizers combined, add it to one of them before fit (optimizers[name].add_param_group)")
+            raise ValueError(f"a parameter group was added to the {self.label} optimizer of the run: with "
+                             f"several optimizers combined, add it to one of them before fit "
+                             f"(optimizers[name].add_param_group)")
         return self._split(groups)
 
     def restricted(self, keep: Sequence[int]) -> "CombinedPlan":
