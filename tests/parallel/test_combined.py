@@ -2,6 +2,7 @@
 do in a plain loop, its state dict is one optimizer's layout and loads back, and a Trainer on
 1-3 devices, every kvstore, with clipping over every parameter, takes the plain loop's steps."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -116,3 +117,38 @@ def test_a_trainer_takes_the_plain_loops_steps_clipping_over_every_parameter(dev
     plain(model, user, batches(2))
     plain(want, want_optimizers, batches(2))
     assert_same(model, want, 1e-5)
+
+
+def test_each_part_takes_a_scheduler_of_its_own_in_a_loop_of_yours():
+    want = net()
+    want_optimizers = parts(want)
+    want_schedulers = [torch.optim.lr_scheduler.StepLR(want_optimizers["sgd"], 1, gamma=0.5),
+                       torch.optim.lr_scheduler.CosineAnnealingLR(want_optimizers["adam"], T_max=4)]
+    for batch in batches():
+        plain(want, want_optimizers, [batch])
+        for s in want_schedulers:
+            s.step()
+    model = net()
+    replicas = dptrain.replicate(model, [dptrain.cpu(0)] * 2)
+    trainer = dptrain.Trainer(replicas, parts(model))
+    sgd, adam = trainer.optimizer.parts["sgd"], trainer.optimizer.parts["adam"]
+    assert sgd.param_groups[0] is trainer.optimizer.param_groups[0] and adam.param_groups == \
+        trainer.optimizer.param_groups[1:]
+    schedulers = [torch.optim.lr_scheduler.StepLR(sgd, 1, gamma=0.5),
+                  torch.optim.lr_scheduler.CosineAnnealingLR(adam, T_max=4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # (a part not seen stepped: "lr_scheduler.step() before optimizer.step()")
+        for X, y in batches():
+            Xs, ys = dptrain.split_batch(X, y, replicas.devices)
+            trainer.step_with(lambda i: nn.functional.cross_entropy(replicas[i](Xs[i]), ys[i], reduction="sum")
+                              .backward(), len(X))
+            for s in schedulers:
+                s.step()
+    assert_same(replicas[0], want, 1e-5)
+    assert trainer.learning_rates == {"sgd": pytest.approx(0.1 * 0.5 ** 4), "adam": pytest.approx(0.0)}
+    with pytest.raises(ValueError, match="add the group to your optimizer before fit"):
+        sgd.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
+    with pytest.raises(ValueError, match="trainer.optimizer.zero_grad\\(\\)"):
+        adam.zero_grad()
+    single = dptrain.Trainer(dptrain.replicate(net(), [dptrain.cpu(0)]), "sgd", {"learning_rate": 0.1})
+    assert single.optimizer.parts == {}

@@ -10,6 +10,7 @@ from torch import nn
 
 import dptrain
 from tests.parallel.test_combined import assert_same, net, parts
+from tests.parallel.test_combined import plain as plain_steps
 
 
 def data(n=48):
@@ -137,7 +138,9 @@ def test_a_resumed_run_ends_as_the_unbroken_one(tmp_path):
 
 @pytest.mark.parametrize("optimizer, settings, error, said", [
     ({"sgd": torch.optim.SGD, "adam": torch.optim.Adam}, {}, TypeError, "each names its parameters"),
-    (None, {"scheduler": {"sgd": schedule}}, TypeError, "LambdaLR\\(optimizer, \\[f, g\\]\\)"),
+    (None, {"scheduler": {"sgd": schedule, "adams": schedule}}, TypeError, "unknown names \\['adams'\\]"),
+    ("list", {"scheduler": [schedule]}, TypeError, "one entry \\(or None\\) per optimizer, 2 here"),
+    ("one", {"scheduler": {"sgd": schedule}}, TypeError, "goes with several optimizers"),
     (None, {"lr": 0.1}, ValueError, "lr: not taken with several optimizers on one loss \\(SGD\\+Adam\\)"),
     ("twice", {}, ValueError, "is in optimizer\\['sgd'\\] and optimizer\\['adam'\\]"),
     ("foreign", {}, ValueError, "not the model's"),
@@ -146,6 +149,10 @@ def test_what_does_not_fit_is_refused_with_the_fix(optimizer, settings, error, s
     model = net()
     if optimizer is None:
         optimizer = parts(model)
+    elif optimizer == "list":
+        optimizer = list(parts(model).values())
+    elif optimizer == "one":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     elif optimizer == "twice":
         optimizer = {"sgd": torch.optim.SGD(model.parameters(), lr=0.1), "adam": torch.optim.Adam(model[0].parameters())}
     elif optimizer == "foreign":
@@ -174,3 +181,54 @@ def test_devices_auto_measures_a_copy_and_evaluation_is_one_optimizers():
     with torch.no_grad():
         accuracy = (want(X).argmax(1) == y).float().mean().item()
     assert result["test_acc"] == pytest.approx(accuracy)
+
+
+def step_and_cosine(optimizers):
+    """A scheduler of each optimizer's own: the SGD's rate halves each batch, Adam's is annealed."""
+    return {"sgd": torch.optim.lr_scheduler.StepLR(optimizers["sgd"], 1, gamma=0.5),
+            "adam": torch.optim.lr_scheduler.CosineAnnealingLR(optimizers["adam"], T_max=8)}
+
+
+@pytest.mark.parametrize("devices, listed", [(1, False), (2, True)])
+def test_each_optimizer_takes_a_scheduler_of_its_own_as_in_the_plain_loop(devices, listed):
+    X, y = data()
+    want = net()
+    want_optimizers = parts(want)
+    want_schedulers = step_and_cosine(want_optimizers)
+    lrs = []
+    for _ in range(2):
+        for start in range(0, len(X), 12):
+            plain_steps(want, want_optimizers, [(X[start:start + 12], y[start:start + 12])])
+            for s in want_schedulers.values():
+                s.step()
+        lrs.append((want_optimizers["sgd"].param_groups[0]["lr"], want_optimizers["adam"].param_groups[0]["lr"]))
+    model = net()
+    optimizers = parts(model)
+    factories = {"sgd": lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5),
+                 "adam": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=8)}
+    given = (list(optimizers.values()), list(factories.values())) if listed else (optimizers, factories)
+    result = dptrain.fit(model, (X, y), optimizer=given[0], scheduler=given[1], scheduler_interval="batch",
+                         devices=[dptrain.cpu(0)] * devices, **SETTINGS)
+    assert_same(model, want, 1e-5)
+    got = [(row["lr_sgd"], row["lr_adam"]) for row in result["history"]]
+    assert [lr for pair in got for lr in pair] == pytest.approx([lr for pair in lrs for lr in pair], abs=1e-9)
+
+
+def test_schedulers_of_their_own_resume_where_they_were(tmp_path):
+    X, y = data()
+    factories = {"sgd": lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5),
+                 "adam": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=8)}
+    settings = {**SETTINGS, "scheduler": factories, "scheduler_interval": "batch"}
+    whole = net()
+    dptrain.fit(whole, (X, y), optimizer=parts(whole), **settings)
+    cut = net()
+    dptrain.fit(cut, (X, y), optimizer=parts(cut), max_steps=5, checkpoint_dir=str(tmp_path), **settings)
+    resumed = net()
+    result = dptrain.fit(resumed, (X, y), optimizer=parts(resumed), checkpoint_dir=str(tmp_path), resume=True,
+                         devices=[dptrain.cpu(0)] * 2, **settings)
+    assert_same(resumed, whole, 1e-5)
+    assert result["history"][-1]["lr_sgd"] == pytest.approx(0.1 * 0.5 ** 8)
+    other = net()           # one scheduler over both cannot take theirs
+    with pytest.raises(ValueError, match="cannot resume"):
+        dptrain.fit(other, (X, y), optimizer=parts(other), checkpoint_dir=str(tmp_path), resume=True,
+                    **{**settings, "scheduler": schedule})

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from .losses import REDUCTIONS
-from .updates import check_updates, combined
+from .updates import check_updates, combined, part_schedulers
 from ..parallel.optim import OptimizerSpec, check_learning_rate
 
 Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
@@ -45,7 +45,8 @@ class Task:
       optimizers on one loss (Muon for matrices, AdamW for the rest): ``{name: optimizer}``
       or a list, each built on its parameters, taken as one ``CombinedOptimizer``.
     - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval`` (with
-      several optimizers: one for each, or a dict of them by update name).
+      several optimizers: one for each, or a dict of them by update name; on one loss, one
+      over all of their groups, or a dict by optimizer name).
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
       ``eval_data`` and summed over devices and processes (accuracy is added for
       classification losses); or ``{name: metric object}`` (a ``torchmetrics.Metric``:
@@ -95,11 +96,13 @@ class Task:
         if self.several:
             check_updates(self)
         elif isinstance(self.optimizer, (dict, list, tuple)):       # one loss: stepped as one optimizer
-            self.optimizer = combined(self.optimizer, self.model, self.scheduler)
+            self.optimizer = combined(self.optimizer, self.model)
+        if not self.several:        # (a dict or list of them: one for each of a combined one's parts)
+            self.scheduler = part_schedulers(self.scheduler, self.optimizer)
         for name in ("loss", "forward", "step", "scheduler", "init", "collate_fn"):
             value = getattr(self, name)
-            if name in ("step", "scheduler") and self.several and isinstance(value, dict):
-                continue        # (check_updates looked at them)
+            if name in ("step", "scheduler") and isinstance(value, dict):
+                continue        # (check_updates or part_schedulers looked at them)
             if name == "scheduler" and hasattr(value, "optimizer") and not callable(value):
                 kind = type(value).__name__
                 raise TypeError(f"scheduler must be a function of the optimizer, not a {kind} made on one: fit "

@@ -61,19 +61,40 @@ def check_updates(task: Any) -> None:
                          f"evaluation of a GAN is a callback of yours, on_epoch_end with run.model)")
 
 
-def combined(optimizers: Any, model: torch.nn.Module, scheduler: Any) -> CombinedOptimizer:
+def combined(optimizers: Any, model: torch.nn.Module) -> CombinedOptimizer:
     """Several optimizers given with one step (or loss): one ``CombinedOptimizer`` of them, once
     each is seen built on its own parameters of ``model``; a ``TypeError`` or ``ValueError``
-    naming the fix otherwise (a scheduler for each: one over all of their groups instead)."""
+    naming the fix otherwise."""
     named = optimizers if isinstance(optimizers, dict) else dict(enumerate(optimizers))
     if not named:
         raise ValueError("optimizer is empty: give one optimizer, or several built on their parameters")
     check_optimizers(named, model)      # (each an optimizer, on the model's parameters, none in two)
-    if isinstance(scheduler, dict):
-        raise TypeError("scheduler: with one step, the optimizers are stepped as one, whose groups are all of "
-                        "theirs in order: give one fn(optimizer) -> scheduler (LambdaLR(optimizer, [f, g]) takes "
-                        "a function per group); a dict of schedulers goes with a dict of steps")
     return CombinedOptimizer(optimizers)
+
+
+def part_schedulers(scheduler: Any, optimizer: Any) -> Any:
+    """The scheduler as ``fit`` takes it for one optimizer, ``optimizer`` (combined or not):
+    one over all of its groups, or for a combined one ``{name: fn(optimizer) -> scheduler}``
+    for some of its parts (a list with one per part is named as they are; None for none).
+    A ``TypeError`` naming the fix for a dict or list that does not fit."""
+    if not isinstance(scheduler, (dict, list, tuple)):
+        return scheduler
+    if not isinstance(optimizer, CombinedOptimizer):
+        raise TypeError("scheduler: a dict or list of schedulers goes with several optimizers (optimizer={name: "
+                        "optimizer} or a list); for one optimizer give one fn(optimizer) -> scheduler")
+    names = list(optimizer.optimizers)
+    if isinstance(scheduler, (list, tuple)):
+        if len(scheduler) != len(names):
+            raise TypeError(f"scheduler: a list needs one entry (or None) per optimizer, {len(names)} here "
+                            f"({', '.join(names)}); got {len(scheduler)}")
+        scheduler = dict(zip(names, scheduler))
+    scheduler = {name: f for name, f in scheduler.items() if f is not None}
+    unknown = sorted(set(scheduler) - set(names))
+    if unknown or not all(callable(f) for f in scheduler.values()):
+        raise TypeError(f"scheduler: {{optimizer name: fn(optimizer) -> scheduler}} for some of {names} (or one "
+                        f"fn over all of their groups); got "
+                        f"{'unknown names ' + str(unknown) if unknown else 'a value not callable'}")
+    return scheduler
 
 
 #: Settings of a run not taken with several optimizers yet: (setting, when it is in force).

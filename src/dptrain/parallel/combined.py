@@ -12,14 +12,17 @@ are all of theirs, in order:
 So every feature of one optimizer holds as it is: one gradient sum (one set of buckets), the
 clipping norm over every parameter (what ``clip_grad_norm_(model.parameters())`` takes),
 gradient accumulation, float16's loss scale, a skipped update skipping them all, one
-scheduler over all the groups (``LambdaLR`` takes a function per group), checkpoints. Its
+scheduler over all the groups (``LambdaLR`` takes a function per group) or one per part,
+checkpoints. Its
 ``step`` and ``zero_grad`` are each part's; its ``state`` and ``state_dict`` are theirs, laid
 out as one optimizer's (positions running on from part to part), so code written for one
 optimizer reads and loads it. The parts are the user's objects: they hold the state as it
 goes, and ``fit`` gives it back to them at its end.
 
 ``CombinedPlan`` (the ``OptimizerPlan`` of a combined optimizer) builds one per device over
-the parameters that device updates, leaving out the parts it has none of.
+the parameters that device updates, leaving out the parts it has none of. A scheduler for
+each part attaches to an ``OptimizerPart`` (``trainer.optimizer.parts[name]``): that part's
+groups of the whole, stepped when the whole is.
 """
 from __future__ import annotations
 
@@ -186,6 +189,45 @@ def _named(optimizers: Any) -> Dict[str, torch.optim.Optimizer]:
     return named
 
 
+class OptimizerPart(torch.optim.Optimizer):
+    """One optimizer of a combined one as a scheduler sees it: ``param_groups`` are that part's
+    groups of ``whole`` (the same dicts, so a rate set here is the whole's), ``step`` marks the
+    whole's step (``ReplicatedOptimizer.step`` calls it; it updates nothing itself).
+
+    >>> cosine = torch.optim.lr_scheduler.CosineAnnealingLR(trainer.optimizer.parts["muon"], T_max=100)
+    """
+
+    def __init__(self, whole: torch.optim.Optimizer, name: str, first: int, count: int, defaults: Dict[str, Any]):
+        self.name, self._whole, self._span = name, whole, slice(first, first + count)
+        super().__init__([torch.zeros(0)], dict(defaults))     # (torch's __init__ wants a tensor; none is kept)
+        self.state = {}
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:        # type: ignore[override]
+        return self._whole.param_groups[self._span]
+
+    @param_groups.setter
+    def param_groups(self, value: Any) -> None:     # (torch's __init__ sets it; the whole holds them)
+        pass
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        if getattr(self, "_built", False):
+            raise ValueError(f"add_param_group on optimizer part {self.name!r} of a run: add the group to your "
+                             f"optimizer before fit")
+        self._built = True
+
+    def step(self, closure=None):       # noqa: D102 - see the class docstring
+        return None
+    step.hooked = True      # (no profiler record per call: see ReplicatedOptimizer.step)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        raise ValueError(f"zero_grad on optimizer part {self.name!r}: gradients are the whole optimizer's "
+                         f"(trainer.optimizer.zero_grad())")
+
+    def __repr__(self) -> str:
+        return f"OptimizerPart({self.name!r}, groups {self._span.start}-{self._span.stop - 1})"
+
+
 class CombinedPlan(OptimizerPlan):
     """The plan of a ``CombinedOptimizer``: one ``OptimizerPlan`` per part, their groups in
     order (``groups`` numbers them as the combined optimizer's ``param_groups`` do)."""
@@ -194,6 +236,11 @@ class CombinedPlan(OptimizerPlan):
         self.parts = dict(parts)
         super().__init__(CombinedOptimizer, {}, [g for part in self.parts.values() for g in part.groups])
         self.label = label
+
+    def made_parts(self, whole: torch.optim.Optimizer) -> Dict[str, OptimizerPart]:
+        """Each part of ``whole`` (whose groups are this plan's, in order), by name."""
+        return {name: OptimizerPart(whole, name, first, len(self.parts[name].groups), self.parts[name].defaults)
+                for name, first in self.first_groups.items()}
 
     @property
     def first_groups(self) -> Dict[str, int]:

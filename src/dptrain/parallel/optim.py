@@ -231,6 +231,14 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
         #: them: ``Trainer.follow``); ``group_added``: one was added since the Trainer last looked.
         self.growable, self.group_added = False, False
         self._built = True
+        made = getattr(plan, "made_parts", None)        # a CombinedPlan's: each optimizer's groups
+        self._parts: Dict[str, Any] = {} if made is None else made(self)
+
+    @property
+    def parts(self) -> Dict[str, Any]:
+        """A combined optimizer's parts, by name (``OptimizerPart``: one's groups, for a
+        scheduler of its own); empty for one optimizer."""
+        return dict(self._parts)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:   # noqa: D102 - see growable
         if not getattr(self, "_built", False):
@@ -264,6 +272,8 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                 self.param_groups.append({**{k: v for k, v in hyper[g].items() if k != "params"}, "params": chosen})
 
     def step(self, closure=None):   # noqa: D102 - see the class docstring
+        for part in self._parts.values():       # (their schedulers see them stepped)
+            part.step()
         return None
     # Marked as already hooked, so torch.optim does not wrap it in a profiler record per call
     # (14 us a step for a call that does nothing).

@@ -17,9 +17,12 @@ PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
 
 def make_scheduler(factory: Any, optimizer: Any) -> Optional[Any]:
     """``factory(optimizer)``; with several optimizers (``{name: optimizer}``) one scheduler
-    for each, from one factory or a dict of them by name (``Schedulers``); None without one."""
+    for each, from one factory or a dict of them by name (``Schedulers``); a dict for a
+    combined optimizer: one for each part named (``optimizer.parts``); None without one."""
     if factory is None:
         return None
+    if isinstance(factory, dict) and not isinstance(optimizer, dict):
+        optimizer = optimizer.parts         # (Task checked the names: its parts')
     if not isinstance(optimizer, dict):
         return factory(optimizer)
     made = {name: (factory.get(name) if isinstance(factory, dict) else factory) for name in optimizer}
