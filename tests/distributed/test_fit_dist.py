@@ -698,16 +698,19 @@ def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_
 
 def fit_gan(rank, world, devices, batchnorm=False):
     """fit with two optimizers (tests/run/test_several_optimizers.py), 2 epochs, a scheduler
-    each; ``batchnorm``: DCGAN's BatchNorm, synchronised, in float64."""
+    each, an evaluation set each step scores; ``batchnorm``: DCGAN's BatchNorm, synchronised,
+    in float64."""
     from tests.run.test_several_optimizers import data, fit_gan as fit
     from tests.tasks import gan
     torch.manual_seed(rank)
     real, z = data()
+    test_real, test_z = data(3, 8)
     extra = {"sync_batchnorm": True} if batchnorm else {}
     dtype = torch.float64 if batchnorm else torch.float32
     torch.set_default_dtype(dtype)
     try:
         model, result, optimizers = fit(gan.GAN(seed=rank, batchnorm=batchnorm), (real.to(dtype), z.to(dtype)),
+                                        eval_data=(test_real.to(dtype), test_z.to(dtype)),
                                         devices=devices, epochs=2, batch_size=13, **extra,
                                         scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=4))
     finally:
@@ -728,7 +731,7 @@ def test_several_optimizers_on_two_processes_equal_one_device(devices, batchnorm
     for p, q in zip(params, want_params):
         torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
     for row, want_row in zip(history, want_history):
-        assert row.keys() == want_row.keys()
+        assert row.keys() == want_row.keys() and "test_generator_loss" in row
         for k in want_row:
             assert abs(row[k] - want_row[k]) <= 1e-5 * max(1.0, abs(want_row[k])), (k, row, want_row)
     assert steps == want_steps == [14] * len(params)     # 7 batches an epoch, 2 epochs, each tensor

@@ -156,7 +156,7 @@ def test_devices_auto_measures_a_copy_with_its_own_optimizers():
     ({"optimizer": {"d": torch.optim.Adam, "g": torch.optim.Adam}}, "optimizer['d'] must be an optimizer built on the parameters"),
     ({"step": {"d": d_step}}, "step and optimizer must name the same updates"),
     ({"step": {"d": d_step, "g": g_step}, "optimizer": "adam"}, "give step={name: fn(model, batch) -> loss}"),
-    ({"eval_data": data()}, "eval_data: not taken with several optimizers"),
+    ({"metrics": {"mae": lambda o, t: ((o - t).abs().sum(), t.numel())}}, "metrics: not taken with several"),
     ({"lr": 0.1}, "lr: not taken with several optimizers (set each optimizer's own lr"),
     ({"accumulate_grad_batches": 2}, "accumulate_grad_batches: not taken with several optimizers"),
     ({"amp": "fp16"}, "amp: not taken with several optimizers"),
@@ -168,6 +168,38 @@ def test_what_several_optimizers_cannot_take_is_refused_with_the_fix(settings, s
     with pytest.raises((ValueError, TypeError)) as e:
         dptrain.fit(gan, data(), **kw)
     assert said in str(e.value)
+
+
+@pytest.mark.parametrize("devices", [1, 3])
+def test_an_evaluation_set_is_scored_by_each_step_in_eval_mode(devices):
+    """Each step's loss over the set (batches of 16 and 8; 3 devices: uneven parts), the
+    weights as each epoch left them, as a plain evaluation gives; test_loss their sum."""
+    test_real, test_z = data(3, 8)
+    gan, result, _ = fit_gan(eval_data=(test_real, test_z), devices=[dptrain.cpu(0)] * devices)
+    row = result["history"][-1]
+    with torch.no_grad():
+        gan.eval()
+        want = {"discriminator": sum(g.d_loss(gan, test_real[k:k + 16], test_z[k:k + 16]).item() * n
+                                     for k, n in ((0, 16), (16, 8))) / 24,
+                "generator": sum(g.g_loss(gan, test_z[k:k + 16]).item() * n for k, n in ((0, 16), (16, 8))) / 24}
+    assert row["test_discriminator_loss"] == pytest.approx(want["discriminator"], rel=1e-5)
+    assert row["test_generator_loss"] == pytest.approx(want["generator"], rel=1e-5)
+    assert row["test_loss"] == pytest.approx(sum(want.values()), rel=1e-5)
+
+
+def test_step_evaluations_and_early_stopping_watch_a_steps_test_loss():
+    from dptrain.callbacks import EarlyStopping
+    lines = []
+    stop = EarlyStopping("test_generator_loss", patience=1, restore_best_weights=True)
+    _, result, _ = fit_gan(data_=data(), validation_split=0.25, eval_every_n_steps=2, epochs=4, log=lines.append,
+                           callbacks=[stop], devices=1)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == 2 and all("test generator loss" in line and "test discriminator loss" in line
+                                   for line in steps)
+    # The generator's test loss rose from step 2 to step 4: stopped, step 2's weights back.
+    assert len(result["history"]) == 1 and stop.watch.best < result["history"][0]["test_generator_loss"]
+    assert result["test_generator_loss"] == pytest.approx(stop.watch.best) and stop.watch.best_step == 2
+    assert any(line.startswith("restored the weights of step 2") for line in lines), lines
 
 
 def test_a_parameter_in_two_optimizers_or_not_the_models_is_refused():

@@ -1,7 +1,8 @@
 """Evaluation of a Task's model on the devices of one process: sums, never averages.
 
 The loss, its denominator, correct predictions (classification) and every metric's
-``(sum, count)`` are summed per device and then over devices; the loop sums them over
+``(sum, count)`` (several optimizers taking turns: each one's step's loss) are summed per
+device and then over devices; the loop sums them over
 processes and divides once, so the figures do not depend on how the set was split. Metric
 objects (torchmetrics) are updated per shard and computed over the whole set
 (``stateful_metrics.py``).
@@ -24,8 +25,13 @@ Totals = Dict[str, torch.Tensor]
 
 def sum_keys(engine) -> List[str]:
     """The sums ``evaluate`` gives, in one order, the same in every process (for one
-    ``all_reduce``)."""
-    return ["loss", "count"] + figure_keys(engine)
+    ``all_reduce``); with several optimizers taking turns, each update's loss too."""
+    return ["loss", "count"] + figure_keys(engine) + update_keys(engine.task.updates)
+
+
+def update_keys(updates) -> List[str]:
+    """Several optimizers' losses as ``(sum, count)`` figures: ``<name>_loss`` and its count."""
+    return [k for name in updates for k in (f"{name}_loss", f"{name}_loss_count")]
 
 
 def figure_keys(engine) -> List[str]:
@@ -47,6 +53,7 @@ def evaluate(engine, batches) -> Totals:
     stateful = engine.stateful
     adapter, forward, own_forward = engine.adapter, engine.forward, engine.task.forward is not None
     needs_output = bool(engine.task.metrics)
+    updates = engine.task.updates           # several optimizers: each one's step gives a loss
     totals: List[Dict[str, Any]] = [{} for _ in engine.devices]
     moves: List[Optional[bool]] = [None] * len(engine.devices)
 
@@ -59,6 +66,12 @@ def evaluate(engine, batches) -> Totals:
             move = moves[i] = needs_move(shard, device, engine.memory_format)
         if move:
             shard = to_device(shard, device, engine.memory_format)
+        if updates:
+            for name, step in updates.items():
+                value, count, _ = engine.steps.sum_loss(net, shard, engine._autocast(device), step)
+                accumulate(out, f"{name}_loss", value)
+                accumulate(out, f"{name}_loss_count", batch_size(shard) if count is None else count)
+            return
         if adapter is None:
             value, count, output = engine.steps.sum_loss(net, shard, engine._autocast(device))
             accumulate(out, "loss", value)
@@ -93,6 +106,9 @@ def evaluate(engine, batches) -> Totals:
             accumulate(out, key, value)
 
     one = len(engine.devices) == 1         # no split, no hand-off to a device thread
+    # Steps that draw numbers (a GAN's noise) on several CPU devices: in turn, in device
+    # order, as training's forwards (``step_plan.Turns``), so the figures repeat run to run.
+    in_turn = bool(updates) and engine.random.draws is True
     stateful.reset()
     with evaluating(*engine.replicas), torch.no_grad():     # each module's mode back after (a frozen BN stays)
         for batch in batches:
@@ -104,6 +120,10 @@ def evaluate(engine, batches) -> Totals:
             if k == 0:
                 continue
             shards = split_structure(batch, even_parts(n, k))
+            if in_turn:
+                for i, shard in enumerate(shards):
+                    shard_totals(i, shard)
+                continue
             engine.runner.map(shard_totals, shards + [None] * (len(engine.devices) - k))
     totals = over_devices(totals, engine.devices)
     if stateful:        # over the whole set: merged over devices, gathered over processes

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..data.batch import Batch, input_and_target, map_tensors
-from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values
+from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values, update_keys
 from .losses import output_for
 from .stateful_metrics import StatefulMetrics, pair_metric_names
 
@@ -49,8 +49,7 @@ class TrainFigures:
     def __init__(self, engine: Any):
         self.engine = engine
         # (several optimizers: each update's loss, as a (sum, count) figure: updates.py)
-        self.keys = figure_keys(engine) + [k for name in engine.task.updates for k in (f"{name}_loss",
-                                                                                       f"{name}_loss_count")]
+        self.keys = figure_keys(engine) + update_keys(engine.task.updates)
         self.metrics = {name: engine.task.metrics[name] for name in pair_metric_names(engine.task.metrics)}
         self.own_forward = engine.task.forward is not None
         n = len(engine.devices)

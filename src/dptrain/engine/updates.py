@@ -11,6 +11,9 @@ devices and processes, divides them once by the global denominator and updates; 
 step sees the updated weights. That is the plain loop on one device (DCGAN's, a Keras
 ``train_step`` with two optimizers, Lightning's manual optimization). Each step's loss is a
 figure of its own, ``train_<name>_loss``, summed as the loss is; ``train_loss`` is their sum.
+An evaluation set is scored by each step in eval mode without gradients (the weights as the
+epoch left them): ``test_<name>_loss``, and ``test_loss`` their sum, which early stopping,
+the best checkpoint and a plateau scheduler can watch.
 """
 from __future__ import annotations
 
@@ -54,11 +57,11 @@ def check_updates(task: Any) -> None:
             raise ValueError(f"scheduler must be {{update name: fn(optimizer) -> scheduler}} for some of "
                              f"{sorted(step)}; got {'unknown names ' + str(unknown) if unknown else 'a value not callable'}")
     one = [what for what, given in (("optimizer_params", task.optimizer_params), ("lr", task.lr),
-                                    ("metrics", task.metrics), ("eval_data", task.eval_data),
-                                    ("forward", task.forward)) if given]
+                                    ("metrics", task.metrics), ("forward", task.forward)) if given]
     if one:
-        raise ValueError(f"{', '.join(one)}: not taken with several optimizers (set each optimizer's own lr; an "
-                         f"evaluation of a GAN is a callback of yours, on_epoch_end with run.model)")
+        raise ValueError(f"{', '.join(one)}: not taken with several optimizers (set each optimizer's own lr; "
+                         f"eval_data is evaluated by each step, test_<name>_loss: other figures of a GAN "
+                         f"are a callback of yours, on_epoch_end with run.model)")
 
 
 def combined(optimizers: Any, model: torch.nn.Module) -> CombinedOptimizer:
@@ -101,7 +104,7 @@ def part_schedulers(scheduler: Any, optimizer: Any) -> Any:
 NOT_WITH_SEVERAL = {
     "accumulate_grad_batches": lambda v: v > 1, "amp": lambda v: v == "fp16", "compile": bool,
     "balance": lambda v: v not in (None, "even"),
-    "train_metrics": bool, "validation_split": lambda v: v is not None, "eval_every_n_steps": bool,
+    "train_metrics": bool,
     "lr": lambda v: v is not None,
 }
 

@@ -32,18 +32,22 @@ def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str
     row.update({f"train_{name}": value for name, value in trained_computed.items()})
     if split is not None:            # each device's part of a full batch, now (--balance)
         row["split"] = split
-    row.update(test_figures(evals, metric_names, computed))
+    row.update(test_figures(evals, metric_names, computed, updates))
     return row
 
 
 def test_figures(evals: Dict[str, float], metric_names: Sequence[str],
-                 computed: Mapping[str, Any] = MappingProxyType({})) -> Row:
+                 computed: Mapping[str, Any] = MappingProxyType({}), updates: Sequence[str] = ()) -> Row:
     """``test_loss``, ``test_acc`` and ``test_<metric>`` from the evaluation's sums over
-    every process (none without them), and the metric objects' values (``computed``)."""
+    every process (none without them), and the metric objects' values (``computed``);
+    ``updates``: several optimizers' names, each one's ``test_<name>_loss`` and ``test_loss``
+    their sum (as training's)."""
     row: Row = {}
     if evals:
         row["test_loss"] = evals["loss"] / evals["count"] if evals["count"] else math.nan
-        row.update(named_figures("test", evals, metric_names))
+        row.update(named_figures("test", evals, list(metric_names) + [f"{name}_loss" for name in updates]))
+        if updates:
+            row["test_loss"] = sum(row[f"test_{name}_loss"] for name in updates)
     for name, value in computed.items():        # metric objects, over the whole set
         row[f"test_{name}"] = value
     return row
@@ -68,7 +72,8 @@ def figures_over(engine: Any, loader: Any, collective: Any, evals: Any = None) -
     evals = engine.evaluate(loader) if evals is None else evals
     zero = torch.zeros((), dtype=torch.float64, device=engine.devices[0])
     totals = collective.all_reduce(torch.stack([evals.get(k, zero) for k in keys])).tolist()
-    return test_figures(dict(zip(keys, totals)), pair_metric_names(engine.task.metrics), evals.get(COMPUTED, {}))
+    return test_figures(dict(zip(keys, totals)), pair_metric_names(engine.task.metrics), evals.get(COMPUTED, {}),
+                        list(engine.task.updates))
 
 
 def other_sets(engine: Any, loaders: Mapping[str, Any], collective: Any) -> Row:
