@@ -696,10 +696,10 @@ def test_a_sharded_stream_is_read_a_share_a_process_and_trains_as_one_device_on_
         assert any("10 samples of the longer shares are not read each epoch" in line for line in lines) == (rank == 0)
 
 
-def fit_gan(rank, world, devices, batchnorm=False):
+def fit_gan(rank, world, devices, batchnorm=False, accumulate=1):
     """fit with two optimizers (tests/run/test_several_optimizers.py), 2 epochs, a scheduler
     each, an evaluation set each step scores; ``batchnorm``: DCGAN's BatchNorm, synchronised,
-    in float64."""
+    in float64; ``accumulate``: micro-batches a step."""
     from tests.run.test_several_optimizers import data, fit_gan as fit
     from tests.tasks import gan
     torch.manual_seed(rank)
@@ -712,6 +712,7 @@ def fit_gan(rank, world, devices, batchnorm=False):
         model, result, optimizers = fit(gan.GAN(seed=rank, batchnorm=batchnorm), (real.to(dtype), z.to(dtype)),
                                         eval_data=(test_real.to(dtype), test_z.to(dtype)),
                                         devices=devices, epochs=2, batch_size=13, **extra,
+                                        accumulate_grad_batches=accumulate,
                                         scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=4))
     finally:
         torch.set_default_dtype(torch.float32)
@@ -720,13 +721,13 @@ def fit_gan(rank, world, devices, batchnorm=False):
             [int(s["step"]) for opt in optimizers.values() for s in opt.state.values()])
 
 
-@pytest.mark.parametrize("devices, batchnorm", [(1, False), (2, False), (1, True)])
-def test_several_optimizers_on_two_processes_equal_one_device(devices, batchnorm):
+@pytest.mark.parametrize("devices, batchnorm, accumulate", [(1, False, 1), (2, False, 2), (1, True, 1)])
+def test_several_optimizers_on_two_processes_equal_one_device(devices, batchnorm, accumulate):
     """A GAN: rank 1 starts from other weights (rank 0's win), each process trains its part of
     every batch of 13 (uneven parts), and both end with one device's weights and figures
-    (with BatchNorm synchronised over the processes too)."""
-    want_params, want_history, want_steps = fit_gan(0, 1, 1, batchnorm)
-    ranks = run_workers(fit_gan, devices, batchnorm)
+    (with BatchNorm synchronised over the processes too; micro-batches accumulated)."""
+    want_params, want_history, want_steps = fit_gan(0, 1, 1, batchnorm, accumulate)
+    ranks = run_workers(fit_gan, devices, batchnorm, accumulate)
     params, history, steps = ranks[0]
     for p, q in zip(params, want_params):
         torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
@@ -734,7 +735,8 @@ def test_several_optimizers_on_two_processes_equal_one_device(devices, batchnorm
         assert row.keys() == want_row.keys() and "test_generator_loss" in row
         for k in want_row:
             assert abs(row[k] - want_row[k]) <= 1e-5 * max(1.0, abs(want_row[k])), (k, row, want_row)
-    assert steps == want_steps == [14] * len(params)     # 7 batches an epoch, 2 epochs, each tensor
+    # 7 batches an epoch (in groups of 2, the last alone: 4 steps), 2 epochs, each tensor
+    assert steps == want_steps == [14 if accumulate == 1 else 8] * len(params)
     assert ranks[0] == ranks[1]
 
 

@@ -158,7 +158,6 @@ def test_devices_auto_measures_a_copy_with_its_own_optimizers():
     ({"step": {"d": d_step, "g": g_step}, "optimizer": "adam"}, "give step={name: fn(model, batch) -> loss}"),
     ({"metrics": {"mae": lambda o, t: ((o - t).abs().sum(), t.numel())}}, "metrics: not taken with several"),
     ({"lr": 0.1}, "lr: not taken with several optimizers (set each optimizer's own lr"),
-    ({"accumulate_grad_batches": 2}, "accumulate_grad_batches: not taken with several optimizers"),
     ({"amp": "fp16"}, "amp: not taken with several optimizers"),
 ])
 def test_what_several_optimizers_cannot_take_is_refused_with_the_fix(settings, said):
@@ -168,6 +167,45 @@ def test_what_several_optimizers_cannot_take_is_refused_with_the_fix(settings, s
     with pytest.raises((ValueError, TypeError)) as e:
         dptrain.fit(gan, data(), **kw)
     assert said in str(e.value)
+
+
+def accumulating_loop(batches, k):
+    """The plain loop in Accelerate's ``accumulate``: each micro-batch runs both steps in turn
+    (only the generator's parameters take the generator's gradients, as toggled), and the
+    optimizers step on a group's last micro-batch, over the group's mean; the losses' means."""
+    gan = g.GAN()
+    opt_d, opt_g = g.adam(gan.discriminator), g.adam(gan.generator)
+    sums = [0.0, 0.0]
+    for start in range(0, len(batches), k):
+        group = batches[start:start + k]
+        for j, (real, z) in enumerate(group):
+            d = g.d_loss(gan, real, z)
+            (d / len(group)).backward()
+            if j == len(group) - 1:
+                opt_d.step()
+                opt_d.zero_grad()
+            gan.discriminator.requires_grad_(False)
+            gl = g.g_loss(gan, z)
+            (gl / len(group)).backward()
+            gan.discriminator.requires_grad_(True)
+            if j == len(group) - 1:
+                opt_g.step()
+                opt_g.zero_grad()
+            sums = [sums[0] + d.item(), sums[1] + gl.item()]
+    return gan, [total / len(batches) for total in sums]
+
+
+@pytest.mark.parametrize("devices", [1, 3])
+def test_accumulated_micro_batches_train_as_the_plain_loop_in_accelerates_accumulate(devices):
+    """5 batches of 16 in groups of 2 (the last alone); 3 devices: parts of 6, 5 and 5."""
+    want, (d, gl) = accumulating_loop(g.batches(), 2)
+    gan, result, optimizers = fit_gan(accumulate_grad_batches=2, devices=[dptrain.cpu(0)] * devices)
+    assert_same(gan, want, rtol=1e-5, atol=1e-6)
+    row = result["history"][0]
+    assert row["train_discriminator_loss"] == pytest.approx(d, rel=1e-5)
+    assert row["train_generator_loss"] == pytest.approx(gl, rel=1e-5)
+    for opt in optimizers.values():         # 3 updates each
+        assert all(int(s["step"]) == 3 for s in opt.state.values())
 
 
 @pytest.mark.parametrize("devices", [1, 3])

@@ -22,7 +22,8 @@ from typing import Any, Dict
 
 import torch
 
-from ..data.batch import Batch
+from ..data.accumulate import MicroBatches
+from ..data.batch import Batch, batch_size
 from ..parallel.combined import CombinedOptimizer
 from ..parallel.sync.base import Extras
 from ..parallel.trainers import check_optimizers
@@ -102,7 +103,7 @@ def part_schedulers(scheduler: Any, optimizer: Any) -> Any:
 
 #: Settings of a run not taken with several optimizers yet: (setting, when it is in force).
 NOT_WITH_SEVERAL = {
-    "accumulate_grad_batches": lambda v: v > 1, "amp": lambda v: v == "fp16", "compile": bool,
+    "amp": lambda v: v == "fp16", "compile": bool,
     "balance": lambda v: v not in (None, "even"),
     "train_metrics": bool,
     "lr": lambda v: v is not None,
@@ -121,20 +122,41 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
     """One batch: each update in turn (see the module docstring). The result's loss is the
     updates' loss sums added (NaN if one did not update), its count this process's samples,
     its ``grad_norm`` each update's by name (with clipping or ``log_grad_norm``); each
-    update's ``(sum, count)`` goes to the training figures."""
+    update's ``(sum, count)`` goes to the training figures.
+
+    A group of micro-batches (``accumulate_grad_batches``) is one step as Accelerate's
+    ``accumulate`` makes it of a loop stepping each optimizer in turn: every micro-batch runs
+    each update's step in turn, its gradients kept on the devices, and only the last one's
+    turns update (each over the group's gradient sum and denominator), so the earlier
+    micro-batches see the weights as the group found them."""
     trainers, figures = engine.trainer, engine.train_figures
     names = trainers.names
+    micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
+    if not micro:
+        raise ValueError("an empty group of micro-batches: nothing to step on")
+    early = {name: (None, None) for name in names}      # each update's loss sum and count so far
+    for part in micro[:-1]:
+        for name in names:
+            with trainers.toggled(name) as trainer, trainer.no_sync():
+                plan = engine._plan(part, None, step=engine.task.step[name])
+                loss = plan.loss(engine.runner.map(plan.compute(False)))
+            summed, before = early[name]
+            early[name] = (loss if summed is None else summed + loss,
+                           plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts()))
+    last, n = micro[-1], sum(batch_size(m) for m in micro)
     total, stepped, seconds, flags, norms = None, True, None, None, {}
     for k, name in enumerate(names):
-        plan = engine._plan(batch, None, step=engine.task.step[name])
-        divisor = plan.count if plan.known else plan.shard_counts     # (known once the step has run)
+        summed, before = early[name]
+        plan = engine._plan(last, None, step=engine.task.step[name])
+        # (not known before the step has run: the shards count it)
+        divisor = plan.denominator(before) if plan.known else lambda: add_counts(before, plan.shard_counts())
         with trainers.toggled(name) as trainer:
             outcome = trainer.step_with(plan.compute(timed), divisor, ignore_stale_grad=True,
                                         skip_nonfinite=skip_nonfinite, extras=extras if k == len(names) - 1 else None,
                                         max_norm=engine.clip_grad_norm, max_value=engine.clip_grad_value)
-        loss = plan.loss(outcome.outputs)
-        count = plan.count if plan.known else add_counts(None, plan.shard_counts())
-        figures.add_sums(f"{name}_loss", loss, plan.n if count is None else count)     # (None: a sum's)
+        loss = plan.loss(outcome.outputs) if summed is None else summed + plan.loss(outcome.outputs)
+        count = plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts())
+        figures.add_sums(f"{name}_loss", loss, n if count is None else count)     # (None: a sum's)
         total = loss if total is None else total + loss
         stepped = stepped and outcome.stepped
         flags = outcome.summed_extras
@@ -144,4 +166,4 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
             seconds = plan.seconds if seconds is None else [a + b for a, b in zip(seconds, plan.seconds)]
     if not stepped:
         total = torch.full_like(total, math.nan)
-    return StepResult(total, plan.n, stepped, flags, seconds, norms or None)
+    return StepResult(total, n, stepped, flags, seconds, norms or None)
