@@ -158,7 +158,7 @@ def test_devices_auto_measures_a_copy_with_its_own_optimizers():
     ({"step": {"d": d_step, "g": g_step}, "optimizer": "adam"}, "give step={name: fn(model, batch) -> loss}"),
     ({"metrics": {"mae": lambda o, t: ((o - t).abs().sum(), t.numel())}}, "metrics: not taken with several"),
     ({"lr": 0.1}, "lr: not taken with several optimizers (set each optimizer's own lr"),
-    ({"amp": "fp16"}, "amp: not taken with several optimizers"),
+    ({"train_metrics": True}, "train_metrics: not taken with several optimizers"),
 ])
 def test_what_several_optimizers_cannot_take_is_refused_with_the_fix(settings, said):
     gan = g.GAN()
@@ -206,6 +206,61 @@ def test_accumulated_micro_batches_train_as_the_plain_loop_in_accelerates_accumu
     assert row["train_generator_loss"] == pytest.approx(gl, rel=1e-5)
     for opt in optimizers.values():         # 3 updates each
         assert all(int(s["step"]) == 3 for s in opt.state.values())
+
+
+def loud_d_step(gan, batch):
+    """The discriminator's loss on its logits times 100 in float16: its scaled gradient
+    overflows float16 until the scale has fallen (7 halvings), the generator's does not."""
+    real, z = batch
+    fake = gan.generator(z).detach()
+    return g.bce((gan.discriminator(real).half() * 100).float(), 1.0) + \
+        g.bce((gan.discriminator(fake).half() * 100).float(), 0.0)
+
+
+def grad_scaler_loop(batches):
+    """torch's AMP recipe for several optimizers: one GradScaler, each loss scaled and each
+    optimizer stepped through it (skipped if its gradients overflowed), one update a batch."""
+    gan = g.GAN()
+    opt_d, opt_g = g.adam(gan.discriminator), g.adam(gan.generator)
+    scaler = torch.amp.GradScaler("cpu")
+    for real, z in batches:
+        for opt, loss in ((opt_d, lambda: loud_d_step(gan, (real, z))), (opt_g, lambda: g.g_loss(gan, z))):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                value = loss()
+            scaler.scale(value).backward()
+            scaler.step(opt)
+        scaler.update()
+    return gan, scaler.get_scale()
+
+
+class LastScale(dptrain.Callback):
+    def on_fit_end(self, run, result):
+        self.scale = run.engine.loss_scale.scale
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_fp16_scales_every_update_as_one_grad_scaler_skipping_each_overflowing_one(devices):
+    batches = g.batches(8)
+    want, want_scale = grad_scaler_loop(batches)
+    gan, last = g.GAN(), LastScale()
+    optimizers = {"discriminator": g.adam(gan.discriminator), "generator": g.adam(gan.generator)}
+    result = dptrain.fit(gan, (torch.cat([r for r, _ in batches]), torch.cat([z for _, z in batches])),
+                         step={"discriminator": loud_d_step, "generator": g_step}, optimizer=optimizers,
+                         amp="fp16", devices=[dptrain.cpu(0)] * devices, epochs=1, batch_size=16, shuffle=False,
+                         log=None, callbacks=[last])
+    # The discriminator skipped its updates while they overflowed, the generator none, and the
+    # scale halved once for each batch with an overflow; every batch's losses count. On one
+    # device, the GradScaler loop's steps exactly (7 skipped); on two, each device's half of
+    # the gradient overflows float16 for one scale fewer (6 skipped).
+    skipped = 7 if devices == 1 else 6
+    assert [int(s["step"]) for s in optimizers["discriminator"].state.values()] == [8 - skipped] * 4
+    assert [int(s["step"]) for s in optimizers["generator"].state.values()] == [8] * 4
+    assert last.scale == 65536 / 2 ** skipped
+    if devices == 1:
+        assert_same(gan, want, rtol=0, atol=0)
+        assert want_scale == last.scale
+    assert math.isfinite(result["history"][0]["train_discriminator_loss"])
 
 
 @pytest.mark.parametrize("devices", [1, 3])

@@ -103,7 +103,7 @@ def part_schedulers(scheduler: Any, optimizer: Any) -> Any:
 
 #: Settings of a run not taken with several optimizers yet: (setting, when it is in force).
 NOT_WITH_SEVERAL = {
-    "amp": lambda v: v == "fp16", "compile": bool,
+    "compile": bool,
     "balance": lambda v: v not in (None, "even"),
     "train_metrics": bool,
     "lr": lambda v: v is not None,
@@ -128,7 +128,8 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
     ``accumulate`` makes it of a loop stepping each optimizer in turn: every micro-batch runs
     each update's step in turn, its gradients kept on the devices, and only the last one's
     turns update (each over the group's gradient sum and denominator), so the earlier
-    micro-batches see the weights as the group found them."""
+    micro-batches see the weights as the group found them. Under float16 one scale serves every
+update (torch's AMP recipe with one ``GradScaler`` for several optimizers)."""
     trainers, figures = engine.trainer, engine.train_figures
     names = trainers.names
     micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
@@ -144,15 +145,19 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
             early[name] = (loss if summed is None else summed + loss,
                            plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts()))
     last, n = micro[-1], sum(batch_size(m) for m in micro)
+    scaler = engine.loss_scale      # float16: one scale for every update, as one GradScaler
     total, stepped, seconds, flags, norms = None, True, None, None, {}
     for k, name in enumerate(names):
         summed, before = early[name]
         plan = engine._plan(last, None, step=engine.task.step[name])
         # (not known before the step has run: the shards count it)
         divisor = plan.denominator(before) if plan.known else lambda: add_counts(before, plan.shard_counts())
+        if scaler is not None:
+            divisor = scaler.scaled_denominator(divisor, engine.loss_factor)
         with trainers.toggled(name) as trainer:
             outcome = trainer.step_with(plan.compute(timed), divisor, ignore_stale_grad=True,
-                                        skip_nonfinite=skip_nonfinite, extras=extras if k == len(names) - 1 else None,
+                                        skip_nonfinite=skip_nonfinite or scaler is not None,
+                                        extras=extras if k == len(names) - 1 else None,
                                         max_norm=engine.clip_grad_norm, max_value=engine.clip_grad_value)
         loss = plan.loss(outcome.outputs) if summed is None else summed + plan.loss(outcome.outputs)
         count = plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts())
@@ -164,6 +169,9 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
             norms[name] = outcome.grad_norm
         if timed:
             seconds = plan.seconds if seconds is None else [a + b for a, b in zip(seconds, plan.seconds)]
-    if not stepped:
+    # float16: an update whose gradients overflowed was skipped, the others stepped; the
+    # scale halves once (GradScaler's update after every optimizer's step)
+    overflow = scaler is not None and scaler.after_step(stepped, total)
+    if not stepped and not overflow:
         total = torch.full_like(total, math.nan)
-    return StepResult(total, n, stepped, flags, seconds, norms or None)
+    return StepResult(total, n, stepped, flags, seconds, norms or None, overflow=overflow)
