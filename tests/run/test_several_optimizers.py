@@ -159,6 +159,7 @@ def test_devices_auto_measures_a_copy_with_its_own_optimizers():
     ({"metrics": {"mae": lambda o, t: ((o - t).abs().sum(), t.numel())}}, "metrics: not taken with several"),
     ({"lr": 0.1}, "lr: not taken with several optimizers (set each optimizer's own lr"),
     ({"train_metrics": True}, "train_metrics: not taken with several optimizers"),
+    ({"compile": True}, "compile: not taken with several optimizers"),
 ])
 def test_what_several_optimizers_cannot_take_is_refused_with_the_fix(settings, said):
     gan = g.GAN()
@@ -261,6 +262,26 @@ def test_fp16_scales_every_update_as_one_grad_scaler_skipping_each_overflowing_o
         assert_same(gan, want, rtol=0, atol=0)
         assert want_scale == last.scale
     assert math.isfinite(result["history"][0]["train_discriminator_loss"])
+
+
+@pytest.mark.parametrize("balance, accumulate", [("1,3", 1), ("auto", 1), ("1,3", 2)])
+def test_batches_split_unequally_train_as_the_plain_loop(balance, accumulate):
+    """--balance on 2 devices: every update's parts of 4 and 12 of 16 (1:3), or as measured."""
+    seen = []
+
+    def d_seen(gan, batch):
+        seen.append(len(batch[0]))
+        return d_step(gan, batch)
+
+    gan = g.GAN()
+    optimizers = {"discriminator": g.adam(gan.discriminator), "generator": g.adam(gan.generator)}
+    dptrain.fit(gan, data(), step={"discriminator": d_seen, "generator": g_step}, optimizer=optimizers,
+                balance=balance, accumulate_grad_batches=accumulate, devices=[dptrain.cpu(0)] * 2, epochs=1,
+                batch_size=16, shuffle=False, log=None)
+    want = g.plain_loop() if accumulate == 1 else accumulating_loop(g.batches(), 2)[0]
+    assert_same(gan, want, rtol=1e-5, atol=1e-6)
+    if balance == "1,3":
+        assert set(seen) == {4, 12}, seen
 
 
 @pytest.mark.parametrize("devices", [1, 3])

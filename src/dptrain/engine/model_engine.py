@@ -221,7 +221,7 @@ class ModelEngine:
     def _train_batch(self, batch: Batch, skip_nonfinite: bool, extras: Extras, sizes: Optional[Sequence[int]],
                      timed: bool) -> StepResult:
         if self.task.several:
-            return several_step(self, batch, skip_nonfinite, extras, timed)
+            return several_step(self, batch, skip_nonfinite, extras, timed, sizes)
         if direct.applies(self, batch, sizes, timed):
             return direct.direct_step(self, batch, skip_nonfinite, extras)
         micro = list(batch) if isinstance(batch, MicroBatches) else [batch]

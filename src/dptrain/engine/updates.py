@@ -18,7 +18,7 @@ the best checkpoint and a plateau scheduler can watch.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 
@@ -104,7 +104,6 @@ def part_schedulers(scheduler: Any, optimizer: Any) -> Any:
 #: Settings of a run not taken with several optimizers yet: (setting, when it is in force).
 NOT_WITH_SEVERAL = {
     "compile": bool,
-    "balance": lambda v: v not in (None, "even"),
     "train_metrics": bool,
     "lr": lambda v: v is not None,
 }
@@ -118,7 +117,8 @@ def check_settings(settings: Dict[str, Any]) -> None:
                          f"leave {'it' if len(refused) == 1 else 'them'} out")
 
 
-def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras, timed: bool) -> StepResult:
+def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras, timed: bool,
+                 sizes: Optional[Sequence[Any]] = None) -> StepResult:
     """One batch: each update in turn (see the module docstring). The result's loss is the
     updates' loss sums added (NaN if one did not update), its count this process's samples,
     its ``grad_norm`` each update's by name (with clipping or ``log_grad_norm``); each
@@ -129,17 +129,22 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
     each update's step in turn, its gradients kept on the devices, and only the last one's
     turns update (each over the group's gradient sum and denominator), so the earlier
     micro-batches see the weights as the group found them. Under float16 one scale serves every
-update (torch's AMP recipe with one ``GradScaler`` for several optimizers)."""
+update (torch's AMP recipe with one ``GradScaler`` for several optimizers). ``sizes``
+(``--balance``): each device's part of the batch, or of each micro-batch (a list each), the
+same for every update."""
     trainers, figures = engine.trainer, engine.train_figures
     names = trainers.names
     micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
     if not micro:
         raise ValueError("an empty group of micro-batches: nothing to step on")
+    each = list(sizes) if sizes is not None and isinstance(batch, MicroBatches) else [sizes] * len(micro)
+    if len(each) != len(micro):
+        raise ValueError(f"{len(each)} lists of parts for a group of {len(micro)} micro-batches: give one each")
     early = {name: (None, None) for name in names}      # each update's loss sum and count so far
-    for part in micro[:-1]:
+    for part, parts in zip(micro[:-1], each[:-1]):
         for name in names:
             with trainers.toggled(name) as trainer, trainer.no_sync():
-                plan = engine._plan(part, None, step=engine.task.step[name])
+                plan = engine._plan(part, parts, step=engine.task.step[name])
                 loss = plan.loss(engine.runner.map(plan.compute(False)))
             summed, before = early[name]
             early[name] = (loss if summed is None else summed + loss,
@@ -149,7 +154,7 @@ update (torch's AMP recipe with one ``GradScaler`` for several optimizers)."""
     total, stepped, seconds, flags, norms = None, True, None, None, {}
     for k, name in enumerate(names):
         summed, before = early[name]
-        plan = engine._plan(last, None, step=engine.task.step[name])
+        plan = engine._plan(last, each[-1], step=engine.task.step[name])
         # (not known before the step has run: the shards count it)
         divisor = plan.denominator(before) if plan.known else lambda: add_counts(before, plan.shard_counts())
         if scaler is not None:
