@@ -301,6 +301,17 @@ def test_an_evaluation_set_is_scored_by_each_step_in_eval_mode(devices):
     assert row["test_loss"] == pytest.approx(sum(want.values()), rel=1e-5)
 
 
+def test_evaluate_takes_the_steps_and_gives_each_ones_loss_as_fit_does():
+    test = data(3, 8)
+    gan, result, _ = fit_gan(eval_data=test)
+    steps = {"discriminator": d_step, "generator": g_step}
+    figures = dptrain.evaluate(gan, test, step=steps, batch_size=16, devices=2)
+    assert figures == pytest.approx({k: v for k, v in result.items() if k.startswith("test_")}, rel=1e-6)
+    assert set(figures) == {"test_loss", "test_discriminator_loss", "test_generator_loss"}
+    with pytest.raises(TypeError, match="optimizer is None: training a dict of steps takes optimizer"):
+        dptrain.fit(gan, test, step=steps, optimizer=None, log=None)
+
+
 def test_step_evaluations_and_early_stopping_watch_a_steps_test_loss():
     from dptrain.callbacks import EarlyStopping
     lines = []

@@ -89,6 +89,9 @@ class ModelEngine:
         # Evaluation alone (dptrain.evaluate) needs no optimizer, gradient sync or broadcast.
         self.trainer: Any = None
         if training and task.several:       # one Trainer per optimizer, taking turns (updates.py)
+            if task.optimizer is None:
+                raise TypeError("optimizer is None: training a dict of steps takes optimizer={name: an optimizer "
+                                "built on the parameters that step trains}")
             self.trainer = Trainers(self.replicas, task.optimizer, kvstore=kvstore, bucket_cap_mb=bucket_cap_mb)
         elif training:
             self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,

@@ -35,14 +35,14 @@ def check_updates(task: Any) -> None:
     """A ``TypeError`` or ``ValueError`` naming the fix unless ``task``'s several optimizers
     are well given: ``step`` and ``optimizer`` dicts with the same names, each optimizer built
     on its own parameters of the model; and nothing given that applies to one optimizer."""
-    step, optimizer = task.step, task.optimizer
-    if not isinstance(step, dict) or not isinstance(optimizer, dict):
+    step, optimizer = task.step, task.optimizer       # (optimizer None: evaluation alone, dptrain.evaluate)
+    if not isinstance(step, dict) or not isinstance(optimizer, (dict, type(None))):
         raise TypeError("a dict of steps takes turns, one optimizer each: give step={name: fn(model, batch) -> loss} "
                         "and optimizer={name: an optimizer built on the parameters that step trains}, with the same "
                         "names (several optimizers on one loss take one step: step=fn, optimizer={name: optimizer})")
     if not step:
         raise ValueError("step is an empty dict: give one step function per optimizer")
-    if set(step) != set(optimizer):
+    if optimizer is not None and set(step) != set(optimizer):
         raise ValueError(f"step and optimizer must name the same updates: step has {sorted(step)}, optimizer "
                          f"{sorted(optimizer)}")
     for name, fn in step.items():
@@ -50,7 +50,8 @@ def check_updates(task: Any) -> None:
             raise ValueError(f"update names must be identifiers (they name figures: train_<name>_loss), got {name!r}")
         if not callable(fn):
             raise TypeError(f"step[{name!r}] must be a function (model, batch) -> loss, got {type(fn).__name__}")
-    check_optimizers(optimizer, task.model)
+    if optimizer is not None:
+        check_optimizers(optimizer, task.model)
     scheduler = task.scheduler
     if isinstance(scheduler, dict):
         unknown = sorted(set(scheduler) - set(step))

@@ -31,14 +31,15 @@ from .session import inference_devices, join_job
 
 
 def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, reduction: Optional[str] = None,
-             forward: Optional[Callable] = None, step: Optional[Callable] = None,
+             forward: Optional[Callable] = None, step: Union[None, Callable, Dict[str, Callable]] = None,
              metrics: Optional[Mapping[str, Any]] = None, batch_size: int = 256,
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
              num_workers: int = 0, amp: Optional[str] = None, dispatch_batches: bool = False,
              sharded_stream: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
     """Return ``model``'s figures over every sample of ``data``: ``test_loss``, ``test_acc``
     (classification losses) and ``test_<name>`` for each metric, as ``fit``'s rows name them
-    (several sets, ``{"val": ..., "ood": ...}``: the others' as ``test_<set>_*``, as ``fit``'s).
+    (several sets, ``{"val": ..., "ood": ...}``: the others' as ``test_<set>_*``, as ``fit``'s;
+    ``step={name: fn}``, a GAN's steps: each one's ``test_<name>_loss``, ``test_loss`` their sum).
 
     ``data``, ``loss``, ``reduction``, ``forward``, ``step``, ``metrics``, ``collate_fn`` and
     ``num_workers`` are what ``fit`` takes; ``batch_size`` is global; ``amp``: ``"bf16"`` or
@@ -62,6 +63,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
         atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
     collective = get_collective()
     task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
+                optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
                 metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
     sets = evaluation_sets(data, task.metrics)
     loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
