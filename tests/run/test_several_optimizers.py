@@ -312,6 +312,19 @@ def test_evaluate_takes_the_steps_and_gives_each_ones_loss_as_fit_does():
         dptrain.fit(gan, test, step=steps, optimizer=None, log=None)
 
 
+def test_steps_drawing_noise_evaluate_alike_each_time_on_two_devices():
+    """Each device's draws in device order (the CPU generator is one for every thread)."""
+    def noisy(gan, batch):          # (many draws between forwards: concurrent threads would mix them)
+        real, _ = batch
+        return sum(g.g_loss(gan, torch.randn(len(real), g.LATENT)) for _ in range(20)) / 20
+
+    test, figures = data(32, 64), []
+    for _ in range(3):
+        torch.manual_seed(5)
+        figures.append(dptrain.evaluate(g.GAN(), test, step={"d": d_step, "g": noisy}, batch_size=64, devices=2))
+    assert figures[0] == figures[1] == figures[2]
+
+
 def test_step_evaluations_and_early_stopping_watch_a_steps_test_loss():
     from dptrain.callbacks import EarlyStopping
     lines = []

@@ -107,8 +107,9 @@ def evaluate(engine, batches) -> Totals:
 
     one = len(engine.devices) == 1         # no split, no hand-off to a device thread
     # Steps that draw numbers (a GAN's noise) on several CPU devices: in turn, in device
-    # order, as training's forwards (``step_plan.Turns``), so the figures repeat run to run.
-    in_turn = bool(updates) and engine.random.draws is True
+    # order, as training's forwards (``step_plan.Turns``), so the figures repeat run to run
+    # (not known before a training step: in turn too).
+    in_turn = bool(updates) and engine.random.draws is not False
     stateful.reset()
     with evaluating(*engine.replicas), torch.no_grad():     # each module's mode back after (a frozen BN stays)
         for batch in batches:
