@@ -66,13 +66,14 @@ def evaluate(engine, batches) -> Totals:
             move = moves[i] = needs_move(shard, device, engine.memory_format)
         if move:
             shard = to_device(shard, device, engine.memory_format)
-        if updates:
+        if updates:         # several optimizers: each step's loss; metrics score forward's output
             for name, step in updates.items():
                 value, count, _ = engine.steps.sum_loss(net, shard, engine._autocast(device), step)
                 accumulate(out, f"{name}_loss", value)
                 accumulate(out, f"{name}_loss_count", batch_size(shard) if count is None else count)
-            return
-        if adapter is None:
+            if not needs_output:
+                return
+        elif adapter is None:
             value, count, output = engine.steps.sum_loss(net, shard, engine._autocast(device))
             accumulate(out, "loss", value)
             accumulate(out, "count", batch_size(shard) if count is None else count)
@@ -84,7 +85,7 @@ def evaluate(engine, batches) -> Totals:
                                      "'logits' (a Hugging Face model's output does), or also give "
                                      "forward=fn(model, batch) -> (output, target)")
                 target = input_and_target(shard)[1]
-        if adapter is not None or own_forward:
+        if adapter is not None or own_forward or updates:
             with engine._autocast(device):
                 output, target = forward(net, shard)
         output = output_for(adapter, output)

@@ -110,7 +110,7 @@ class ModelEngine:
         self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
         if task.several:
-            self.keep_train_figures()           # each update's loss
+            self.train_figures = TrainFigures(self, score=False)       # each update's loss
         # Dropout on several CPU devices: each device's stream, or the forwards in turn.
         self.random = RandomDraws(self.devices, training, sync_batchnorm, rank())
 

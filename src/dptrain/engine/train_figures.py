@@ -41,22 +41,24 @@ PREDICTED = "predicted"
 
 class TrainFigures:
     """See the module docstring. ``partial``: the epoch was resumed mid-way (the metric
-    objects then give NaN)."""
+    objects then give NaN). ``score``: the shards are scored (``train_metrics``); without,
+    only the sums given (several optimizers' losses, ``add_sums``) are kept."""
 
     #: Steps whose values are kept before they are summed in a few operations.
     FOLD_EVERY = 32
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Any, score: bool = True):
         self.engine = engine
         # (several optimizers: each update's loss, as a (sum, count) figure: updates.py)
-        self.keys = figure_keys(engine) + update_keys(engine.task.updates)
-        self.metrics = {name: engine.task.metrics[name] for name in pair_metric_names(engine.task.metrics)}
+        self.keys = (figure_keys(engine) if score else []) + update_keys(engine.task.updates)
+        scored = engine.task.metrics if score else {}
+        self.metrics = {name: scored[name] for name in pair_metric_names(scored)}
         self.own_forward = engine.task.forward is not None
         n = len(engine.devices)
         self._step: List[List[Tuple[str, Any]]] = [[] for _ in range(n)]    # this step's, per device
         self._kept: List[List[Tuple[str, Any]]] = [[] for _ in range(n)]    # the epoch's, per device
         self._steps = 0
-        self.objects = StatefulMetrics(engine.task.metrics, engine.devices)    # a copy per device
+        self.objects = StatefulMetrics(scored, engine.devices)    # a copy per device
         self._updates: List[List[Tuple[Any, Any]]] = [[] for _ in range(n)]    # this step's, for them
         self.partial = False
         self.saved: Optional[List[Dict[str, Any]]] = None   # the metric objects' states a checkpoint gave

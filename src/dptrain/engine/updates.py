@@ -13,7 +13,9 @@ step sees the updated weights. That is the plain loop on one device (DCGAN's, a 
 figure of its own, ``train_<name>_loss``, summed as the loss is; ``train_loss`` is their sum.
 An evaluation set is scored by each step in eval mode without gradients (the weights as the
 epoch left them): ``test_<name>_loss``, and ``test_loss`` their sum, which early stopping,
-the best checkpoint and a plateau scheduler can watch.
+the best checkpoint and a plateau scheduler can watch; ``metrics`` score what ``forward``
+(default ``model(x)`` against ``y``) gives, as with one optimizer (a domain-adversarial
+classifier's accuracy).
 """
 from __future__ import annotations
 
@@ -58,12 +60,9 @@ def check_updates(task: Any) -> None:
         if unknown or not all(callable(f) for f in scheduler.values()):
             raise ValueError(f"scheduler must be {{update name: fn(optimizer) -> scheduler}} for some of "
                              f"{sorted(step)}; got {'unknown names ' + str(unknown) if unknown else 'a value not callable'}")
-    one = [what for what, given in (("optimizer_params", task.optimizer_params), ("lr", task.lr),
-                                    ("metrics", task.metrics), ("forward", task.forward)) if given]
+    one = [what for what, given in (("optimizer_params", task.optimizer_params), ("lr", task.lr)) if given]
     if one:
-        raise ValueError(f"{', '.join(one)}: not taken with several optimizers (set each optimizer's own lr; "
-                         f"eval_data is evaluated by each step, test_<name>_loss: other figures of a GAN "
-                         f"are a callback of yours, on_epoch_end with run.model)")
+        raise ValueError(f"{', '.join(one)}: not taken with several optimizers (set each optimizer's own lr)")
 
 
 def combined(optimizers: Any, model: torch.nn.Module) -> CombinedOptimizer:

@@ -25,8 +25,9 @@ def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str
     ``updates``: several optimizers' names: each one's ``train_<name>_loss``, and
     ``train_loss`` their sum."""
     row: Row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
-    if trained:
-        row.update(named_figures("train", trained, list(metric_names) + [f"{name}_loss" for name in updates]))
+    if trained:         # (the metrics scored in training: with train_metrics)
+        row.update(named_figures("train", trained, [name for name in metric_names if name in trained] +
+                                 [f"{name}_loss" for name in updates]))
     if updates:
         row["train_loss"] = sum(row[f"train_{name}_loss"] for name in updates)
     row.update({f"train_{name}": value for name, value in trained_computed.items()})
