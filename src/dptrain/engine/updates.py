@@ -129,9 +129,9 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
     each update's step in turn, its gradients kept on the devices, and only the last one's
     turns update (each over the group's gradient sum and denominator), so the earlier
     micro-batches see the weights as the group found them. Under float16 one scale serves every
-update (torch's AMP recipe with one ``GradScaler`` for several optimizers). ``sizes``
-(``--balance``): each device's part of the batch, or of each micro-batch (a list each), the
-same for every update."""
+    update (torch's AMP recipe with one ``GradScaler`` for several optimizers). ``sizes``
+    (``--balance``): each device's part of the batch, or of each micro-batch (a list each),
+    the same for every update."""
     trainers, figures = engine.trainer, engine.train_figures
     names = trainers.names
     micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
