@@ -372,6 +372,64 @@ def test_metrics_score_the_models_output_on_the_evaluation_set(devices):
     assert "train_hits" not in row      # (train_metrics: refused with several optimizers)
 
 
+class UnfreezeGenerator(dptrain.Callback):
+    """Epoch 2 on: the generator's first layer trains (added to its optimizer here if ``add``)."""
+
+    def __init__(self, add=False):
+        self.add = add
+
+    def on_epoch_start(self, run, epoch):
+        if epoch == 2:
+            layer = run.model.generator[0]
+            layer.requires_grad_(True)
+            if self.add:
+                run.optimizer["generator"].add_param_group({"params": list(layer.parameters())})
+
+
+@pytest.mark.parametrize("devices, add", [(1, False), (2, False), (2, True)])
+def test_a_layer_unfrozen_mid_run_trains_from_then_on_as_in_the_plain_loop(devices, add):
+    """The generator's first layer frozen for epoch 1, then trained; its optimizer built on
+    every generator parameter (or on the others, the layer added when it is unfrozen)."""
+    batches = g.batches()
+
+    def optimizers(gan):
+        gan.generator[0].requires_grad_(False)
+        chosen = [p for p in gan.generator.parameters() if p.requires_grad] if add else gan.generator.parameters()
+        return {"discriminator": g.adam(gan.discriminator),
+                "generator": torch.optim.Adam(chosen, lr=1e-2, betas=(0.5, 0.999))}
+
+    want = g.GAN()
+    opts = optimizers(want)
+    for epoch in (1, 2):
+        if epoch == 2:
+            want.generator[0].requires_grad_(True)
+            if add:
+                opts["generator"].add_param_group({"params": list(want.generator[0].parameters())})
+        for real, z in batches:
+            for name, loss in (("discriminator", lambda: g.d_loss(want, real, z)), ("generator", lambda: g.g_loss(want, z))):
+                opts[name].zero_grad()
+                want.discriminator.requires_grad_(name == "discriminator")
+                loss().backward()
+                want.discriminator.requires_grad_(True)
+                opts[name].step()
+    gan = g.GAN()
+    dptrain.fit(gan, data(), step={"discriminator": d_step, "generator": g_step}, optimizer=optimizers(gan),
+                callbacks=[UnfreezeGenerator(add)], devices=[dptrain.cpu(0)] * devices, epochs=2, batch_size=16,
+                shuffle=False, log=None)
+    assert_same(gan, want, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(gan.generator[0].weight, g.GAN().generator[0].weight)      # it trained
+
+
+def test_a_layer_unfrozen_that_no_optimizer_holds_is_refused():
+    gan = g.GAN()
+    gan.generator[0].requires_grad_(False)
+    optimizers = {"discriminator": g.adam(gan.discriminator),
+                  "generator": torch.optim.Adam([p for p in gan.generator.parameters() if p.requires_grad])}
+    with pytest.raises(ValueError, match="in on_epoch_start: requires_grad was set on generator.0.weight"):
+        dptrain.fit(gan, data(), step={"discriminator": d_step, "generator": g_step}, optimizer=optimizers,
+                    callbacks=[UnfreezeGenerator()], devices=1, epochs=2, batch_size=16, log=None)
+
+
 def test_step_evaluations_and_early_stopping_watch_a_steps_test_loss():
     from dptrain.callbacks import EarlyStopping
     lines = []

@@ -18,7 +18,7 @@ A rebuild keeps every optimizer state, moved without copies (``optim_state.carry
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence
 
 import torch
 
@@ -89,15 +89,16 @@ class Layout:
         if isinstance(self.spec, torch.optim.Optimizer):
             lend(self.spec, new, self.optimizers, self.groups, self.optimizer)
 
-    def regrouped(self, trainable_changed: bool) -> Optional[OptimizerPlan]:
+    def regrouped(self, trainable_changed: bool, others: Collection[int] = ()) -> Optional[OptimizerPlan]:
         """After user code ran: the plan to build again for, if a parameter now trains that the
         per-device optimizers do not hold (unfrozen, or in a group added to ``optimizer``);
         None if nothing is to be done (nothing changed, or a layer frozen: it gets no gradient,
-        so it is not updated). A ValueError for a layer unfrozen that no group holds."""
+        so it is not updated). A ValueError for a layer unfrozen that no group holds (nor,
+        ``others``, another optimizer of the run)."""
         if not self.optimizers or self.replicas is None or not (trainable_changed or self.optimizer.group_added):
             return None
         plan = self.plan.regrouped(self.optimizer, self.params)
-        check_thawed(list(self.replicas[0].named_parameters()), self.mask, plan)
+        check_thawed(list(self.replicas[0].named_parameters()), self.mask, plan, others)
         if not self.optimizer.group_added and set(kept(self.params, plan)) <= set(self.kept):
             return None
         return plan

@@ -12,7 +12,7 @@ change (``TrainableSet.check``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Collection, List, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -67,10 +67,12 @@ def kept(params: Sequence[torch.Tensor], plan: "OptimizerPlan") -> List[int]:
     return [j for j, p in enumerate(params) if p.requires_grad and j in managed]
 
 
-def check_thawed(named: Sequence[Tuple[str, torch.Tensor]], was: Sequence[bool], plan: "OptimizerPlan") -> None:
+def check_thawed(named: Sequence[Tuple[str, torch.Tensor]], was: Sequence[bool], plan: "OptimizerPlan",
+                 others: Collection[int] = ()) -> None:
     """A ValueError if a parameter frozen before (``was``) now has ``requires_grad`` but no
-    group of the optimizer holds it: it would compute a gradient and never train."""
-    managed = set(plan.managed())
+    group of the optimizer holds it: it would compute a gradient and never train. ``others``:
+    parameters (by index) another optimizer of the run updates (several taking turns)."""
+    managed = set(plan.managed()) | set(others)
     lost = [n for j, ((n, p), w) in enumerate(zip(named, was)) if p.requires_grad and not w and j not in managed]
     if lost:
         raise ValueError(f"requires_grad was set on {_names(lost)}, but no group of the optimizer holds them, so "

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (Any, Callable, Collection, Dict, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
 import torch
 from torch import nn
@@ -128,14 +129,15 @@ class Trainer:
         if self.optimizer is not None:
             self.optimizer.growable = True
 
-    def follow(self, trainable_changed: bool = True) -> bool:
+    def follow(self, trainable_changed: bool = True, others: Collection[int] = ()) -> bool:
         """Between steps, after user code ran: if a parameter now trains that the per-device
         optimizers do not hold (unfrozen, or in a group added to ``optimizer``), build them
         and the gradient sync again for what trains now, keeping every optimizer state (the
         new parameters start with none, as in a plain loop; ``layout.py``). Returns whether it
-        rebuilt. A ValueError if it cannot: a layer unfrozen that no group holds, or processes
-        that disagree on what trains."""
-        plan = self.layout.regrouped(trainable_changed) if self.layout is not None else None
+        rebuilt. A ValueError if it cannot: a layer unfrozen that no group holds (nor another
+        optimizer of the run, which updates ``others``), or processes that disagree on what
+        trains."""
+        plan = self.layout.regrouped(trainable_changed, others) if self.layout is not None else None
         if plan is None:
             return False
         agree(self.collective, [p.requires_grad for p in self.layout.params], plan)

@@ -20,7 +20,7 @@ settings that would ask more are refused before (``engine/updates.py``).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Mapping
+from typing import Any, Dict, Iterator, List, Mapping, Set
 
 import torch
 
@@ -58,11 +58,16 @@ class Trainers:
         self.replicas = replicas
         self.trainers: Dict[str, Trainer] = {name: Trainer(replicas, opt, kvstore=kvstore, bucket_cap_mb=bucket_cap_mb)
                                              for name, opt in optimizers.items()}
-        params = list(replicas[0].parameters())
-        index = {id(p): j for j, p in enumerate(params)}
-        # Each update's parameters, by index among the model's.
-        self._own = {name: {index[id(p)] for g in opt.param_groups for p in g["params"]}
-                     for name, opt in optimizers.items()}
+        self._given = dict(optimizers)
+        self._index = {id(p): j for j, p in enumerate(replicas[0].parameters())}
+        self._own: Dict[str, Set[int]] = {}
+        self._find_own()
+
+    def _find_own(self) -> None:
+        """Each update's parameters, by index among the model's: its optimizer's groups (a
+        callback may have added one)."""
+        self._own = {name: {self._index[id(p)] for g in (t.optimizer or self._given[name]).param_groups
+                            for p in g["params"] if id(p) in self._index} for name, t in self.trainers.items()}
 
     @property
     def names(self) -> List[str]:
@@ -122,12 +127,13 @@ class Trainers:
             t.follow_edits()
 
     def follow(self, trainable_changed: bool = True) -> bool:
-        """A callback's change to what trains is not followed with several optimizers: each
-        is set up for its parameters when the run starts."""
-        if trainable_changed:
-            raise ValueError("requires_grad changed during training: with several optimizers each one's parameters "
-                             "train from the start to the end of a fit; freeze or unfreeze layers between two fits")
-        return any([t.follow(False) for t in self.trainers.values()])
+        """A callback's change to what trains (``Trainer.follow``): each update's Trainer
+        follows its own parameters (a layer unfrozen that one optimizer holds is another's
+        business to the rest); a layer unfrozen that no optimizer holds is an error."""
+        self._find_own()
+        rebuilt = [t.follow(trainable_changed, set().union(*(own for other, own in self._own.items() if other != name)))
+                   for name, t in self.trainers.items()]
+        return any(rebuilt)
 
     def state_dict(self) -> dict:
         return {"updates": {name: t.state_dict() for name, t in self.trainers.items()}}
