@@ -12,11 +12,24 @@ moment to stop, so none of that changes.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 
 class MicroBatches(list):
     """The batches (this process's parts of them) summed into one update, in order."""
+
+
+def micro_batches(batch: Any, sizes: Optional[Sequence[Any]]) -> Tuple[List[Any], List[Any]]:
+    """A step's batches (one, or a group's) and each one's parts over the devices (``sizes``,
+    ``--balance``: a list per micro-batch for a group; None: as even as can be); a
+    ``ValueError`` for an empty group, or parts not one per micro-batch."""
+    micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
+    if not micro:
+        raise ValueError("an empty group of micro-batches: nothing to step on")
+    each = list(sizes) if sizes is not None and isinstance(batch, MicroBatches) else [sizes] * len(micro)
+    if len(each) != len(micro):
+        raise ValueError(f"{len(each)} lists of parts for a group of {len(micro)} micro-batches: give one each")
+    return micro, each
 
 
 class Accumulating:

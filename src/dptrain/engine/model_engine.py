@@ -16,7 +16,7 @@ from torch import nn
 
 from ..core.parts import even_parts
 from ..core.modes import evaluating
-from ..data.accumulate import MicroBatches
+from ..data.accumulate import MicroBatches, micro_batches
 from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
 from ..distributed.env import rank
 from ..parallel.replicas import replicate
@@ -227,13 +227,7 @@ class ModelEngine:
             return several_step(self, batch, skip_nonfinite, extras, timed, sizes)
         if direct.applies(self, batch, sizes, timed):
             return direct.direct_step(self, batch, skip_nonfinite, extras)
-        micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
-        if not micro:
-            raise ValueError("an empty group of micro-batches: nothing to step on")
-        # --balance: each micro-batch's parts (a list per micro-batch when given a group)
-        each = list(sizes) if sizes is not None and isinstance(batch, MicroBatches) else [sizes] * len(micro)
-        if len(each) != len(micro):
-            raise ValueError(f"{len(each)} lists of parts for a group of {len(micro)} micro-batches: give one each")
+        micro, each = micro_batches(batch, sizes)      # (--balance: each micro-batch's parts)
         loss: Optional[torch.Tensor] = None
         denominator: Count = None
         n = 0

@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
-from ..data.accumulate import MicroBatches
+from ..data.accumulate import micro_batches
 from ..data.batch import Batch, batch_size
 from ..parallel.combined import CombinedOptimizer
 from ..parallel.sync.base import Extras
@@ -134,12 +134,7 @@ def several_step(engine: Any, batch: Batch, skip_nonfinite: bool, extras: Extras
     the same for every update."""
     trainers, figures = engine.trainer, engine.train_figures
     names = trainers.names
-    micro = list(batch) if isinstance(batch, MicroBatches) else [batch]
-    if not micro:
-        raise ValueError("an empty group of micro-batches: nothing to step on")
-    each = list(sizes) if sizes is not None and isinstance(batch, MicroBatches) else [sizes] * len(micro)
-    if len(each) != len(micro):
-        raise ValueError(f"{len(each)} lists of parts for a group of {len(micro)} micro-batches: give one each")
+    micro, each = micro_batches(batch, sizes)
     early = {name: (None, None) for name in names}      # each update's loss sum and count so far
     for part, parts in zip(micro[:-1], each[:-1]):
         for name in names:
