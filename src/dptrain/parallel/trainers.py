@@ -130,6 +130,9 @@ class Trainers:
         """A callback's change to what trains (``Trainer.follow``): each update's Trainer
         follows its own parameters (a layer unfrozen that one optimizer holds is another's
         business to the rest); a layer unfrozen that no optimizer holds is an error."""
+        if not trainable_changed and not any(t.optimizer is not None and t.optimizer.group_added
+                                             for t in self.trainers.values()):
+            return False        # (after every callback hook: nothing to look at)
         self._find_own()
         rebuilt = [t.follow(trainable_changed, set().union(*(own for other, own in self._own.items() if other != name)))
                    for name, t in self.trainers.items()]
