@@ -527,6 +527,11 @@ def _evaluate(program: Program, model: nn.Module, loader, dev: torch.device) -> 
     with torch.no_grad():
         for batch in loader:
             batch = _to(batch, dev)
+            if program.updates is not None:      # several optimizers: each step's loss
+                n = len(_real(batch))
+                for step in program.updates.values():
+                    loss_sum += step(model, batch) * n
+                continue
             if program.step is not None:
                 n = len(batch["labels"])
                 loss_sum += program.step(model, batch)["loss"] * n
@@ -549,7 +554,7 @@ def run_plain_eval(program: Program, epochs: int, device: str = "cpu",
     evals = _eval_loader(program)
     times = []
     for epoch in range(epochs):
-        _epochs(1, loader, lambda b: _loss(program, model, _to(b, dev)), opt, dev)
+        _epochs_of(1, loader, _train_batch(program, model, opt, lambda b: _to(b, dev)), dev)
         _sync(dev)
         if gate is not None:
             gate()
@@ -582,7 +587,8 @@ def run_dptrain_eval(program: Program, epochs: int, devices: str = "cpu:0",
     timer = EvalTime()
     data = held_out(program)
     n = len(data[0]) if isinstance(data, tuple) else len(data)
-    dptrain.fit(program.model(), program.data(), data, **fit_settings(program, epochs, devices, [timer]))
+    model = program.model()
+    dptrain.fit(model, program.data(), data, **with_model(program, model, fit_settings(program, epochs, devices, [timer])))
     return {"epochs": timer.times, "total": time.perf_counter() - start, "steps": -(-n // program.batch)}
 
 
