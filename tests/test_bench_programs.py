@@ -55,13 +55,14 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
 @pytest.mark.slow
 def test_the_programs_of_several_optimizers_run_in_every_framework_in_smoke_mode(tmp_path):
     """Two optimizers, each framework's way: the GAN's taking turns (DDP and Accelerate: each
-    network wrapped), Muon + AdamW on one loss (Accelerate: each optimizer prepared)."""
+    network wrapped; its evaluation too), Muon + AdamW on one loss (Accelerate: each optimizer
+    prepared)."""
     pytest.importorskip("accelerate")
     out = tmp_path / "programs.json"
-    empty = ["--evaluation", "", "--interleaved", "", "--interleaved-evaluation", "", "--interleaved-processes", "",
-             "--paired-evaluation", ""]
+    empty = ["--interleaved", "", "--interleaved-evaluation", "", "--interleaved-processes", "", "--paired-evaluation", ""]
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke", "--programs",
-                           "gan,muon", "--processes", "gan,muon", "--paired", "gan", *empty, "--out", str(out)],
+                           "gan,muon", "--processes", "gan,muon", "--paired", "gan", "--evaluation", "gan", *empty,
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -72,7 +73,8 @@ def test_the_programs_of_several_optimizers_run_in_every_framework_in_smoke_mode
         ("2 processes", "ddp"), ("2 processes", "accelerate"), ("2 processes", "dptrain"),
         ("1 process", "plain loop"), ("1 process", "dptrain, 1 device")}
     assert {("1 process", "plain loop"), ("1 process", "dptrain, 1 device"), ("1 process", "accelerate"),
-            ("1 process, paired", "dptrain, 1 device")} <= got
+            ("1 process, paired", "dptrain, 1 device"), ("evaluation", "plain loop"),
+            ("evaluation", "dptrain, 1 device")} <= got     # (the GAN's evaluation: each step's loss)
 
 
 @pytest.mark.parametrize("evaluation", [False, True])
