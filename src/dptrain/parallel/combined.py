@@ -13,10 +13,9 @@ So every feature of one optimizer holds as it is: one gradient sum (one set of b
 clipping norm over every parameter (what ``clip_grad_norm_(model.parameters())`` takes),
 gradient accumulation, float16's loss scale, a skipped update skipping them all, one
 scheduler over all the groups (``LambdaLR`` takes a function per group) or one per part,
-checkpoints. Its
-``step`` and ``zero_grad`` are each part's; its ``state`` and ``state_dict`` are theirs, laid
-out as one optimizer's (positions running on from part to part), so code written for one
-optimizer reads and loads it. The parts are the user's objects: they hold the state as it
+checkpoints. Its ``step`` and ``zero_grad`` are each part's; its ``state`` and
+``state_dict`` are theirs, laid out as one optimizer's (positions running on from part to
+part), so code written for one optimizer reads and loads it. The parts are the user's objects: they hold the state as it
 goes, and ``fit`` gives it back to them at its end.
 
 ``CombinedPlan`` (the ``OptimizerPlan`` of a combined optimizer) builds one per device over
