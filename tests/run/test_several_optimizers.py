@@ -360,16 +360,19 @@ def test_metrics_score_the_models_output_on_the_evaluation_set(devices):
         return (output.argmax(1) == target).sum(), len(target)
 
     result = dptrain.fit(model, (X[:64], y[:64]), (X[64:], y[64:]), step={"classifier": classify, "critic": criticise},
-                         optimizer=optimizers, metrics={"hits": hits}, devices=[dptrain.cpu(0)] * devices, epochs=2,
+                         optimizer=optimizers, metrics={"acc": hits}, devices=[dptrain.cpu(0)] * devices, epochs=2,
                          batch_size=16, shuffle=False, log=None)
     with torch.no_grad():
         output = model(X[64:])
-        want = {"test_hits": (output.argmax(1) == y[64:]).float().mean().item(),
+        want = {"test_acc": (output.argmax(1) == y[64:]).float().mean().item(),     # ("acc": no accuracy of dptrain's)
                 "test_classifier_loss": torch.nn.functional.cross_entropy(output, y[64:]).item(),
                 "test_critic_loss": criticise(model, (X[64:], y[64:])).item()}
     row = result["history"][-1]
     assert {k: row[k] for k in want} == pytest.approx(want, rel=1e-5)
-    assert "train_hits" not in row      # (train_metrics: refused with several optimizers)
+    assert "train_acc" not in row       # (train_metrics: refused with several optimizers)
+    with pytest.raises(ValueError, match="metric name 'critic_loss' is taken by dptrain's own figures"):
+        dptrain.fit(model, (X, y), step={"classifier": classify, "critic": criticise}, optimizer=optimizers,
+                    metrics={"critic_loss": hits}, log=None)
 
 
 class UnfreezeGenerator(dptrain.Callback):

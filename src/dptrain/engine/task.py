@@ -120,10 +120,13 @@ class Task:
         if not isinstance(self.metrics, dict) or not all(callable(f) for f in self.metrics.values()):
             raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)} or "
                             "{name: torchmetrics object}")
+        # (several optimizers have no accuracy of dptrain's: "acc" is free, each update's loss is not)
+        reserved = ("loss", "count", *(f"{u}_loss" for u in self.updates)) if self.several else RESERVED_METRICS
         for name in self.metrics:
-            if name in RESERVED_METRICS or str(name).endswith("_count"):
-                raise ValueError(f"metric name {name!r} is taken by dptrain's own figures (test_loss, test_acc and "
-                                 f"their counts): call it something else, e.g. {('my_' + str(name))!r}")
+            if name in reserved or str(name).endswith("_count"):
+                own = "test_loss, each update's test_<name>_loss" if self.several else "test_loss, test_acc"
+                raise ValueError(f"metric name {name!r} is taken by dptrain's own figures ({own} and their counts): "
+                                 f"call it something else, e.g. {('my_' + str(name))!r}")
         for name in ("epochs", "batch_size"):
             value = getattr(self, name)
             if value is None and name == "epochs":
