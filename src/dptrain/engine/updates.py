@@ -54,12 +54,9 @@ def check_updates(task: Any) -> None:
             raise TypeError(f"step[{name!r}] must be a function (model, batch) -> loss, got {type(fn).__name__}")
     if optimizer is not None:
         check_optimizers(optimizer, task.model)
-    scheduler = task.scheduler
-    if isinstance(scheduler, dict):
-        unknown = sorted(set(scheduler) - set(step))
-        if unknown or not all(callable(f) for f in scheduler.values()):
-            raise ValueError(f"scheduler must be {{update name: fn(optimizer) -> scheduler}} for some of "
-                             f"{sorted(step)}; got {'unknown names ' + str(unknown) if unknown else 'a value not callable'}")
+    if isinstance(task.scheduler, dict):
+        check_named(task.scheduler, step, ValueError,
+                    f"scheduler must be {{update name: fn(optimizer) -> scheduler}} for some of {sorted(step)}")
     one = [what for what, given in (("optimizer_params", task.optimizer_params), ("lr", task.lr)) if given]
     if one:
         raise ValueError(f"{', '.join(one)}: not taken with several optimizers (set each optimizer's own lr)")
@@ -93,12 +90,16 @@ def part_schedulers(scheduler: Any, optimizer: Any) -> Any:
                             f"({', '.join(names)}); got {len(scheduler)}")
         scheduler = dict(zip(names, scheduler))
     scheduler = {name: f for name, f in scheduler.items() if f is not None}
-    unknown = sorted(set(scheduler) - set(names))
-    if unknown or not all(callable(f) for f in scheduler.values()):
-        raise TypeError(f"scheduler: {{optimizer name: fn(optimizer) -> scheduler}} for some of {names} (or one "
-                        f"fn over all of their groups); got "
-                        f"{'unknown names ' + str(unknown) if unknown else 'a value not callable'}")
+    check_named(scheduler, names, TypeError, f"scheduler: {{optimizer name: fn(optimizer) -> scheduler}} for some "
+                                             f"of {names} (or one fn over all of their groups)")
     return scheduler
+
+
+def check_named(schedulers: Dict[str, Any], names: Any, error: type, fix: str) -> None:
+    """An ``error`` saying ``fix`` unless ``schedulers`` maps some of ``names`` to functions."""
+    unknown = sorted(set(schedulers) - set(names))
+    if unknown or not all(callable(f) for f in schedulers.values()):
+        raise error(f"{fix}; got {'unknown names ' + str(unknown) if unknown else 'a value not callable'}")
 
 
 #: Settings of a run not taken with several optimizers yet: (setting, when it is in force).
