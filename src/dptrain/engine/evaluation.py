@@ -54,6 +54,7 @@ def evaluate(engine, batches) -> Totals:
     adapter, forward, own_forward = engine.adapter, engine.forward, engine.task.forward is not None
     needs_output = bool(engine.task.metrics)
     updates = engine.task.updates           # several optimizers: each one's step gives a loss
+    update_keys = {name: (f"{name}_loss", f"{name}_loss_count") for name in updates or ()}
     totals: List[Dict[str, Any]] = [{} for _ in engine.devices]
     moves: List[Optional[bool]] = [None] * len(engine.devices)
 
@@ -67,15 +68,16 @@ def evaluate(engine, batches) -> Totals:
         if move:
             shard = to_device(shard, device, engine.memory_format)
         if updates:         # several optimizers: each step's loss; metrics score forward's output
+            size = batch_size(shard)        # (once a shard, not once a step)
             for name, step in updates.items():
-                value, count, _ = engine.steps.sum_loss(net, shard, engine._autocast(device), step)
-                accumulate(out, f"{name}_loss", value)
-                accumulate(out, f"{name}_loss_count", batch_size(shard) if count is None else count)
+                value, count, _, mean = engine.steps.loss(net, shard, engine._autocast(device), step, size)
+                accumulate(out, update_keys[name][0], value, count if mean else None)
+                accumulate(out, update_keys[name][1], size if count is None else count)
             if not needs_output:
                 return
         elif adapter is None:
-            value, count, output = engine.steps.sum_loss(net, shard, engine._autocast(device))
-            accumulate(out, "loss", value)
+            value, count, output, mean = engine.steps.loss(net, shard, engine._autocast(device))
+            accumulate(out, "loss", value, count if mean else None)
             accumulate(out, "count", batch_size(shard) if count is None else count)
             if not needs_output:
                 return
@@ -166,24 +168,26 @@ class _Kept(list):
     host: Any = 0
 
 
-def accumulate(out: Dict[str, _Kept], key: str, value: Any) -> None:
-    """Add ``value`` to figure ``key``. A CPU tensor is read (``item``: 0.2 us) and added
-    as a Python number: a float64 tensor's ``add_`` of a float32 or int64 number took 1.9 us
-    (1 us of it the type promotion), and a batch's kept tensors sat between the next batch's
-    large temporaries (the text classifier's evaluation ran 12-17% slower with them kept,
-    session 15). On a GPU each add is a kernel launch and a read waits for the device: kept,
-    and summed in a few operations (``sum_values``)."""
+def accumulate(out: Dict[str, _Kept], key: str, value: Any, times: Optional[int] = None) -> None:
+    """Add ``value`` (times ``times`` if given: a mean loss by its count) to figure ``key``. A CPU
+    tensor is read (``item``: 0.2 us) and added as a Python number: a float64 tensor's ``add_``
+    of a float32 or int64 number took 1.9 us (1 us of it the type promotion), and a batch's
+    kept tensors sat between the next batch's large temporaries (the text classifier's
+    evaluation ran 12-17% slower with them kept, session 15); a mean's product is taken on the
+    host too, in float64 (a tensor's multiplication was 2-3 us a step, session 31). On a GPU
+    each add is a kernel launch and a read waits for the device: kept, and summed in a few
+    operations (``sum_values``)."""
     values = out.get(key)
     if values is None:
         values = out[key] = _Kept()
     kind = type(value)
     if kind is torch.Tensor and value.is_cpu and value.ndim == 0:
-        values.host += value.item()
+        values.host += value.item() if times is None else value.item() * times
         return
     if kind is float or kind is int:
-        values.host += value
+        values.host += value if times is None else value * times
         return
-    values.append(value)
+    values.append(value if times is None else value * times)
     if len(values) >= FOLD_EVERY:
         folded = out[key] = _Kept([sum_values(list(values))])
         folded.host = values.host

@@ -90,7 +90,7 @@ def read_step(out: Any) -> Tuple[Any, Any]:
     """What a step function returned: ``(loss or (sum, count), output or None)``. A dict (a
     Hugging Face ``ModelOutput``: ``step=lambda model, batch: model(**batch)``) gives its
     ``loss`` (with its ``count``, if it has one) and its ``logits`` (or ``output``) for metrics."""
-    if not isinstance(out, Mapping):
+    if type(out) is torch.Tensor or not isinstance(out, Mapping):     # (the usual: no ABC check)
         return out, None
     if out.get("loss") is None:
         raise ValueError(f"step returned a dict with keys {', '.join(map(str, out))} and no 'loss': return the loss, "

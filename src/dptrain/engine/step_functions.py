@@ -35,11 +35,12 @@ class StepFunctions:
         self._pairs: Dict[Step, bool] = {}      # whether each returned (sum, count)
 
     def loss(self, net: nn.Module, shard: Batch, autocast: ContextManager,
-             step: Optional[Step] = None) -> Tuple[torch.Tensor, Count, Any, bool]:
+             step: Optional[Step] = None, size: Optional[int] = None) -> Tuple[torch.Tensor, Count, Any, bool]:
         """``step``'s loss on ``shard`` as it gave it: ``(value, denominator, output, mean)``,
         ``mean`` when the value is a mean over the denominator's samples (else a sum; one
         device of one process trains on it as it is, ``direct_step.py``), ``output`` what it
-        returned besides its loss (its ``logits``, for metrics; None if none)."""
+        returned besides its loss (its ``logits``, for metrics; None if none). ``size``: the
+        shard's samples when the caller knows them (several steps on one shard count it once)."""
         step = step or self.default
         try:
             with autocast:
@@ -59,7 +60,7 @@ class StepFunctions:
         value = out if out.dim() == 0 else out.reshape(())      # (a view: an operation, and one in backward)
         if self.reduction == "sum":
             return value, None, output, False
-        return value, batch_size(shard), output, True
+        return value, batch_size(shard) if size is None else size, output, True
 
     def sum_loss(self, net: nn.Module, shard: Batch, autocast: ContextManager,
                  step: Optional[Step] = None) -> Tuple[torch.Tensor, Count, Any]:
