@@ -320,3 +320,21 @@ def test_clipping_by_value_clamps_the_summed_gradient_as_one_device_does(n_devic
 def test_a_metric_named_like_dptrains_own_figures_is_refused(name):
     with pytest.raises(ValueError, match=f"metric name '{name}' is taken by dptrain's own figures"):
         Task(model=mlp(), train_data=(torch.zeros(4, 5), torch.zeros(4, 2)), metrics={name: lambda o, t: (0, 1)})
+
+
+@pytest.mark.parametrize("given", [{"loss": nn.MSELoss()}, {"loss": F.mse_loss}, {"step": lambda m, b: {"loss": F.mse_loss(m(b[0]), b[1]), "logits": m(b[0])}}])
+def test_acc_is_the_users_where_dptrain_counts_no_accuracy(given):
+    """A step function or a loss not a classifier's gives no accuracy of dptrain's: a metric
+    may be called "acc" (then it is test_acc), as Keras names its own; "loss" stays taken."""
+    data = (torch.randn(8, 5), torch.randn(8, 2))
+    hits = lambda out, y: ((out.argmax(1) == y.argmax(1)).sum(), len(y))     # noqa: E731
+    history = dptrain.fit(mlp(), data, data, metrics={"acc": hits}, epochs=1, batch_size=4, devices="cpu:0",
+                          log=None, **given)["history"]
+    model = mlp()
+    assert 0.0 <= history[0]["test_acc"] <= 1.0
+    with pytest.raises(ValueError, match="metric name 'loss' is taken by dptrain's own figures \\(test_loss and"):
+        Task(model=model, train_data=data, metrics={"loss": hits}, **given)
+    for classifier in ({}, {"loss": nn.CrossEntropyLoss()}, {"loss": F.cross_entropy}, {"loss": nn.NLLLoss()}):
+        with pytest.raises(ValueError, match="metric name 'acc' is taken by dptrain's own figures \\(test_loss, "
+                                             "test_acc"):
+            Task(model=model, train_data=data, metrics={"acc": hits}, **classifier)

@@ -86,6 +86,12 @@ def output_for(adapter: Optional["LossAdapter"], output: Any) -> Any:
     return loss_input(output, adapter is None or not adapter.known)
 
 
+def scores_accuracy(loss: Any) -> bool:
+    """Whether ``fit`` counts correct predictions (``test_acc``) with ``loss`` (and no step
+    function): a classification loss, the default cross-entropy included."""
+    return loss is None or isinstance(loss, _CLASSIFICATION) or _FUNCTIONS.get(loss) in _CLASSIFICATION
+
+
 def read_step(out: Any) -> Tuple[Any, Any]:
     """What a step function returned: ``(loss or (sum, count), output or None)``. A dict (a
     Hugging Face ``ModelOutput``: ``step=lambda model, batch: model(**batch)``) gives its

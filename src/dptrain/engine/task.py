@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
-from .losses import REDUCTIONS
+from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from ..parallel.optim import OptimizerSpec, check_learning_rate
 
@@ -120,11 +120,14 @@ class Task:
         if not isinstance(self.metrics, dict) or not all(callable(f) for f in self.metrics.values()):
             raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)} or "
                             "{name: torchmetrics object}")
-        # (several optimizers have no accuracy of dptrain's: "acc" is free, each update's loss is not)
-        reserved = ("loss", "count", *(f"{u}_loss" for u in self.updates)) if self.several else RESERVED_METRICS
+        # (no accuracy of dptrain's with a step function or a loss not a classifier's: "acc" is free;
+        # several optimizers' each update's loss is not)
+        accuracy = self.step is None and scores_accuracy(self.loss)
+        reserved = RESERVED_METRICS if accuracy else ("loss", "count", *(f"{u}_loss" for u in self.updates))
         for name in self.metrics:
             if name in reserved or str(name).endswith("_count"):
-                own = "test_loss, each update's test_<name>_loss" if self.several else "test_loss, test_acc"
+                own = "test_loss, test_acc" if accuracy else "test_loss, each update's test_<name>_loss" \
+                    if self.several else "test_loss"
                 raise ValueError(f"metric name {name!r} is taken by dptrain's own figures ({own} and their counts): "
                                  f"call it something else, e.g. {('my_' + str(name))!r}")
         for name in ("epochs", "batch_size"):
