@@ -99,3 +99,16 @@ def test_data_held_on_a_device_gives_the_same_batches_there():
     assert device.nbytes == 20 + 80
     for (a, b), (c, d) in zip(host, device):
         assert c.device.type == "meta" and c.dtype == torch.uint8 and c.shape == a.shape and d.shape == b.shape
+
+
+def test_a_process_part_of_one_sample_goes_to_another_process_with_a_least_part():
+    """A model with BatchNorm (``least_part=2``): a last batch of 3 over 2 processes is all
+    rank 0's, not 2 + 1 (BatchNorm refuses to train on one sample); every sample still once."""
+    seen = []
+    for rank in range(2):
+        ld = loader(67, batch_size=32, rank=rank, world_size=2)
+        ld.least_part = 2
+        sizes = [len(y) for _, y in ld]
+        assert sizes == ([16, 16, 3] if rank == 0 else [16, 16, 0])
+        seen += [v for _, y in ld for v in y.tolist()]
+    assert sorted(seen) == list(range(67))

@@ -785,3 +785,34 @@ def test_several_optimizers_on_one_loss_on_two_processes_equal_one_device():
         for params in ranks:
             for p, q in zip(params, want):
                 torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+
+
+def sparse_adam(rank, world):
+    from tests.parallel.test_sparse import sparse_fit_difference
+    return [sparse_fit_difference("cpu:0"), sparse_fit_difference("cpu:0,cpu:1", accumulate=2)]
+
+
+def test_sparse_gradients_on_two_processes_train_with_sparse_adam_as_the_plain_loop():
+    """An EmbeddingBag(sparse=True) with SparseAdam: its gradient crosses the processes sparse
+    (summed as DDP sums it), 1 and 2 devices a process, accumulation too."""
+    for diffs in run_workers(sparse_adam):
+        assert max(diffs) < 1e-6
+
+
+def batchnorm_small_last_batch(rank, world):
+    """67 samples in batches of 32: the last global batch of 3 would give a device one
+    sample (rank 1's part, or a device's of it), which BatchNorm refuses to train on."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(67, 8, generator=g), torch.randint(0, 2, (67,), generator=g)
+    out = []
+    for devices in ("cpu:0", "cpu:0,cpu:1"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+        out.append(dptrain.fit(model, (X, y), epochs=1, batch_size=32, devices=devices, log=None)["history"][0]
+                   ["train_loss"])
+    return out
+
+
+def test_a_batchnorm_model_trains_a_last_batch_smaller_than_two_a_device_on_two_processes():
+    a, b = run_workers(batchnorm_small_last_batch)
+    assert a == b and all(math.isfinite(v) for v in a)

@@ -103,3 +103,34 @@ def test_the_counts_are_read_back_only_when_this_process_lacked_a_gradient():
     model[0](X).sum().backward()                # the second layer unused here: its counts must be read
     with pytest.raises(NotImplementedError, match="meta"):
         reducer.finish()
+
+
+def sparse_grads(rank, world):
+    """An EmbeddingBag(sparse=True) beside a dense layer; the ranks look up different rows
+    (some in common): the reducer's sum is DDP's, still sparse, over the union of the rows."""
+    torch.manual_seed(0)
+
+    def model():
+        return torch.nn.Sequential(torch.nn.EmbeddingBag(20, 3, sparse=True), torch.nn.Linear(3, 2))
+    ours, theirs = model(), model()
+    theirs.load_state_dict(ours.state_dict())
+    ddp = DistributedDataParallel(theirs)
+    sparse = [0]                                            # the embedding's weight
+    reducer = BucketReducer([list(ours.parameters())], get_collective(), sparse=sparse)
+    X = torch.tensor([[1, 2, 3], [3, 4, 4]]) + 5 * rank     # rank 0: rows 1-4, rank 1: rows 6-9
+    y = torch.tensor([0, 1])
+    F.cross_entropy(ddp(X), y).backward()
+    reducer.prepare(len(X))
+    F.cross_entropy(ours(X), y, reduction="sum").backward()
+    used, total = reducer.finish()
+    reducer.scatter(0, used, 1.0 / total)
+    got, want = ours[0].weight.grad, theirs[0].weight.grad
+    rows = sorted(got.coalesce().indices()[0].tolist())
+    return got.is_sparse, rows, [(a.grad.to_dense() - b.grad.to_dense()).abs().max().item()
+                                 for a, b in zip(ours.parameters(), theirs.parameters())], sorted(used)
+
+
+def test_sparse_gradients_are_summed_as_ddp_sums_them_and_stay_sparse():
+    for is_sparse, rows, diffs, used in run_workers(sparse_grads):
+        assert is_sparse and rows == [1, 2, 3, 4, 6, 7, 8, 9]
+        assert max(diffs) < 1e-6 and used == [0, 1, 2]

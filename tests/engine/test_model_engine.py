@@ -338,3 +338,27 @@ def test_acc_is_the_users_where_dptrain_counts_no_accuracy(given):
         with pytest.raises(ValueError, match="metric name 'acc' is taken by dptrain's own figures \\(test_loss, "
                                              "test_acc"):
             Task(model=model, train_data=data, metrics={"acc": hits}, **classifier)
+
+
+@pytest.mark.parametrize("n_devices", [2, 3])
+def test_a_batchnorm_model_trains_a_batch_too_small_for_every_device_as_the_plain_loop(n_devices):
+    """A last batch of 3 on 2 or 3 devices would give a device one sample, which BatchNorm
+    refuses to train on: it goes whole to one device, which is the plain loop's step on it."""
+    def bn_mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    X, y = torch.randn(3, 5, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 1])
+    engine = ModelEngine(Task(bn_mlp(), (), optimizer=functools.partial(torch.optim.SGD, lr=0.1)),
+                         [dptrain.cpu(i) for i in range(n_devices)])
+    assert engine.least_part == 2 and [s is not None for s in engine._plan((X, y), None).shards] == \
+        [True] + [False] * (n_devices - 1)
+    engine.train_batch((X, y))
+    plain = bn_mlp()
+    torch.optim.SGD(plain.parameters(), lr=0.1).zero_grad()
+    F.cross_entropy(plain(X), y).backward()
+    with torch.no_grad():
+        for p in plain.parameters():
+            p -= 0.1 * p.grad
+    for p, q in zip(engine.replicas[0].parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q)
+    assert ModelEngine(Task(mlp(), ()), [dptrain.cpu(0), dptrain.cpu(1)]).least_part == 1

@@ -10,14 +10,22 @@ gives the same parts as one cut over all devices.
 [8, 2]
 >>> even_part(10, 3, 1)           # (start, size) of part 1
 (4, 3)
+>>> even_parts(3, 2, least=2)     # (a model with BatchNorm: no part of one sample)
+[3, 0]
 """
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
 
-def even_parts(n: int, k: int) -> List[int]:
-    """``n`` in ``k`` parts as equal as can be: the first ``n % k`` get one more."""
+def even_parts(n: int, k: int, least: int = 1) -> List[int]:
+    """``n`` in ``k`` parts as equal as can be: the first ``n % k`` get one more. With
+    ``least``, no part holds fewer samples than that unless ``n`` does: too few samples go to
+    fewer parts, the last ones empty (a model with BatchNorm cannot train on one sample: a
+    last batch of 3 on 2 devices is [3, 0], not [2, 1])."""
+    if least > 1 and n < least * k:
+        used = max(1, n // least)
+        return even_parts(n, used) + [0] * (k - used)
     base, extra = divmod(n, k)
     return [base + (i < extra) for i in range(k)]
 
@@ -36,7 +44,10 @@ def weighted_parts(n: int, weights: Sequence[float], least: int = 0) -> List[int
     return [s + floor for s in sizes]
 
 
-def even_part(n: int, k: int, i: int) -> Tuple[int, int]:
-    """``(start, size)`` of part ``i`` of ``even_parts(n, k)``, without making the list."""
+def even_part(n: int, k: int, i: int, least: int = 1) -> Tuple[int, int]:
+    """``(start, size)`` of part ``i`` of ``even_parts(n, k, least)``, without making the list."""
+    if least > 1 and n < least * k:
+        used = max(1, n // least)
+        return even_part(n, used, i) if i < used else (n, 0)
     base, extra = divmod(n, k)
     return i * base + min(i, extra), base + (i < extra)

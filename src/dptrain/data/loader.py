@@ -52,6 +52,7 @@ class EpochPlan:
         self.rank, self.world_size = rank, world_size
         self.balancer = None            # --balance: who reads which part (see balance.py)
         self.batches_per_step = 1       # accumulate_grad_batches (accumulate.py): batches an update sums
+        self.least_part = 1             # a process's part of a batch: at least this, or none (BatchNorm: 2)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -105,7 +106,7 @@ class EpochPlan:
         if self.balancer is not None:
             start, size = self.balancer.process_part(self.step_of(b), n, rank)
         else:
-            start, size = even_part(n, self.world_size, rank)
+            start, size = even_part(n, self.world_size, rank, self.least_part)
         return slice(start, start + size)
 
 

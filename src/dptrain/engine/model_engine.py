@@ -108,6 +108,9 @@ class ModelEngine:
         self._nets: Optional[List[nn.Module]] = None
         self.compile_seconds = 0.0
         self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
+        #: The fewest samples a device's part of a training batch holds, or none: 2 with BatchNorm
+        #: layers (training on one sample is their error; the plain loop's batch had more).
+        self.least_part = 2 if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in task.model.modules()) else 1
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
         if task.several:
             self.train_figures = TrainFigures(self, score=False)       # each update's loss
@@ -274,10 +277,8 @@ class ModelEngine:
         n = batch_size(batch)
         # With several processes this is the process's part of the global batch: it may have
         # fewer samples than devices, or none; devices without samples contribute zeros.
-        if sizes is None:
-            k = min(n, len(self.devices))
-            sizes = [n] if len(self.devices) == 1 else \
-                even_parts(n, k) + [0] * (len(self.devices) - k) if k else [0] * len(self.devices)
+        if sizes is None:       # (no device gets one sample where BatchNorm would refuse it: least_part)
+            sizes = [n] if len(self.devices) == 1 else even_parts(n, len(self.devices), self.least_part)
         if sum(sizes) != n or len(sizes) != len(self.devices):
             raise ValueError(f"the parts {list(sizes)} do not cut a batch of {n} samples over {len(self.devices)} "
                              f"devices")

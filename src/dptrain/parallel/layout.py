@@ -26,6 +26,7 @@ from .optim import OptimizerPlan, OptimizerSpec, ReplicatedOptimizer
 from .optim_state import carry_states, held_states, into_user_optimizer, lend
 from .replicas import Replicas
 from .sync import GradientSync
+from .sync.sparse import sparse_parameters
 from .trainable import TrainableSet, check_thawed, kept
 
 
@@ -71,6 +72,8 @@ class Layout:
         elif len(self.kept) < len(self.groups[0]):        # trainable, but not given to the optimizer
             self.groups = [[g[j] for j in self.kept] for g in self.groups]
         plan = self.plan.restricted(self.kept)
+        if self.replicas is not None:
+            sync.sparse = sparse_parameters(self.replicas[0], self.groups[0])
         sync.setup(self.groups, self.frozen + self.buffers)
         self.optimizers, self.origins = [], []
         for i, g in enumerate(self.groups):

@@ -94,6 +94,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         train_loader = make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
                                    max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch,
                                    sharded=config.sharded_stream, drop_last=config.drop_last, **shard)
+        train_loader.least_part = engine.least_part     # (a process's part too: see ModelEngine.least_part)
         if any(getattr(train_loader, "unread", ())):
             log(f"dptrain: sharded_stream: an epoch is {len(train_loader)} batches of {batch_size}, the parts every "
                 f"process's share holds; {sum(train_loader.unread)} samples of the longer shares are not read each "

@@ -209,6 +209,8 @@ class GradientSync:
     ``step`` runs each phase as one dispatch (``Trainer.step``).
     """
     name: Optional[str] = None
+    #: Indices of the parameters whose gradients are sparse (``sparse.py``), set before ``setup``.
+    sparse: Sequence[int] = ()
 
     def __init__(self, runner: DeviceRunner):
         self.runner = runner

@@ -19,13 +19,14 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from ...core import tracing as trace
 from ...distributed.collective import Collective
 from .base import Extras, extra_count
+from .sparse import local_sum, sum_sparse
 
 DEFAULT_BUCKET_MB = 25.0
 #: Numbers besides the gradients the last bucket can sum (see ``prepare``).
@@ -78,14 +79,21 @@ class BucketReducer:
     """
 
     def __init__(self, params: Sequence[Sequence[torch.Tensor]], collective: Collective,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, comm_device: Optional[torch.device] = None):
+                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, comm_device: Optional[torch.device] = None,
+                 sparse: Collection[int] = ()):
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self.params = [list(g) for g in params]
         self.collective = collective
         self.comm_device = comm_device or torch.device("cpu")
         first = self.params[0]
-        plan = plan_buckets([(p.numel(), p.dtype) for p in first], int(bucket_cap_mb * 2**20))
+        # Parameters with sparse gradients (``sparse.py``) stay out of the buckets: summed at the end.
+        self.sparse = sorted(sparse)
+        self.sparse_totals: Dict[int, torch.Tensor] = {}
+        dense = [j for j in range(len(first)) if j not in set(self.sparse)]
+        plan = [[dense[k] for k in idx]
+                for idx in plan_buckets([(first[j].numel(), first[j].dtype) for j in dense], int(bucket_cap_mb * 2**20))]
+        plan = plan or [[]]         # (no dense parameter: an empty bucket still carries the numbers)
         self.buckets: List[_Bucket] = []
         self.where: List[Tuple[int, int]] = [(0, 0)] * len(first)    # param -> (bucket, slot)
         for b, idx in enumerate(plan):
@@ -95,14 +103,15 @@ class BucketReducer:
                 total += first[j].numel()
                 self.where[j] = (b, slot)
             # The counts ride in the same dtype as the gradients: exact for small integers.
-            buf = torch.zeros(total + len(idx) + 1 + EXTRA_SLOTS, dtype=first[idx[0]].dtype, device=self.comm_device)
+            dtype = first[idx[0]].dtype if idx else torch.float32
+            buf = torch.zeros(total + len(idx) + 1 + EXTRA_SLOTS, dtype=dtype, device=self.comm_device)
             self.buckets.append(_Bucket(idx, offsets, total, buf))
         self._lock = threading.Lock()
         self._arrived = [0] * len(first)
         self._next = 0
         self._denominator = None
         self._extras: Extras = None
-        self._every = list(range(len(first)))
+        self._every = dense
         self._missing = False       # some parameter of this process had no gradient this step
         self.enabled = True
         # One replica in this process: its gradients *are* views into the buckets, so
@@ -112,7 +121,8 @@ class BucketReducer:
         self.views = len(self.params) == 1 and all(p.device == self.comm_device for p in first)
         # Each view has its parameter's memory layout (e.g. channels_last): autograd then
         # accumulates into it in place, and every process and mode packs the same way.
-        self._views = [self._slice(j).as_strided(p.shape, _dense_strides(p)) for j, p in enumerate(first)]
+        self._views = [None if j in self.sparse else self._slice(j).as_strided(p.shape, _dense_strides(p))
+                       for j, p in enumerate(first)]
         if self.views:
             self.reset()
         self._handles = [p.register_post_accumulate_grad_hook(self._hook_for(j))
@@ -130,7 +140,7 @@ class BucketReducer:
         for bucket in self.buckets:
             bucket.buffer[:bucket.numel].zero_()
         for p, view in zip(self.params[0], self._views):
-            p.grad = view
+            p.grad = view       # (None for a sparse one: backward makes it sparse)
 
     def _hook_for(self, j: int):
         def hook(_param: torch.Tensor) -> None:
@@ -160,7 +170,10 @@ class BucketReducer:
                 b.present = [0] * len(b.params)
 
     def _write(self, j: int, arrived: bool) -> None:
-        """Sum parameter ``j`` over the in-process replicas into its bucket (lock held)."""
+        """Sum parameter ``j`` over the in-process replicas into its bucket (lock held); a
+        sparse one is summed by ``finish``."""
+        if self._views[j] is None:
+            return
         b_index, slot = self.where[j]
         bucket = self.buckets[b_index]
         have = 0
@@ -220,10 +233,11 @@ class BucketReducer:
         of the processes' ``extras`` is then ``summed_extras``.
         """
         with self._lock:
-            for j in range(len(self._arrived)):
+            for j in self._every:
                 b_index, slot = self.where[j]
                 if not self.buckets[b_index].written[slot]:
                     self._write(j, arrived=False)
+            self._launch_ready()        # (an empty bucket: no parameter launched it)
         for k, bucket in enumerate(self.buckets):
             if bucket.work is not None:
                 bucket.work.wait()
@@ -240,7 +254,15 @@ class BucketReducer:
             # This process had every gradient, so every summed count is > 0: nothing to read.
             # (On a GPU a read is a wait: the host could not queue the update and the next
             # forward while the all_reduce runs.)
-            used = self._every
+            used = list(self._every)
+        self.sparse_totals = {}
+        for j in self.sparse:          # in index order, the same on every process
+            mine = local_sum([g[j].grad for g in self.params], self.comm_device)
+            total = sum_sparse(self.collective, mine, self.params[0][j].to(self.comm_device)
+                               if self.params[0][j].device != self.comm_device else self.params[0][j])
+            if total is not None:
+                self.sparse_totals[j] = total
+                used.append(j)
         last = self.buckets[-1]
         tail = last.buffer[last.numel + len(last.params):]
         total = tail[0] if self._denominator is not None else None
@@ -255,15 +277,22 @@ class BucketReducer:
         skips them)."""
         g = self.params[device_index]
         is_active = set(active)
+        for j, total in self.sparse_totals.items():
+            if j in is_active:
+                total = total if scale is None else total * scale
+                g[j].grad = total.to(g[j].device)
         if self.views:
             if scale is not None:
                 for bucket in self.buckets:
                     bucket.buffer[:bucket.numel].mul_(scale)
             for j, p in enumerate(g):
-                p.grad = self._views[j] if j in is_active else None
+                if self._views[j] is not None or j not in is_active:
+                    p.grad = self._views[j] if j in is_active else None
             return
         for j in active:
             total = self._views[j]
+            if total is None:       # (sparse: set above)
+                continue
             if g[j].grad is None or g[j].grad.device != g[j].device:
                 g[j].grad = torch.empty_like(g[j])
             if scale is None:

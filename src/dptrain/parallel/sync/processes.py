@@ -36,7 +36,7 @@ class ProcessSync(GradientSync):
                     p.copy_(q)
         comm = self.devices[0] if getattr(self.collective, "device", torch.device("cpu")).type == "cuda" \
             else torch.device("cpu")
-        self.reducer = BucketReducer(params, self.collective, self.bucket_cap_mb, comm)
+        self.reducer = BucketReducer(params, self.collective, self.bucket_cap_mb, comm, self.sparse)
 
     def prepare(self, step: SyncStep) -> None:
         self.reducer.prepare(None if callable(step.denominator) else step.denominator, step.extras)
@@ -84,7 +84,8 @@ class ProcessSync(GradientSync):
                 # GPU the read would make the host wait for the device before every update).
                 nothing = isinstance(total, torch.Tensor) and total.device.type == "cpu" and float(total) == 0
                 step.skipped = nothing or step.check_finite and not all(
-                    bool(torch.isfinite(b.buffer[:b.numel]).all()) for b in self.reducer.buckets)
+                    bool(torch.isfinite(t).all()) for t in [b.buffer[:b.numel] for b in self.reducer.buckets]
+                    + [s.values() for s in self.reducer.sparse_totals.values()])
 
         def update(i: int, active: Sequence[int]) -> None:
             if not step.skipped:
