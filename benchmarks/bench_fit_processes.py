@@ -21,12 +21,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+from common import alternate, launch_two  # noqa: E402
 
 
 def ddp_worker(args) -> dict:
@@ -80,24 +81,6 @@ def dptrain_worker(args) -> dict:
     return {"images_per_sec": n / result["history"][-1]["sec"]}
 
 
-def run(kind: str, args) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    worker = [str(HERE), "--worker", kind, "--data-dir", args.data_dir, "--batches", str(args.batches)]
-    if kind == "dptrain":
-        command = [sys.executable, "-m", "dptrain", "launch", "--processes", "2", *worker]
-    else:
-        torchrun = Path(sys.executable).with_name("torchrun")
-        command = [str(torchrun), "--nproc-per-node", "2", "--master-port", "29611", *worker]
-    start = time.perf_counter()
-    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    wall = time.perf_counter() - start
-    if out.returncode != 0:
-        raise SystemExit(f"{kind} failed:\n{out.stderr[-3000:]}")
-    result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
-    result["wall_s"] = wall
-    return result
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--data-dir", required=True)
@@ -111,15 +94,10 @@ def main():
         if int(os.environ.get("RANK", "0")) == 0:
             print(json.dumps(result), flush=True)
         return
-    names = ["dptrain", "ddp"]
-    raw = {k: [] for k in names}
-    walls = {k: [] for k in names}
-    for rep in range(args.repeats + 1):
-        for kind in (names if rep % 2 == 0 else names[::-1]):
-            result = run(kind, args)
-            if rep:
-                raw[kind].append(result["images_per_sec"])
-                walls[kind].append(result["wall_s"])
+    runs = alternate(["dptrain", "ddp"], args.repeats, lambda kind: launch_two(
+        kind, [str(HERE), "--worker", kind, "--data-dir", args.data_dir, "--batches", str(args.batches)], 29611))
+    raw = {k: [r["images_per_sec"] for r in v] for k, v in runs.items()}
+    walls = {k: [r["wall_s"] for r in v] for k, v in runs.items()}
     out = {
         "machine": f"{platform.processor() or platform.machine()}, 2 processes x 1 thread, gloo on loopback",
         "command": f"python benchmarks/bench_fit_processes.py --data-dir {args.data_dir} --batches {args.batches} "

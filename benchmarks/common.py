@@ -86,3 +86,38 @@ class ModuleEngine:
 
     def train_batch(self, X, y, lr=None):
         return self.engine.train_batch((X, y)).loss     # the loss sum, as ScratchDataParallel returns
+
+
+def launch_two(kind, worker, port):
+    """Run a worker script as 2 processes of one CPU thread each, ``kind`` "dptrain" through
+    ``dptrain launch``, anything else through ``torchrun`` (on ``port``); returns the last JSON
+    line rank 0 printed, with the command's wall seconds as ``wall_s``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if kind == "dptrain":
+        command = [sys.executable, "-m", "dptrain", "launch", "--processes", "2", *worker]
+    else:
+        torchrun = Path(sys.executable).with_name("torchrun")
+        command = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(port), *worker]
+    start = time.perf_counter()
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"{kind} failed:\n{out.stderr[-3000:]}")
+    result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1])
+    result["wall_s"] = wall
+    return result
+
+
+def alternate(names, repeats, run):
+    """``run(name)`` for each of ``names`` in turns (the order reversed every other round),
+    ``repeats`` rounds after a warm-up one; ``{name: [its results]}``."""
+    raw = {k: [] for k in names}
+    for rep in range(repeats + 1):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            result = run(name)
+            if rep:
+                raw[name].append(result)
+    return raw
