@@ -16,9 +16,6 @@ Start-up (interpreter, import, rendezvous) is reported apart.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import platform
 import statistics
 import sys
@@ -27,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-from common import alternate, launch_two  # noqa: E402
+from common import alternate, as_worker, launch_two, save_result, two_process_parser  # noqa: E402
 
 
 def ddp_worker(args) -> dict:
@@ -82,17 +79,10 @@ def dptrain_worker(args) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = two_process_parser(__doc__, 100)
     parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--batches", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--worker", choices=["dptrain", "ddp"])
-    parser.add_argument("--out")
     args = parser.parse_args()
-    if args.worker:
-        result = (dptrain_worker if args.worker == "dptrain" else ddp_worker)(args)
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(json.dumps(result), flush=True)
+    if as_worker(args, {"dptrain": dptrain_worker, "ddp": ddp_worker}):
         return
     runs = alternate(["dptrain", "ddp"], args.repeats, lambda kind: launch_two(
         kind, [str(HERE), "--worker", kind, "--data-dir", args.data_dir, "--batches", str(args.batches)], 29611))
@@ -106,9 +96,7 @@ def main():
         "paired_ratio_dptrain_over_ddp": round(statistics.median(a / b for a, b in zip(raw["dptrain"], raw["ddp"])), 3),
         "command_wall_s_median": {k: round(statistics.median(v), 2) for k, v in walls.items()},
         "raw": raw}
-    print(json.dumps(out, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1))
+    save_result(out, out["command"], args.out)
 
 
 if __name__ == "__main__":

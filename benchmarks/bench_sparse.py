@@ -18,9 +18,6 @@ packed the sparse gradient densely (51 MB a step here) and SparseAdam refused it
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import platform
 import statistics
 import sys
@@ -29,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-from common import alternate, launch_two  # noqa: E402
+from common import alternate, as_worker, launch_two, save_result, two_process_parser  # noqa: E402
 
 VOCAB, DIM, BAG, CLASSES = 200_000, 64, 32, 10
 
@@ -94,16 +91,9 @@ def dptrain_worker(args) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--batches", type=int, default=60)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--worker", choices=["dptrain", "ddp"])
-    parser.add_argument("--out")
+    parser = two_process_parser(__doc__, 60)
     args = parser.parse_args()
-    if args.worker:
-        result = (dptrain_worker if args.worker == "dptrain" else ddp_worker)(args)
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(json.dumps(result), flush=True)
+    if as_worker(args, {"dptrain": dptrain_worker, "ddp": ddp_worker}):
         return
     runs = alternate(["dptrain", "ddp"], args.repeats,
                      lambda kind: launch_two(kind, [str(HERE), "--worker", kind, "--batches", str(args.batches)], 29613))
@@ -114,9 +104,7 @@ def main():
         "steps_per_sec_median": {k: round(statistics.median(v), 1) for k, v in raw.items()},
         "paired_ratio_dptrain_over_ddp": round(statistics.median(a / b for a, b in zip(raw["dptrain"], raw["ddp"])), 3),
         "raw": raw}
-    print(json.dumps(out, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1))
+    save_result(out, out["command"], args.out)
 
 
 if __name__ == "__main__":

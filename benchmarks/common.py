@@ -121,3 +121,26 @@ def alternate(names, repeats, run):
             if rep:
                 raw[name].append(result)
     return raw
+
+
+def two_process_parser(doc, batches):
+    """The arguments of a benchmark of dptrain against a DDP script on 2 processes:
+    ``--batches`` (default ``batches``), ``--repeats``, ``--out``, and ``--worker`` (the
+    script run as one of the processes)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=batches)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--worker", choices=["dptrain", "ddp"])
+    parser.add_argument("--out", default=None, help="write the figures to this JSON file")
+    return parser
+
+
+def as_worker(args, workers):
+    """With ``--worker``: run that worker of ``workers`` ({kind: fn(args) -> dict}) as this
+    process, rank 0 printing its result as a JSON line (``launch_two`` reads it); whether it did."""
+    if not args.worker:
+        return False
+    result = workers[args.worker](args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(result), flush=True)
+    return True
