@@ -362,3 +362,5 @@ def test_a_batchnorm_model_trains_a_batch_too_small_for_every_device_as_the_plai
     for p, q in zip(engine.replicas[0].parameters(), plain.parameters()):
         torch.testing.assert_close(p, q)
     assert ModelEngine(Task(mlp(), ()), [dptrain.cpu(0), dptrain.cpu(1)]).least_part == 1
+    # synchronised, BatchNorm takes the whole batch's statistics: every part comes, one sample too
+    assert ModelEngine(Task(bn_mlp(), ()), [dptrain.cpu(0), dptrain.cpu(1)], sync_batchnorm=True).least_part == 1

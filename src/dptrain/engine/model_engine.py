@@ -109,8 +109,10 @@ class ModelEngine:
         self.compile_seconds = 0.0
         self.direct = True          # one device of one process: the plain loop's step (direct_step.py)
         #: The fewest samples a device's part of a training batch holds, or none: 2 with BatchNorm
-        #: layers (training on one sample is their error; the plain loop's batch had more).
-        self.least_part = 2 if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in task.model.modules()) else 1
+        #: layers (training on one sample is their error; the plain loop's batch had more). Not
+        #: synchronised ones: their statistics are the whole batch's, and every part must come.
+        self.least_part = 2 if not sync_batchnorm and any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in task.model.modules()) else 1
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
         if task.several:
             self.train_figures = TrainFigures(self, score=False)       # each update's loss
