@@ -1,3 +1,5 @@
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -96,3 +98,32 @@ def test_a_device_listed_twice_is_two_replicas_on_it():
     for p, q in zip(one.parameters(), net.parameters()):
         torch.testing.assert_close(p, q)
     torch.testing.assert_close(replicas.param("weight").data(dptrain.cpu(0)), net.weight.detach())
+
+
+@pytest.mark.parametrize("devices", ["cpu:0,cpu:1", "cpu:0,cpu:1,cpu:2"])
+def test_a_gradient_hook_on_a_parameter_runs_on_every_device(devices):
+    """A mask of pruned weights as a hook on the weight's gradient (``p.register_hook``): every
+    replica runs it, so the masked weights stay as they were and the rest train as the plain
+    loop trains them (a copy without it added its device's unmasked gradient)."""
+    import torch.nn.functional as F
+    mask = (torch.arange(96).reshape(16, 6) % 3 == 0).float()
+
+    def make():
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+        net[0].weight.register_hook(lambda grad: grad * mask)
+        return net
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(64, 6, generator=g), torch.randint(0, 2, (64,), generator=g)
+    model, plain = make(), make()
+    before = model[0].weight.detach().clone()
+    dptrain.fit(model, (X, y), epochs=1, batch_size=16, shuffle=False, devices=devices, log=None,
+                optimizer=functools.partial(torch.optim.SGD, lr=0.5))
+    opt = torch.optim.SGD(plain.parameters(), lr=0.5)
+    for i in range(0, 64, 16):
+        opt.zero_grad()
+        F.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
+        opt.step()
+    assert torch.equal(model[0].weight[mask == 0], before[mask == 0])
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q)

@@ -45,6 +45,15 @@ def _is_lazy(net: nn.Module) -> bool:
     return any(isinstance(p, UninitializedParameter) for p in net.parameters())
 
 
+def copy_gradient_hooks(net: nn.Module, copied: nn.Module) -> None:
+    """The hooks ``net``'s parameters run on their gradients (``p.register_hook(fn)``: a mask
+    of pruned weights, a scale), registered on ``copied``'s too: a deep copy of a parameter
+    has none, and a device without them would add an unmasked gradient to the sum."""
+    for p, q in zip(net.parameters(), copied.parameters()):
+        for hook in (getattr(p, "_backward_hooks", None) or {}).values():
+            q.register_hook(hook)
+
+
 class ReplicatedParameter:
     """One parameter of a replicated model, with its copy on every device."""
 
@@ -116,6 +125,8 @@ class Replicas(Sequence[nn.Module]):
         if self._init is not None:
             self._init(net)
         self._modules = [net] + [copy.deepcopy(net).to(d) for d in self.devices[1:]]
+        for copied in self._modules[1:]:
+            copy_gradient_hooks(net, copied)
         if self.sync_batchnorm:
             convert_sync_batchnorm(self._modules, get_collective(new_group=True))
 
