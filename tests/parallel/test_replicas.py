@@ -127,3 +127,17 @@ def test_a_gradient_hook_on_a_parameter_runs_on_every_device(devices):
     assert torch.equal(model[0].weight[mask == 0], before[mask == 0])
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_a_model_that_cannot_be_copied_is_named_with_the_fix():
+    import threading
+
+    class Locked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(2, 2)
+            self.body.guard = threading.Lock()      # (a lock cannot be deep-copied)
+
+    with pytest.raises(TypeError, match="cannot be copied for each device .*attribute 'body.guard'.*one device"):
+        dptrain.replicate(Locked(), DEVICES)
+    assert len(dptrain.replicate(Locked(), DEVICES[:1])) == 1        # one device copies nothing

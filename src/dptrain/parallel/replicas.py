@@ -45,11 +45,35 @@ def _is_lazy(net: nn.Module) -> bool:
     return any(isinstance(p, UninitializedParameter) for p in net.parameters())
 
 
-def copy_gradient_hooks(net: nn.Module, copied: nn.Module) -> None:
+def copied(net: nn.Module) -> nn.Module:
+    """A deep copy of ``net`` for another device; a ``TypeError`` naming the attribute that
+    cannot be copied (a lock, an open file, a client of a service) and the fixes, if one cannot."""
+    try:
+        return copy.deepcopy(net)
+    except Exception as e:      # noqa: BLE001 - named below, with the fix
+        where = next((f"{name + '.' if name else ''}{key}" for name, module in net.named_modules()
+                      for key, value in vars(module).items() if not key.startswith("_") and not _copies(value)),
+                     None)
+        raise TypeError(f"the model cannot be copied for each device ({type(e).__name__}: {e}"
+                        f"{f'; attribute {where!r}' if where else ''}): dptrain trains a copy.deepcopy of it on "
+                        f"every device after the first; keep such objects out of the module (pass them to forward, "
+                        f"or keep them global), give its class a __deepcopy__, or train on one device "
+                        f"(devices='cpu:0', or one GPU)") from e
+
+
+def _copies(value: Any) -> bool:
+    try:
+        copy.deepcopy(value)
+        return True
+    except Exception:       # noqa: BLE001 - any failure is the answer
+        return False
+
+
+def copy_gradient_hooks(net: nn.Module, copy_: nn.Module) -> None:
     """The hooks ``net``'s parameters run on their gradients (``p.register_hook(fn)``: a mask
-    of pruned weights, a scale), registered on ``copied``'s too: a deep copy of a parameter
+    of pruned weights, a scale), registered on ``copy_``'s too: a deep copy of a parameter
     has none, and a device without them would add an unmasked gradient to the sum."""
-    for p, q in zip(net.parameters(), copied.parameters()):
+    for p, q in zip(net.parameters(), copy_.parameters()):
         for hook in (getattr(p, "_backward_hooks", None) or {}).values():
             q.register_hook(hook)
 
@@ -124,9 +148,9 @@ class Replicas(Sequence[nn.Module]):
                     run(net, example)
         if self._init is not None:
             self._init(net)
-        self._modules = [net] + [copy.deepcopy(net).to(d) for d in self.devices[1:]]
-        for copied in self._modules[1:]:
-            copy_gradient_hooks(net, copied)
+        self._modules = [net] + [copied(net).to(d) for d in self.devices[1:]]
+        for copy_ in self._modules[1:]:
+            copy_gradient_hooks(net, copy_)
         if self.sync_batchnorm:
             convert_sync_batchnorm(self._modules, get_collective(new_group=True))
 
