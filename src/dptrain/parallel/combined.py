@@ -258,7 +258,7 @@ class CombinedPlan(OptimizerPlan):
     def _split(self, groups: List[Tuple[List[int], Dict[str, Any]]]) -> "CombinedPlan":
         parts, first = {}, 0
         for name, part in self.parts.items():
-            parts[name] = OptimizerPlan(part.cls, part.defaults, groups[first:first + len(part.groups)])
+            parts[name] = OptimizerPlan(part.cls, part.defaults, groups[first:first + len(part.groups)], part.settings)
             first += len(part.groups)
         return CombinedPlan(parts, self.label)
 

@@ -16,11 +16,14 @@ parameter *index*, so the same optimizer can be built over any replica's paramet
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
+
+from .optim_settings import constructor_settings
 
 # name -> (torch class, {our key: torch keyword}, fixed keywords, defaults of our keys)
 _OPTIMIZERS: Dict[str, Tuple[type, Dict[str, str], Dict[str, Any], Dict[str, Any]]] = {
@@ -99,8 +102,10 @@ class OptimizerPlan:
     >>> opt = plan.build(replica_params, range(len(replica_params)))   # same groups, same lrs
     """
 
-    def __init__(self, cls: type, defaults: Dict[str, Any], groups: List[Tuple[List[int], Dict[str, Any]]]):
+    def __init__(self, cls: type, defaults: Dict[str, Any], groups: List[Tuple[List[int], Dict[str, Any]]],
+                 settings: Optional[Dict[str, Any]] = None):
         self.cls, self.defaults, self.groups = cls, defaults, groups
+        self.settings = settings or {}      # attributes outside defaults (optim_settings.py)
         self.label = cls.__name__       # what checkpoints and the run's header call it
 
     @classmethod
@@ -132,12 +137,16 @@ class OptimizerPlan:
         from .combined import CombinedOptimizer, CombinedPlan      # (combined.py builds on this module)
         if isinstance(optimizer, CombinedOptimizer):
             return CombinedPlan.of(optimizer, params)
-        return cls(type(optimizer), dict(optimizer.defaults), _groups_of(optimizer, params))
+        groups = _groups_of(optimizer, params)
+        accepted = _keywords(type(optimizer))
+        settings = constructor_settings(optimizer, [dict(g) for g in optimizer.param_groups],
+                                        {k: v for k, v in optimizer.defaults.items() if k in accepted})
+        return cls(type(optimizer), dict(optimizer.defaults), groups, settings)
 
     def regrouped(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> "OptimizerPlan":
         """This plan's class and defaults, with the groups ``optimizer`` has now (the
         ``ReplicatedOptimizer``, after ``add_param_group`` or a scheduler's changes)."""
-        return OptimizerPlan(self.cls, self.defaults, _groups_of(optimizer, params))
+        return OptimizerPlan(self.cls, self.defaults, _groups_of(optimizer, params), self.settings)
 
     def build(self, tensors: Sequence[torch.Tensor], indices: Iterable[int]) -> Tuple[torch.optim.Optimizer, List[int]]:
         """The optimizer over ``tensors`` (parameter ``indices[k]`` is ``tensors[k]``), and for
@@ -152,7 +161,10 @@ class OptimizerPlan:
         if not groups:      # a device that updates nothing still gets an optimizer (over none)
             groups, origin = [{"params": [torch.zeros(0, requires_grad=True)], **_fast(self.groups[0][1])}], [0]
         accepted = _keywords(self.cls)      # defaults may hold keys the constructor does not take
-        return self.cls(groups, **{k: v for k, v in _fast(self.defaults).items() if k in accepted}), origin
+        optimizer = self.cls(groups, **{k: v for k, v in _fast(self.defaults).items() if k in accepted})
+        for key, value in self.settings.items():
+            setattr(optimizer, key, copy.deepcopy(value))
+        return optimizer, origin
 
     def managed(self) -> List[int]:
         """The parameter indices some group updates."""
@@ -162,7 +174,8 @@ class OptimizerPlan:
         """The same plan over the parameters ``keep`` only, renumbered in that order."""
         where = {j: k for k, j in enumerate(keep)}
         return OptimizerPlan(self.cls, self.defaults,
-                             [([where[j] for j in members if j in where], hyper) for members, hyper in self.groups])
+                             [([where[j] for j in members if j in where], hyper) for members, hyper in self.groups],
+                             self.settings)
 
 
 def _groups_of(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> List[Tuple[List[int], Dict[str, Any]]]:

@@ -1,0 +1,60 @@
+"""An optimizer of the user's own that keeps a constructor argument outside its defaults
+trains with the user's value on every device, not the argument's default; one that cannot be
+built again as cls(groups, **defaults) is refused with the fix."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dptrain
+
+
+class ScaledSignSGD(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.01, scale=1.0, name="plain"):
+        self.scale, self.name = scale, name          # kept as attributes, not in defaults
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["lr"] * self.scale)
+
+
+class Needs(ScaledSignSGD):
+    def __init__(self, params, schedule, lr=0.01):     # an argument with no default
+        super().__init__(params, lr)
+        self.schedule = schedule
+
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+@pytest.mark.parametrize("devices", ["cpu:0", "cpu:0,cpu:1"])
+@pytest.mark.parametrize("given", ["object", "factory"])
+def test_an_attribute_set_from_a_constructor_argument_reaches_every_device(devices, given):
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(64, 6, generator=g), torch.randint(0, 2, (64,), generator=g)
+    model, plain = make(), make()
+    optimizer = ScaledSignSGD(model.parameters(), lr=0.05, scale=0.1, name="mine") if given == "object" else \
+        (lambda params: ScaledSignSGD(params, lr=0.05, scale=0.1, name="mine"))
+    result = dptrain.fit(model, (X, y), epochs=1, batch_size=16, shuffle=False, devices=devices, log=None,
+                         optimizer=optimizer)
+    opt = ScaledSignSGD(plain.parameters(), lr=0.05, scale=0.1)
+    for i in range(0, 64, 16):
+        opt.zero_grad()
+        F.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
+        opt.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q)
+    assert result["history"]
+
+
+def test_an_optimizer_that_needs_an_argument_to_be_rebuilt_is_refused_with_the_fix():
+    model = make()
+    with pytest.raises(TypeError, match="Needs cannot be built again for each device .*give that argument a default"):
+        dptrain.fit(model, (torch.randn(8, 6), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None,
+                    devices="cpu:0", optimizer=Needs(model.parameters(), "cosine"))
