@@ -25,7 +25,7 @@ def optimizers(model):
             torch.optim.Adam(list(model.head.parameters()), lr=1e-2)]
 
 
-def sparse_fit_difference(devices, accumulate=1):
+def sparse_fit_difference(devices, accumulate=1, kvstore="device"):
     """The largest difference between ``fit``'s weights and the plain loop's (2 epochs, 4
     batches of 16, SparseAdam + Adam: it refuses a gradient made dense)."""
     g = torch.Generator().manual_seed(1)
@@ -33,7 +33,7 @@ def sparse_fit_difference(devices, accumulate=1):
     torch.manual_seed(0)
     model = Bag()
     dptrain.fit(model, (X, y), epochs=2, batch_size=16 // accumulate, devices=devices, shuffle=False,
-                optimizer=optimizers(model), accumulate_grad_batches=accumulate, log=None)
+                optimizer=optimizers(model), accumulate_grad_batches=accumulate, kvstore=kvstore, log=None)
     torch.manual_seed(0)
     plain = Bag()
     opts = optimizers(plain)
@@ -50,6 +50,16 @@ def sparse_fit_difference(devices, accumulate=1):
 @pytest.mark.parametrize("devices, accumulate", [("cpu:0", 1), ("cpu:0,cpu:1", 1), ("cpu:0,cpu:1,cpu:2", 2)])
 def test_sparse_adam_on_devices_trains_as_the_plain_loop(devices, accumulate):
     assert sparse_fit_difference(devices, accumulate) < 1e-6
+
+
+@pytest.mark.parametrize("kvstore", ["local", "naive"])
+def test_sparse_adam_with_the_other_kvstores_trains_as_the_plain_loop(kvstore):
+    assert sparse_fit_difference("cpu:0,cpu:1", kvstore=kvstore) < 1e-6
+
+
+def test_the_ring_kvstore_refuses_a_sparse_gradient_naming_the_others():
+    with pytest.raises(ValueError, match="kvstore='ring' cuts each gradient into chunks.*use kvstore='device'"):
+        sparse_fit_difference("cpu:0,cpu:1", kvstore="ring")
 
 
 def test_the_sparse_parameters_are_those_of_sparse_embeddings():
