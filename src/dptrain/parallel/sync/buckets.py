@@ -90,7 +90,7 @@ class BucketReducer:
         # Parameters with sparse gradients (``sparse.py``) stay out of the buckets: summed at the end.
         self.sparse = sorted(sparse)
         self.sparse_totals: Dict[int, torch.Tensor] = {}
-        dense = [j for j in range(len(first)) if j not in set(self.sparse)]
+        dense = [j for j in range(len(first)) if j not in set(sparse)]
         plan = [[dense[k] for k in idx]
                 for idx in plan_buckets([(first[j].numel(), first[j].dtype) for j in dense], int(bucket_cap_mb * 2**20))]
         plan = plan or [[]]         # (no dense parameter: an empty bucket still carries the numbers)
@@ -258,8 +258,7 @@ class BucketReducer:
         self.sparse_totals = {}
         for j in self.sparse:          # in index order, the same on every process
             mine = local_sum([g[j].grad for g in self.params], self.comm_device)
-            total = sum_sparse(self.collective, mine, self.params[0][j].to(self.comm_device)
-                               if self.params[0][j].device != self.comm_device else self.params[0][j])
+            total = sum_sparse(self.collective, mine, self.params[0][j], self.comm_device)
             if total is not None:
                 self.sparse_totals[j] = total
                 used.append(j)

@@ -10,7 +10,7 @@ Every process gathers every process's indices and values (padded to the longest,
 back), in rank order, and builds the same coalesced sum; three small collectives per sparse
 parameter, whatever the backend (NCCL has no sparse all_reduce).
 
->>> total = sum_sparse(collective, grad_or_none, weight)    # None if no process had a gradient
+>>> total = sum_sparse(collective, grad_or_none, weight, device)    # None if no process had one
 """
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ def local_sum(grads: Collection[Optional[torch.Tensor]], device: torch.device) -
     return total
 
 
-def sum_sparse(collective: Collective, grad: Optional[torch.Tensor], like: torch.Tensor) -> Optional[torch.Tensor]:
-    """The sum over the processes of ``grad`` (this process's gradient of parameter ``like``:
-    sparse, or dense if a layer gave one, or None), coalesced, on ``grad``'s device (else
-    ``like``'s); None if no process had one."""
-    device = grad.device if grad is not None else like.device
+def sum_sparse(collective: Collective, grad: Optional[torch.Tensor], like: torch.Tensor,
+               device: torch.device) -> Optional[torch.Tensor]:
+    """The sum over the processes of ``grad`` (this process's gradient of parameter ``like``,
+    on ``device``: sparse, or dense if a layer gave one, or None), coalesced, on ``device``;
+    None if no process had one. (``like`` gives the shape and dtype; it is not copied.)"""
     if grad is not None and not grad.is_sparse:
         grad = grad.to_sparse(1)
     if grad is not None:
