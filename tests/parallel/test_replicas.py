@@ -141,3 +141,11 @@ def test_a_model_that_cannot_be_copied_is_named_with_the_fix():
     with pytest.raises(TypeError, match="cannot be copied for each device .*attribute 'body.guard'.*one device"):
         dptrain.replicate(Locked(), DEVICES)
     assert len(dptrain.replicate(Locked(), DEVICES[:1])) == 1        # one device copies nothing
+
+
+def test_attributes_set_on_parameters_are_on_every_copy():
+    net = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
+    net[0].weight.no_weight_decay, net[1].bias.mask = True, torch.ones(1)
+    replicas = dptrain.replicate(net, DEVICES)
+    assert replicas[1][0].weight.no_weight_decay is True and not hasattr(replicas[1][0].bias, "no_weight_decay")
+    assert torch.equal(replicas[1][1].bias.mask, torch.ones(1)) and replicas[1][1].bias.mask is not net[1].bias.mask

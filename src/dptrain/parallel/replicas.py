@@ -69,13 +69,19 @@ def _copies(value: Any) -> bool:
         return False
 
 
-def copy_gradient_hooks(net: nn.Module, copy_: nn.Module) -> None:
-    """The hooks ``net``'s parameters run on their gradients (``p.register_hook(fn)``: a mask
-    of pruned weights, a scale), registered on ``copy_``'s too: a deep copy of a parameter
-    has none, and a device without them would add an unmasked gradient to the sum."""
+def copy_parameter_extras(net: nn.Module, copy_: nn.Module) -> None:
+    """What a deep copy of a parameter loses, given to ``copy_``'s: the hooks ``net``'s
+    parameters run on their gradients (``p.register_hook(fn)``: a mask of pruned weights; a
+    device without them would add an unmasked gradient to the sum), and the attributes set
+    on them (``p.no_weight_decay = True``, read by an optimizer of one's own; tensors moved to
+    the copy's device)."""
     for p, q in zip(net.parameters(), copy_.parameters()):
         for hook in (getattr(p, "_backward_hooks", None) or {}).values():
             q.register_hook(hook)
+        for key, value in vars(p).items():
+            if key not in vars(q):
+                value = copy.deepcopy(value)
+                setattr(q, key, value.to(q.device) if isinstance(value, torch.Tensor) else value)
 
 
 class ReplicatedParameter:
@@ -150,7 +156,7 @@ class Replicas(Sequence[nn.Module]):
             self._init(net)
         self._modules = [net] + [copied(net).to(d) for d in self.devices[1:]]
         for copy_ in self._modules[1:]:
-            copy_gradient_hooks(net, copy_)
+            copy_parameter_extras(net, copy_)
         if self.sync_batchnorm:
             convert_sync_batchnorm(self._modules, get_collective(new_group=True))
 
