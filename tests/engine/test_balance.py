@@ -29,6 +29,21 @@ def test_cut_gives_every_sample_once_in_proportion(n, weights, least):
         assert abs((s - floor) - spare * w / sum(weights)) < 1 + 1e-9
 
 
+@given(st.integers(0, 60), st.lists(st.floats(0, 100), min_size=1, max_size=5).filter(lambda w: sum(w) > 0.01),
+       st.sampled_from(["fixed", "auto"]))
+def test_with_batchnorm_no_part_holds_one_sample_of_a_larger_batch(n, weights, mode):
+    """A model with BatchNorm cannot train on one sample: its part goes to the largest one."""
+    b = Balancer(weights if mode == "fixed" else "auto", [len(weights)])
+    b.least_part = 2
+    sizes = b.sizes(0, n)
+    assert sum(sizes) == n and len(sizes) == len(weights)
+    assert n < 2 or 1 not in sizes
+    skewed = Balancer([9.0, 1.0], [2])
+    assert skewed.sizes(0, 10) == [9, 1]
+    skewed.least_part = 2
+    assert skewed.sizes(0, 10) == [10, 0] and skewed.sizes(0, 20) == [18, 2]
+
+
 def test_weights_and_modes_are_read_or_refused():
     assert parse_balance("3,1") == [3.0, 1.0] and parse_balance("AUTO") == "auto"
     for bad in ("fast", "1,-1", "0,0", "1,inf"):

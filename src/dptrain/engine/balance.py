@@ -71,6 +71,7 @@ class Balancer:
         self._seconds = [0.0] * self.slots_per_rank[rank]
         self._samples = [0] * self.slots_per_rank[rank]
         self.speed: Optional[List[float]] = None                  # samples/s per slot, smoothed
+        self.least_part = 1         # the fewest samples of a part, or none (``sizes``)
 
     @property
     def local(self) -> int:
@@ -80,8 +81,15 @@ class Balancer:
         return next(w for start, w in reversed(self.schedule) if start <= step)
 
     def sizes(self, step: int, n: int) -> List[int]:
-        """Every slot's part of a global batch of ``n`` samples at ``step``."""
-        return weighted_parts(n, self.weights(step), least=1 if self.mode == "auto" else 0)
+        """Every slot's part of a global batch of ``n`` samples at ``step``. With ``least_part``
+        2 (BatchNorm, ``ModelEngine.least_part``) a part of one sample goes to the largest."""
+        sizes = weighted_parts(n, self.weights(step), least=1 if self.mode == "auto" else 0)
+        if self.least_part > 1 and n > 1:
+            for i, size in enumerate(sizes):
+                if size == 1:
+                    sizes[i] = 0
+                    sizes[max(range(len(sizes)), key=sizes.__getitem__)] += 1
+        return sizes
 
     def process_part(self, step: int, n: int, rank: int) -> Tuple[int, int]:
         """``(start, size)`` of process ``rank``'s consecutive part of the global batch."""

@@ -171,6 +171,7 @@ def build_balancer(config: TrainConfig, collective, devices: List[torch.device],
     # New sizes take effect a few steps on: past what a loader prepared ahead.
     balancer = Balancer(config.balance, per_rank, rank, lag=max(3, 2 * config.num_workers + 2),
                         gpu=any(d.type == "cuda" for d in devices))
+    balancer.least_part = train_loader.least_part       # (BatchNorm: no part of one sample)
     train_loader.balancer = balancer
     return balancer
 
