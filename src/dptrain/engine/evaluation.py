@@ -54,7 +54,7 @@ def evaluate(engine, batches) -> Totals:
     adapter, forward, own_forward = engine.adapter, engine.forward, engine.task.forward is not None
     needs_output = bool(engine.task.metrics)
     updates = engine.task.updates           # several optimizers: each one's step gives a loss
-    update_keys = {name: (f"{name}_loss", f"{name}_loss_count") for name in updates or ()}
+    keys_of = {name: (f"{name}_loss", f"{name}_loss_count") for name in updates or ()}
     totals: List[Dict[str, Any]] = [{} for _ in engine.devices]
     moves: List[Optional[bool]] = [None] * len(engine.devices)
 
@@ -71,8 +71,8 @@ def evaluate(engine, batches) -> Totals:
             size = batch_size(shard)        # (once a shard, not once a step)
             for name, step in updates.items():
                 value, count, _, mean = engine.steps.loss(net, shard, engine._autocast(device), step, size)
-                accumulate(out, update_keys[name][0], value, count if mean else None)
-                accumulate(out, update_keys[name][1], size if count is None else count)
+                accumulate(out, keys_of[name][0], value, count if mean else None)
+                accumulate(out, keys_of[name][1], size if count is None else count)
             if not needs_output:
                 return
         elif adapter is None:

@@ -89,7 +89,12 @@ def output_for(adapter: Optional["LossAdapter"], output: Any) -> Any:
 def scores_accuracy(loss: Any) -> bool:
     """Whether ``fit`` counts correct predictions (``test_acc``) with ``loss`` (and no step
     function): a classification loss, the default cross-entropy included."""
-    return loss is None or isinstance(loss, _CLASSIFICATION) or _FUNCTIONS.get(loss) in _CLASSIFICATION
+    if loss is None or isinstance(loss, _CLASSIFICATION):
+        return True
+    try:
+        return _FUNCTIONS.get(loss) in _CLASSIFICATION
+    except TypeError:       # (an object that cannot be hashed: a loss of the user's own)
+        return False
 
 
 def read_step(out: Any) -> Tuple[Any, Any]:
