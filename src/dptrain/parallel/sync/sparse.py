@@ -45,10 +45,8 @@ def sum_sparse(collective: Collective, grad: Optional[torch.Tensor], like: torch
     """The sum over the processes of ``grad`` (this process's gradient of parameter ``like``,
     on ``device``: sparse, or dense if a layer gave one, or None), coalesced, on ``device``;
     None if no process had one. (``like`` gives the shape and dtype; it is not copied.)"""
-    if grad is not None and not grad.is_sparse:
-        grad = grad.to_sparse(1)
     if grad is not None:
-        grad = grad.coalesce()
+        grad = (grad if grad.is_sparse else grad.to_sparse(1)).coalesce()
     nnz = 0 if grad is None else grad._nnz()
     heads = collective.all_gather(torch.tensor([nnz, int(grad is not None)], dtype=torch.long, device=device))
     counts = [int(h[0]) for h in heads]
