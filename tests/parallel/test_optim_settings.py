@@ -58,3 +58,17 @@ def test_an_optimizer_that_needs_an_argument_to_be_rebuilt_is_refused_with_the_f
     with pytest.raises(TypeError, match="Needs cannot be built again for each device .*give that argument a default"):
         dptrain.fit(model, (torch.randn(8, 6), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None,
                     devices="cpu:0", optimizer=Needs(model.parameters(), "cosine"))
+
+
+@pytest.mark.parametrize("given", ["object", "class", "trainer"])
+def test_an_optimizer_whose_step_needs_a_closure_is_refused_before_training(given):
+    model = make()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"LBFGS.step needs a closure: .*use a first-order optimizer"):
+        if given == "trainer":
+            dptrain.Trainer(dptrain.replicate(model, ["cpu:0", "cpu:1"]), torch.optim.LBFGS)
+        else:
+            dptrain.fit(model, (torch.randn(8, 6), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None,
+                        devices="cpu:0", optimizer=torch.optim.LBFGS(model.parameters()) if given == "object"
+                        else torch.optim.LBFGS)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
