@@ -129,6 +129,36 @@ def test_a_gradient_hook_on_a_parameter_runs_on_every_device(devices):
         torch.testing.assert_close(p, q)
 
 
+@pytest.mark.parametrize("devices", ["cpu:0,cpu:1", "cpu:0,cpu:1,cpu:2"])
+def test_a_pruned_model_trains_on_every_device_as_the_plain_loop(devices):
+    """``torch.nn.utils.prune`` keeps ``weight`` (``weight_orig * weight_mask``) as a plain
+    attribute that is not a leaf, which ``copy.deepcopy`` refuses: the copies get it detached
+    and recompute it at their first forward, so the pruned weights stay zero on every device."""
+    import torch.nn.functional as F
+    import torch.nn.utils.prune as prune
+
+    def make():
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+        prune.l1_unstructured(net[0], "weight", amount=0.5)
+        return net
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(64, 6, generator=g), torch.randint(0, 2, (64,), generator=g)
+    model, plain = make(), make()
+    dptrain.fit(model, (X, y), epochs=2, batch_size=16, shuffle=False, devices=devices, log=None,
+                optimizer=functools.partial(torch.optim.SGD, lr=0.5, momentum=0.9))
+    opt = torch.optim.SGD(plain.parameters(), lr=0.5, momentum=0.9)
+    for _ in range(2):
+        for i in range(0, 64, 16):
+            opt.zero_grad()
+            F.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
+            opt.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q)
+    model(X)        # the pre-hook computes weight again: half of it pruned, as before training
+    assert int((model[0].weight == 0).sum()) == 48
+
+
 def test_a_model_that_cannot_be_copied_is_named_with_the_fix():
     import threading
 

@@ -47,9 +47,16 @@ def _is_lazy(net: nn.Module) -> bool:
 
 def copied(net: nn.Module) -> nn.Module:
     """A deep copy of ``net`` for another device; a ``TypeError`` naming the attribute that
-    cannot be copied (a lock, an open file, a client of a service) and the fixes, if one cannot."""
+    cannot be copied (a lock, an open file, a client of a service) and the fixes, if one cannot.
+
+    A tensor computed from parameters and kept as a module attribute (``torch.nn.utils.prune``'s
+    ``weight``, the ``weight_orig * weight_mask`` its forward pre-hook makes; the old
+    ``weight_norm``'s) is not a leaf, which ``copy.deepcopy`` refuses: the copy gets it detached,
+    and its hook computes it from the copy's own parameters at the copy's first forward."""
+    derived = {id(value): value.detach().clone() for module in net.modules() for value in vars(module).values()
+               if isinstance(value, torch.Tensor) and value.grad_fn is not None}
     try:
-        return copy.deepcopy(net)
+        return copy.deepcopy(net, derived)
     except Exception as e:      # noqa: BLE001 - named below, with the fix
         where = next((f"{name + '.' if name else ''}{key}" for name, module in net.named_modules()
                       for key, value in vars(module).items() if not key.startswith("_") and not _copies(value)),
