@@ -1,4 +1,5 @@
 """Batches of any structure split along the first axis, every sample exactly once, in order."""
+import dataclasses
 from collections import namedtuple
 
 import pytest
@@ -10,6 +11,13 @@ from dptrain.core.devices import cpu
 Pair = namedtuple("Pair", "x y")
 
 
+@dataclasses.dataclass(frozen=True)
+class Frozen:          # a collate_fn's batch as a dataclass (frozen, with a field __init__ does not set)
+    x: torch.Tensor
+    names: list
+    tag: str = dataclasses.field(default="kept", init=False)
+
+
 @pytest.mark.parametrize("make", [
     lambda n: torch.arange(n),
     lambda n: (torch.arange(n), torch.arange(n) * 10),
@@ -17,17 +25,23 @@ Pair = namedtuple("Pair", "x y")
     lambda n: {"image": torch.arange(n).view(n, 1, 1), "label": torch.arange(n), "meta": {"id": torch.arange(n)}},
     lambda n: Pair(torch.arange(n), torch.arange(n)),
     lambda n: (torch.arange(n), [f"s{i}" for i in range(n)]),
-], ids=["tensor", "tuple", "list", "dict", "namedtuple", "strings"])
+    lambda n: Frozen(torch.arange(n), [f"s{i}" for i in range(n)]),
+], ids=["tensor", "tuple", "list", "dict", "namedtuple", "strings", "dataclass"])
 @pytest.mark.parametrize("n, sizes", [(7, [3, 2, 2]), (4, [4]), (5, [1, 1, 1, 1, 1])])
 def test_every_sample_lands_once_in_order(make, n, sizes):
     batch = make(n)
     parts = split_structure(batch, sizes)
     assert [batch_size(p) for p in parts] == sizes
     assert type(parts[0]) is type(batch)
-    first = lambda b: b if isinstance(b, torch.Tensor) else b["image"] if isinstance(b, dict) else b[0]  # noqa: E731
+    first = lambda b: (b if isinstance(b, torch.Tensor) else b["image"] if isinstance(b, dict)  # noqa: E731
+                       else b.x if isinstance(b, Frozen) else b[0])
     assert torch.cat([first(p).flatten() for p in parts]).tolist() == list(range(n))
     if isinstance(batch, tuple) and isinstance(batch[1], list):
         assert sum((p[1] for p in parts), []) == batch[1]
+    if isinstance(batch, Frozen):
+        assert sum((p.names for p in parts), []) == batch.names and {p.tag for p in parts} == {"kept"}
+        moved = to_device(batch, cpu(1), torch.channels_last)     # (rebuilt: a memory format to apply)
+        assert isinstance(moved, Frozen) and torch.equal(moved.x, batch.x) and moved.names == batch.names
 
 
 def test_sizes_must_agree():

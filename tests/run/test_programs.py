@@ -183,3 +183,40 @@ def test_bf16_on_cpu_devices_trains_alike_and_sums_the_loss_in_float32():
         assert model[0].weight.dtype == torch.float32
         losses.append([h["train_loss"] for h in result["history"]])
     assert losses[1] == pytest.approx(losses[0], rel=2e-3)       # bf16 rounding differs by shard
+
+
+def test_a_dataclass_batch_from_a_collate_fn_is_split_over_the_devices_as_the_plain_loop_reads_it():
+    """``collate_fn`` returning ``Batch(x=..., y=..., ids=[...])`` (a dataclass, as structured
+    research code writes it): one device took it whole; two split nothing and failed."""
+    import dataclasses
+    from torch.utils.data import DataLoader
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        y: torch.Tensor
+        ids: list
+
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(50, 4, generator=g), torch.randn(50, 1, generator=g)
+
+    def collate(items):
+        return Batch(torch.stack([X[i] for i in items]), torch.stack([y[i] for i in items]), list(items))
+
+    def forward(model, batch):
+        assert len(batch.ids) == len(batch.x)           # every shard's own samples
+        return model(batch.x), batch.y
+    torch.manual_seed(0)
+    plain = nn.Linear(4, 1)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for b in DataLoader(range(50), batch_size=16, collate_fn=collate):
+        opt.zero_grad()
+        F.mse_loss(*forward(plain, b)).backward()
+        opt.step()
+    for devices in (1, 2, 3):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        dptrain.fit(model, DataLoader(range(50), batch_size=16, collate_fn=collate), forward=forward,
+                    loss=nn.MSELoss(), epochs=1, shuffle=False, devices=devices, optimizer="sgd", lr=0.1, log=None)
+        for p, q in zip(plain.parameters(), model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
