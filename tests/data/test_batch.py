@@ -1,6 +1,7 @@
 """Batches of any structure split along the first axis, every sample exactly once, in order."""
 import dataclasses
-from collections import namedtuple
+from collections import UserDict, namedtuple
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -9,6 +10,14 @@ from dptrain.data.batch import batch_size, input_and_target, needs_move, split_s
 from dptrain.core.devices import cpu
 
 Pair = namedtuple("Pair", "x y")
+
+
+class Encoding(UserDict):      # as Hugging Face's BatchEncoding: batch.input_ids reads batch["input_ids"]
+    def __getattr__(self, key):
+        try:
+            return self.data[key]
+        except KeyError:
+            raise AttributeError(key) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,14 +35,15 @@ class Frozen:          # a collate_fn's batch as a dataclass (frozen, with a fie
     lambda n: Pair(torch.arange(n), torch.arange(n)),
     lambda n: (torch.arange(n), [f"s{i}" for i in range(n)]),
     lambda n: Frozen(torch.arange(n), [f"s{i}" for i in range(n)]),
-], ids=["tensor", "tuple", "list", "dict", "namedtuple", "strings", "dataclass"])
+    lambda n: Encoding(image=torch.arange(n), label=torch.arange(n)),
+], ids=["tensor", "tuple", "list", "dict", "namedtuple", "strings", "dataclass", "userdict"])
 @pytest.mark.parametrize("n, sizes", [(7, [3, 2, 2]), (4, [4]), (5, [1, 1, 1, 1, 1])])
 def test_every_sample_lands_once_in_order(make, n, sizes):
     batch = make(n)
     parts = split_structure(batch, sizes)
     assert [batch_size(p) for p in parts] == sizes
     assert type(parts[0]) is type(batch)
-    first = lambda b: (b if isinstance(b, torch.Tensor) else b["image"] if isinstance(b, dict)  # noqa: E731
+    first = lambda b: (b if isinstance(b, torch.Tensor) else b["image"] if isinstance(b, (dict, Encoding))  # noqa: E731
                        else b.x if isinstance(b, Frozen) else b[0])
     assert torch.cat([first(p).flatten() for p in parts]).tolist() == list(range(n))
     if isinstance(batch, tuple) and isinstance(batch[1], list):
@@ -42,6 +52,21 @@ def test_every_sample_lands_once_in_order(make, n, sizes):
         assert sum((p.names for p in parts), []) == batch.names and {p.tag for p in parts} == {"kept"}
         moved = to_device(batch, cpu(1), torch.channels_last)     # (rebuilt: a memory format to apply)
         assert isinstance(moved, Frozen) and torch.equal(moved.x, batch.x) and moved.names == batch.names
+    if isinstance(batch, Encoding):
+        assert parts[0].label.tolist() == list(range(sizes[0]))        # read as the user's forward reads it
+        assert isinstance(to_device(batch, cpu(1), torch.channels_last), Encoding)
+
+
+def test_a_mapping_that_cannot_be_built_from_a_dict_becomes_one():
+    batch = MappingProxyType({"x": torch.arange(4), "y": torch.arange(4)})      # (takes a dict, refuses items)
+    parts = split_structure(batch, [2, 2])
+    assert [type(p) for p in parts] == [MappingProxyType] * 2 and parts[1]["y"].tolist() == [2, 3]
+
+    class Fixed(UserDict):
+        def __init__(self):
+            super().__init__(x=torch.arange(4))
+    parts = split_structure(Fixed(), [3, 1])
+    assert [type(p) for p in parts] == [dict, dict] and parts[0]["x"].tolist() == [0, 1, 2]
 
 
 def test_sizes_must_agree():

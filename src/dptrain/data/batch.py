@@ -32,7 +32,7 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, Mapping):
-        return {k: map_tensors(fn, v) for k, v in batch.items()}
+        return _like(batch, {k: map_tensors(fn, v) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):          # a namedtuple
         return type(batch)(*(map_tensors(fn, v) for v in batch))
     if isinstance(batch, (tuple, list)):
@@ -40,6 +40,19 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
     if _is_dataclass(batch):
         return _with_fields(batch, [map_tensors(fn, getattr(batch, f.name)) for f in dataclasses.fields(batch)])
     return batch
+
+
+def _like(mapping: Mapping, items: dict) -> Mapping:
+    """``items`` as ``mapping``'s type where it is built from a dict (a ``UserDict``, an
+    ``OrderedDict``, Hugging Face's ``BatchEncoding``, whose ``batch.input_ids`` the user's
+    forward may read), else the dict itself."""
+    kind = type(mapping)
+    if kind is dict:
+        return items
+    try:
+        return kind(items)
+    except Exception:       # noqa: BLE001 - a constructor that takes no dict: a plain dict
+        return items
 
 
 def _is_dataclass(value: Any) -> bool:
@@ -61,7 +74,7 @@ def as_tensors(batch: Batch) -> Batch:
     if isinstance(batch, np.ndarray):
         return torch.from_numpy(batch)
     if isinstance(batch, Mapping):
-        return {k: as_tensors(v) for k, v in batch.items()}
+        return _like(batch, {k: as_tensors(v) for k, v in batch.items()})
     if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
         return type(batch)(as_tensors(v) for v in batch)
     if _is_dataclass(batch):
@@ -99,7 +112,7 @@ def split_structure(batch: Batch, sizes: Sequence[int]) -> List[Batch]:
             return list(torch.split(x, list(sizes)))
         if isinstance(x, Mapping):
             parts = {k: cut(v) for k, v in x.items()}
-            return [{k: parts[k][i] for k in parts} for i in range(len(sizes))]
+            return [_like(x, {k: parts[k][i] for k in parts}) for i in range(len(sizes))]
         if isinstance(x, tuple) and hasattr(x, "_fields"):
             parts = [cut(v) for v in x]
             return [type(x)(*(p[i] for p in parts)) for i in range(len(sizes))]
