@@ -159,3 +159,23 @@ def test_fp16_on_a_gpu_scales_the_loss_as_a_grad_scaler():
                 batch_size=BATCH, devices="cuda:0", log=None)
     for p, q in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach().cpu(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("devices", ["cuda:0", "cuda:0,cuda:0", "cuda:0,cpu:0"])
+def test_a_weighted_loss_built_on_the_cpu_trains_on_gpus_as_on_the_cpu(devices):
+    """``nn.CrossEntropyLoss(weight=w)`` made on the CPU meets each device's outputs on it
+    (engine/loss_placement.py): torch refused the mix of devices before."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(64, 5, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+    def run(devs):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3))
+        result = dptrain.fit(model, (X, y), (X, y), loss=nn.CrossEntropyLoss(weight=torch.tensor([0.5, 1.0, 3.0])),
+                             optimizer=functools.partial(torch.optim.SGD, lr=0.1), epochs=2, batch_size=16,
+                             devices=devs, log=None)
+        return [p.detach().cpu() for p in model.parameters()], result["history"][-1]["test_loss"]
+    (got, got_loss), (want, want_loss) = run(devices), run("cpu:0")
+    for p, q in zip(got, want):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    assert got_loss == pytest.approx(want_loss, rel=1e-4)

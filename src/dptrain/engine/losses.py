@@ -31,6 +31,7 @@ from torch import nn
 from ..data.batch import batch_size, map_tensors
 from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import check_classification, check_reduction, check_same_shape
+from .loss_placement import LossCopies
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
 REDUCTIONS = ("mean", "sum")
@@ -167,6 +168,9 @@ class LossAdapter:
             self._sum = copy.copy(loss)
             self._sum.reduction = "sum"
         self._checked = False
+        #: A loss module holding tensors (class weights, ``pos_weight``): on each device it meets
+        #: (``loss_placement.py``); None: nothing to place.
+        self._placed = LossCopies(loss, getattr(self, "_sum", None)) if LossCopies.needed(loss) else None
         self._kept: Optional[KeptTargets] = None
         self.takes_batch = not self.known and takes_batch(loss)
         #: Whether the loss returns ``(sum, count)`` (None: not known before its first call).
@@ -187,7 +191,7 @@ class LossAdapter:
         loss that returns them."""
         if self.known:
             self._check(output, target)
-            return self._sum(output, target)
+            return (self._sum if self._placed is None else self._placed.on(output)[1])(output, target)
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
             return value
@@ -201,7 +205,8 @@ class LossAdapter:
         output = output_for(self, output)
         if self.known:
             self._check(output, target)
-            return self.loss(output, target), self.lazy_count(target)
+            loss = self.loss if self._placed is None else self._placed.on(output)[0]
+            return loss(output, target), self.lazy_count(target)
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
             return value[0] / value[1], value[1]
@@ -216,7 +221,8 @@ class LossAdapter:
 
     def _own(self, output: Any, target: Any, batch: Any) -> Any:
         """A loss dptrain does not know: its value (one number), or its ``(sum, count)``."""
-        value = self.loss(output, target, batch) if self.takes_batch else self.loss(output, target)
+        loss = self.loss if self._placed is None else self._placed.on(output)[0]
+        value = loss(output, target, batch) if self.takes_batch else loss(output, target)
         if isinstance(value, (tuple, list)) and len(value) == 2:      # (sum, count): exact by itself
             self.pairs = True
             return value[0].reshape(()), value[1]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
+import torch
 from torch import nn
 
 from .losses import REDUCTIONS, scores_accuracy
@@ -93,6 +94,13 @@ class Task:
         if self.step is not None and self.loss is not None:
             raise ValueError("give either loss (with the default or your forward) or step, not both: step "
                              "computes the loss itself")
+        if isinstance(self.loss, nn.Module) and isinstance(self.optimizer, torch.optim.Optimizer):
+            held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            if any(id(p) in held for p in self.loss.parameters()):
+                raise ValueError("the optimizer holds parameters of the loss: fit trains the model's parameters "
+                                 "(a copy on every device, gradients summed); make the loss a submodule of the "
+                                 "model (model.criterion = loss) and pass step=lambda model, batch: "
+                                 "model.criterion(model(batch[0]), batch[1]) instead of loss=")
         if self.several:
             check_updates(self)
         elif isinstance(self.optimizer, (dict, list, tuple)):       # one loss: stepped as one optimizer
