@@ -246,3 +246,41 @@ def test_evaluate_and_predict_give_each_modules_mode_back():
     dptrain.evaluate(net, (X, y), loss=nn.CrossEntropyLoss(), devices=2)
     dptrain.predict(net, X, devices=2)
     assert [m.training for m in net.modules()] == [True, True, False, True, True]
+
+
+class Prune(dptrain.Callback):
+    """Iterative magnitude pruning by a callback: half the first layer's weights, after epoch 1."""
+
+    def on_epoch_end(self, run, epoch, row):
+        if epoch == 1:
+            torch.nn.utils.prune.l1_unstructured(run.model[0], "weight", amount=0.5)
+
+
+def test_a_structure_a_callback_changes_is_refused_on_several_devices_and_trains_between_two_fits():
+    """Pruning adds a buffer and a hook to the first copy only: the others trained unpruned and
+    the run drifted from the plain loop, silently. Now an error names the fix; one device (one
+    copy) trains it, and so do two ``fit`` calls around the change on any number of devices."""
+    import torch.nn.utils.prune as prune
+    X, y = data()
+    want = model(frozen=False)
+    opt = torch.optim.SGD(want.parameters(), lr=0.1, momentum=0.9)
+    for epoch in range(2):
+        for i in range(0, len(X), 64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(want(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+        if epoch == 0:
+            prune.l1_unstructured(want[0], "weight", amount=0.5)
+    one = model(frozen=False)
+    fit(one, 1, 2, [Prune()], optimizer=torch.optim.SGD(one.parameters(), lr=0.1, momentum=0.9))
+    with pytest.raises(ValueError, match=r"structure changed during training \(seen in on_epoch_start: '0', a Linear"
+                                         r".*call fit again after it"):
+        fit(model(frozen=False), 2, 2, [Prune()])
+    two = model(frozen=False)
+    optimizer = torch.optim.SGD(two.parameters(), lr=0.1, momentum=0.9)
+    fit(two, 2, 1, optimizer=optimizer)
+    prune.l1_unstructured(two[0], "weight", amount=0.5)
+    fit(two, 2, 1, optimizer=optimizer)
+    for net in (one, two):
+        for p, q in zip(net.parameters(), want.parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-6)

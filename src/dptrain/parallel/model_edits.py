@@ -54,6 +54,7 @@ class ModelEdits:
                      for key, value in module.__dict__.items()
                      if type(value) in _PLAIN and others[j].__dict__.get(key, _MISSING) != value}
         self._first = self._tensors[0]
+        self._shapes = [_structure(m) for m in self._modules[0]]
         self._versions: List[int] = []
         self.stepped()
 
@@ -83,6 +84,7 @@ class ModelEdits:
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
         if self.several:
+            self._check_structure(where)
             self._follow_attributes()
         elif not always:
             return False
@@ -97,6 +99,22 @@ class ModelEdits:
         self._versions = [t._version for t in self._first]
         return True
 
+    def _check_structure(self, where: str) -> None:
+        """A ValueError if a module of the first replica gained or lost parameters, buffers or
+        submodules, or changed class (pruned, parametrized, a layer added): the other copies
+        were made before and would train without it, a step apart from the plain loop's."""
+        for module, was in zip(self._modules[0], self._shapes):
+            if _structure(module) != was:
+                names = {id(m): n for n, m in self._replicas[0].named_modules()}
+                name = names.get(id(module), "?") or "the model itself"
+                raise ValueError(
+                    f"the model's structure changed during training (seen {where}: {name!r}, a "
+                    f"{type(module).__name__}, now holds other parameters, buffers or submodules, e.g. "
+                    f"torch.nn.utils.prune or a parametrization applied by a callback): the copies on the other "
+                    f"devices were made when training started and would train without the change; make it "
+                    f"before fit, or end this fit and call fit again after it (an optimizer you built goes on "
+                    f"with its state), or train on one device")
+
     def _follow_attributes(self) -> None:
         second = self._modules[1]
         for j, module in enumerate(self._modules[0]):
@@ -107,3 +125,9 @@ class ModelEdits:
                     if was is not value and was != value and (j, key) not in self._own:
                         for others in self._modules[1:]:
                             setattr(others[j], key, value)
+
+
+def _structure(module: Any) -> tuple:
+    """What a structural edit of ``module`` changes: its class, the names of its own
+    parameters and buffers, and its submodules (a head replaced by another is another object)."""
+    return type(module), tuple(module._parameters), tuple(module._buffers), tuple(map(id, module._modules.values()))
