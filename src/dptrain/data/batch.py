@@ -99,7 +99,8 @@ def batch_size(batch: Batch) -> int:
                          "along its first axis")
     if len(sizes) > 1:
         raise ValueError(f"the tensors of a batch hold different numbers of samples {sorted(sizes)}: every "
-                         f"tensor needs the same first axis")
+                         f"tensor needs the samples along its first axis (a collate_fn padding sequences with "
+                         f"pad_sequence needs batch_first=True; a sequence-first model transposes in its forward)")
     return sizes.pop()
 
 
