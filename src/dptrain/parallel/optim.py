@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from .optim_settings import constructor_settings
+from .optim_settings import check_no_closure, constructor_settings
 
 # name -> (torch class, {our key: torch keyword}, fixed keywords, defaults of our keys)
 _OPTIMIZERS: Dict[str, Tuple[type, Dict[str, str], Dict[str, Any], Dict[str, Any]]] = {
@@ -177,22 +177,6 @@ class OptimizerPlan:
         return OptimizerPlan(self.cls, self.defaults,
                              [([where[j] for j in members if j in where], hyper) for members, hyper in self.groups],
                              self.settings)
-
-
-def check_no_closure(optimizer: torch.optim.Optimizer) -> None:
-    """A ValueError for an optimizer whose ``step`` needs a closure (``torch.optim.LBFGS``):
-    it evaluates the loss several times a step (a line search) over every parameter at once,
-    where a step here is one forward and backward and each owner device updates its own."""
-    try:
-        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
-    except (TypeError, ValueError):         # a step with no signature to read: taken as it is
-        return
-    if closure is not None and closure.default is inspect.Parameter.empty:
-        name = type(optimizer).__name__
-        raise ValueError(f"{name}.step needs a closure: it evaluates the loss several times a step (a line "
-                         f"search), and a data-parallel step here is one forward and backward, summed over "
-                         f"devices; use a first-order optimizer (torch.optim.Adam, SGD...), or {name} in a "
-                         f"loop of your own on one device (optimizer.step(closure))")
 
 
 def _groups_of(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> List[Tuple[List[int], Dict[str, Any]]]:

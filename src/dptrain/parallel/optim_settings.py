@@ -11,10 +11,14 @@ groups: an attribute that then differs came from the constructor's arguments, no
 parameters, and every rebuilt optimizer gets the user's value. Attributes compared are plain
 values (numbers, strings, None, and tuples, lists and dicts of them); others are left alone.
 
+An optimizer whose ``step`` needs a closure (``torch.optim.LBFGS``) cannot be stepped so at
+all, and is refused before training (``check_no_closure``).
+
 >>> settings = constructor_settings(opt, groups)     # {"scale": 0.1} for MyOpt(params, scale=0.1)
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, List
 
 import torch
@@ -47,3 +51,19 @@ def _plain(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and _plain(v) for k, v in value.items())
     return False
+
+
+def check_no_closure(optimizer: torch.optim.Optimizer) -> None:
+    """A ValueError for an optimizer whose ``step`` needs a closure (``torch.optim.LBFGS``):
+    it evaluates the loss several times a step (a line search) over every parameter at once,
+    where a step here is one forward and backward and each owner device updates its own."""
+    try:
+        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    except (TypeError, ValueError):         # a step with no signature to read: taken as it is
+        return
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        name = type(optimizer).__name__
+        raise ValueError(f"{name}.step needs a closure: it evaluates the loss several times a step (a line "
+                         f"search), and a data-parallel step here is one forward and backward, summed over "
+                         f"devices; use a first-order optimizer (torch.optim.Adam, SGD...), or {name} in a "
+                         f"loop of your own on one device (optimizer.step(closure))")
