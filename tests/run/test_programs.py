@@ -220,3 +220,15 @@ def test_a_dataclass_batch_from_a_collate_fn_is_split_over_the_devices_as_the_pl
                     loss=nn.MSELoss(), epochs=1, shuffle=False, devices=devices, optimizer="sgd", lr=0.1, log=None)
         for p, q in zip(plain.parameters(), model.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("devices, said", [(1, False), (2, True)])
+def test_an_embedding_renormalised_in_its_forward_is_named_on_several_devices(devices, said):
+    """``nn.Embedding(max_norm=1)`` writes the rows it looks up in its forward: each copy only
+    its part's rows, so the copies drift apart (as DDP's processes do); fit says so."""
+    lines = []
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(20, 4, max_norm=1.0), nn.Flatten(), nn.Linear(8, 2))
+    dptrain.fit(model, (torch.randint(0, 20, (16, 2)), torch.randint(0, 2, (16,))), epochs=1, batch_size=8,
+                devices=devices, log=lines.append)
+    assert any(line.startswith("dptrain: 0: an Embedding with max_norm") for line in lines) == said

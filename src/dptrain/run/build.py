@@ -51,6 +51,19 @@ def train_mode(model: torch.nn.Module, log: Callable[[str], None]) -> None:
             "updated); to freeze layers, call .eval() on them (or on run.model in a callback's on_fit_start)")
 
 
+def renormalised_in_forward(model: torch.nn.Module, copies: int, log: Callable[[str], None]) -> None:
+    """Say so when an ``nn.Embedding(max_norm=...)`` trains on several devices or processes:
+    its forward renormalises, in place, the rows its batch looks up, so each copy renormalises
+    only its part's rows and the copies drift apart (DDP's processes alike): a step is no
+    longer the plain loop's on the whole batch."""
+    names = [name or type(model).__name__ for name, m in model.named_modules()
+             if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.max_norm is not None]
+    if names and copies > 1:
+        log(f"dptrain: {', '.join(names[:3])}: an Embedding with max_norm renormalises in its forward only the rows "
+            f"each device's part looks up, so the {copies} copies drift apart (as DDP's do); to keep them equal, "
+            f"constrain the whole weight in a callback's on_batch_end instead (max_norm=None), or train on one device")
+
+
 def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
                  lr: Optional[float], log: Callable[[str], None],
                  epochs: Optional[int] = None) -> Tuple[Optional[str], ModelEngine, Any, Any, Dict[str, Any]]:
