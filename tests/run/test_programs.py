@@ -232,3 +232,29 @@ def test_an_embedding_renormalised_in_its_forward_is_named_on_several_devices(de
     dptrain.fit(model, (torch.randint(0, 20, (16, 2)), torch.randint(0, 2, (16,))), epochs=1, batch_size=8,
                 devices=devices, log=lines.append)
     assert any(line.startswith("dptrain: 0: an Embedding with max_norm") for line in lines) == said
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_an_autoencoders_step_on_batches_without_targets_gives_its_metrics_from_its_output(devices):
+    """``step`` on ``(x,)`` batches returning ``{"loss", "output": {"kl", "recon"}}``, metrics
+    reading the output alone: the figures of each term (a VAE's), over the set. The missing
+    target once failed with "a batch of one tuple has no target ... pass step=", step given."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 6, generator=g)
+
+    def step(model, batch):
+        code = model[0](batch[0])
+        recon = ((model[1](code) - batch[0]) ** 2).sum(1)
+        penalty = (code ** 2).sum(1)
+        return {"loss": (recon + 0.1 * penalty).mean(), "output": {"recon": recon.detach(), "pen": penalty.detach()}}
+    metrics = {name: (lambda o, t, name=name: (o[name].sum(), len(o[name]))) for name in ("recon", "pen")}
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 3), nn.Linear(3, 6))
+    result = dptrain.fit(model, (X,), (X[:15],), step=step, metrics=metrics, train_metrics=True, epochs=2,
+                         batch_size=8, devices=devices, optimizer="adam", lr=1e-2, log=None)
+    row = result["history"][-1]
+    with torch.no_grad():
+        out = step(model, (X[:15],))["output"]
+    assert row["test_recon"] == pytest.approx(out["recon"].mean().item(), rel=1e-5)
+    assert row["test_pen"] == pytest.approx(out["pen"].mean().item(), rel=1e-5)
+    assert row["train_loss"] == pytest.approx(row["train_recon"] + 0.1 * row["train_pen"], rel=1e-5)

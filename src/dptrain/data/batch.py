@@ -168,6 +168,15 @@ def holds_images(batch: Batch) -> bool:
     return bool(tensors) and tensors[0].dim() == 4
 
 
+def target_of(batch: Batch) -> Any:
+    """The target ``input_and_target`` reads from ``batch``, or None where it holds none (the
+    inputs alone of an autoencoder's step function, whose metrics read its output)."""
+    try:
+        return input_and_target(batch)[1]
+    except ValueError:
+        return None
+
+
 def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
     """How the default forward reads a batch: ``((args, kwargs), target)``.
 

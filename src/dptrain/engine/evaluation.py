@@ -15,7 +15,7 @@ import torch
 
 from ..core.parts import even_parts
 from ..core.modes import evaluating
-from ..data.batch import Batch, batch_size, input_and_target, needs_move, split_structure, to_device
+from ..data.batch import Batch, batch_size, needs_move, split_structure, target_of, to_device
 from .class_counts import LazyCount, class_count_total
 from .losses import output_for
 from .stateful_metrics import COMPUTED, pair_metric_names
@@ -86,7 +86,7 @@ def evaluate(engine, batches) -> Totals:
                     raise ValueError("metrics need outputs and targets: let step return a dict with 'loss' and "
                                      "'logits' (a Hugging Face model's output does), or also give "
                                      "forward=fn(model, batch) -> (output, target)")
-                target = input_and_target(shard)[1]
+                target = target_of(shard)
         if adapter is not None or own_forward or updates:
             with engine._autocast(device):
                 output, target = forward(net, shard)

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..data.batch import Batch, input_and_target, map_tensors
+from ..data.batch import Batch, map_tensors, target_of
 from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values, update_keys
 from .losses import output_for
 from .stateful_metrics import StatefulMetrics, pair_metric_names
@@ -102,7 +102,7 @@ class TrainFigures:
             with torch.no_grad(), self.engine._autocast(self.engine.devices[i]):
                 output, target = self.engine.forward(net, shard)
         else:
-            target = input_and_target(shard)[1]
+            target = target_of(shard)
         self.add(i, output, target)
 
     def end_step(self, stepped: bool) -> None:
