@@ -6,7 +6,8 @@ from types import MappingProxyType
 import pytest
 import torch
 
-from dptrain.data.batch import batch_size, input_and_target, needs_move, split_structure, to_device
+from dptrain.data.batch import (batch_size, input_and_target, join_structure, needs_move, split_structure,
+                                to_device)
 from dptrain.core.devices import cpu
 
 Pair = namedtuple("Pair", "x y")
@@ -46,6 +47,9 @@ def test_every_sample_lands_once_in_order(make, n, sizes):
     first = lambda b: (b if isinstance(b, torch.Tensor) else b["image"] if isinstance(b, (dict, Encoding))  # noqa: E731
                        else b.x if isinstance(b, Frozen) else b[0])
     assert torch.cat([first(p).flatten() for p in parts]).tolist() == list(range(n))
+    joined = join_structure(parts)          # the inverse: the batch again, its types kept
+    assert type(joined) is type(batch) and torch.equal(first(joined), first(batch))
+    assert [batch_size(p) for p in split_structure(joined, sizes)] == sizes
     if isinstance(batch, tuple) and isinstance(batch[1], list):
         assert sum((p[1] for p in parts), []) == batch[1]
     if isinstance(batch, Frozen):
@@ -67,6 +71,13 @@ def test_a_mapping_that_cannot_be_built_from_a_dict_becomes_one():
             super().__init__(x=torch.arange(4))
     parts = split_structure(Fixed(), [3, 1])
     assert [type(p) for p in parts] == [dict, dict] and parts[0]["x"].tolist() == [0, 1, 2]
+
+
+def test_joining_keeps_none_and_names_what_it_cannot_join():
+    joined = join_structure([{"loss": None, "logits": torch.zeros(2, 3)}, {"loss": None, "logits": torch.ones(1, 3)}])
+    assert joined["loss"] is None and joined["logits"].shape == (3, 3)
+    with pytest.raises(TypeError, match="cannot join values of type float sample by sample"):
+        join_structure([0.5, 0.25])
 
 
 def test_sizes_must_agree():

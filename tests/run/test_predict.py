@@ -44,6 +44,33 @@ def test_a_model_returning_a_dict_and_dict_batches():
 
 
 def test_what_predict_cannot_join_is_said():
-    with pytest.raises(TypeError, match="predict joins tensors, tuples, lists and dicts of them; the model returned "
-                                        "str"):
-        dptrain.predict(nn.Linear(2, 2), torch.zeros(4, 2), devices=1, forward=lambda m, x: "no")
+    with pytest.raises(TypeError, match="predict joins the model's outputs part by part: cannot join values of type "
+                                        "float sample by sample.*pass forward="):
+        dptrain.predict(nn.Linear(2, 2), torch.zeros(5, 2), batch_size=4, devices=1, forward=lambda m, x: len(x) * 1.5)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_namedtuple_output_and_a_hugging_face_style_loss_of_none_are_joined(devices):
+    """A model returning ``Out(logits, embedding)`` (a namedtuple) failed in its constructor;
+    one returning ``{"loss": None, "logits": ...}`` without labels (a Hugging Face model's
+    dict) failed on the None."""
+    from collections import UserDict, namedtuple
+    Out = namedtuple("Out", "logits embedding")
+
+    class Named(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(4, 3)
+
+        def forward(self, x, labels=None):
+            return Out(self.body(x), x * 2)
+    torch.manual_seed(0)
+    model, X = Named(), torch.randn(11, 4)
+    out = dptrain.predict(model, X, batch_size=4, devices=devices)
+    assert type(out) is Out and torch.equal(out.embedding, X * 2)
+    torch.testing.assert_close(out.logits, model(X).logits)
+    encoded = DataLoader(range(11), batch_size=4, collate_fn=lambda idx: UserDict(x=X[idx]))   # a BatchEncoding
+    assert torch.equal(dptrain.predict(model, encoded, devices=devices).embedding, X * 2)
+    hf = dptrain.predict(model, {"x": X}, batch_size=4, devices=devices,
+                         forward=lambda m, b: {"loss": None, "logits": m(**b).logits})
+    assert hf["loss"] is None and hf["logits"].shape == (11, 3)

@@ -133,6 +133,37 @@ def split_structure(batch: Batch, sizes: Sequence[int]) -> List[Batch]:
     return cut(batch)
 
 
+def join_structure(parts: Sequence[Batch]) -> Batch:
+    """Join consecutive parts along the first axis, keeping their structure: the inverse of
+    ``split_structure`` (a model's outputs, part by part). None stays None (a Hugging Face
+    output's ``loss`` without labels); lists of per-sample items are joined; another value the
+    parts share is kept; a ``TypeError`` names one that differs (a number per part)."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(parts))
+    if first is None:
+        return None
+    if isinstance(first, Mapping):
+        return _like(first, {k: join_structure([p[k] for p in parts]) for k in first})
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(join_structure([p[i] for p in parts]) for i in range(len(first))))
+    if _is_dataclass(first):
+        return _with_fields(first, [join_structure([getattr(p, f.name) for p in parts])
+                                    for f in dataclasses.fields(first)])
+    if isinstance(first, (tuple, list)):
+        if first and not any(isinstance(v, (torch.Tensor, Mapping, tuple, list)) or v is None for v in first):
+            return type(first)(v for p in parts for v in p)        # per-sample items (strings)
+        return type(first)(join_structure([p[i] for p in parts]) for i in range(len(first)))
+    try:
+        same = all(p is first or bool(p == first) for p in parts[1:])
+    except Exception:       # noqa: BLE001 - a comparison that gives no answer: not the same
+        same = False
+    if same:                # a value split_structure gave whole to every part
+        return first
+    raise TypeError(f"cannot join values of type {type(first).__name__} sample by sample: give tensors, or "
+                    f"tuples, lists, dicts or dataclasses of them")
+
+
 def to_device(batch: Batch, device: torch.device, memory_format: Optional[torch.memory_format] = None) -> Batch:
     """Move every tensor to ``device``; virtual CPU devices share host memory (no copy).
 

@@ -11,6 +11,7 @@ samples' order, every sample once, whatever the device and process counts.
 from __future__ import annotations
 
 import atexit
+from collections.abc import Mapping
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import torch
@@ -19,7 +20,7 @@ from torch import nn
 from ..core.modes import evaluating
 from ..core.parts import even_parts
 from ..core.runner import get_runner
-from ..data.batch import TARGET_KEYS, Batch, batch_size as size_of, map_tensors, split_structure, to_device
+from ..data.batch import TARGET_KEYS, Batch, batch_size as size_of, join_structure, map_tensors, split_structure, to_device
 from ..data.dataset_loader import make_loader
 from ..data.dispatch import one_way_to_read
 from ..distributed import DistEnv, get_collective, shutdown_distributed
@@ -36,7 +37,7 @@ def model_input(model: nn.Module, batch: Batch) -> Any:
         return model(batch)
     if isinstance(batch, (tuple, list)):
         return model(*(batch[:-1] if len(batch) > 1 else batch))
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):          # (a UserDict too: Hugging Face's BatchEncoding)
         return model(**{k: v for k, v in batch.items() if k not in TARGET_KEYS})
     raise TypeError(f"predict cannot feed a batch of {type(batch).__name__} to the model: pass "
                     f"forward=fn(model, batch) -> output")
@@ -44,16 +45,12 @@ def model_input(model: nn.Module, batch: Batch) -> Any:
 
 def concatenate(parts: List[Any]) -> Any:
     """Outputs of consecutive parts of the data joined along the first axis, keeping their
-    structure (a tensor, a tuple/list or a dict of tensors)."""
-    first = parts[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat(parts)
-    if isinstance(first, dict):
-        return {k: concatenate([p[k] for p in parts]) for k in first}
-    if isinstance(first, (tuple, list)):
-        return type(first)(concatenate([p[i] for p in parts]) for i in range(len(first)))
-    raise TypeError(f"predict joins tensors, tuples, lists and dicts of them; the model returned "
-                    f"{type(first).__name__}: pass forward=fn(model, batch) -> tensor")
+    structure (``batch.join_structure``: tensors in tuples, namedtuples, dicts, dataclasses)."""
+    try:
+        return join_structure(parts)
+    except TypeError as e:
+        raise TypeError(f"predict joins the model's outputs part by part: {e}; pass forward=fn(model, batch) "
+                        f"-> tensor") from None
 
 
 @torch.no_grad()
