@@ -76,6 +76,9 @@ def test_a_mapping_that_cannot_be_built_from_a_dict_becomes_one():
 def test_joining_keeps_none_and_names_what_it_cannot_join():
     joined = join_structure([{"loss": None, "logits": torch.zeros(2, 3)}, {"loss": None, "logits": torch.ones(1, 3)}])
     assert joined["loss"] is None and joined["logits"].shape == (3, 3)
+    boxes = [[{"boxes": torch.zeros(k, 4)} for k in (3, 0)], [{"boxes": torch.zeros(1, 4)}]]  # per image
+    assert [len(d["boxes"]) for d in join_structure(boxes)] == [3, 0, 1]
+    assert [len(d["boxes"]) for d in join_structure([boxes[0], boxes[0]])] == [3, 0, 3, 0]
     with pytest.raises(TypeError, match="cannot join values of type float sample by sample"):
         join_structure([0.5, 0.25])
 

@@ -136,7 +136,8 @@ def split_structure(batch: Batch, sizes: Sequence[int]) -> List[Batch]:
 def join_structure(parts: Sequence[Batch]) -> Batch:
     """Join consecutive parts along the first axis, keeping their structure: the inverse of
     ``split_structure`` (a model's outputs, part by part). None stays None (a Hugging Face
-    output's ``loss`` without labels); lists of per-sample items are joined; another value the
+    output's ``loss`` without labels); lists of per-sample items (strings, a dict per sample
+    as a detection model gives, or lists whose lengths differ) are joined; another value the
     parts share is kept; a ``TypeError`` names one that differs (a number per part)."""
     first = parts[0]
     if isinstance(first, torch.Tensor):
@@ -151,8 +152,11 @@ def join_structure(parts: Sequence[Batch]) -> Batch:
         return _with_fields(first, [join_structure([getattr(p, f.name) for p in parts])
                                     for f in dataclasses.fields(first)])
     if isinstance(first, (tuple, list)):
-        if first and not any(isinstance(v, (torch.Tensor, Mapping, tuple, list)) or v is None for v in first):
-            return type(first)(v for p in parts for v in p)        # per-sample items (strings)
+        if len({len(p) for p in parts}) > 1 or (first and (
+                not any(isinstance(v, (torch.Tensor, Mapping, tuple, list)) or v is None for v in first)
+                or type(first) is list and all(isinstance(v, Mapping) for p in parts for v in p))):
+            # per-sample items: strings, or a dict per sample (a detection model's boxes per image)
+            return type(first)(v for p in parts for v in p)
         return type(first)(join_structure([p[i] for p in parts]) for i in range(len(first)))
     try:
         same = all(p is first or bool(p == first) for p in parts[1:])
