@@ -6,8 +6,8 @@ from types import MappingProxyType
 import pytest
 import torch
 
-from dptrain.data.batch import (batch_size, input_and_target, join_structure, needs_move, split_structure,
-                                to_device)
+from dptrain.data.batch import (Samples, batch_size, collate_samples, input_and_target, join_structure, needs_move,
+                                split_structure, to_device)
 from dptrain.core.devices import cpu
 
 Pair = namedtuple("Pair", "x y")
@@ -81,6 +81,31 @@ def test_joining_keeps_none_and_names_what_it_cannot_join():
     assert [len(d["boxes"]) for d in join_structure([boxes[0], boxes[0]])] == [3, 0, 3, 0]
     with pytest.raises(TypeError, match="cannot join values of type float sample by sample"):
         join_structure([0.5, 0.25])
+
+
+def test_items_kept_one_per_sample_are_dealt_out_whole():
+    """A detection batch: images of their own sizes and a dict of boxes per image, collated by
+    ``collate_samples`` (torchvision's ``tuple(zip(*batch))``, marked): 5 samples, though every
+    image's first axis is 3 (its channels) and the boxes' differ."""
+    samples = [(torch.full((3, 4 + k, 4 + k), float(k)), {"boxes": torch.zeros(k % 3 + 1, 4), "id": k})
+               for k in range(5)]
+    images, targets = batch = collate_samples(samples)
+    assert type(images) is Samples and len(targets) == 5 and batch_size(batch) == 5
+    parts = split_structure(batch, [2, 2, 1])
+    assert [batch_size(p) for p in parts] == [2, 2, 1]
+    assert [[int(im[0, 0, 0]) for im in p[0]] for p in parts] == [[0, 1], [2, 3], [4]]
+    assert [[t["id"] for t in p[1]] for p in parts] == [[0, 1], [2, 3], [4]]
+    joined = join_structure(parts)
+    assert type(joined[0]) is Samples and [t["id"] for t in joined[1]] == list(range(5))
+    moved = to_device(batch, cpu(1), torch.channels_last)
+    assert type(moved[0]) is Samples and moved[0][4].shape == (3, 8, 8)
+    assert batch_size((Samples(images[:2]), torch.zeros(2, 1))) == 2
+    with pytest.raises(ValueError, match=r"different numbers of samples \[3, 5\]: .*collate_samples"):
+        batch_size((images, torch.zeros(3)))
+    with pytest.raises(ValueError, match=r"collate_fn=dptrain.data.collate_samples"):
+        batch_size(tuple(zip(*samples)))          # unmarked: each image's channels are taken for samples
+    single = collate_samples([torch.zeros(2), torch.ones(3)])     # samples that are not pairs: one Samples
+    assert type(single) is Samples and [len(t) for t in single] == [2, 3] and batch_size(single) == 2
 
 
 def test_sizes_must_agree():

@@ -122,6 +122,10 @@ def test_make_loader_picks_the_loader():
     assert isinstance(make_loader(Indexed(3), 4), DatasetLoader)
     wrapped = make_loader(DataLoader(Indexed(6), batch_size=99, collate_fn=lambda s: len(s)), 4)
     assert isinstance(wrapped, DatasetLoader) and list(wrapped) == [4, 2]     # its collate, our batch size
+    samples = [(X[k], int(y[k])) for k in range(10)]        # a DataLoader over a list of samples: read one by one
+    listed = make_loader(DataLoader(samples, batch_size=4), 4, shuffle=False)    # (was: tensors, and failed)
+    assert isinstance(listed, DatasetLoader)
+    assert [b[1].tolist() for b in listed] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
     class Stream(IterableDataset):
         def __iter__(self):

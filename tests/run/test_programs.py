@@ -258,3 +258,53 @@ def test_an_autoencoders_step_on_batches_without_targets_gives_its_metrics_from_
     assert row["test_recon"] == pytest.approx(out["recon"].mean().item(), rel=1e-5)
     assert row["test_pen"] == pytest.approx(out["pen"].mean().item(), rel=1e-5)
     assert row["train_loss"] == pytest.approx(row["train_recon"] + 0.1 * row["train_pen"], rel=1e-5)
+
+
+class TinyDetector(nn.Module):
+    """torchvision's detection interface: ``model(images, targets)`` -> a dict of losses while
+    training, a list with a dict of boxes per image in eval mode; images of their own sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(3, 4, 3), nn.Linear(4, 4)
+
+    def forward(self, images, targets=None):
+        boxes = [self.head(self.conv(image.unsqueeze(0)).mean((2, 3)))[0] for image in images]
+        if not self.training:
+            return [{"boxes": b.unsqueeze(0)} for b in boxes]
+        return {"loss_box": sum(((b - t["boxes"].mean(0)) ** 2).mean() for b, t in zip(boxes, targets)) / len(boxes)}
+
+
+def detection_samples(n=14):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.rand(3, 6 + 2 * (k % 3), 6 + 2 * (k % 3), generator=g),
+             {"boxes": torch.rand(k % 3 + 1, 4, generator=g)}) for k in range(n)]
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_a_detection_model_on_images_of_several_sizes_trains_as_the_plain_loop(devices):
+    """torchvision's detection recipe (``collate_fn=lambda b: tuple(zip(*b))``) with
+    ``dptrain.data.collate_samples``: each device takes whole images and their boxes."""
+    from torch.utils.data import DataLoader
+    data = detection_samples()
+
+    def step(model, batch):
+        return sum(model(*batch).values())
+    torch.manual_seed(0)
+    plain = TinyDetector()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for batch in DataLoader(data, batch_size=4, collate_fn=lambda b: tuple(zip(*b))):
+        opt.zero_grad()
+        step(plain, batch).backward()
+        opt.step()
+    torch.manual_seed(0)
+    model = TinyDetector()
+    dptrain.fit(model, DataLoader(data, batch_size=4, collate_fn=dptrain.data.collate_samples), step=step, epochs=1,
+                shuffle=False, devices=devices, optimizer="sgd", lr=0.1, log=None)
+    for p, q in zip(plain.parameters(), model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    boxes = dptrain.predict(model, DataLoader(data, batch_size=4, collate_fn=dptrain.data.collate_samples),
+                            devices=devices)
+    assert len(boxes) == len(data) and all(b["boxes"].shape == (1, 4) for b in boxes)
+    model.eval()
+    torch.testing.assert_close(boxes[5]["boxes"], model([data[5][0]])[0]["boxes"])

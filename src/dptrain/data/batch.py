@@ -88,19 +88,69 @@ def tensors_of(batch: Batch) -> List[torch.Tensor]:
     return out
 
 
+class Samples(tuple):
+    """Items of a batch kept one per sample, each whole: images of their own sizes, a dict of
+    boxes per image (a detection model's batch). A device's part of the batch takes some of
+    them, never a slice of one; the batch's samples are their number. ``collate_samples``
+    makes them, as torchvision's ``tuple(zip(*batch))`` does, marked.
+
+    >>> images, targets = collate_samples([(img0, t0), (img1, t1), (img2, t2)])
+    >>> len(images), batch_size((images, targets))             # 3, 3
+    """
+
+
+def collate_samples(samples: Sequence[Any]) -> Any:
+    """A ``collate_fn`` for samples that do not stack (detection's ``(image, target)`` pairs):
+    each field as ``Samples``, one item per sample, in order (a sample that is not a tuple or
+    list: the ``Samples`` of them)."""
+    if samples and isinstance(samples[0], (tuple, list)):
+        return tuple(Samples(field) for field in zip(*samples))
+    return Samples(samples)
+
+
+def _first_axes(x: Any, out: List[Optional[int]]) -> None:
+    """Append each tensor's first axis (None for a 0-d one), and each ``Samples``' length."""
+    kind = type(x)
+    if kind is torch.Tensor:
+        out.append(x.shape[0] if x.dim() else None)
+    elif kind is tuple or kind is list:
+        for v in x:
+            _first_axes(v, out)
+    elif kind is dict:
+        for v in x.values():
+            _first_axes(v, out)
+    elif kind is Samples:
+        out.append(len(x))
+    elif isinstance(x, torch.Tensor):
+        out.append(x.shape[0] if x.dim() else None)
+    elif isinstance(x, Mapping):
+        for v in x.values():
+            _first_axes(v, out)
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            _first_axes(v, out)
+    elif _is_dataclass(x):
+        for f in dataclasses.fields(x):
+            _first_axes(getattr(x, f.name), out)
+
+
 def batch_size(batch: Batch) -> int:
-    """The number of samples in ``batch``: the first axis of its tensors, which must agree."""
-    tensors = tensors_of(batch)
-    if not tensors:
+    """The number of samples in ``batch``: the first axis of its tensors (and the length of
+    its ``Samples``), which must agree."""
+    axes: List[Optional[int]] = []
+    _first_axes(batch, axes)
+    if not axes:
         raise TypeError(f"a batch must hold at least one tensor, got {type(batch).__name__}")
-    sizes = {t.shape[0] if t.dim() else None for t in tensors}
+    sizes = set(axes)
     if None in sizes:
         raise ValueError("a batch tensor has no batch axis (a 0-d tensor): every tensor needs the samples "
                          "along its first axis")
     if len(sizes) > 1:
         raise ValueError(f"the tensors of a batch hold different numbers of samples {sorted(sizes)}: every "
                          f"tensor needs the samples along its first axis (a collate_fn padding sequences with "
-                         f"pad_sequence needs batch_first=True; a sequence-first model transposes in its forward)")
+                         f"pad_sequence needs batch_first=True; a sequence-first model transposes in its forward; "
+                         f"items that do not stack, images of several sizes or a dict of boxes per image, are "
+                         f"kept one per sample by collate_fn=dptrain.data.collate_samples)")
     return sizes.pop()
 
 
@@ -111,6 +161,9 @@ def split_structure(batch: Batch, sizes: Sequence[int]) -> List[Batch]:
     def cut(x: Any) -> List[Any]:
         if isinstance(x, torch.Tensor):
             return list(torch.split(x, list(sizes)))
+        if type(x) is Samples:
+            starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            return [Samples(x[a:a + k]) for a, k in zip(starts, sizes)]
         if isinstance(x, Mapping):
             parts = {k: cut(v) for k, v in x.items()}
             return [_like(x, {k: parts[k][i] for k in parts}) for i in range(len(sizes))]
@@ -144,6 +197,8 @@ def join_structure(parts: Sequence[Batch]) -> Batch:
         return torch.cat(list(parts))
     if first is None:
         return None
+    if type(first) is Samples:
+        return Samples(v for p in parts for v in p)
     if isinstance(first, Mapping):
         return _like(first, {k: join_structure([p[k] for p in parts]) for k in first})
     if isinstance(first, tuple) and hasattr(first, "_fields"):

@@ -240,6 +240,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     reads its own part anyway). ``drop_last``: drop each epoch's last batch when it is short
     (None: a ``DataLoader``'s ``drop_last``, else keep it)."""
     sampler = batch_sampler = worker_init_fn = None
+    listed = False
     worker_options: Dict[str, Any] = {}
     if isinstance(data, DataLoader):
         if not isinstance(data.dataset, IterableDataset):
@@ -255,6 +256,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
                           if getattr(data, k, None) is not None}
         drop_last = data.drop_last if drop_last is None else drop_last
         data = data.dataset
+        listed = isinstance(data, (list, tuple))    # a DataLoader over a list of samples reads them one by one
     plan["drop_last"] = bool(drop_last)
     if drop_last and batch_sampler is not None:
         raise ValueError(f"drop_last drops a short last batch of batch_size samples, but the batch sampler "
@@ -277,7 +279,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         plan.pop("shuffle", None)           # the sampler's order
     elif isinstance(data, TensorDataset) and collate_fn is None:
         data = tuple(data.tensors) if len(data.tensors) > 1 else data.tensors[0]
-    if picked or isinstance(data, Dataset) or (
+    if picked or listed or isinstance(data, Dataset) or (
             hasattr(data, "__getitem__") and hasattr(data, "__len__")
             and not isinstance(data, (torch.Tensor, np.ndarray, tuple, list, dict))):
         return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, sampler=sampler,
