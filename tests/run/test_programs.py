@@ -308,3 +308,30 @@ def test_a_detection_model_on_images_of_several_sizes_trains_as_the_plain_loop(d
     assert len(boxes) == len(data) and all(b["boxes"].shape == (1, 4) for b in boxes)
     model.eval()
     torch.testing.assert_close(boxes[5]["boxes"], model([data[5][0]])[0]["boxes"])
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_torchs_sync_batchnorm_in_the_model_is_synchronised_by_fit(devices):
+    """A DDP script's ``nn.SyncBatchNorm.convert_sync_batchnorm(model)``: torch's layers sync
+    nothing between the devices of one process (and refuse CPU tensors across processes), so
+    fit synchronises them itself: the plain loop's BatchNorm over the whole batch."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(48, 4, generator=g), torch.randint(0, 2, (48,), generator=g)
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    plain = make()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for i in range(0, 48, 16):
+        opt.zero_grad()
+        F.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
+        opt.step()
+    lines = []
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(make())
+    dptrain.fit(model, (X, y), epochs=1, batch_size=16, shuffle=False, devices=devices, optimizer="sgd", lr=0.1,
+                log=lines.append)
+    assert isinstance(model[1], nn.SyncBatchNorm)           # the user's layers, given back
+    for p, q in zip(plain.state_dict().values(), model.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert any("holds torch's SyncBatchNorm" in line for line in lines) == (devices > 1)

@@ -2,6 +2,8 @@
 balancer, and the built-in output callbacks the config asks for."""
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -62,6 +64,20 @@ def renormalised_in_forward(model: torch.nn.Module, copies: int, log: Callable[[
         log(f"dptrain: {', '.join(names[:3])}: an Embedding with max_norm renormalises in its forward only the rows "
             f"each device's part looks up, so the {copies} copies drift apart (as DDP's do); to keep them equal, "
             f"constrain the whole weight in a callback's on_batch_end instead (max_norm=None), or train on one device")
+
+
+def torch_sync_batchnorm(model: torch.nn.Module, config: TrainConfig, copies: int,
+                         log: Callable[[str], None]) -> TrainConfig:
+    """A model holding torch's ``nn.SyncBatchNorm`` (``convert_sync_batchnorm``, as a DDP script
+    makes it) asks for statistics over the whole batch. Torch's needs a process group on GPUs
+    (on CPU processes it refuses the input; on the devices of one process it syncs nothing), so
+    with several copies ``fit`` synchronises the statistics itself (``sync_batchnorm=True``),
+    and says so."""
+    if config.sync_batchnorm or copies < 2 or not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()):
+        return config
+    log("dptrain: the model holds torch's SyncBatchNorm layers: fit synchronises BatchNorm statistics over every "
+        "device and process itself (sync_batchnorm=True)")
+    return dataclasses.replace(config, sync_batchnorm=True)
 
 
 def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,

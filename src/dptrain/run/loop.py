@@ -31,7 +31,8 @@ from ..engine.task import Task
 from ..parallel.model_edits import ModelEdits
 from . import auto_devices, report, resume
 from .agreement import what_it_trains
-from .build import build_balancer, build_engine, builtin_callbacks, renormalised_in_forward, run_ahead, train_mode
+from .build import (build_balancer, build_engine, builtin_callbacks, renormalised_in_forward, run_ahead,
+                    torch_sync_batchnorm, train_mode)
 from .config import TrainConfig, hyperparameters
 from .resume import Position
 from .step_limit import Cut, StepLimit, epochs_for, resume_cut, steps_done
@@ -75,6 +76,7 @@ class Run(RunView):
                 task, devices = auto_devices.choose(task, config, devices, self.batch_size, self.epochs, say)
             self.task, self.devices = task, devices
         renormalised_in_forward(task.model, len(devices) * self.world_size, self.log)
+        self.config = config = torch_sync_batchnorm(task.model, config, len(devices) * self.world_size, self.log)
         self.device_names = [format_device(d) for d in devices]
         first, outputs = builtin_callbacks(config, env)     # before any work: a missing package is said now
         self.kvstore, self.engine, self.train_loader, self.eval_loader, self.other_evals = build_engine(
