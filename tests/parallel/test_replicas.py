@@ -179,3 +179,28 @@ def test_attributes_set_on_parameters_are_on_every_copy():
     replicas = dptrain.replicate(net, DEVICES)
     assert replicas[1][0].weight.no_weight_decay is True and not hasattr(replicas[1][0].bias, "no_weight_decay")
     assert torch.equal(replicas[1][1].bias.mask, torch.ones(1)) and replicas[1][1].bias.mask is not net[1].bias.mask
+
+
+def test_a_model_wrapped_for_ddp_or_data_parallel_trains_as_the_module_it_wraps(tmp_path):
+    """A DDP script's model handed over wrapped: dptrain trains the module inside (the wrapper
+    would sum the gradients a second time, or cannot be copied), and ``predict`` runs it."""
+    import torch.distributed as dist
+    from dptrain.parallel.replicas import unwrapped
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)
+    trained = []
+    for wrap in (lambda m: m, nn.DataParallel):
+        torch.manual_seed(0)
+        inner = nn.Linear(4, 2)
+        model = wrap(inner)
+        result = dptrain.fit(model, (X, y), epochs=1, batch_size=8, shuffle=False, devices=2, optimizer="sgd", lr=0.1,
+                             log=None)
+        trained.append((inner.weight.detach().clone(), result["history"][-1]["train_loss"]))
+        assert torch.equal(dptrain.predict(model, X, devices=2), inner(X).detach())
+    assert torch.equal(trained[0][0], trained[1][0]) and trained[0][1] == trained[1][1]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        inner = nn.Linear(4, 2)
+        assert unwrapped(nn.parallel.DistributedDataParallel(inner)) is inner
+    finally:
+        dist.destroy_process_group()

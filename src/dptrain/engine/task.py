@@ -21,6 +21,7 @@ from torch import nn
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from ..parallel.optim import OptimizerSpec, check_learning_rate
+from ..parallel.replicas import unwrapped
 
 Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
 SCHEDULER_INTERVALS = ("epoch", "batch")
@@ -89,6 +90,7 @@ class Task:
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(self.model).__name__}")
+        self.model = unwrapped(self.model)      # a DDP-wrapped model: the module it wraps trains
         if self.train_data is None:
             raise ValueError("train_data is missing: give a Dataset, tensors (X, y), or a dict of tensors")
         if self.step is not None and self.loss is not None:

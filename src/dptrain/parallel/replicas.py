@@ -267,6 +267,16 @@ class Replicas(Sequence[nn.Module]):
         self.initialize(shards[0])
 
 
+def unwrapped(net: nn.Module) -> nn.Module:
+    """The module a ``DistributedDataParallel`` or ``DataParallel`` wraps (a DDP script's
+    model, handed over as it was): dptrain sums the gradients itself, and the wrapper would
+    sum them once more in every backward (its hooks), copy it for each device, or fail to be
+    copied (it holds its process group); ``net`` itself otherwise."""
+    while isinstance(net, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        net = net.module
+    return net
+
+
 def replicate(net: nn.Module, devices: Sequence[DeviceLike], init: Optional[Init] = None,
               sync_batchnorm: bool = False) -> Replicas:
     """Place a copy of ``net`` on every device; ``init(module)`` runs once, before copying.

@@ -25,7 +25,7 @@ from ..data.dataset_loader import make_loader
 from ..data.dispatch import one_way_to_read
 from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
-from ..parallel.replicas import replicate
+from ..parallel.replicas import replicate, unwrapped
 from .session import inference_devices, join_job
 
 
@@ -83,6 +83,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                          world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
                          to_the_end=True)
+    model = unwrapped(model)
     replicas = replicate(model, devices)
     runner, feed = get_runner(replicas.devices), forward or model_input
     outputs: List[Any] = []
