@@ -3,10 +3,10 @@ trains with the user's value on every device, not the argument's default; one th
 built again as cls(groups, **defaults) is refused with the fix."""
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import dptrain
+from tests.parallel.plain_loop import plain_steps
 
 
 class ScaledSignSGD(torch.optim.Optimizer):
@@ -43,11 +43,7 @@ def test_an_attribute_set_from_a_constructor_argument_reaches_every_device(devic
         (lambda params: ScaledSignSGD(params, lr=0.05, scale=0.1, name="mine"))
     result = dptrain.fit(model, (X, y), epochs=1, batch_size=16, shuffle=False, devices=devices, log=None,
                          optimizer=optimizer)
-    opt = ScaledSignSGD(plain.parameters(), lr=0.05, scale=0.1)
-    for i in range(0, 64, 16):
-        opt.zero_grad()
-        F.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
-        opt.step()
+    plain_steps(plain, ScaledSignSGD(plain.parameters(), lr=0.05, scale=0.1), X, y)
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q)
     assert result["history"]

@@ -7,6 +7,7 @@ from torch import nn
 import dptrain
 from dptrain.models import GluonLeNet, init_normal
 from dptrain.parallel.replicas import NotInitializedError
+from tests.parallel.plain_loop import plain_steps
 
 DEVICES = [dptrain.cpu(0), dptrain.cpu(1)]
 
@@ -105,7 +106,6 @@ def test_a_gradient_hook_on_a_parameter_runs_on_every_device(devices):
     """A mask of pruned weights as a hook on the weight's gradient (``p.register_hook``): every
     replica runs it, so the masked weights stay as they were and the rest train as the plain
     loop trains them (a copy without it added its device's unmasked gradient)."""
-    import torch.nn.functional as F
     mask = (torch.arange(96).reshape(16, 6) % 3 == 0).float()
 
     def make():
@@ -119,11 +119,7 @@ def test_a_gradient_hook_on_a_parameter_runs_on_every_device(devices):
     before = model[0].weight.detach().clone()
     dptrain.fit(model, (X, y), epochs=1, batch_size=16, shuffle=False, devices=devices, log=None,
                 optimizer=functools.partial(torch.optim.SGD, lr=0.5))
-    opt = torch.optim.SGD(plain.parameters(), lr=0.5)
-    for i in range(0, 64, 16):
-        opt.zero_grad()
-        F.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
-        opt.step()
+    plain_steps(plain, torch.optim.SGD(plain.parameters(), lr=0.5), X, y)
     assert torch.equal(model[0].weight[mask == 0], before[mask == 0])
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q)
@@ -134,7 +130,6 @@ def test_a_pruned_model_trains_on_every_device_as_the_plain_loop(devices):
     """``torch.nn.utils.prune`` keeps ``weight`` (``weight_orig * weight_mask``) as a plain
     attribute that is not a leaf, which ``copy.deepcopy`` refuses: the copies get it detached
     and recompute it at their first forward, so the pruned weights stay zero on every device."""
-    import torch.nn.functional as F
     import torch.nn.utils.prune as prune
 
     def make():
@@ -147,12 +142,7 @@ def test_a_pruned_model_trains_on_every_device_as_the_plain_loop(devices):
     model, plain = make(), make()
     dptrain.fit(model, (X, y), epochs=2, batch_size=16, shuffle=False, devices=devices, log=None,
                 optimizer=functools.partial(torch.optim.SGD, lr=0.5, momentum=0.9))
-    opt = torch.optim.SGD(plain.parameters(), lr=0.5, momentum=0.9)
-    for _ in range(2):
-        for i in range(0, 64, 16):
-            opt.zero_grad()
-            F.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
-            opt.step()
+    plain_steps(plain, torch.optim.SGD(plain.parameters(), lr=0.5, momentum=0.9), X, y, epochs=2)
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q)
     model(X)        # the pre-hook computes weight again: half of it pruned, as before training

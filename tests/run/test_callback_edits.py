@@ -261,16 +261,7 @@ def test_a_structure_a_callback_changes_is_refused_on_several_devices_and_trains
     the run drifted from the plain loop, silently. Now an error names the fix; one device (one
     copy) trains it, and so do two ``fit`` calls around the change on any number of devices."""
     import torch.nn.utils.prune as prune
-    X, y = data()
-    want = model(frozen=False)
-    opt = torch.optim.SGD(want.parameters(), lr=0.1, momentum=0.9)
-    for epoch in range(2):
-        for i in range(0, len(X), 64):
-            opt.zero_grad()
-            nn.functional.cross_entropy(want(X[i:i + 64]), y[i:i + 64]).backward()
-            opt.step()
-        if epoch == 0:
-            prune.l1_unstructured(want[0], "weight", amount=0.5)
+    want = plain(2, at_epoch_start=lambda net, epoch: epoch == 2 and prune.l1_unstructured(net[0], "weight", 0.5))
     one = model(frozen=False)
     fit(one, 1, 2, [Prune()], optimizer=torch.optim.SGD(one.parameters(), lr=0.1, momentum=0.9))
     with pytest.raises(ValueError, match=r"structure changed during training \(seen in on_epoch_start: '0', a Linear"
@@ -282,5 +273,4 @@ def test_a_structure_a_callback_changes_is_refused_on_several_devices_and_trains
     prune.l1_unstructured(two[0], "weight", amount=0.5)
     fit(two, 2, 1, optimizer=optimizer)
     for net in (one, two):
-        for p, q in zip(net.parameters(), want.parameters()):
-            torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+        assert_same(net, want)
