@@ -109,7 +109,7 @@ def test_items_kept_one_per_sample_are_dealt_out_whole():
 
 
 def test_sizes_must_agree():
-    with pytest.raises(ValueError, match=r"different numbers of samples \[3, 4\]: .*pad_sequence needs batch_first=True"):
+    with pytest.raises(ValueError, match=r"numbers of samples \[3, 4\]: .*pad_sequence needs batch_first=True"):
         batch_size((torch.zeros(3), torch.zeros(4)))
     with pytest.raises(ValueError, match="no batch axis"):
         batch_size((torch.zeros(3), torch.tensor(1.0)))

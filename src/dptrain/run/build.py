@@ -3,7 +3,6 @@ balancer, and the built-in output callbacks the config asks for."""
 from __future__ import annotations
 
 import dataclasses
-
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 

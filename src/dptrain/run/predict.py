@@ -20,7 +20,8 @@ from torch import nn
 from ..core.modes import evaluating
 from ..core.parts import even_parts
 from ..core.runner import get_runner
-from ..data.batch import TARGET_KEYS, Batch, batch_size as size_of, join_structure, map_tensors, split_structure, to_device
+from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, join_structure, map_tensors, split_structure,
+                          to_device)
 from ..data.dataset_loader import make_loader
 from ..data.dispatch import one_way_to_read
 from ..distributed import DistEnv, get_collective, shutdown_distributed
