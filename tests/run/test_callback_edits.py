@@ -274,3 +274,27 @@ def test_a_structure_a_callback_changes_is_refused_on_several_devices_and_trains
     fit(two, 2, 1, optimizer=optimizer)
     for net in (one, two):
         assert_same(net, want)
+
+
+class MaskFirstLayer(dptrain.Callback):
+    """A hook on a weight's gradient, registered in ``on_fit_start`` and removed after epoch 1."""
+    mask = (torch.arange(128).reshape(16, 8) % 3 == 0).float()
+
+    def on_fit_start(self, run):
+        self.handle = run.model[0].weight.register_hook(lambda grad: grad * self.mask)
+
+    def on_epoch_end(self, run, epoch, row):
+        if epoch == 1:
+            self.handle.remove()
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_a_gradient_hook_a_callback_registers_and_removes_is_every_devices(devices):
+    """The copies had only the hooks there when they were made: one registered by a callback
+    was on the first device alone, and the others added their unmasked gradients (3.6e-2 off)."""
+    net = model(frozen=False)
+    fit(net, devices, 2, [MaskFirstLayer()])
+    handles = []
+    want = plain(2, at_epoch_start=lambda n, epoch: handles.append(
+        n[0].weight.register_hook(lambda grad: grad * MaskFirstLayer.mask)) if epoch == 1 else handles[0].remove())
+    assert_same(net, want)

@@ -16,6 +16,11 @@ and the devices drifted apart, silently. So after each hook that runs user code 
   (``Trainer.follow``: a layer unfrozen, or a group added to ``run.optimizer``, trains from
   the next step on; see ``trainable.py``).
 
+- a hook on a parameter's gradient registered or removed (``p.register_hook(fn)``) is
+  registered or removed on them;
+- a change of structure (parameters, buffers or submodules added or removed: a layer pruned
+  by ``torch.nn.utils.prune``) is a ValueError naming the fix (two ``fit`` calls around it).
+
 Not seen: a write through ``param.data`` (it moves no version: use ``torch.no_grad()`` and the
 parameter itself, or ``run.load_weights``), and attributes that are other objects (lists,
 dicts, tensors assigned anew: assign a new ``nn.Parameter``/buffer through ``load_state_dict``).
@@ -55,6 +60,9 @@ class ModelEdits:
                      if type(value) in _PLAIN and others[j].__dict__.get(key, _MISSING) != value}
         self._first = self._tensors[0]
         self._shapes = [_structure(m) for m in self._modules[0]]
+        self._params = [list(m.parameters()) for m in replicas]
+        self._hooks = [_hook_keys(p) for p in self._params[0]]     # the copies have these (replicas.py)
+        self._handles: dict = {}        # (parameter, hook key) -> the copies' handles of a hook added since
         self._versions: List[int] = []
         self.stepped()
 
@@ -86,6 +94,7 @@ class ModelEdits:
         if self.several:
             self._check_structure(where)
             self._follow_attributes()
+            self._follow_hooks()
         elif not always:
             return False
         versions = [t._version for t in self._first]
@@ -115,6 +124,25 @@ class ModelEdits:
                     f"before fit, or end this fit and call fit again after it (an optimizer you built goes on "
                     f"with its state), or train on one device")
 
+    def _follow_hooks(self) -> None:
+        """Hooks on a parameter's gradient registered on the first replica since the last look
+        (``p.register_hook(fn)`` in ``on_fit_start``: a mask, a noise) are registered on the
+        copies, and those removed are removed there: a copy without one added its device's
+        gradient unhooked to the sum."""
+        for j, p in enumerate(self._params[0]):
+            now = _hook_keys(p)
+            if now == self._hooks[j]:
+                continue
+            for key in self._hooks[j]:
+                if key not in now:
+                    for handle in self._handles.pop((j, key), ()):
+                        handle.remove()
+            for key in now:
+                if key not in self._hooks[j]:
+                    hook = p._backward_hooks[key]
+                    self._handles[(j, key)] = [params[j].register_hook(hook) for params in self._params[1:]]
+            self._hooks[j] = now
+
     def _follow_attributes(self) -> None:
         second = self._modules[1]
         for j, module in enumerate(self._modules[0]):
@@ -131,3 +159,9 @@ def _structure(module: Any) -> tuple:
     """What a structural edit of ``module`` changes: its class, the names of its own
     parameters and buffers, and its submodules (a head replaced by another is another object)."""
     return type(module), tuple(module._parameters), tuple(module._buffers), tuple(map(id, module._modules.values()))
+
+
+def _hook_keys(p: torch.Tensor) -> tuple:
+    """The ids of the hooks on ``p``'s gradient (``p.register_hook``), in order."""
+    hooks = getattr(p, "_backward_hooks", None)
+    return tuple(hooks) if hooks else ()
