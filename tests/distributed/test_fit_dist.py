@@ -821,44 +821,23 @@ def test_a_batchnorm_model_trains_a_last_batch_smaller_than_two_a_device_on_two_
 def detection_and_torch_sync_batchnorm(rank, world):
     """Two programs of session 32 on one device a process: a detection model fed by
     ``collate_samples`` (and its predictions), and a DDP script's ``convert_sync_batchnorm``."""
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
-    from tests.run.test_programs import TinyDetector, detection_samples
+    from tests.run.test_programs import (TinyDetector, batchnorm_data, batchnorm_model, detection_samples,
+                                         detection_step, plain_batchnorm, plain_detector)
     data = detection_samples()
-
-    def step(model, batch):
-        return sum(model(*batch).values())
-    torch.manual_seed(0)
-    plain = TinyDetector()
-    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
-    for batch in DataLoader(data, batch_size=4, collate_fn=lambda b: tuple(zip(*b))):
-        opt.zero_grad()
-        step(plain, batch).backward()
-        opt.step()
+    plain = plain_detector(data)
     torch.manual_seed(0)
     model = TinyDetector()
     loader = DataLoader(data, batch_size=4, collate_fn=dptrain.data.collate_samples)
-    dptrain.fit(model, loader, step=step, epochs=1, shuffle=False, devices="cpu:0", optimizer="sgd", lr=0.1, log=None)
+    dptrain.fit(model, loader, step=detection_step, epochs=1, shuffle=False, devices="cpu:0", optimizer="sgd",
+                lr=0.1, log=None)
     detection = max((p - q).abs().max().item() for p, q in zip(plain.parameters(), model.parameters()))
     boxes = dptrain.predict(model, loader, devices="cpu:0")
-
-    g = torch.Generator().manual_seed(0)
-    X, y = torch.randn(48, 4, generator=g), torch.randint(0, 2, (48,), generator=g)
-
-    def bn_model():
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
-    want = bn_model()
-    opt = torch.optim.SGD(want.parameters(), lr=0.1)
-    for i in range(0, 48, 16):
-        opt.zero_grad()
-        F.cross_entropy(want(X[i:i + 16]), y[i:i + 16]).backward()
-        opt.step()
     lines = []
-    synced = nn.SyncBatchNorm.convert_sync_batchnorm(bn_model())
-    dptrain.fit(synced, (X, y), epochs=1, batch_size=16, shuffle=False, devices="cpu:0", optimizer="sgd", lr=0.1,
-                log=lines.append)
-    batchnorm = max((p - q).abs().max().item() for p, q in zip(want.state_dict().values(),
+    synced = nn.SyncBatchNorm.convert_sync_batchnorm(batchnorm_model())
+    dptrain.fit(synced, batchnorm_data(), epochs=1, batch_size=16, shuffle=False, devices="cpu:0", optimizer="sgd",
+                lr=0.1, log=lines.append)
+    batchnorm = max((p - q).abs().max().item() for p, q in zip(plain_batchnorm().state_dict().values(),
                                                                   synced.state_dict().values()))
     return detection, len(boxes), batchnorm, any("torch's SyncBatchNorm" in line for line in lines)
 

@@ -281,26 +281,34 @@ def detection_samples(n=14):
              {"boxes": torch.rand(k % 3 + 1, 4, generator=g)}) for k in range(n)]
 
 
+def detection_step(model, batch):
+    return sum(model(*batch).values())
+
+
+def plain_detector(data):
+    """torchvision's recipe as a plain loop: ``tuple(zip(*batch))`` batches of 4, SGD, in order."""
+    from torch.utils.data import DataLoader
+    torch.manual_seed(0)
+    plain = TinyDetector()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for batch in DataLoader(data, batch_size=4, collate_fn=lambda b: tuple(zip(*b))):
+        opt.zero_grad()
+        detection_step(plain, batch).backward()
+        opt.step()
+    return plain
+
+
 @pytest.mark.parametrize("devices", [1, 2, 3])
 def test_a_detection_model_on_images_of_several_sizes_trains_as_the_plain_loop(devices):
     """torchvision's detection recipe (``collate_fn=lambda b: tuple(zip(*b))``) with
     ``dptrain.data.collate_samples``: each device takes whole images and their boxes."""
     from torch.utils.data import DataLoader
     data = detection_samples()
-
-    def step(model, batch):
-        return sum(model(*batch).values())
-    torch.manual_seed(0)
-    plain = TinyDetector()
-    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
-    for batch in DataLoader(data, batch_size=4, collate_fn=lambda b: tuple(zip(*b))):
-        opt.zero_grad()
-        step(plain, batch).backward()
-        opt.step()
+    plain = plain_detector(data)
     torch.manual_seed(0)
     model = TinyDetector()
-    dptrain.fit(model, DataLoader(data, batch_size=4, collate_fn=dptrain.data.collate_samples), step=step, epochs=1,
-                shuffle=False, devices=devices, optimizer="sgd", lr=0.1, log=None)
+    dptrain.fit(model, DataLoader(data, batch_size=4, collate_fn=dptrain.data.collate_samples), step=detection_step,
+                epochs=1, shuffle=False, devices=devices, optimizer="sgd", lr=0.1, log=None)
     for p, q in zip(plain.parameters(), model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     boxes = dptrain.predict(model, DataLoader(data, batch_size=4, collate_fn=dptrain.data.collate_samples),
@@ -310,25 +318,35 @@ def test_a_detection_model_on_images_of_several_sizes_trains_as_the_plain_loop(d
     torch.testing.assert_close(boxes[5]["boxes"], model([data[5][0]])[0]["boxes"])
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_torchs_sync_batchnorm_in_the_model_is_synchronised_by_fit(devices):
-    """A DDP script's ``nn.SyncBatchNorm.convert_sync_batchnorm(model)``: torch's layers sync
-    nothing between the devices of one process (and refuse CPU tensors across processes), so
-    fit synchronises them itself: the plain loop's BatchNorm over the whole batch."""
+def batchnorm_data():
     g = torch.Generator().manual_seed(0)
-    X, y = torch.randn(48, 4, generator=g), torch.randint(0, 2, (48,), generator=g)
+    return torch.randn(48, 4, generator=g), torch.randint(0, 2, (48,), generator=g)
 
-    def make():
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
-    plain = make()
+
+def batchnorm_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def plain_batchnorm():
+    """The plain loop on ``batchnorm_data`` in batches of 16: BatchNorm over each whole batch."""
+    (X, y), plain = batchnorm_data(), batchnorm_model()
     opt = torch.optim.SGD(plain.parameters(), lr=0.1)
     for i in range(0, 48, 16):
         opt.zero_grad()
         F.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
         opt.step()
+    return plain
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_torchs_sync_batchnorm_in_the_model_is_synchronised_by_fit(devices):
+    """A DDP script's ``nn.SyncBatchNorm.convert_sync_batchnorm(model)``: torch's layers sync
+    nothing between the devices of one process (and refuse CPU tensors across processes), so
+    fit synchronises them itself: the plain loop's BatchNorm over the whole batch."""
+    (X, y), plain = batchnorm_data(), plain_batchnorm()
     lines = []
-    model = nn.SyncBatchNorm.convert_sync_batchnorm(make())
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(batchnorm_model())
     dptrain.fit(model, (X, y), epochs=1, batch_size=16, shuffle=False, devices=devices, optimizer="sgd", lr=0.1,
                 log=lines.append)
     assert isinstance(model[1], nn.SyncBatchNorm)           # the user's layers, given back
