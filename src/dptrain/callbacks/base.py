@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..engine.step_plan import StepResult
+from .hook_names import HOOK_ARGS, check_hooks
 
 Row = Dict[str, Any]
 
@@ -111,8 +112,7 @@ class Callback:
         """Take back what ``state_dict`` gave, when a run resumes."""
 
 
-HOOKS = ("on_fit_start", "on_epoch_start", "on_batch_start", "on_batch_end", "on_train_log", "on_evaluate_start",
-         "on_evaluate_end", "on_epoch_end", "on_checkpoint", "on_fit_end", "on_exception")
+HOOKS = tuple(HOOK_ARGS)
 
 
 class CallbackList:
@@ -125,6 +125,7 @@ class CallbackList:
             if not any(callable(getattr(cb, h, None)) for h in HOOKS):
                 raise TypeError(f"callbacks must have at least one of the hooks {', '.join(HOOKS)} (subclass "
                                 f"dptrain.Callback); got {type(cb).__name__}")
+            check_hooks(cb)
         self._bound = {h: [getattr(cb, h) for cb in self.callbacks if _overrides(cb, h)] for h in HOOKS}
         for hook, bound in self._bound.items():     # callers made once: a step makes no closure
             setattr(self, hook, _caller(bound))
@@ -167,7 +168,9 @@ def _caller(bound: List[Any]):
 
 def _overrides(cb: Any, hook: str) -> bool:
     """Whether ``cb`` does something at ``hook`` (not the base class's no-op)."""
+    if callable(getattr(cb, "__dict__", {}).get(hook)):     # set on the instance
+        return True
     fn = getattr(type(cb), hook, None)
     if fn is None:
-        return callable(getattr(cb, hook, None))        # set on the instance
+        return callable(getattr(cb, hook, None))
     return fn is not getattr(Callback, hook, None)
