@@ -194,3 +194,19 @@ def test_a_model_wrapped_for_ddp_or_data_parallel_trains_as_the_module_it_wraps(
         assert unwrapped(nn.parallel.DistributedDataParallel(inner)) is inner
     finally:
         dist.destroy_process_group()
+
+
+def test_a_torchscript_model_is_refused_for_training_and_predicted_with():
+    """A scripted model cannot be copied or watched for edits: training it is an error naming the
+    fix (one device failed inside dptrain, several trained a non-leaf copy); predict and evaluate
+    run it on every device."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    scripted = torch.jit.script(net)
+    X, y = torch.randn(20, 4), torch.randint(0, 2, (20,))
+    for devices in (1, 2):
+        with pytest.raises(TypeError, match="TorchScript.*script it afterwards"):
+            dptrain.fit(scripted, (X, y), epochs=1, batch_size=8, devices=devices, log=None)
+        assert torch.allclose(dptrain.predict(scripted, X, devices=devices, batch_size=8), net(X), atol=1e-6)
+    assert dptrain.evaluate(scripted, (X, y), devices=2, batch_size=8)["test_loss"] == pytest.approx(
+        nn.functional.cross_entropy(net(X), y).item(), rel=1e-5)

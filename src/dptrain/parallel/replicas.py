@@ -277,6 +277,17 @@ def unwrapped(net: nn.Module) -> nn.Module:
     return net
 
 
+def check_trainable(net: nn.Module) -> None:
+    """A ``TypeError`` with the fix for a model dptrain can run but not train: a TorchScript
+    module (``torch.jit.script``, ``torch.jit.load``) cannot be copied for other devices with its
+    parameters as leaves, nor watched for a callback's edits (``predict``/``evaluate`` take it)."""
+    if isinstance(net, getattr(torch.jit, "ScriptModule", ())):
+        raise TypeError("the model is a TorchScript module (torch.jit.script or torch.jit.load), which dptrain "
+                        "cannot train (its copies for other devices would not be leaves, nor can a callback's "
+                        "edits be followed): train the nn.Module and script it afterwards; dptrain.predict and "
+                        "dptrain.evaluate take the scripted one")
+
+
 def replicate(net: nn.Module, devices: Sequence[DeviceLike], init: Optional[Init] = None,
               sync_batchnorm: bool = False) -> Replicas:
     """Place a copy of ``net`` on every device; ``init(module)`` runs once, before copying.

@@ -27,6 +27,7 @@ from ..distributed.heartbeat import Heartbeat
 from .loop import Run
 from .preflight import check_outputs
 from ..engine.task import Task
+from ..parallel.replicas import check_trainable
 
 Log = Callable[[str], None]
 
@@ -85,6 +86,7 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     Every file the run will write is checked first (``preflight.py``), ``plot`` too (the
     caller draws it, with ``draw``, once it has what it must not lose). ``keep_group``: a
     process group joined here stays (for a script's next ``fit``) instead of ending with the run."""
+    check_trainable(task.model)
     env = DistEnv.current()
     die_with_launcher()
     config = after_restart(config, log if env.rank == 0 else None)
