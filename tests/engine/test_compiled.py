@@ -55,3 +55,23 @@ def test_what_compile_does_not_take():
         check_mode("fast")
     with pytest.raises(ValueError, match="--compile and --sync-bn do not go together"):
         train(True, sync_batchnorm=True)
+
+
+def test_a_model_the_user_compiled_trains_as_the_plain_loop_on_two_devices():
+    """``fit(torch.compile(model))`` (an Accelerate or Lightning user's habit): the module inside
+    ends trained as the plain loop trains it, and predict runs the compiled one."""
+    from tests.parallel.plain_loop import plain_steps
+    X, y = data(40)
+    X = X.flatten(1)
+
+    def mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3))
+    model, plain = mlp(), mlp()
+    compiled = torch.compile(model)
+    dptrain.fit(compiled, (X, y), epochs=2, batch_size=8, shuffle=False, devices=2, log=None,
+                optimizer=lambda ps: torch.optim.SGD(ps, lr=0.3))
+    plain_steps(plain, torch.optim.SGD(plain.parameters(), lr=0.3), X, y, batch_size=8, epochs=2)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dptrain.predict(compiled, X, devices=2), plain(X).detach(), rtol=1e-5, atol=1e-5)
