@@ -25,6 +25,13 @@ def loss_tensors(loss: Any) -> List[torch.Tensor]:
     return [*loss.parameters(), *loss.buffers()] if isinstance(loss, nn.Module) else []
 
 
+def summed_twin(loss: nn.Module) -> nn.Module:
+    """``loss`` reduced by summation (its tensors shared): a shard's exact part of the batch's sum."""
+    twin = copy.copy(loss)
+    twin.reduction = "sum"
+    return twin
+
+
 class LossCopies:
     """``loss`` and its sum-reduced twin ``summed`` on the device of each output they meet."""
 
@@ -39,18 +46,17 @@ class LossCopies:
 
     def on(self, output: Any) -> Tuple[Any, Any]:
         """``(loss, summed)`` on the device of ``output``'s first tensor."""
-        tensors = tensors_of(output)
-        device = tensors[0].device if tensors else None
+        if isinstance(output, torch.Tensor):
+            device: Optional[torch.device] = output.device
+        else:
+            tensors = tensors_of(output)
+            device = tensors[0].device if tensors else None
         placed = self._on.get(device)
         if placed is None:
             if device is None or all(t.device == device for t in loss_tensors(self.loss)):
                 placed = (self.loss, self.summed)
             else:
                 moved = copy.deepcopy(self.loss).to(device)
-                summed = None
-                if self.summed is not None:
-                    summed = copy.copy(moved)
-                    summed.reduction = "sum"
-                placed = (moved, summed)
+                placed = (moved, None if self.summed is None else summed_twin(moved))
             self._on[device] = placed       # (one thread per device: no two build the same)
         return placed

@@ -19,7 +19,6 @@ division. ``LossAdapter`` knows how each torch loss defines its mean:
 """
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Tuple, Union
@@ -31,7 +30,7 @@ from torch import nn
 from ..data.batch import batch_size, map_tensors
 from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import check_classification, check_reduction, check_same_shape
-from .loss_placement import LossCopies
+from .loss_placement import LossCopies, summed_twin
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
 REDUCTIONS = ("mean", "sum")
@@ -165,8 +164,7 @@ class LossAdapter:
         self.elementwise = isinstance(loss, _ELEMENTWISE)
         self.known = isinstance(loss, _CLASSIFICATION + _ELEMENTWISE + (nn.KLDivLoss,))
         if self.known:      # the same loss, reduced by summation: exact shard sums
-            self._sum = copy.copy(loss)
-            self._sum.reduction = "sum"
+            self._sum = summed_twin(loss)
         self._checked = False
         #: A loss module holding tensors (class weights, ``pos_weight``): on each device it meets
         #: (``loss_placement.py``); None: nothing to place.
