@@ -2,6 +2,7 @@
 sample once per epoch, the weights left in the user's module, the history returned."""
 import functools
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -135,6 +136,28 @@ def test_errors_name_the_fix():
         dptrain.fit(nn.Linear(1, 1), (torch.zeros(2, 1), torch.zeros(2)), loss=nn.MSELoss(), step=lambda m, b: 0)
     with pytest.raises(ValueError, match="at least 2 classes.*For regression use loss=nn.MSELoss"):
         dptrain.fit(nn.Linear(1, 1), (torch.zeros(4, 1), torch.zeros(4, 1)), epochs=1, log=None)
+
+
+def test_keywords_of_keras_lightning_and_accelerate_and_typos_are_answered_with_ours():
+    X, y = torch.randn(8, 2), torch.randint(0, 2, (8,))
+    for key, ours in [("validation_data", "eval_data"), ("max_epochs", "epochs"), ("verbose", "log=None"),
+                      ("gradient_accumulation_steps", "accumulate_grad_batches"), ("sample_weight", "loss(output, "),
+                      ("class_weight", "CrossEntropyLoss(weight=")]:
+        with pytest.raises(TypeError, match=rf"unexpected keyword argument '{key}'; dptrain's is .*{re.escape(ours)}"):
+            dptrain.fit(nn.Linear(2, 2), (X, y), log=None, **{key: 1})
+    with pytest.raises(TypeError, match="'batchsize'; did you mean 'batch_size'"):
+        dptrain.fit(nn.Linear(2, 2), (X, y), log=None, batchsize=4)
+
+
+def test_fit_x_y_as_keras_writes_it_is_answered_with_a_pair():
+    model = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"fit\(model, \(X, y\), \.\.\.\)"):
+        dptrain.fit(model, torch.randn(8, 2), torch.randint(0, 2, (8,)), log=None)
+    # Inputs alone, with a step of one's own (an autoencoder): a tensor each for training and evaluation.
+    X = torch.randn(8, 2)
+    result = dptrain.fit(model, X, X[:4], step=lambda m, batch: ((m(batch[0]) - batch[0]) ** 2).mean(), epochs=1,
+                         batch_size=4, devices=1, log=None)
+    assert result["history"][-1]["test_loss"] >= 0
 
 
 def test_load_weights_from_a_checkpoint_folder_and_a_best_file(tmp_path):

@@ -40,6 +40,20 @@ TASK_KEYWORDS = ("loss", "reduction", "forward", "step", "optimizer", "optimizer
 CONFIG_KEYWORDS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("fit", True))
 #: Keywords ``fit`` took before each setting had one name everywhere.
 RENAMED = {"bucket_mb": "bucket_cap_mb"}
+#: Keras's, Lightning's and Accelerate's names for what ``fit`` takes: the error names ours.
+PEER_KEYWORDS = {
+    "validation_data": "eval_data (fit's third argument: fit(model, (X, y), (X_val, y_val)))",
+    "val_dataloaders": "eval_data (fit's third argument)", "train_dataloaders": "train_data (fit's second argument)",
+    "x": "train_data (fit(model, (x, y)))", "y": "train_data (fit(model, (x, y)))",
+    "verbose": "log (log=None: quiet; progress=False: no progress bar)", "max_epochs": "epochs",
+    "validation_freq": "eval_every", "check_val_every_n_epoch": "eval_every",
+    "val_check_interval": "eval_every_n_steps", "gradient_clip_val": "clip_grad_norm (or clip_grad_value)",
+    "gradient_accumulation_steps": "accumulate_grad_batches", "mixed_precision": "amp ('bf16' or 'fp16')",
+    "precision": "amp ('bf16' or 'fp16')", "default_root_dir": "checkpoint_dir",
+    "limit_train_batches": "max_batches", "lr_scheduler": "scheduler", "callback": "callbacks",
+    "sample_weight": "a loss of three arguments, loss(output, target, batch), reading the weights from the "
+                     "batch (see the README's Loss)",
+    "class_weight": "loss=torch.nn.CrossEntropyLoss(weight=class_weights)"}
 
 
 def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optional[str] = None,
@@ -72,6 +86,10 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
     >>> result["test_acc"], result["devices"]
     (0.834, ['cpu:0', 'cpu:1'])
     """
+    if _is_array(train_data) and _is_array(eval_data) and "step" not in settings and "forward" not in settings:
+        raise TypeError("fit(model, X, y) takes y as the evaluation data: the training data is one argument, "
+                        "fit(model, (X, y), ...) (Keras's fit(x, y)); evaluation data comes third, "
+                        "fit(model, (X, y), (X_val, y_val))")
     for old, new in RENAMED.items():
         if old in settings:
             if new in settings:
@@ -79,6 +97,8 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
             settings[new] = settings.pop(old)
     known = TASK_KEYWORDS + CONFIG_KEYWORDS
     for key in settings:
+        if key in PEER_KEYWORDS:
+            raise TypeError(f"fit() got an unexpected keyword argument {key!r}; dptrain's is {PEER_KEYWORDS[key]}")
         if key not in known:
             near = difflib.get_close_matches(key, known, n=1)
             raise TypeError(f"fit() got an unexpected keyword argument {key!r}"
@@ -148,3 +168,8 @@ def _signature() -> inspect.Signature:
 fit.__signature__ = _signature()        # type: ignore[attr-defined]
 fit.__doc__ += "\n    Settings:\n" + "\n".join(       # type: ignore[operator]
     f"      {f.name} = {f.default!r}: {f.metadata['help']}" for f in fields(TrainConfig) if f.name in CONFIG_KEYWORDS)
+
+
+def _is_array(data: Any) -> bool:
+    """A tensor or a NumPy array (not a pair, a dict, a Dataset)."""
+    return isinstance(data, torch.Tensor) or type(data).__module__ == "numpy"
