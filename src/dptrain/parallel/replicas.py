@@ -79,12 +79,15 @@ def _copies(value: Any) -> bool:
 def copy_parameter_extras(net: nn.Module, copy_: nn.Module) -> None:
     """What a deep copy of a parameter loses, given to ``copy_``'s: the hooks ``net``'s
     parameters run on their gradients (``p.register_hook(fn)``: a mask of pruned weights; a
-    device without them would add an unmasked gradient to the sum), and the attributes set
+    device without them would add an unmasked gradient to the sum; and those run once the
+    gradient is accumulated, ``p.register_post_accumulate_grad_hook(fn)``), and the attributes set
     on them (``p.no_weight_decay = True``, read by an optimizer of one's own; tensors moved to
     the copy's device)."""
     for p, q in zip(net.parameters(), copy_.parameters()):
         for hook in (getattr(p, "_backward_hooks", None) or {}).values():
             q.register_hook(hook)
+        for hook in (getattr(p, "_post_accumulate_grad_hooks", None) or {}).values():
+            q.register_post_accumulate_grad_hook(hook)
         for key, value in vars(p).items():
             if key not in vars(q):
                 value = copy.deepcopy(value)
