@@ -160,6 +160,27 @@ def test_fit_x_y_as_keras_writes_it_is_answered_with_a_pair():
     assert result["history"][-1]["test_loss"] >= 0
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_fit_called_under_no_grad_or_inference_mode_trains_as_outside(devices):
+    """A notebook cell or a server's handler may hold torch.no_grad() or torch.inference_mode():
+    training is the same (inference mode failed in dptrain, or trained nothing on 2 devices);
+    a model made inside inference mode takes no gradient, and the error says so."""
+    X, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
+
+    def trained(context):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        with context():
+            dptrain.fit(model, (X, y), epochs=1, batch_size=8, devices=devices, log=None)
+        return model.weight.detach()
+    outside = trained(torch.enable_grad)
+    assert torch.equal(trained(torch.no_grad), outside) and torch.equal(trained(torch.inference_mode), outside)
+    with torch.inference_mode():
+        made_inside = nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="'weight' was made under torch.inference_mode.*outside that block"):
+        dptrain.fit(made_inside, (X, y), epochs=1, devices=devices, log=None)
+
+
 def test_load_weights_from_a_checkpoint_folder_and_a_best_file(tmp_path):
     from dptrain.callbacks import BestCheckpoint
     torch.manual_seed(0)

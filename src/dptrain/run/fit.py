@@ -120,7 +120,10 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
     what["callbacks"] = list(what.get("callbacks") or ())
     torch.manual_seed(settings.get("seed", 0))
     task = Task(model, train_data, eval_data, **what)
-    result = run_task(task, TrainConfig(**settings), log, plot, keep_group=True)
+    # Called under torch.inference_mode() (a notebook cell's, a server's): the tensors training
+    # makes must track versions and gradients, as they do under torch.no_grad() (thread-local).
+    with torch.inference_mode(False):
+        result = run_task(task, TrainConfig(**settings), log, plot, keep_group=True)
     if plot and rank() == 0:
         try:
             draw(result, plot)
