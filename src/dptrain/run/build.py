@@ -87,7 +87,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     total_devices = len(devices) * env.world_size
     if batch_size < total_devices:
         raise ValueError(f"batch size {batch_size} is smaller than the {total_devices} devices: "
-                         f"use --batch-size {total_devices} or more, or fewer --devices")
+                         f"use batch_size={total_devices} or more (--batch-size), or fewer devices (devices=, "
+                         f"--devices{', --processes' if env.world_size > 1 else ''})")
     if config.sync_batchnorm and not has_batchnorm(task.model):
         raise ValueError(f"--sync-bn: {task.name}'s model has no BatchNorm layer; drop --sync-bn")
     kvstore = task.kvstore if config.kvstore is None else config.kvstore_kind
