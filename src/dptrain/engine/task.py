@@ -20,6 +20,7 @@ from torch import nn
 
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
+from .user_scheduler import LentScheduler, built_on
 from ..parallel.optim import OptimizerSpec, check_learning_rate
 from ..parallel.replicas import unwrapped
 
@@ -109,15 +110,20 @@ class Task:
             self.optimizer = combined(self.optimizer, self.model)
         if not self.several:        # (a dict or list of them: one for each of a combined one's parts)
             self.scheduler = part_schedulers(self.scheduler, self.optimizer)
+        if built_on(self.scheduler, self.optimizer):        # Accelerate's and Lightning's habit
+            if self.lr is not None:
+                raise ValueError("lr= with a scheduler built on the optimizer: the scheduler's base learning rates "
+                                 "are the optimizer's; set lr on the optimizer (or drop lr=)")
+            self.scheduler = LentScheduler(self.scheduler, self.optimizer)
         for name in ("loss", "forward", "step", "scheduler", "init", "collate_fn"):
             value = getattr(self, name)
             if name in ("step", "scheduler") and isinstance(value, dict):
                 continue        # (check_updates or part_schedulers looked at them)
             if name == "scheduler" and hasattr(value, "optimizer") and not callable(value):
                 kind = type(value).__name__
-                raise TypeError(f"scheduler must be a function of the optimizer, not a {kind} made on one: fit "
-                                f"builds the optimizers that train (one per device) and gives it theirs; pass "
-                                f"scheduler=lambda optimizer: {kind}(optimizer, ...), or "
+                raise TypeError(f"scheduler must be a function of the optimizer, or one built on the optimizer "
+                                f"given to fit, not a {kind} made on another: pass optimizer= the one it was built "
+                                f"on, or scheduler=lambda optimizer: {kind}(optimizer, ...), or "
                                 f"functools.partial({kind}, ...)")
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable, got {type(value).__name__}")

@@ -286,12 +286,16 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                 self.param_groups.append({**{k: v for k, v in hyper[g].items() if k != "params"}, "params": chosen})
 
     def step(self, closure=None):   # noqa: D102 - see the class docstring
+        self._opt_called = True         # what torch's schedulers check (below)
         for part in self._parts.values():       # (their schedulers see them stepped)
             part.step()
         return None
     # Marked as already hooked, so torch.optim does not wrap it in a profiler record per call
-    # (14 us a step for a call that does nothing).
+    # (14 us a step for a call that does nothing); and as tracked for lr schedulers, which then
+    # need not wrap it either: one built on the user's optimizer and lent to this one
+    # (engine/user_scheduler.py) would otherwise warn that step was replaced.
     step.hooked = True
+    step._wrapped_by_lr_sched = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self._replicas:

@@ -27,6 +27,7 @@ from ..distributed.heartbeat import Heartbeat
 from .loop import Run
 from .preflight import check_outputs
 from ..engine.task import Task
+from ..engine.user_scheduler import LentScheduler
 from ..parallel.replicas import check_trainable
 
 Log = Callable[[str], None]
@@ -116,6 +117,8 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
         # checks), so it is freed here, while the process group exists. (Left to the collector,
         # gloo objects freed at interpreter exit aborted 2-4 runs in 10, "terminate called
         # without an active exception"; a full collection here cost 130-160 ms a fit.)
+        if isinstance(task.scheduler, LentScheduler):       # bound to the user's optimizer again
+            task.scheduler.give_back()
         if beat is not None:
             beat.stop()
         if joined:
