@@ -286,7 +286,8 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                 self.param_groups.append({**{k: v for k, v in hyper[g].items() if k != "params"}, "params": chosen})
 
     def step(self, closure=None):   # noqa: D102 - see the class docstring
-        self._opt_called = True         # what torch's schedulers check (below)
+        self._opt_called = True         # what torch's schedulers check (below; torch < 2.4: the count)
+        self._step_count = getattr(self, "_step_count", 0) + 1
         for part in self._parts.values():       # (their schedulers see them stepped)
             part.step()
         return None
@@ -295,7 +296,7 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
     # need not wrap it either: one built on the user's optimizer and lent to this one
     # (engine/user_scheduler.py) would otherwise warn that step was replaced.
     step.hooked = True
-    step._wrapped_by_lr_sched = True
+    step._wrapped_by_lr_sched = step._with_counter = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self._replicas:
