@@ -329,14 +329,15 @@ def test_the_users_optimizer_ends_with_the_state_and_learning_rate_training_reac
             torch.testing.assert_close(optimizer.state[p][key], ref.state[q][key], rtol=1e-5, atol=1e-7)
 
 
-def test_a_scheduler_made_on_the_optimizer_is_refused_with_the_way_to_give_it():
+def test_a_scheduler_made_on_another_optimizer_is_refused_with_the_way_to_give_it():
+    """(One made on the optimizer given to fit is taken: tests/engine/test_user_scheduler.py.)"""
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     made = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
-    with pytest.raises(TypeError, match=r"not a StepLR made on one.*scheduler=lambda optimizer: StepLR\(optimizer, "
-                                        r"\.\.\.\), or functools.partial\(StepLR, \.\.\.\)"):
-        dptrain.fit(model, regression(), None, loss=nn.MSELoss(), optimizer=optimizer, scheduler=made, epochs=1,
-                    log=None)
+    with pytest.raises(TypeError, match=r"not a StepLR made on another.*scheduler=lambda optimizer: "
+                                        r"StepLR\(optimizer, \.\.\.\), or functools.partial\(StepLR, \.\.\.\)"):
+        dptrain.fit(model, regression(), None, loss=nn.MSELoss(), optimizer=torch.optim.SGD, scheduler=made,
+                    epochs=1, log=None)
 
 
 def test_the_optimizers_state_is_lent_to_the_run_not_held_twice():
