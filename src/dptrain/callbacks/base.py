@@ -125,7 +125,7 @@ class CallbackList:
             if not any(callable(getattr(cb, h, None)) for h in HOOKS):
                 raise TypeError(f"callbacks must have at least one of the hooks {', '.join(HOOKS)} (subclass "
                                 f"dptrain.Callback); got {type(cb).__name__}")
-            check_hooks(cb)
+            check_hooks(cb, _overrides)
         self._bound = {h: [getattr(cb, h) for cb in self.callbacks if _overrides(cb, h)] for h in HOOKS}
         for hook, bound in self._bound.items():     # callers made once: a step makes no closure
             setattr(self, hook, _caller(bound))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 # each hook's arguments after self, as the run passes them
 HOOK_ARGS: Dict[str, str] = {
@@ -33,9 +33,9 @@ PEER_NAMES: Dict[str, str] = {
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 
 
-def check_hooks(cb: Any) -> None:
+def check_hooks(cb: Any, overrides: Callable[[Any, str], bool]) -> None:
     """A ``TypeError`` if ``cb`` has a method that the run would never call by the name it has,
-    or a hook that cannot take the run's arguments."""
+    or a hook it ``overrides`` (not the base class's no-op) that cannot take the run's arguments."""
     owner = type(cb).__name__
     for name in dir(cb):
         if not name.startswith("on_") or name in HOOK_ARGS or not callable(getattr(cb, name, None)):
@@ -46,7 +46,7 @@ def check_hooks(cb: Any) -> None:
                             f"{_write(ours)}")
     for name, args in HOOK_ARGS.items():
         hook = getattr(cb, name, None)
-        if callable(hook) and not _takes(hook, args.count(",") + 1):
+        if callable(hook) and overrides(cb, name) and not _takes(hook, args.count(",") + 1):
             raise TypeError(f"callback {owner}'s {name}{_shown(hook)} cannot take the arguments dptrain "
                             f"passes it: write def {name}(self, {args}) (see dptrain.Callback)")
 
