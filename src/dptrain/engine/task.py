@@ -22,7 +22,7 @@ from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
 from ..parallel.optim import OptimizerSpec, check_learning_rate
-from ..parallel.replicas import unwrapped
+from ..parallel.given_model import unwrapped
 
 Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
 SCHEDULER_INTERVALS = ("epoch", "batch")

@@ -26,7 +26,8 @@ from ..data.dataset_loader import make_loader
 from ..data.dispatch import one_way_to_read
 from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
-from ..parallel.replicas import replicate, unwrapped
+from ..parallel.given_model import unwrapped
+from ..parallel.replicas import replicate
 from .session import inference_devices, join_job
 
 

@@ -28,7 +28,7 @@ from .loop import Run
 from .preflight import check_outputs
 from ..engine.task import Task
 from ..engine.user_scheduler import LentScheduler
-from ..parallel.replicas import check_trainable
+from ..parallel.given_model import check_trainable
 
 Log = Callable[[str], None]
 
