@@ -145,6 +145,8 @@ def test_keywords_of_keras_lightning_and_accelerate_and_typos_are_answered_with_
                       ("class_weight", "CrossEntropyLoss(weight=")]:
         with pytest.raises(TypeError, match=rf"unexpected keyword argument '{key}'; dptrain's is .*{re.escape(ours)}"):
             dptrain.fit(nn.Linear(2, 2), (X, y), log=None, **{key: 1})
+    with pytest.raises(TypeError, match=r"Keras's metrics=\['accuracy'\] needs nothing here.*test_acc"):
+        dptrain.fit(nn.Linear(2, 2), (X, y), log=None, metrics=["accuracy"])
     with pytest.raises(TypeError, match="'batchsize'; did you mean 'batch_size'"):
         dptrain.fit(nn.Linear(2, 2), (X, y), log=None, batchsize=4)
 

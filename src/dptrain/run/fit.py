@@ -105,8 +105,11 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
                             + (f"; did you mean {near[0]!r}?" if near else f"; it takes {', '.join(known)}"))
     metrics = settings.get("metrics")
     if metrics is not None and not isinstance(metrics, dict):
-        raise TypeError(f"metrics must be a dict {{name: fn(output, target) -> (sum, count)}}, got "
-                        f"{type(metrics).__name__}")
+        keras = isinstance(metrics, (list, tuple)) and all(isinstance(m, str) for m in metrics)
+        raise TypeError(f"metrics must be a dict {{name: fn(output, target) -> (sum, count)}} or {{name: "
+                        f"torchmetrics object}}, got {type(metrics).__name__}"
+                        + ("; Keras's metrics=['accuracy'] needs nothing here: a classification's accuracy is "
+                           "test_acc already (and train_acc with train_metrics=True)" if keras else ""))
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
     notes = defaults_said(what, train_data)
     if isinstance(train_data, DataLoader) and isinstance(train_data.sampler, SequentialSampler) \
