@@ -266,6 +266,37 @@ def test_evaluate_on_two_processes_equals_one_device_and_refuses_different_model
     assert a == b and "the model's weights differ between processes (rank 1's from rank 0's)" in a
 
 
+def on_rank_zero_alone(rank, world):
+    """After fit, rank 0 alone predicts and evaluates (``if rank == 0:``, ``local=True``) while
+    rank 1 goes on to the end; without ``local`` the call waited for rank 1 and failed."""
+    from tests.run.test_evaluate import classification, errors
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    dptrain.fit(model, classification(64, 0), epochs=1, batch_size=16, devices=1, log=None)
+    if rank != 0:
+        return None
+    X, y = classification(53, 1)
+    metrics = {"err": errors}
+    try:
+        import torchmetrics
+        metrics["accuracy"] = torchmetrics.classification.MulticlassAccuracy(num_classes=2, average="micro")
+    except ImportError:
+        pass
+    got = dptrain.evaluate(model, (X, y), metrics=metrics, batch_size=16, devices=2, local=True)
+    out = dptrain.predict(model, X, batch_size=16, devices=2, local=True)
+    with torch.no_grad():
+        want = model(X)
+    return got, float((out - want).abs().max()), float(nn.functional.cross_entropy(want, y)), \
+        float((want.argmax(1) != y).float().mean())
+
+
+def test_predict_and_evaluate_on_rank_zero_alone_with_local():
+    got, out_diff, loss, err = run_workers(on_rank_zero_alone)[0]
+    assert out_diff < 1e-6 and got["test_loss"] == pytest.approx(loss, rel=1e-5)
+    assert got["test_err"] == pytest.approx(err) and got["test_acc"] == pytest.approx(1 - err)
+    assert got.get("test_accuracy", 1 - err) == pytest.approx(1 - err)      # torchmetrics, when installed
+
+
 def accumulated(rank, world):
     """Micro-batches of 12 (6 per process, 3 per device) in groups of 3: updates of 36."""
     from tests.run.test_accumulation import train

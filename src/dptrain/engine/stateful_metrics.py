@@ -41,6 +41,8 @@ class StatefulMetrics:
 
     def __init__(self, metrics: Mapping[str, Any], devices: Sequence[torch.device]):
         self.devices = list(devices)
+        #: This process alone (``evaluate(local=True)``): compute without gathering the others'.
+        self.alone = False
         self.copies: Dict[str, List[Any]] = {}
         for name, metric in _members(metrics):
             if len(self.devices) > 1 and not callable(getattr(metric, "merge_state", None)):
@@ -90,7 +92,11 @@ class StatefulMetrics:
         numbers, or nested lists for tensors of several numbers."""
         out: Dict[str, Any] = {}
         for name, copies in self.copies.items():
-            value = self._merged(copies).compute()
+            merged = self._merged(copies)
+            if self.alone:          # (torchmetrics gathers whenever a process group exists)
+                merged.sync_on_compute = merged._to_sync = False
+                merged.distributed_available_fn = lambda: False
+            value = merged.compute()
             if isinstance(value, Mapping):
                 out.update({f"{name}_{k}": _plain(v) for k, v in value.items()})
             else:

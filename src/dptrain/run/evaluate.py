@@ -11,23 +11,21 @@ or processes computed them, and equal ``fit``'s last ``test_*`` figures on the s
 """
 from __future__ import annotations
 
-import atexit
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
 from ..core.modes import evaluating
+from ..core.stage import stage
 from ..data.dataset_loader import make_loader
-from ..data.dispatch import one_way_to_read
-from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
 from .config import AMP_DTYPES
 from .build import evaluation_sets
 from .report import figures_over, other_sets
-from .session import inference_devices, join_job
+from .session import ALL_CALL, inference_job
 
 
 def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, reduction: Optional[str] = None,
@@ -35,7 +33,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
              metrics: Optional[Mapping[str, Any]] = None, batch_size: int = 256,
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
              num_workers: int = 0, amp: Optional[str] = None, dispatch_batches: bool = False,
-             sharded_stream: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
+             sharded_stream: bool = False, local: bool = False,
+             timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
     """Return ``model``'s figures over every sample of ``data``: ``test_loss``, ``test_acc``
     (classification losses) and ``test_<name>`` for each metric, as ``fit``'s rows name them
     (several sets, ``{"val": ..., "ood": ...}``: the others' as ``test_<set>_*``, as ``fit``'s;
@@ -49,19 +48,15 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     their models must hold the same weights (as after ``fit``), which is checked.
     A stream (an ``IterableDataset``) is read whole by every process; ``dispatch_batches``: by
     rank 0 alone, which sends the others their parts; ``sharded_stream``: each process's
-    stream is its own share of the set, read to its end (as ``fit``'s).
+    stream is its own share of the set, read to its end (as ``fit``'s). ``local=True``: this
+    process alone scores every sample, with no other process (a script's ``if rank == 0:``).
 
     >>> dptrain.evaluate(model, (X, y), devices=2)     # half of each batch on cpu:0, half on cpu:1
     {'test_loss': 0.412, 'test_acc': 0.861}
     """
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
-    one_way_to_read(dispatch_batches, sharded_stream)
-    env = DistEnv.current()
-    devices = inference_devices(devices, env)
-    if join_job(env, "auto", devices, timeout):
-        atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
-    collective = get_collective()
+    env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                 optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
                 metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
@@ -74,11 +69,13 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     try:
         with evaluating(model):         # and each module's own mode back after
             engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
+            engine.stateful.alone = local          # torchmetrics would gather from the others
             engine.prepare(first.example())            # lazy layers learn their shapes
-            if env.distributed:
-                same_weights(collective, engine.replicas[0])
-            return {**figures_over(engine, first, collective),
-                    **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
+            with stage(ALL_CALL.format("evaluating", "evaluate")):
+                if env.distributed:
+                    same_weights(collective, engine.replicas[0])
+                return {**figures_over(engine, first, collective),
+                        **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
     finally:
         for loader in loaders.values():
             if hasattr(loader, "close"):

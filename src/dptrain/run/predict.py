@@ -10,7 +10,6 @@ samples' order, every sample once, whatever the device and process counts.
 """
 from __future__ import annotations
 
-import atexit
 from collections.abc import Mapping
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -19,16 +18,15 @@ from torch import nn
 
 from ..core.modes import evaluating
 from ..core.parts import even_parts
+from ..core.stage import stage
 from ..core.runner import get_runner
 from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, join_structure, map_tensors, split_structure,
                           to_device)
 from ..data.dataset_loader import make_loader
-from ..data.dispatch import one_way_to_read
-from ..distributed import DistEnv, get_collective, shutdown_distributed
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
-from .session import inference_devices, join_job
+from .session import ALL_CALL, inference_job
 
 
 def model_input(model: nn.Module, batch: Batch) -> Any:
@@ -59,7 +57,7 @@ def concatenate(parts: List[Any]) -> Any:
 def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
             forward: Optional[Callable[[nn.Module, Any], Any]] = None, collate_fn: Optional[Callable] = None,
             num_workers: int = 0, dispatch_batches: bool = False, sharded_stream: bool = False,
-            timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+            local: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Return ``model``'s outputs for every sample of ``data``, in order (on the CPU).
 
     ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
@@ -72,16 +70,13 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     rank 0 alone with ``dispatch_batches``, which sends the others their parts. ``sharded_stream``: each process's
     stream (an ``IterableDataset``) is its own share, read to its end, and each gets its
     share's outputs, in its order (as a DDP script's predictions; None for an empty share).
+    ``local=True``: this process alone predicts every sample, with no other process (a
+    script's ``if rank == 0:``, writing the predictions), on its own devices.
 
     >>> dptrain.predict(model, (X, y), devices=2).shape     # half the batch on cpu:0, half on cpu:1
     torch.Size([1000, 10])
     """
-    one_way_to_read(dispatch_batches, sharded_stream)
-    env = DistEnv.current()
-    devices = inference_devices(devices, env)
-    if join_job(env, "auto", devices, timeout):
-        atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
-    collective = get_collective()
+    env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                          world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
                          to_the_end=True)
@@ -114,7 +109,8 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     if getattr(loader, "sharded", False):          # this process's share: its outputs alone
         mine = [part for part in outputs if part is not None]
         return concatenate(mine) if mine else None
-    per_rank = collective.all_gather_object(outputs) if env.distributed else [outputs]
+    with stage(ALL_CALL.format("predicting", "predict")):
+        per_rank = collective.all_gather_object(outputs) if env.distributed else [outputs]
     ordered = [part for b in range(len(outputs)) for part in (r[b] for r in per_rank) if part is not None]
     return concatenate(ordered)
 

@@ -11,7 +11,7 @@ import atexit
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -19,7 +19,8 @@ from .config import TrainConfig
 from ..core.devices import cpu, num_gpus, parse_devices
 from ..core.host_memory import keep_freed_host_memory
 from ..core.stage import stage
-from ..distributed import DistEnv, init_distributed, shutdown_distributed
+from ..data.dispatch import one_way_to_read
+from ..distributed import Collective, DistEnv, get_collective, init_distributed, shutdown_distributed
 from ..outputs.checkpoint import FILENAME
 from ..distributed.env import attempt, choose_backend
 from ..distributed.worker import die_with_launcher, end_interrupted_quietly
@@ -56,6 +57,30 @@ def inference_devices(spec: Any, env: DistEnv) -> List[torch.device]:
     if not env.distributed and spec in (None, "", "auto") and not num_gpus():
         return [cpu(0)]
     return process_devices(spec, env)
+
+
+#: Where predict and evaluate meet the other processes: the phrase a failure there carries.
+ALL_CALL = ("{} with the other processes (every process of the job calls {}, each doing its part; to call it in "
+            "one process alone, if rank == 0:, pass local=True)")
+
+
+def inference_job(spec: Any, timeout_s: float, dispatch_batches: bool, sharded_stream: bool,
+                  local: bool) -> Tuple[DistEnv, List[torch.device], Collective]:
+    """``predict``'s and ``evaluate``'s job: the processes it spans (joined now if need be),
+    this process's devices and the collective over them. ``local``: this process alone, every
+    sample read here and nothing sent (called on rank 0 only, ``if rank == 0:``); called so
+    without it, the others never come and the call fails or waits for its timeout."""
+    one_way_to_read(dispatch_batches, sharded_stream)
+    env = DistEnv.current()
+    devices = inference_devices(spec, env)
+    if local:
+        if dispatch_batches or sharded_stream:
+            raise ValueError("local=True reads every sample in this process alone; dispatch_batches and "
+                             "sharded_stream need the other processes: drop them")
+        return DistEnv(), devices, Collective()
+    if join_job(env, "auto", devices, timeout_s):
+        atexit.register(shutdown_distributed)       # kept for the script's next call, as fit does
+    return env, devices, get_collective()
 
 
 def after_restart(config: TrainConfig, log: Optional[Log]) -> TrainConfig:
