@@ -355,6 +355,7 @@ def disagreeing(rank, world, what):
 def test_processes_that_disagree_are_stopped_before_any_batch_naming_the_setting(what, says):
     for message in run_workers(disagreeing, what):
         assert message.startswith(says), message
+        assert ("no DistributedSampler or slicing by rank" in message) == (what == "data"), message
 
 
 def dropout_masks(rank, world):

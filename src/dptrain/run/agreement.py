@@ -130,8 +130,14 @@ def check_agreement(collective: Any, rank: int, mine: Dict[str, str]) -> None:
         if len(set(values)) > 1:
             odd = next(r for r, v in enumerate(values) if v != values[0])
             first, other = around_difference(values[0], values[odd]), around_difference(values[odd], values[0])
-            stream = " (every process reads a stream whole, keeping its part of each batch: do not shard it by " \
-                     "rank)" if str(values[0]).startswith("a stream") else ""
+            if str(values[0]).startswith("a stream"):
+                stream = " (every process reads a stream whole, keeping its part of each batch: do not shard it by " \
+                         "rank, or pass sharded_stream=True if each process's stream is its own share)"
+            elif "data" in key:
+                stream = " (dptrain gives each process its part of every batch itself: give every process the whole " \
+                         "set, with no DistributedSampler or slicing by rank, and seed random data alike)"
+            else:
+                stream = ""
             raise ValueError(f"the processes disagree on the {key}: rank 0 has {first}, rank {odd} has {other}{stream}. "
                              f"Every process must run the same program on the same data (check for settings that "
                              f"depend on the rank or the machine)")
