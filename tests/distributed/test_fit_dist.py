@@ -297,6 +297,38 @@ def test_predict_and_evaluate_on_rank_zero_alone_with_local():
     assert got.get("test_accuracy", 1 - err) == pytest.approx(1 - err)      # torchmetrics, when installed
 
 
+def moved_in_a_callback(rank, world):
+    """A callback that moves the model (``.to("cpu:0")``, which copies every tensor, as
+    ``.cpu()`` and back does on a GPU) or predicts with it at each epoch's end: the run is the
+    one without it. (The gradients, views of the buckets, were moved off them: each process
+    then stepped on its own gradient, and the processes' weights parted.)"""
+    torch.manual_seed(0)
+    X, y = torch.randn(64, 6), torch.randint(0, 2, (64,))
+
+    class Moves(dptrain.Callback):
+        def __init__(self, how):
+            self.how = how
+
+        def on_epoch_end(self, run, epoch, row):
+            if self.how == "to":
+                run.model.to(torch.device("cpu", 0))
+            elif self.how == "predict":
+                dptrain.predict(run.model, X)
+    out = []
+    for how in (None, "to", "predict"):
+        torch.manual_seed(0)
+        model = nn.Linear(6, 2)
+        dptrain.fit(model, (X, y), epochs=3, batch_size=16, devices=1, log=None, optimizer="sgd", lr=0.5,
+                    callbacks=[Moves(how)])
+        out.append([p.detach().tolist() for p in model.parameters()])
+    return out
+
+
+def test_a_callback_that_moves_the_model_or_predicts_leaves_the_processes_training_together():
+    a, b = run_workers(moved_in_a_callback)
+    assert a == b and a[1] == a[0] and a[2] == a[0]
+
+
 def accumulated(rank, world):
     """Micro-batches of 12 (6 per process, 3 per device) in groups of 3: updates of 36."""
     from tests.run.test_accumulation import train

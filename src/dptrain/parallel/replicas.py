@@ -45,6 +45,14 @@ def _is_lazy(net: nn.Module) -> bool:
     return any(isinstance(p, UninitializedParameter) for p in net.parameters())
 
 
+def _already_on(net: nn.Module, device: torch.device) -> bool:
+    """Whether every tensor of ``net`` is on ``device`` (a CPU tensor on any ``cpu:N``): then
+    ``net.to(device)`` is not called, which copies every tensor anew for "cpu:0" from "cpu"
+    (and a model predicted with in a callback would lose its gradients' ties to the run's)."""
+    return all(t.device.type == device.type and (device.type == "cpu" or t.device == device)
+               for t in (*net.parameters(), *net.buffers()))
+
+
 def copied(net: nn.Module) -> nn.Module:
     """A deep copy of ``net`` for another device; a ``TypeError`` naming the attribute that
     cannot be copied (a lock, an open file, a client of a service) and the fixes, if one cannot.
@@ -155,7 +163,7 @@ class Replicas(Sequence[nn.Module]):
         return bool(self._modules)
 
     def _materialize(self, example: Any = None, run: Optional[Callable[[nn.Module, Any], Any]] = None) -> None:
-        net = self._net.to(self.devices[0])
+        net = self._net if _already_on(self._net, self.devices[0]) else self._net.to(self.devices[0])
         if example is not None:       # lazy layers learn their shapes; BN statistics untouched
             with evaluating(net), torch.no_grad():
                 if run is None:

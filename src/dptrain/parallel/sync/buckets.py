@@ -123,6 +123,12 @@ class BucketReducer:
         # accumulates into it in place, and every process and mode packs the same way.
         self._views = [None if j in self.sparse else self._slice(j).as_strided(p.shape, _dense_strides(p))
                        for j, p in enumerate(first)]
+        # Where each view's memory is. A view given out as a gradient can be moved off its bucket
+        # by the user's code while it is one: Module.to (a copy, even to "cpu:0" from "cpu"),
+        # .cpu() and back, a memory format, all set ``param.grad.data``, which is the view
+        # object itself. Those views are made anew (``_view``); their parameters' gradients
+        # then went to no bucket, and each process stepped on its own.
+        self._ptrs = [None if v is None else v.data_ptr() for v in self._views]
         if self.views:
             self.reset()
         self._handles = [p.register_post_accumulate_grad_hook(self._hook_for(j))
@@ -135,12 +141,20 @@ class BucketReducer:
         start = bucket.offsets[slot]
         return bucket.buffer[start:start + self.params[0][j].numel()]
 
+    def _view(self, j: int) -> torch.Tensor:
+        """Parameter ``j``'s view of its bucket, made anew if user code moved it off (above)."""
+        view = self._views[j]
+        if view.data_ptr() != self._ptrs[j]:
+            p = self.params[0][j]
+            view = self._views[j] = self._slice(j).as_strided(p.shape, _dense_strides(p))
+        return view
+
     def reset(self) -> None:
         """Zero the gradients (views mode): they are the buckets, so one fill per bucket."""
         for bucket in self.buckets:
             bucket.buffer[:bucket.numel].zero_()
-        for p, view in zip(self.params[0], self._views):
-            p.grad = view       # (None for a sparse one: backward makes it sparse)
+        for j, p in enumerate(self.params[0]):
+            p.grad = None if self._views[j] is None else self._view(j)   # (a sparse one: backward makes it)
 
     def _hook_for(self, j: int):
         def hook(_param: torch.Tensor) -> None:
@@ -179,9 +193,10 @@ class BucketReducer:
         have = 0
         if self.views:
             p = self.params[0][j]
-            if p.grad is not None and p.grad.data_ptr() != self._views[j].data_ptr():   # replaced: put back
-                self._views[j].copy_(p.grad)
-                p.grad = self._views[j]
+            if p.grad is not None and p.grad.data_ptr() != self._ptrs[j]:   # replaced or moved off: put back
+                view = self._view(j)
+                view.copy_(p.grad)
+                p.grad = view
             have = int(arrived)
         else:
             for g in self.params:
