@@ -51,6 +51,10 @@ def test_monitor_modes_and_a_figure_that_is_not_there():
     assert not m.improved(4, {"test_loss": float("nan")})
     with pytest.raises(ValueError, match="monitor 'test_f1' is not in the epoch's figures .train_loss, test_loss."):
         Monitor("test_f1").value({"epoch": 1, "sec": 0.1, "train_loss": 1.0, "test_loss": 1.0})
+    row = {"epoch": 1, "train_loss": 1.0, "test_loss": 1.0, "test_acc": 0.5}
+    for keras, ours in (("val_loss", "test_loss"), ("val_accuracy", "test_acc"), ("val_acc", "test_acc")):
+        with pytest.raises(ValueError, match=f"Keras's and Lightning's {keras} is {ours} here"):
+            Monitor(keras).value(row)
     for bad, message in ((dict(patience=0), "patience must be a whole number >= 1"),
                          (dict(mode="up"), "mode must be 'min', 'max' or 'auto'")):
         with pytest.raises(ValueError, match=message):

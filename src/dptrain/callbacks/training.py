@@ -44,6 +44,16 @@ def auto_mode(monitor: str) -> str:
                      f"{'both' if larger else 'neither'}): give mode='max' or mode='min'")
 
 
+def _peer_name(monitor: str, row: Row) -> str:
+    """A hint for Keras's and Lightning's names of the evaluation's figures (``val_loss``,
+    ``val_accuracy``): ``test_loss``, ``test_acc`` here."""
+    if not monitor.startswith("val_"):
+        return ""
+    ours = "test_" + monitor[4:]
+    ours = {"test_accuracy": "test_acc"}.get(ours, ours) if ours not in row else ours
+    return f"; Keras's and Lightning's {monitor} is {ours} here" if ours in row else ""
+
+
 class Monitor:
     """Whether an epoch's ``row[monitor]`` is the best so far (by more than ``min_delta``).
 
@@ -68,7 +78,7 @@ class Monitor:
         if self.monitor not in row:
             raise ValueError(f"monitor {self.monitor!r} is not in the epoch's figures "
                              f"({', '.join(k for k in row if k not in ('epoch', 'sec'))}); "
-                             f"monitor one of them (test_* needs eval_data)")
+                             f"monitor one of them (test_* needs eval_data){_peer_name(self.monitor, row)}")
         return float(row[self.monitor])
 
     def measured(self, run: Any, row: Row) -> bool:
