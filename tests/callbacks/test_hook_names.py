@@ -59,6 +59,14 @@ def test_a_hook_the_run_would_not_call_is_refused_with_the_one_to_write(callback
     assert type(callback).__name__ in str(error.value) and named in str(error.value)
 
 
+def test_a_callback_of_another_framework_is_refused_naming_its_class():
+    foreign = type("EarlyStopping", (), {"__module__": "lightning.pytorch.callbacks.early_stopping",
+                                         "on_fit_start": lambda self, trainer, pl_module: None})
+    with pytest.raises(TypeError, match=r"EarlyStopping is a lightning.pytorch.callbacks.early_stopping.EarlyStopping"
+                                        r".*write it as a dptrain.Callback .its hooks: on_fit_start\(self, run\)"):
+        CallbackList([foreign()])
+
+
 def test_fit_refuses_it_before_training():
     torch.manual_seed(0)
     model = nn.Linear(3, 2)

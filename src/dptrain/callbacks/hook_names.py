@@ -29,6 +29,9 @@ PEER_NAMES: Dict[str, str] = {
     "on_validation_epoch_end": "on_evaluate_end", "on_save_checkpoint": "state_dict",
     "on_load_checkpoint": "load_state_dict"}
 
+# the frameworks whose callback classes cannot run here (their hooks take their trainer)
+FRAMEWORKS = ("lightning", "pytorch_lightning", "keras", "tensorflow", "transformers", "accelerate")
+
 # Lightning's hooks around backward and the optimizer step: no callback hook here
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 
@@ -37,6 +40,11 @@ def check_hooks(cb: Any, overrides: Callable[[Any, str], bool]) -> None:
     """A ``TypeError`` if ``cb`` has a method that the run would never call by the name it has,
     or a hook it ``overrides`` (not the base class's no-op) that cannot take the run's arguments."""
     owner = type(cb).__name__
+    foreign = next((k for k in type(cb).__mro__ if k.__module__.split(".")[0] in FRAMEWORKS), None)
+    if foreign is not None:
+        raise TypeError(f"callback {owner} is a {foreign.__module__}.{foreign.__qualname__}, whose hooks take that "
+                        f"framework's trainer: write it as a dptrain.Callback (its hooks: "
+                        f"{', '.join(f'{h}(self, {a})' for h, a in list(HOOK_ARGS.items())[:4])}, ...)")
     for name in dir(cb):
         if not name.startswith("on_") or name in HOOK_ARGS or not callable(getattr(cb, name, None)):
             continue
