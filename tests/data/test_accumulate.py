@@ -17,6 +17,16 @@ def test_groups_of_k_with_a_smaller_last_group_and_their_sizes():
     assert steps.global_num_samples == 23 and steps.batch_size == 4      # asked of the loader
 
 
+def test_the_groups_of_a_stream_without_a_length_have_the_sizes_read():
+    from tests.data.test_stream_loader import Numbers
+    from dptrain.data.stream_loader import StreamLoader
+    steps = Accumulating(StreamLoader(Numbers(23), 4), 4)       # batches of 4,4,4,4,4,3
+    groups = list(steps.batches())
+    assert [len(g) for g in groups] == [4, 2]
+    assert [steps.global_batch_sizes(s) for s in range(2)] == [[4, 4, 4, 4], [4, 3]]
+    assert [steps.global_samples(s) for s in range(3)] == [0, 16, 23]
+
+
 def test_resuming_at_a_group_skips_its_micro_batches():
     loader = TensorLoader(torch.arange(20), batch_size=2, shuffle=True, seed=3)
     steps = Accumulating(loader, 3)

@@ -83,11 +83,21 @@ def test_a_pass_shorter_or_longer_than_its_len_is_an_error_naming_the_fix():
     assert len(list(StreamLoader(Sized(10, length=8), 4, max_batches=1))) == 1    # a cut epoch reads no further
 
 
-def test_without_a_length_a_pass_is_read_to_its_end_and_len_names_the_fix():
+def test_without_a_length_a_pass_is_read_to_its_end_its_batch_sizes_known_as_read():
     loader = StreamLoader(Numbers(10), 4)
-    assert ids(loader) == list(range(10))
-    with pytest.raises(TypeError, match="give steps_per_epoch=N"):
+    assert loader.open_ended and loader.global_num_samples is None
+    batches = loader.batches()
+    next(batches)
+    assert loader.read_batches == 1 and loader.global_samples(5) == 4      # (only what was read)
+    assert ids(batches) == list(range(4, 10))
+    assert [loader.global_batch_size(b) for b in range(3)] == [4, 4, 2]
+    assert [loader.global_samples(b) for b in range(4)] == [0, 4, 8, 10]
+    assert ids(loader.batches(1)) == list(range(4, 10))         # (resumed after batch 1)
+    with pytest.raises(ValueError, match=r"Numbers yielded 4 samples in pass 1, fewer than the 3 batches of 4"):
+        list(StreamLoader(Numbers(4), 4).batches(3))
+    with pytest.raises(TypeError, match="has no __len__: an epoch of it is a pass read to its end"):
         len(loader)
+    assert not StreamLoader(Sized(10), 4).open_ended and StreamLoader(Sized(10), 4).global_num_samples == 10
     with pytest.raises(ValueError, match="yielded no sample in pass 1"):
         list(StreamLoader(Numbers(0), 4, steps_per_epoch=2))
 

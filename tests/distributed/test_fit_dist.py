@@ -582,11 +582,14 @@ def streamed(rank, world):
     """A stream on every process (read whole, each keeping its part), a DataLoader whose
     sampler draws by weights, one whose batch sampler makes uneven batches, two evaluation
     sets, then a stream sharded by rank, which the processes' agreement refuses before any
-    batch."""
+    batch. (With and without a length: read to its end, the same.)"""
     from tests.run import test_samplers
-    from tests.run.test_streams import SizedSamples, rows, train
+    from tests.run.test_streams import Samples, SizedSamples, rows, train
     model, result = train(SizedSamples(), 1, dropout=0)
     weights = [p.detach().tolist() for p in model.parameters()]
+    open_model, open_result = train(Samples(), 1, dropout=0)
+    assert [p.detach().tolist() for p in open_model.parameters()] == weights
+    assert [(r["batches"], r["samples"]) for r in open_result["history"]] == [(5, 90)] * 3
     sampled, sampled_result = test_samplers.train(test_samplers.weighted(test_samplers.Recorded()), 1)
     sampled_weights = [p.detach().tolist() for p in sampled.parameters()]
     bucketed = test_samplers.train(test_samplers.DataLoader(test_samplers.Recorded(),
@@ -633,7 +636,7 @@ def test_streams_samplers_and_eval_sets_on_two_processes_equal_one_device_and_a_
 def dispatched(rank, world, directory):
     """``dispatch_batches``: rank 0 alone reads the stream (each process counts what it read);
     a run cut by max_steps and resumed; then a stream that fails on rank 0 mid-epoch."""
-    from tests.run.test_streams import SizedSamples, rows, train
+    from tests.run.test_streams import Samples, SizedSamples, rows, train
 
     class Counted(SizedSamples):
         read = 0
@@ -644,6 +647,10 @@ def dispatched(rank, world, directory):
                 yield sample
     model, result = train(Counted(), 1, dropout=0, dispatch_batches=True)
     read = Counted.read
+    opened = train(Samples(), 1, dropout=0, dispatch_batches=True, accumulate_grad_batches=2)[1]["history"]
+    assert [(r["batches"], r["samples"]) for r in opened] == [(3, 90)] * 3      # (rank 1: the sizes sent)
+    assert [r["train_loss"] for r in opened] == pytest.approx(
+        [r["train_loss"] for r in train(SizedSamples(), 1, dropout=0, accumulate_grad_batches=2)[1]["history"]])
     figures = dptrain.evaluate(model, Counted(), batch_size=20, devices=1, dispatch_batches=True)
     outputs = dptrain.predict(model, Counted(), batch_size=20, devices=2, dispatch_batches=True)
     inference_read = Counted.read - read
@@ -719,6 +726,13 @@ def sharded(rank, world, directory):
                     resume=True)[0]
     whole = train(Share(), 1, dropout=0, sharded_stream=True, max_steps=12)[0]
     same = all(torch.equal(p, q) for p, q in zip(resumed.parameters(), whole.parameters()))
+
+    class Unsized(Samples):
+        def order(self):
+            return list(range(rank, 90, world))
+    with pytest.raises(TypeError, match="sharded_stream: Unsized has no __len__, and the processes' shares would "
+                                        "end at different batches: give steps_per_epoch=N"):
+        train(Unsized(), 1, dropout=0, sharded_stream=True)
 
     class EvalShare(Samples):
         """The evaluation rows 0-39, unequally: 25 on rank 0 (3 parts of 10), 15 on rank 1 (2)."""

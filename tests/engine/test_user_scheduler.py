@@ -35,7 +35,8 @@ def test_a_scheduler_built_on_the_users_optimizer_steps_as_in_the_plain_loop_ove
         warnings.simplefilter("error", UserWarning)        # torch's "optimizer.step() has been overridden"
         for _ in range(2):
             dptrain.fit(model, (X, y), epochs=1, batch_size=16, shuffle=False, devices=devices, log=None,
-                        optimizer=optimizer, scheduler=scheduler, scheduler_interval="batch")
+                        optimizer=optimizer, scheduler=scheduler,
+                        scheduler_interval="batch" if devices == 1 else "step")    # (Lightning's name)
     theirs = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
     their_scheduler = warm_up(theirs)
     for _ in range(2):

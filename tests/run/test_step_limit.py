@@ -9,7 +9,7 @@ from torch import nn
 
 import dptrain
 from dptrain.cli.main import main
-from dptrain.run.step_limit import StepLimit, epochs_for
+from dptrain.run.step_limit import StepLimit, epochs_for, steps_done
 from dptrain.run.resume import Position
 
 
@@ -50,10 +50,16 @@ def train(devices=1, count=None, **kw):
 
 def test_the_arithmetic_of_the_limit():
     assert [epochs_for(n, 10) for n in (1, 10, 11, 25)] == [1, 1, 2, 3]
-    limit = StepLimit(25, 10)
-    assert [limit.last_batch(e) for e in (1, 2, 3, 4)] == [10, 10, 5, 0]
-    assert not limit.reached(Position(3, 4)) and limit.reached(Position(3, 5)) and limit.reached(Position(4))
-    assert StepLimit(None, 10).last_batch(7) == 10 and not StepLimit(None, 10).reached(Position(99))
+    assert epochs_for(25, None) == 25           # an open-ended stream's epochs: a bound (a batch each at least)
+    limit = StepLimit(25)
+    assert [limit.last_batch(before, 10) for before in (0, 10, 20, 30)] == [10, 10, 5, 0]
+    assert limit.last_batch(20, None) == 5 and StepLimit(None).last_batch(20, None) > 10**9
+    assert [steps_done(p, 10) for p in (Position(3, 4), Position(3, 5), Position(4))] == [24, 25, 30]
+    assert steps_done(Position(3, 4), None, saved=17) == 17     # (open-ended: the checkpoint's count)
+    assert not limit.reached(24) and limit.reached(25) and limit.reached(30)
+    assert StepLimit(None).last_batch(70, 10) == 10 and not StepLimit(None).reached(10**6)
+    assert limit.reason(5, 10) == "max_steps 25 reached at batch 5 of 10"
+    assert limit.reason(5, None) == "max_steps 25 reached at batch 5"
 
 
 @pytest.mark.parametrize("devices", [1, 2])

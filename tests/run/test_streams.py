@@ -1,7 +1,9 @@
 """``fit``, ``evaluate`` and ``predict`` on a stream (an ``IterableDataset``): the steps of
 the same samples given as tensors, on any number of devices; a resumed run reads on where it
-stopped, its random numbers included; an epoch without a length is an error naming the fix."""
+stopped, its random numbers included; an epoch of one without a length is a pass read to its
+end, as Keras and Lightning read it."""
 import functools
+import itertools
 
 import pytest
 import torch
@@ -86,12 +88,6 @@ def test_a_run_stopped_mid_epoch_resumes_reading_the_stream_where_it_stopped(tmp
 
 
 def test_steps_per_epoch_trains_an_endless_stream_and_resumes_on_it(tmp_path):
-    class Endless(IterableDataset):
-        def __iter__(self):
-            i = 0
-            while True:
-                yield X[i % 90] + 0.1 * torch.randn(8), Y[i % 90]
-                i += 1
     whole, whole_result = train(Endless(), 2, steps_per_epoch=4, epochs=3)
     assert [r["epoch"] for r in whole_result["history"]] == [1, 2, 3]
     train(Endless(), 2, steps_per_epoch=4, epochs=3, max_steps=6, checkpoint_dir=str(tmp_path))
@@ -108,9 +104,7 @@ def test_workers_read_a_stream_that_shards_itself_by_worker():
     assert one["history"][0]["train_loss"] > 0
 
 
-def test_an_epoch_without_a_length_is_an_error_naming_the_fix_and_the_order_is_said():
-    with pytest.raises(TypeError, match=r"Samples \(an IterableDataset\) has no __len__.*steps_per_epoch=N"):
-        train(Samples())
+def test_the_order_is_said_and_steps_per_epoch_is_for_streams():
     lines = []
     train(SizedSamples(), epochs=1, log=lines.append)
     assert any("SizedSamples is a stream, read in the order it yields" in line for line in lines), lines
@@ -119,6 +113,80 @@ def test_an_epoch_without_a_length_is_an_error_naming_the_fix_and_the_order_is_s
     assert not any("is a stream" in line for line in lines)
     with pytest.raises(ValueError, match="steps_per_epoch counts the epochs of a stream"):
         train((X, Y), steps_per_epoch=3)
+
+
+def without_length(row):
+    return {k: v for k, v in row.items() if k not in ("batches", "samples")}
+
+
+@pytest.mark.parametrize("devices,accumulate", [(1, 1), (2, 1), (3, 2)])
+def test_a_stream_without_a_length_trains_a_pass_an_epoch_as_the_same_stream_with_one(devices, accumulate):
+    """Keras's and Lightning's epoch of such a stream: read to its end (90 samples: 4 batches
+    of 20 and one of 10); the rows say the batches and samples each epoch had."""
+    stream = functools.partial(Samples, noise=0.1, shuffled=True)
+    lines = []
+    model, result = train(stream(), devices, log=lines.append, accumulate_grad_batches=accumulate)
+    sized, sized_result = train(SizedSamples(noise=0.1, shuffled=True), devices, accumulate_grad_batches=accumulate)
+    assert [without_length(r) for r in rows(result)] == rows(sized_result)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), sized.parameters()))
+    assert [(r["batches"], r["samples"]) for r in result["history"]] == [(5 if accumulate == 1 else 3, 90)] * 3
+    assert result["epochs"] == 3 and result["images_per_sec"] > 0
+    assert any("Samples has no __len__: an epoch is a pass of it read to its end" in line for line in lines), lines
+    assert any(line.startswith("epoch 2,") and line.endswith(f", {5 if accumulate == 1 else 3} batches")
+               for line in lines), lines
+
+
+class Endless(IterableDataset):
+    def __iter__(self):
+        i = 0
+        while True:
+            yield X[i % 90] + 0.1 * torch.randn(8), Y[i % 90]
+            i += 1
+
+
+def test_max_steps_ends_a_run_on_an_endless_stream_and_on_a_pass_end_it_ends_the_epoch_whole(tmp_path):
+    lines = []
+    _, result = train(Endless(), 2, epochs=None, max_steps=7, log=lines.append)
+    assert [(r["epoch"], r["batches"], r["samples"]) for r in result["history"]] == [(1, 7, 140)]
+    assert result["epochs"] == 1 and any("7 batches (max_steps)" in line for line in lines), lines
+    # 10 updates: two passes of 5, whole (no cut): then 15, resumed, as an unbroken run of 15
+    stream = functools.partial(Samples, noise=0.1, shuffled=True)
+    _, ten = train(stream(), 2, epochs=None, max_steps=10, checkpoint_dir=str(tmp_path))
+    assert [(r["epoch"], r["batches"]) for r in ten["history"]] == [(1, 5), (2, 5)] and ten["epochs"] == 2
+    resumed, result = train(stream(), 2, epochs=None, max_steps=15, checkpoint_dir=str(tmp_path), resume=True)
+    whole, whole_result = train(stream(), 2, epochs=None, max_steps=15)
+    assert rows(result) == rows(whole_result) and result["epochs"] == 3
+    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), whole.parameters()))
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_run_on_a_stream_without_a_length_stopped_mid_epoch_resumes_where_it_stopped(tmp_path, devices):
+    """Cut by max_steps in epoch 2 (and saved every 2 batches), then resumed: the unbroken
+    run, bit for bit, its step count carried over (the epochs have no one length)."""
+    stream = functools.partial(Samples, noise=0.1, shuffled=True)
+    whole, whole_result = train(stream(), devices, max_steps=13, log_every_n_steps=1)
+    train(stream(), devices, max_steps=7, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    resumed, result = train(stream(), devices, max_steps=13, checkpoint_dir=str(tmp_path), resume=True,
+                            log_every_n_steps=1)
+    assert rows(result) == rows(whole_result)
+    assert [r["step"] for r in result["step_history"]] == list(range(8, 14))
+    for p, q in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+    class Shorter(Samples):     # (the same samples, but only 40 a pass)
+        def __iter__(self):
+            return itertools.islice(super().__iter__(), 40)
+    with pytest.raises(ValueError, match=r"Shorter yielded 40 samples in pass 3, fewer than the 3 batches of 20 the "
+                                         r"checkpoint trained of it: resume on the same stream"):
+        train(Shorter(noise=0.1, shuffled=True), devices, max_steps=20, checkpoint_dir=str(tmp_path), resume=True)
+
+
+def test_a_pass_of_no_sample_is_an_error():
+    class Dry(Samples):
+        def __iter__(self):
+            return iter(()) if self.epoch == 1 else super().__iter__()
+    with pytest.raises(ValueError, match="Dry yielded no sample in pass 2: a stream must yield samples every pass"):
+        train(Dry())
 
 
 def test_evaluate_and_predict_read_a_stream_without_a_length_to_its_end():

@@ -35,13 +35,14 @@ Row = Dict[str, Any]
 class BatchEnd:
     """One training batch, as ``on_batch_end`` sees it.
 
-    ``epoch`` and ``batch`` count from 1 (``batch`` within the epoch, of ``batches``);
-    ``step`` counts the run's batches from 1; ``samples``: the global batch's samples (every
-    process's); ``result``: this process's ``StepResult`` (loss sum, denominator, stepped).
+    ``epoch`` and ``batch`` count from 1 (``batch`` within the epoch, of ``batches``: None
+    for a stream without ``__len__``, read to its end); ``step`` counts the run's batches from
+    1; ``samples``: the global batch's samples (every process's); ``result``: this process's
+    ``StepResult`` (loss sum, denominator, stepped).
     """
     epoch: int
     batch: int
-    batches: int
+    batches: Optional[int]
     step: int
     samples: int
     result: StepResult

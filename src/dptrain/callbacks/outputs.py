@@ -80,11 +80,14 @@ class EpochLog(Callback):
             if k not in ("epoch", "sec", "skipped", "split", "batches", "samples") and isinstance(v, (int, float)))
         if "split" in row:
             line += f", split {'/'.join(map(str, row['split']))}"
-        if "batches" in row:             # max_steps or max_time ended the epoch
-            cut = getattr(run, "cut", None)
-            line += f", {row['batches']} of {run.batches} batches ({cut.cause if cut is not None else 'max_steps'})"
+        cut = getattr(run, "cut", None)
+        if "batches" in row and (cut is not None or run.batches is not None):    # max_steps or max_time ended it
+            of = f" of {run.batches}" if run.batches else ""
+            line += f", {row['batches']}{of} batches ({cut.cause if cut is not None else 'max_steps'})"
+        elif "batches" in row:              # an open-ended stream's epoch: the batches it yielded
+            line += f", {row['batches']} batches"
         if row.get("skipped"):
-            line += f", {row['skipped']} of {run.batches} batches skipped (loss not finite)"
+            line += f", {row['skipped']} of {row.get('batches', run.batches)} batches skipped (loss not finite)"
         run.log(line)
 
     def on_train_log(self, run: Any, row: Row) -> None:
@@ -170,7 +173,8 @@ class Trace(Callback):
         self.window: Optional[Window] = None
 
     def on_fit_start(self, run: Any) -> None:
-        self.window = Window(self.path, self.steps, run.epochs * run.batches, run.rank, run.device_names,
+        total = run.epochs * run.batches if run.batches is not None else None
+        self.window = Window(self.path, self.steps, total, run.rank, run.device_names,
                              run.collective, run.log, from_step=self.from_step)
 
     def on_batch_start(self, run: Any, epoch: int, batch: int) -> None:

@@ -65,9 +65,15 @@ class Accumulating:
         return sum(self.global_batch_sizes(step))
 
     def global_batch_sizes(self, step: int) -> List[int]:
-        """The size of each batch update ``step`` (from 0) of an epoch sums, over all processes."""
+        """The size of each batch update ``step`` (from 0) of an epoch sums, over all processes
+        (an open-ended stream's: of a group read already)."""
         first = step * self.k
-        return [self.loader.global_batch_size(b) for b in range(first, min(first + self.k, len(self.loader)))]
+        end = self.loader.read_batches if getattr(self.loader, "open_ended", False) else len(self.loader)
+        return [self.loader.global_batch_size(b) for b in range(first, min(first + self.k, end))]
+
+    def global_samples(self, step: int) -> int:
+        """Samples of the epoch's first ``step`` updates over all processes."""
+        return sum(self.global_batch_size(s) for s in range(step))
 
     def batches(self, skip: int = 0) -> Iterator[MicroBatches]:
         """This epoch's groups from group ``skip`` on (to resume an epoch part-way)."""

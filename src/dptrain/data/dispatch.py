@@ -47,15 +47,16 @@ class Dispatch:
         try:
             for b, got in samples:
                 every = parts(b, got)
-                collective.scatter_object([(BATCH, part) for part in every])
+                collective.scatter_object([(BATCH, (part, len(got))) for part in every])
                 yield every[0]
         except Exception as e:
             collective.scatter_object([(FAILED, f"{type(e).__name__}: {e}")] * collective.world_size)
             raise
         collective.scatter_object([(END, None)] * collective.world_size)
 
-    def receive(self) -> Iterator[Batch]:
-        """The other ranks: the parts rank 0 sends, until it sends the end (or its error)."""
+    def receive(self) -> Iterator[Tuple[Batch, int]]:
+        """The other ranks: the parts rank 0 sends, each with its global batch's samples,
+        until it sends the end (or its error)."""
         collective = get_collective()
         while True:
             kind, value = collective.scatter_object(None)

@@ -53,9 +53,12 @@ class EpochPlan:
         self.balancer = None            # --balance: who reads which part (see balance.py)
         self.batches_per_step = 1       # accumulate_grad_batches (accumulate.py): batches an update sums
         self.least_part = 1             # a process's part of a batch: at least this, or none (BatchNorm: 2)
+        self.first_step: Optional[int] = None      # the updates before this epoch, if the loop said
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, first_step: Optional[int] = None) -> None:
+        """Epoch ``epoch`` (from 0) comes next, after ``first_step`` updates (the balancer's
+        count of them, ``step_of``; by default epochs of this one's length)."""
+        self.epoch, self.first_step = epoch, first_step
 
     def __len__(self) -> int:
         n = self.size // self.batch_size if self.drop_last else -(-self.size // self.batch_size)
@@ -79,6 +82,10 @@ class EpochPlan:
         knows it without a message."""
         return min(self.batch_size, self.global_num_samples - b * self.batch_size)
 
+    def global_samples(self, b: int) -> int:
+        """Samples of the epoch's first ``b`` batches over all processes."""
+        return sum(self.global_batch_size(i) for i in range(b))
+
     def order(self) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(self.size)
@@ -98,7 +105,8 @@ class EpochPlan:
         """The update (counted from the run's first) that batch ``b`` of this epoch goes into:
         the balancer's weights change by update, and with accumulation an update is a group."""
         k = self.batches_per_step
-        return self.epoch * -(-len(self) // k) + b // k
+        first = self.first_step if self.first_step is not None else self.epoch * -(-len(self) // k)
+        return first + b // k
 
     def part_of(self, b: int, n: int, rank: Optional[int] = None) -> slice:
         """Process ``rank``'s (this process's) consecutive part of batch ``b`` (from 0), of ``n`` samples."""

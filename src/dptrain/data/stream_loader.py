@@ -8,11 +8,14 @@ collated in the process: N processes and N devices see exactly the batches one d
 (Accelerate's ``IterableDatasetShard`` does the same; a stream sharded by rank would give each
 process other batches, which ``agreement.fingerprint`` catches by its first sample.)
 
-An epoch is either one pass, ``len(dataset)`` samples (``set_epoch(epoch)`` is called on the
-dataset before it, if it has one, as Hugging Face's and WebDataset's shuffles expect), or,
-with ``steps_per_epoch=N`` (Keras's), N full batches of one stream that runs on across epochs
-and starts its next pass where one ends (any length, endless too). A resumed run reads the
-stream from its start to the checkpoint's place, dropping the samples without collating them.
+An epoch is one pass: ``len(dataset)`` samples, or, for a stream without ``__len__``, what
+it yields until it ends (an "open-ended" epoch, as Keras and Lightning read such a stream: its
+batches are counted as they come, the last one perhaps short; ``set_epoch(epoch)`` is called
+on the dataset before a pass, if it has one, as Hugging Face's and WebDataset's shuffles
+expect). Or, with ``steps_per_epoch=N`` (Keras's), N full batches of one stream that runs on
+across epochs and starts its next pass where one ends (any length, endless too). A resumed
+run reads the stream from its start to the checkpoint's place, dropping the samples without
+collating them.
 
 The reading itself, a pass at a time with the stream's own random states or from workers, is
 ``stream_reader.py``'s.
@@ -38,8 +41,9 @@ class StreamLoader(EpochPlan):
     >>> loader.set_epoch(3)
     >>> for batch in loader: ...
 
-    Without ``__len__`` nor ``steps_per_epoch`` (evaluation, prediction), a pass is read to
-    its end; ``len()`` is then an error naming the fix (training needs the epoch's length).
+    Without ``__len__`` nor ``steps_per_epoch`` (``open_ended``), a pass is read to its end;
+    ``len()`` is then an error, and the loop learns the epoch's end from the batches (the
+    sizes of those read so far: ``global_batch_size``, ``global_samples``).
     ``sharded`` (``sharded_stream``, several processes): each process's stream is its own
     share, read in parts of a global batch; training's epoch is the full batches every share
     holds, an evaluation (``to_the_end``) reads each share to its end, so its sums cover every
@@ -89,12 +93,51 @@ class StreamLoader(EpochPlan):
         self._at = 0        # steps_per_epoch: the samples of the stream read so far (over its passes)
         self._example: Optional[Batch] = None
         self._empty: Optional[Batch] = None
+        #: open-ended: batches of this pass read so far, and the short last one's (b, samples)
+        self.read_batches = 0
+        self._short_batch: Optional[Tuple[int, int]] = None
+
+    @property
+    def open_ended(self) -> bool:
+        """Whether an epoch is the stream read to its end, of no length known before."""
+        return self.size is None
+
+    @property
+    def global_num_samples(self) -> Optional[int]:      # type: ignore[override]
+        """Samples an epoch yields over all processes (None: open-ended, known as it ends)."""
+        return None if self.size is None else super().global_num_samples
+
+    def global_batch_size(self, b: int) -> int:
+        """The size of batch ``b`` (open-ended: of one read already) over all processes."""
+        if self.size is not None:
+            return super().global_batch_size(b)
+        short = self._short_batch
+        return short[1] if short is not None and short[0] == b else self.batch_size
+
+    def global_samples(self, b: int) -> int:
+        """Samples of the epoch's first ``b`` batches over all processes (open-ended: of
+        those read already)."""
+        if self.size is not None:
+            return super().global_samples(b)
+        short = self._short_batch
+        less = self.batch_size - short[1] if short is not None and short[0] < b else 0
+        return min(b, self.read_batches) * self.batch_size - less
+
+    def _note(self, b: int, n: int) -> None:
+        """Open-ended: batch ``b`` of ``n`` samples (over all processes) was read."""
+        self.read_batches = b + 1
+        if n < self.batch_size:
+            self._short_batch = (b, n)
 
     def __len__(self) -> int:
+        if self.size is None and self.sharded:
+            raise TypeError(f"sharded_stream: {type(self.dataset).__name__} has no __len__, and the processes' shares "
+                            f"would end at different batches: give steps_per_epoch=N (N batches an epoch), define "
+                            f"__len__ (a share's samples), or let every process read the whole stream (no "
+                            f"sharded_stream: an epoch is then a pass, read to its end)")
         if self.size is None:
-            raise TypeError(f"{type(self.dataset).__name__} (an IterableDataset) has no __len__, so an epoch has no "
-                            f"length: give steps_per_epoch=N (--steps-per-epoch N: N batches an epoch, the stream "
-                            f"running on across epochs), or define __len__ (the samples of one pass: an epoch)")
+            raise TypeError(f"{type(self.dataset).__name__} (an IterableDataset) has no __len__: an epoch of it is "
+                            f"a pass read to its end, its batches known as they come")
         return super().__len__()
 
     def __iter__(self) -> Iterator[Batch]:
@@ -102,13 +145,17 @@ class StreamLoader(EpochPlan):
 
     def batches(self, skip: int = 0) -> Iterator[Batch]:
         """This epoch's batches from batch ``skip`` on (to resume an epoch part-way)."""
+        self.read_batches, self._short_batch = skip, None
         if self.dispatch is None:
             for b, samples in self._samples(skip):
                 yield self._part(b, samples)
         elif self.rank == 0:
             yield from self.dispatch.send(self._samples(skip), self._parts)
         else:
-            yield from self.dispatch.receive()
+            for b, (batch, n) in enumerate(self.dispatch.receive(), start=skip):
+                if self.size is None:
+                    self._note(b, n)
+                yield batch
 
     def _samples(self, skip: int) -> Iterator[Tuple[int, List[Any]]]:
         """``(b, the samples of global batch b)``, from batch ``skip`` on."""
@@ -118,6 +165,10 @@ class StreamLoader(EpochPlan):
         reader, bs, rs = self._reader, self.batch_size, self.part
         reader.open(self.epoch)
         self._drop(skip * rs)
+        if self.size is None and not self.sharded and skip and reader.read <= (skip - 1) * rs:
+            raise ValueError(f"{type(self.dataset).__name__} yielded {reader.read} samples in pass {self.epoch + 1}, "
+                             f"fewer than the {skip} batches of {bs} the checkpoint trained of it: resume on the "
+                             f"same stream (its passes yielding what they yielded)")
         last = len(self) - 1 if self.size is not None else None
         b = skip
         while last is None or b <= last:
@@ -134,6 +185,8 @@ class StreamLoader(EpochPlan):
             if not self.sharded and b == last and last * bs + want == self.size and reader.take(1):
                 raise ValueError(f"{type(self.dataset).__name__} yielded more samples in pass {self.epoch + 1} than "
                                  f"its __len__ ({self.size}): make __len__ count them all, or give steps_per_epoch")
+            if self.size is None and not self.sharded:
+                self._note(b, len(samples))
             yield b, samples
             b += 1
             if len(samples) < want:

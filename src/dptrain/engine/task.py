@@ -47,7 +47,8 @@ class Task:
       or factory, or an optimizer built on ``model``; ``lr`` overrides every group's. Several
       optimizers on one loss (Muon for matrices, AdamW for the rest): ``{name: optimizer}``
       or a list, each built on its parameters, taken as one ``CombinedOptimizer``.
-    - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval`` (with
+    - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval``
+      (``"epoch"``, or ``"batch"``: every update, Lightning's ``"step"``, taken too; with
       several optimizers: one for each, or a dict of them by update name; on one loss, one
       over all of their groups, or a dict by optimizer name).
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
@@ -129,6 +130,8 @@ class Task:
                 raise TypeError(f"{name} must be callable, got {type(value).__name__}")
         if self.reduction is not None and self.reduction not in REDUCTIONS:
             raise ValueError(f"unknown reduction {self.reduction!r}; choose mean or sum")
+        if self.scheduler_interval == "step":     # (Lightning's name: an update, as ours)
+            self.scheduler_interval = "batch"
         if self.scheduler_interval not in SCHEDULER_INTERVALS:
             raise ValueError(f"unknown scheduler_interval {self.scheduler_interval!r}; choose epoch or batch")
         if self.lr is not None:

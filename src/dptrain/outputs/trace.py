@@ -35,11 +35,12 @@ class Window:
     >>> window.finish()            # a run shorter than the window: write what there is
     """
 
-    def __init__(self, path: str, steps: int, total_steps: int, rank: int, names: Sequence[str],
+    def __init__(self, path: str, steps: int, total_steps: Optional[int], rank: int, names: Sequence[str],
                  collective, log, from_step: int = 3) -> None:
         self.path, self.steps, self.rank, self.names = path, steps, rank, list(names)
         self.collective, self.log = collective, log
-        self.first = min(from_step - 1, max(0, total_steps - 1))      # counted from 0
+        # (counted from 0; total_steps None: not known, an open-ended stream's run)
+        self.first = from_step - 1 if total_steps is None else min(from_step - 1, max(0, total_steps - 1))
         self.tracer: Optional[Tracer] = None
         self.until, self.began, self.traced, self.done = 0, 0, 0, False
 

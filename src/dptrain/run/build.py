@@ -128,8 +128,12 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
             log(f"dptrain: sharded_stream: an epoch is {len(train_loader)} batches of {batch_size}, the parts every "
                 f"process's share holds; {sum(train_loader.unread)} samples of the longer shares are not read each "
                 f"epoch (left per process: {train_loader.unread})")
+        if getattr(train_loader, "sharded", False):
+            len(train_loader)           # the shares' epochs need a length: the error names the fix
+        if getattr(train_loader, "open_ended", False):
+            log(f"dptrain: {type(train_loader.dataset).__name__} has no __len__: an epoch is a pass of it read to "
+                f"its end (steps_per_epoch=N counts an epoch in batches; max_steps=N ends the run after N updates)")
         if getattr(train_loader, "stream", False):
-            len(train_loader)           # an epoch needs a length: the error names the fix
             if config.shuffle:
                 log(f"dptrain: {type(train_loader.dataset).__name__} is a stream, read in the order it yields: "
                     f"shuffle it in the dataset (its set_epoch(epoch) is called before each pass; shuffle=False "
@@ -145,8 +149,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     keep_on_device(devices[0], train_loader, *loaders.values())
     with stage("trying the model on a training and an evaluation batch, before training"):
         engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
-    if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one
-        for first in {0, len(train_loader) - 1}:
+    if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one (if known)
+        for first in {0} if getattr(train_loader, "open_ended", False) else {0, len(train_loader) - 1}:
             engine.compile(next(iter(train_loader.batches(first))))
         log(f"compiled in {engine.compile_seconds:.1f} sec (--compile {engine.compile_mode})")
     if config.accumulate_grad_batches > 1:      # a step is then a group of batches

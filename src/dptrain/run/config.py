@@ -90,7 +90,8 @@ class TrainConfig:
                                         metavar="N")
     steps_per_epoch: Optional[int] = option(None, "a stream (IterableDataset): N batches an epoch, the stream running "
                                             "on across epochs (Keras's steps_per_epoch); without it, an epoch is a "
-                                            "pass of its __len__ samples", Whole(1), metavar="N")
+                                            "pass: its __len__ samples, or, without __len__, read to its end",
+                                            Whole(1), metavar="N")
     max_steps: Optional[int] = option(None, "end the run after N updates in all, mid-epoch if there (that epoch is "
                                       "evaluated and saved), as Lightning's and Hugging Face's max_steps; the "
                                       "epochs, if given, still end it first if they come first", Whole(1),

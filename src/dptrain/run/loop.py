@@ -24,6 +24,7 @@ from ..core.devices import format_device
 from ..core.runner import get_runner
 from ..core.stage import stage
 from ..data.loader import prefetch
+from ..data.lookahead import Lookahead
 from ..distributed import DistEnv, get_collective
 from ..engine.evaluation import sum_keys
 from ..engine.losses import add_counts
@@ -84,8 +85,11 @@ class Run(RunView):
         self.lr = self.engine.trainer.learning_rate
         # What callbacks do to run.model (and which of its layers train), on every device.
         self.edits = ModelEdits(self.engine.replicas, self.engine.trainer)
-        self.batches = len(self.train_loader)
-        self.limit = StepLimit(config.max_steps, self.batches)
+        # An epoch's batches; None: an open-ended stream's (read to its end, counted as they come).
+        self.batches: Optional[int] = None if getattr(self.train_loader, "open_ended", False) \
+            else len(self.train_loader)
+        self.limit = StepLimit(config.max_steps)
+        self.epochs_from_steps = self.epochs is None
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
             self.epochs = epochs_for(config.max_steps, self.batches)
         self.cut: Optional[Cut] = None     # where max_steps or max_time ended an epoch mid-way
@@ -101,6 +105,7 @@ class Run(RunView):
         self.position = Position()
         self.skipped = 0
         self.epoch, self.step, self.batch = 1, 0, 0
+        self.epoch_batches = 0                       # the batches the latest epoch trained (from its first)
         self._loaded = self._evaluated = None        # see load_weights
         # eval_every_n_steps: (step, this process's sums, the other sets' figures) of the latest
         self._step_evals: Optional[Tuple[int, Any, Dict[str, Any]]] = None
@@ -119,7 +124,9 @@ class Run(RunView):
         resume.own_random_streams(config.seed, env.rank, devices)     # dropout masks differ by rank
         if config.resume:                                               # (and this restores them)
             with stage(f"resuming from {config.checkpoint_dir}"):
-                self.position = resume_cut(self, *resume.resume(self))
+                state, position = resume.resume(self)
+                self.step = steps_done(position, self.batches, state.get("steps"))
+                self.position = resume_cut(self, state, position)
         self.epoch = self.position.epoch
 
     def identity(self) -> Dict[str, Any]:
@@ -146,13 +153,15 @@ class Run(RunView):
             self.callbacks.on_fit_start(self)
         try:
             with self.stops.catching():
-                first = self.epochs + 1 if self.limit.reached(self.position) else self.position.epoch
+                first = self.epochs + 1 if self.limit.reached(self.step) else self.position.epoch
                 if self.step_log is not None:
-                    self.step_log.start(steps_done(self.position, self.batches))
+                    self.step_log.start(self.step)
                 for epoch in range(first, self.epochs + 1):
                     self.epoch = epoch
                     if self._epoch(epoch, keys):
                         break
+                if self.epochs_from_steps and self.batches is None:     # (open-ended: those it had)
+                    self.epochs = self.epoch
         except BaseException as e:
             self.callbacks.on_exception(self, e)
             raise
@@ -208,7 +217,8 @@ class Run(RunView):
     def _train_epoch(self, epoch: int) -> Tuple[float, Any, Any, List[Any], int, bool]:
         at = self.position if epoch == self.position.epoch else Position(epoch)
         skipped_at_start = self.skipped - at.skipped
-        self.train_loader.set_epoch(epoch - 1)
+        first_step = (epoch - 1) * self.batches if self.batches is not None else self.step - at.batch
+        self.train_loader.set_epoch(epoch - 1, first_step if self.batches is None else None)
         self.batch = at.batch + 1           # a failure from here on names the batch trained next
         self.callbacks.on_epoch_start(self, epoch)
         edits = self.edits
@@ -236,7 +246,7 @@ class Run(RunView):
         every = self.config.checkpoint_every
         tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
         ending = [False]
-        last = self.limit.last_batch(epoch)
+        last = self.limit.last_batch(first_step, self.batches)
         step_log = self.step_log
         if step_log is not None:
             step_log.epoch_start(tally)
@@ -262,11 +272,12 @@ class Run(RunView):
         # model copies, optimizer, buckets: GPU memory too) alive after fit until Python's
         # collector ran (a test checks it is freed at once).
         itself = weakref.ref(resolve)
-        first_step = (epoch - 1) * self.batches
         with self.runner.coordinating():
             b = at.batch
             stream = tracing.timed_batches(batches) if self.config.trace else batches
-            for b, batch in enumerate(stream, start=at.batch + 1):
+            # An open-ended stream's end is known a batch ahead (see data/lookahead.py).
+            ahead = Lookahead(stream) if self.batches is None else None
+            for b, batch in enumerate(ahead or stream, start=at.batch + 1):
                 self.step, self.batch = first_step + b - 1, b
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
@@ -309,20 +320,26 @@ class Run(RunView):
                     self.stops.time_up()        # (rides with the next batch's gradients)
                 pending.append((b, verdict, result.flags))
                 resolve(self.run_ahead, b)
-                if ending[0] or b >= last:
+                if ending[0] or b >= last or (ahead is not None and ahead.ended):
                     break
-                if every and b % every == 0 and b < self.batches:
+                if every and b % every == 0 and (ahead is not None or b < self.batches):
                     resolve(0, b)
                     resume.save_mid_epoch(self, so_far(b))
                 self.batch = b + 1          # the batch read next (a failure while reading names it)
             resolve(0, b)
             ending[0] |= act_on(self, self.stops.flush(), epoch, b, so_far, resolve)
         edits.stepped()
-        limited = self.limit.reached(Position(epoch, b))
-        if (limited or self.timed_out) and (b < self.batches or epoch < self.epochs):
-            reason = self.limit.reason(epoch, b) if limited else self.clock.reason(f"at batch {b} of {self.batches}")
+        if ahead is not None and b == at.batch == 0:
+            raise ValueError(f"{type(self.train_loader.dataset).__name__} yielded no sample in pass {epoch}: a stream "
+                             f"must yield samples every pass (without __len__, an epoch is what a pass yields)")
+        part_way = not ahead.ended if ahead is not None else b < self.batches
+        self.epoch_batches = b
+        limited = self.limit.reached(first_step + b)
+        if (limited or self.timed_out) and (part_way or epoch < self.epochs):
+            of = f" of {self.batches}" if self.batches else ""
+            reason = self.limit.reason(b, self.batches) if limited else self.clock.reason(f"at batch {b}{of}")
             self.stop_reason, ending[0] = self.stop_reason or reason, True
-            if b < self.batches:
+            if part_way:
                 saving = self.config.checkpoint_dir is not None
                 self.cut = Cut(so_far(b), self.callbacks.state_dict() if saving else {},
                                resume.random_states(self) if saving else {}, "max_steps" if limited else "max_time")

@@ -101,7 +101,7 @@ def row_of(run: Any, epoch: int, sec: float, trained: List[Any], skipped: int, e
     sums = run.collective.all_reduce(torch.stack(local)).tolist()
     n = len(trained)
     figures, evaluated = dict(zip(run.figure_keys, sums[2:n])), dict(zip(keys, sums[n:]))
-    split = run.balancer.sizes(epoch * run.batches, run.batch_size) if run.balancer is not None else None
+    split = run.balancer.sizes(run.step, run.batch_size) if run.balancer is not None else None
     objects = run.engine.train_figures.computed() if run.engine.train_figures is not None else {}
     row = epoch_row(epoch, sec, sums[0], sums[1], evaluated, pair_metric_names(run.task.metrics), split,
                     evals.get(COMPUTED, {}), figures, objects, list(run.task.updates))
@@ -110,9 +110,10 @@ def row_of(run: Any, epoch: int, sec: float, trained: List[Any], skipped: int, e
         row["skipped"] = skipped
     if run.scheduler is not None:           # the first group's, as the epoch's last batch had it
         row.update(lr_figures(run.engine.trainer))
-    if run.cut is not None:                 # max_steps or max_time ended it: what it trained
-        b = run.cut.position.batch
-        row.update(batches=b, samples=sum(run.train_loader.global_batch_size(i) for i in range(b)))
+    if run.cut is not None or run.batches is None:
+        # What the epoch trained: max_steps or max_time ended it, or an open-ended stream did.
+        b = run.cut.position.batch if run.cut is not None else run.epoch_batches
+        row.update(batches=b, samples=run.train_loader.global_samples(b))
     return row
 
 

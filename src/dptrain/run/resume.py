@@ -101,6 +101,7 @@ def save(run: Any, position: Position, partial: List[List[float]], cut: Any = No
     if run.rank == 0:
         save_checkpoint(directory, {
             "identity": json.dumps(run.identity()), "epoch": position.epoch, "batch": position.batch,
+            "steps": run.step,      # (the updates made: an open-ended stream's epochs have no one length)
             "partial": partial, "seconds": position.seconds, "skipped": run.skipped,
             "epoch_skipped": position.skipped, "history": json.dumps(run.history),
             **({"step_history": json.dumps(run.step_log.rows), "step_window": window} if window else {}),
@@ -140,7 +141,7 @@ def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
                          for k, (a, b) in different.items())
         raise CheckpointError(f"the checkpoint in {directory} is of another run: {what}; "
                               f"resume with the same settings, or use another --checkpoint-dir")
-    if state["batch"] > run.batches:
+    if run.batches is not None and state["batch"] > run.batches:
         raise CheckpointError(f"the checkpoint stopped after batch {state['batch']} of epoch {state['epoch']}, but "
                               f"this run's epochs have {run.batches} batches (--max-batches): resume "
                               f"with --max-batches {state['batch']} or more, or without it")
@@ -175,7 +176,7 @@ def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
     if len(figures) != len(run.figure_keys):
         if state["batch"] and run.figure_keys:
             run.log(f"resuming: the checkpoint has no train_metrics sums for epoch {state['epoch']}: its training "
-                    f"figures cover batches {state['batch'] + 1} to {run.batches} only")
+                    f"figures cover batches {state['batch'] + 1} to {run.batches or 'its end'} only")
         figures = [0.0] * len(run.figure_keys)
     objects = run.engine.train_figures.objects if run.engine.train_figures is not None else None
     states = state.get("train_metric_states")

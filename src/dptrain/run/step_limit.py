@@ -14,39 +14,49 @@ left to do.
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any, Dict, Optional
 
 from .resume import Position
 
 
-def epochs_for(max_steps: int, batches: int) -> int:
-    """The epochs ``max_steps`` updates need (the last one perhaps in part)."""
+def epochs_for(max_steps: int, batches: Optional[int]) -> int:
+    """The epochs ``max_steps`` updates need (the last one perhaps in part). An open-ended
+    stream's epochs (``batches`` None) have no length known before: then ``max_steps``, a
+    bound (an epoch trains a batch at least) the run's last update ends before."""
+    if batches is None:
+        return max_steps
     return max(1, -(-max_steps // max(batches, 1)))
 
 
-def steps_done(position: Position, batches: int) -> int:
-    """Updates a run at ``position`` has made: full epochs before it, then its batches."""
+def steps_done(position: Position, batches: Optional[int], saved: Optional[int] = None) -> int:
+    """Updates a run at ``position`` has made: full epochs before it, then its batches (an
+    open-ended stream's epochs: the count its checkpoint ``saved``)."""
+    if batches is None:
+        return saved or 0
     return (position.epoch - 1) * batches + position.batch
 
 
 class StepLimit:
-    """Where ``max_steps`` ends a run of ``batches`` updates an epoch (None: no limit)."""
+    """Where ``max_steps`` ends a run (None: no limit)."""
 
-    def __init__(self, max_steps: Optional[int], batches: int):
-        self.max_steps, self.batches = max_steps, batches
+    def __init__(self, max_steps: Optional[int]):
+        self.max_steps = max_steps
 
-    def reached(self, position: Position) -> bool:
-        """Whether a run at ``position`` has made its updates already (a resumed one)."""
-        return self.max_steps is not None and steps_done(position, self.batches) >= self.max_steps
+    def reached(self, steps: int) -> bool:
+        """Whether a run that has made ``steps`` updates has made its updates already."""
+        return self.max_steps is not None and steps >= self.max_steps
 
-    def last_batch(self, epoch: int) -> int:
-        """The last batch ``epoch`` may train (the epoch's batches when the limit is further)."""
+    def last_batch(self, steps_before: int, batches: Optional[int]) -> int:
+        """The last batch an epoch of ``batches`` (None: open-ended) after ``steps_before``
+        updates may train (all of them when the limit is further)."""
+        most = batches if batches is not None else sys.maxsize
         if self.max_steps is None:
-            return self.batches
-        return max(0, min(self.batches, self.max_steps - (epoch - 1) * self.batches))
+            return most
+        return max(0, min(most, self.max_steps - steps_before))
 
-    def reason(self, epoch: int, batch: int) -> str:
-        return f"max_steps {self.max_steps} reached at batch {batch} of {self.batches}"
+    def reason(self, batch: int, batches: Optional[int]) -> str:
+        return f"max_steps {self.max_steps} reached at batch {batch}" + (f" of {batches}" if batches else "")
 
 
 class Cut:
@@ -63,13 +73,12 @@ class Cut:
 
 def resume_cut(run: Any, state: Dict[str, Any], position: Position) -> Position:
     """A checkpoint ``max_steps`` or ``max_time`` saved mid-epoch (its history has that
-    epoch's row): go on with the rest of the epoch if this run trains further (the row is
-    dropped, the callbacks get their states of the moment of the cut), else start past it
-    (nothing to train)."""
+    epoch's row), ``run.step`` updates in: go on with the rest of the epoch if this run trains
+    further (the row is dropped, the callbacks get their states of the moment of the cut),
+    else start past it (nothing to train)."""
     if not (run.history and run.history[-1]["epoch"] == position.epoch and position.batch):
         return position
-    goes_on = (run.config.max_steps is None or run.config.max_steps > steps_done(position, run.batches)) \
-        and position.epoch <= run.epochs
+    goes_on = (run.config.max_steps is None or run.config.max_steps > run.step) and position.epoch <= run.epochs
     if not goes_on:
         return Position(position.epoch + 1)
     run.history.pop()

@@ -2,7 +2,8 @@
 optimizer, and the few things a callback may do to the run.
 
     rank, world_size, is_main        this process; is_main: rank 0 (the one that prints)
-    epoch, epochs, step, batches     where the run is (step: batches done in the run)
+    epoch, epochs, step, batches     where the run is (step: batches done in the run; batches:
+                                     an epoch's, None for a stream without __len__)
     model, optimizer, scheduler      the module being trained, its optimizer (param_groups)
     history, devices                 the epoch rows so far, this process's devices
     log(line), stop(reason)          print (rank 0), end the run in step on every process
