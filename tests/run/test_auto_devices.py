@@ -26,6 +26,7 @@ def fit(model, capsys, **kw):
 
 def test_a_tiny_model_trains_on_one_device_untouched_by_the_measurement(capsys, monkeypatch):
     monkeypatch.setattr(auto_devices, "MARGIN", 0.0)       # one device, whatever the timings (a busy CI)
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)     # measured, however slow a busy machine makes a step
     model = tiny()
     result, said = fit(model, capsys)
     assert result["devices"] == ["cpu:0"]
@@ -144,3 +145,20 @@ def test_the_virtual_devices_are_taken_when_clearly_faster(capsys, monkeypatch):
     result, said = fit(tiny(), capsys)
     assert calls and result["devices"] == ["cpu:0", "cpu:1"]
     assert said[0].startswith("dptrain: devices auto: cpu:0, cpu:1: a step took ")
+
+
+def test_a_resumed_run_keeps_the_devices_its_checkpoints_run_chose(capsys, monkeypatch, tmp_path):
+    """Measured again, the resumed run could choose the other way, and differ from the unbroken
+    run by float rounding: it takes the checkpoint's devices, bit for bit the unbroken run."""
+    monkeypatch.setattr(auto_devices, "MARGIN", 0.0)       # one device, whatever the timings
+    whole = tiny()
+    unbroken, _ = fit(whole, capsys)
+    fit(tiny(), capsys, max_steps=10, checkpoint_dir=str(tmp_path))
+    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)       # measured now, the virtual devices would win
+    model, lines = tiny(), []
+    result = dptrain.fit(model, data(), epochs=2, batch_size=64, lr=0.2, optimizer=torch.optim.SGD, progress=False,
+                         checkpoint_dir=str(tmp_path), resume=True, log=lines.append)
+    assert result["devices"] == ["cpu:0"] and unbroken["devices"] == ["cpu:0"]
+    assert any("devices auto: resuming on 1 of the 2 devices, as the checkpoint's run chose" in line for line in lines)
+    for a, b in zip(model.parameters(), whole.parameters()):
+        assert torch.equal(a, b)

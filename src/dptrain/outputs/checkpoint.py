@@ -11,10 +11,11 @@ only: a checkpoint cannot execute code.
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Union
 
 import torch
 
@@ -112,3 +113,16 @@ def load_checkpoint(directory: Union[str, Path]) -> Dict[str, Any]:
         raise CheckpointError(f"{path} is corrupt: its contents do not match the digest written with them (the file "
                               f"changed after it was saved); resume from a copy, or delete it to start over")
     return state
+
+
+def peek_identity(directory: Union[str, Path, None]) -> Optional[Dict[str, Any]]:
+    """What the run that saved ``directory``'s checkpoint was (its ``identity``), read without
+    loading the tensors (memory-mapped); None if there is no readable one (``load_checkpoint``
+    says why when the run resumes)."""
+    if directory is None or not checkpoint_path(directory).is_file():
+        return None
+    try:
+        state = torch.load(checkpoint_path(directory), map_location="cpu", weights_only=True, mmap=True)
+        return json.loads(state["identity"])
+    except Exception:       # noqa: BLE001 - the resume itself reports what is wrong
+        return None

@@ -17,8 +17,8 @@ runs are measured because no rule read off the model holds: on this 2-core CPU t
 devices ran LeNet at batch 1024 1.6x faster than one device in one process and no faster in
 another, ResNet-18 at batch 16 0.87x (RESULTS.md, session 12). Several processes, GPUs,
 explicit ``devices=``, per-device recipes (whose batch depends on the device count), resumed
-runs (which keep the devices they were started on) and runs with loading workers (see
-``wanted``) are not probed.
+runs (which keep the devices their checkpoint's run chose: ``resumed_on``) and runs with
+loading workers (see ``wanted``) are not probed.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from ..data.dataset_loader import make_loader
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
 from ..engine.task import Task
+from ..outputs.checkpoint import peek_identity
 from .config import TrainConfig
 
 WARM_UP, TIMED, BLOCKS = 2, 6, 2        # steps on each side, in blocks
@@ -58,7 +59,26 @@ def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distrib
     ``--worker-timeout``, and the workers' share of the cores is not in its steps (the CNN of
     issue 22 with 2 workers ran 1.13x faster on the virtual devices): they stay. A ``DataLoader``
     given as the data brings its own workers (which ``make_loader`` uses): the same."""
-    return (config.devices in (None, "", "auto") and not distributed and not config.resume and not task.per_device
+    return not config.resume and _automatic(config, task, devices, distributed, batch_size)
+
+
+def resumed_on(config: TrainConfig, task: Task, devices: List[torch.device], distributed: bool,
+               batch_size: int) -> Optional[List[torch.device]]:
+    """A resumed run that would be measured: the devices its checkpoint's run trained on (a
+    measurement now may choose the others, and the run would then differ from an unbroken
+    one by float rounding); None to keep ``devices``."""
+    if not (config.resume and _automatic(config, task, devices, distributed, batch_size)):
+        return None
+    saved = (peek_identity(config.checkpoint_dir) or {}).get("devices")
+    names = [format_device(d) for d in devices]
+    if not isinstance(saved, list) or not 0 < len(saved) < len(names) or names[:len(saved)] != saved:
+        return None
+    return devices[:len(saved)]
+
+
+def _automatic(config: TrainConfig, task: Task, devices: List[torch.device], distributed: bool,
+               batch_size: int) -> bool:
+    return (config.devices in (None, "", "auto") and not distributed and not task.per_device
             and len(devices) > 1 and all(d.type == "cpu" for d in devices) and config.balance in (None, "even")
             and kvstore(task, config) is not None and not config.sync_batchnorm and batch_size >= len(devices)
             and not config.num_workers and not getattr(task.train_data, "num_workers", 0))

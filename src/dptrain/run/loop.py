@@ -71,7 +71,12 @@ class Run(RunView):
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
         train_mode(task.model, self.log)
-        if auto_devices.wanted(config, task, devices, env.distributed, self.batch_size):     # virtual devices only if they pay
+        kept = auto_devices.resumed_on(config, task, devices, env.distributed, self.batch_size)
+        if kept is not None:            # (the devices the checkpoint's run chose)
+            self.log(f"dptrain: devices auto: resuming on {len(kept)} of the {len(devices)} devices, as the "
+                     f"checkpoint's run chose; pass devices= to choose")
+            self.devices = devices = kept
+        elif auto_devices.wanted(config, task, devices, env.distributed, self.batch_size):     # virtual devices only if they pay
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
             with stage("choosing the devices (a few steps on each choice)"):
                 task, devices = auto_devices.choose(task, config, devices, self.batch_size, self.epochs, say)
