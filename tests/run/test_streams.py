@@ -136,6 +136,14 @@ def test_a_stream_without_a_length_trains_a_pass_an_epoch_as_the_same_stream_wit
                for line in lines), lines
 
 
+def test_drop_last_leaves_the_short_last_batch_of_a_stream_without_a_length():
+    model, result = train(Samples(noise=0.1), 2, drop_last=True, epochs=2)
+    sized, sized_result = train(SizedSamples(noise=0.1), 2, drop_last=True, epochs=2)
+    assert [(r["batches"], r["samples"]) for r in result["history"]] == [(4, 80)] * 2
+    assert [without_length(r) for r in rows(result)] == rows(sized_result)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), sized.parameters()))
+
+
 class Endless(IterableDataset):
     def __iter__(self):
         i = 0

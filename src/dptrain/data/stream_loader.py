@@ -78,8 +78,10 @@ class StreamLoader(EpochPlan):
             size, self.unread = sharded_epoch(type(dataset).__name__, size, batch_size, world)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be a whole number >= 0, got {num_workers!r}")
+        #: open-ended with drop_last: a short last batch is left (no length to cut the epoch at)
+        self.drop_short = size is None and not sharded and bool(plan.get("drop_last"))
         if size is None:
-            plan["drop_last"] = False       # (read to its end: no length to cut at)
+            plan["drop_last"] = False
         super().__init__(size if size is not None else 1, batch_size, **plan)
         self.size: Optional[int] = size      # type: ignore[assignment]
         self.dataset, self.steps_per_epoch, self.num_workers = dataset, steps_per_epoch, num_workers
@@ -180,7 +182,7 @@ class StreamLoader(EpochPlan):
                 raise self._short(reader.read)
             if len(samples) < want and self.sharded and self.share is not None and reader.read != self.share:
                 raise self._short(reader.read)      # (a share read to its end: its __len__ checked there)
-            if not samples:
+            if not samples or (self.drop_short and len(samples) < want):
                 break
             if not self.sharded and b == last and last * bs + want == self.size and reader.take(1):
                 raise ValueError(f"{type(self.dataset).__name__} yielded more samples in pass {self.epoch + 1} than "

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..core.devices import format_device
+from ..core.stage import stage
 from ..data.dataset_loader import make_loader
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
@@ -49,6 +50,21 @@ PEEK = 2                     # samples of the first look's steps
 def kvstore(task: Task, config: TrainConfig) -> Optional[str]:
     """The kvstore the run will use (as ``build_engine`` takes it)."""
     return task.kvstore if config.kvstore is None else config.kvstore_kind
+
+
+def pick(task: Task, config: TrainConfig, devices: List[torch.device], distributed: bool, batch_size: int,
+         epochs: Optional[int], log: Callable[[str], None], say: Callable[[str], None]) -> Tuple[Task, List[torch.device]]:
+    """The task and the devices to train it on: ``devices``, unless measured (``wanted``,
+    ``choose``: ``say`` tells the choice at once) or resumed (``resumed_on``: ``log`` says so)."""
+    kept = resumed_on(config, task, devices, distributed, batch_size)
+    if kept is not None:
+        log(f"dptrain: devices auto: resuming on {len(kept)} of the {len(devices)} devices, as the checkpoint's run "
+            f"chose; pass devices= to choose")
+        return task, kept
+    if wanted(config, task, devices, distributed, batch_size):
+        with stage("choosing the devices (a few steps on each choice)"):
+            return choose(task, config, devices, batch_size, epochs, say)
+    return task, devices
 
 
 def wanted(config: TrainConfig, task: Task, devices: List[torch.device], distributed: bool, batch_size: int) -> bool:

@@ -36,7 +36,7 @@ from .build import (build_balancer, build_engine, builtin_callbacks, renormalise
                     torch_sync_batchnorm, train_mode)
 from .config import TrainConfig, hyperparameters
 from .resume import Position
-from .step_limit import Cut, StepLimit, epochs_for, resume_cut, steps_done
+from .step_limit import Cut, StepLimit, ends_here, epochs_for, resume_cut, steps_done
 from .schedule import Schedule, make_scheduler
 from .step_log import StepLog, log_step
 from .stopping import GO_ON, StopRequests, act_on, say_at_once
@@ -71,16 +71,10 @@ class Run(RunView):
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
         train_mode(task.model, self.log)
-        kept = auto_devices.resumed_on(config, task, devices, env.distributed, self.batch_size)
-        if kept is not None:            # (the devices the checkpoint's run chose)
-            self.log(f"dptrain: devices auto: resuming on {len(kept)} of the {len(devices)} devices, as the "
-                     f"checkpoint's run chose; pass devices= to choose")
-            self.devices = devices = kept
-        elif auto_devices.wanted(config, task, devices, env.distributed, self.batch_size):     # virtual devices only if they pay
-            say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
-            with stage("choosing the devices (a few steps on each choice)"):
-                task, devices = auto_devices.choose(task, config, devices, self.batch_size, self.epochs, say)
-            self.task, self.devices = task, devices
+        say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
+        # devices auto on a CPU: virtual devices only if they pay
+        self.task, self.devices = task, devices = auto_devices.pick(task, config, devices, env.distributed,
+                                                                    self.batch_size, self.epochs, self.log, say)
         renormalised_in_forward(task.model, len(devices) * self.world_size, self.log)
         self.config = config = torch_sync_batchnorm(task.model, config, len(devices) * self.world_size, self.log)
         self.device_names = [format_device(d) for d in devices]
@@ -337,17 +331,9 @@ class Run(RunView):
         if ahead is not None and b == at.batch == 0:
             raise ValueError(f"{type(self.train_loader.dataset).__name__} yielded no sample in pass {epoch}: a stream "
                              f"must yield samples every pass (without __len__, an epoch is what a pass yields)")
-        part_way = not ahead.ended if ahead is not None else b < self.batches
         self.epoch_batches = b
-        limited = self.limit.reached(first_step + b)
-        if (limited or self.timed_out) and (part_way or epoch < self.epochs):
-            of = f" of {self.batches}" if self.batches else ""
-            reason = self.limit.reason(b, self.batches) if limited else self.clock.reason(f"at batch {b}{of}")
-            self.stop_reason, ending[0] = self.stop_reason or reason, True
-            if part_way:
-                saving = self.config.checkpoint_dir is not None
-                self.cut = Cut(so_far(b), self.callbacks.state_dict() if saving else {},
-                               resume.random_states(self) if saving else {}, "max_steps" if limited else "max_time")
+        part_way = not ahead.ended if ahead is not None else b < self.batches
+        ending[0] |= ends_here(self, epoch, b, first_step + b, part_way, so_far)
         synchronize(self.devices)
         if step_log is not None:
             step_log.epoch_end(tally)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
-from .resume import Position
+from .resume import Position, random_states
 
 
 def epochs_for(max_steps: int, batches: Optional[int]) -> int:
@@ -57,6 +57,23 @@ class StepLimit:
 
     def reason(self, batch: int, batches: Optional[int]) -> str:
         return f"max_steps {self.max_steps} reached at batch {batch}" + (f" of {batches}" if batches else "")
+
+
+def ends_here(run: Any, epoch: int, batch: int, steps: int, part_way: bool, so_far: Callable[[int], Position]) -> bool:
+    """After ``batch`` batches of ``epoch``, ``steps`` updates in all: whether ``max_steps`` or
+    ``max_time`` ends the run here (said in ``run.stop_reason``). Part-way through the epoch,
+    ``run.cut`` keeps what a resumed run needs (``so_far``: the position then)."""
+    limited = run.limit.reached(steps)
+    if not ((limited or run.timed_out) and (part_way or epoch < run.epochs)):
+        return False
+    of = f" of {run.batches}" if run.batches else ""
+    reason = run.limit.reason(batch, run.batches) if limited else run.clock.reason(f"at batch {batch}{of}")
+    run.stop_reason = run.stop_reason or reason
+    if part_way:
+        saving = run.config.checkpoint_dir is not None
+        run.cut = Cut(so_far(batch), run.callbacks.state_dict() if saving else {},
+                      random_states(run) if saving else {}, "max_steps" if limited else "max_time")
+    return True
 
 
 class Cut:
