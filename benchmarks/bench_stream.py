@@ -1,6 +1,7 @@
 """What reading a stream (an ``IterableDataset``) costs: the plain loop over a ``DataLoader``
 of the stream against ``dptrain.fit`` on the same stream (1 device, and 2 virtual devices),
-and against ``fit`` on the same samples as a map-style ``Dataset``; and a ``DataLoader`` with
+and against ``fit`` on the same samples as a map-style ``Dataset``, and on the stream without
+``__len__`` (read to its end each epoch); and a ``DataLoader`` with
 a ``WeightedRandomSampler``, and (text) a batch sampler grouping sequences by length, the
 plain loop's against ``fit``'s; in turns, median epoch
 times past the first, paired ratios; with ``--processes``, ``fit`` as 2 processes against DDP
@@ -59,6 +60,17 @@ class Streamed(IterableDataset):
         if READ_WAIT[0]:
             time.sleep(READ_WAIT[0])
         return self.dataset[i]
+
+
+class Unsized(IterableDataset):
+    """The same stream without ``__len__``: an epoch read to its end, its batches counted as
+    they come (Keras's and Lightning's epoch of such a stream)."""
+
+    def __init__(self, dataset: Dataset):
+        self.stream = Streamed(dataset)
+
+    def __iter__(self):
+        return iter(self.stream)
 
 
 def dataset(program: everyday.Program, samples: int) -> Dataset:
@@ -284,6 +296,8 @@ def main(argv: Any = None) -> None:
             "plain loop, a weighted sampler": lambda: plain_weighted(program, data, args.epochs),
             "dptrain, a weighted sampler, 1 device": lambda: fitted(program, weighted(program, data), args.epochs, 1),
         }
+        variants["dptrain, the stream without __len__, 1 device"] = lambda: fitted(program, Unsized(data),
+                                                                                   args.epochs, 1)
         if program.collate is not None:     # sequences: a batch sampler grouping them by length
             variants["plain loop, batches by length"] = lambda: plain_bucketed(program, data, args.epochs)
             variants["dptrain, batches by length, 1 device"] = lambda: fitted(program, bucketed(program, data),
@@ -301,9 +315,11 @@ def main(argv: Any = None) -> None:
                                  "stream / Dataset (1 device)": speed(names[2], names[1]),
                                  "stream 2 devices / plain loop": speed(names[0], names[3]),
                                  "weighted sampler: dptrain / plain loop": speed(names[4], names[5]),
-                                 **({"batches by length: dptrain / plain loop": speed(names[6], names[7]),
-                                     "batches by length / shuffled (dptrain)": speed(names[2], names[7])}
-                                    if len(names) > 6 else {}),
+                                 "stream without __len__ / plain loop": speed(names[0], names[6]),
+                                 "stream without __len__ / with it (dptrain)": speed(names[1], names[6]),
+                                 **({"batches by length: dptrain / plain loop": speed(names[7], names[8]),
+                                     "batches by length / shuffled (dptrain)": speed(names[2], names[8])}
+                                    if len(names) > 7 else {}),
                                  "bench_sec": time.perf_counter() - start}
         if args.processes:
             out["programs"][name]["2 processes"] = versus_ddp(processes(name, args.samples, args.epochs, args.rounds,
