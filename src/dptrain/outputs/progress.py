@@ -25,7 +25,8 @@ class ProgressBar:
                  width: int = 24, unit: str = "samples/s"):
         self.unit = unit
         self.stream = stream or sys.stderr
-        self.enabled = enabled and (total is None or total > 0) and hasattr(self.stream, "isatty") and self.stream.isatty()
+        terminal = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.enabled = enabled and (total is None or total > 0) and terminal
         self.total, self.epoch, self.width = total, epoch, width
         self.start = self.last = time.perf_counter()
 

@@ -53,7 +53,8 @@ def kvstore(task: Task, config: TrainConfig) -> Optional[str]:
 
 
 def pick(task: Task, config: TrainConfig, devices: List[torch.device], distributed: bool, batch_size: int,
-         epochs: Optional[int], log: Callable[[str], None], say: Callable[[str], None]) -> Tuple[Task, List[torch.device]]:
+         epochs: Optional[int], log: Callable[[str], None],
+         say: Callable[[str], None]) -> Tuple[Task, List[torch.device]]:
     """The task and the devices to train it on: ``devices``, unless measured (``wanted``,
     ``choose``: ``say`` tells the choice at once) or resumed (``resumed_on``: ``log`` says so)."""
     kept = resumed_on(config, task, devices, distributed, batch_size)
