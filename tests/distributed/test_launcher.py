@@ -316,17 +316,24 @@ def test_ctrl_c_while_waiting_for_a_peer_says_so_in_one_line(data_dir, how):
     else:
         args, env = [], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         said = "dptrain: interrupted (while joining the process group as rank 0 of 2)"
+    # As a terminal starts it: Ctrl-C not ignored (a test run started in the background, as
+    # `cmd &` in a script, ignores SIGINT, and its children inherit that: they rightly ignore it).
     proc = subprocess.Popen([sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     from dptrain.distributed.join import listening
     deadline = time.monotonic() + 120
-    while not listening("127.0.0.1", port):         # the rendezvous is up: it waits for the peer
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
-        time.sleep(0.1)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        while not listening("127.0.0.1", port):         # the rendezvous is up: it waits for the peer
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:         # (not left waiting for its peer)
+            proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == [said], err
 
