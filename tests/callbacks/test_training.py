@@ -52,9 +52,16 @@ def test_monitor_modes_and_a_figure_that_is_not_there():
     with pytest.raises(ValueError, match="monitor 'test_f1' is not in the epoch's figures .train_loss, test_loss."):
         Monitor("test_f1").value({"epoch": 1, "sec": 0.1, "train_loss": 1.0, "test_loss": 1.0})
     row = {"epoch": 1, "train_loss": 1.0, "test_loss": 1.0, "test_acc": 0.5}
-    for keras, ours in (("val_loss", "test_loss"), ("val_accuracy", "test_acc"), ("val_acc", "test_acc")):
-        with pytest.raises(ValueError, match=f"Keras's and Lightning's {keras} is {ours} here"):
-            Monitor(keras).value(row)
+    for peer, ours, mode in (("val_loss", "test_loss", "min"), ("val_accuracy", "test_acc", "max"),
+                             ("val_acc", "test_acc", "max")):
+        m = Monitor(peer)
+        assert (m.mode, m.news(), m.value(row), m.monitor) == (mode, None, row[ours], ours)
+        assert m.news() == f"{peer} (Keras's and Lightning's name) is watched as {ours}, the eval_data's figure here"
+        assert m.news() is None                                     # said once
+    m = Monitor("val_loss")                                         # a callback of the user's gives val_loss itself
+    assert m.value({**row, "val_loss": 2.0}) == 2.0 and m.monitor == "val_loss" and m.news() is None
+    with pytest.raises(ValueError, match="monitor 'val_f1' is not in the epoch's figures .train_loss, test_loss"):
+        Monitor("val_f1", mode="max").value(row)
     for bad, message in ((dict(patience=0), "patience must be a whole number >= 1"),
                          (dict(mode="up"), "mode must be 'min', 'max' or 'auto'")):
         with pytest.raises(ValueError, match=message):
@@ -74,6 +81,54 @@ def test_early_stopping_stops_at_the_same_epoch_on_1_and_2_devices():
         losses = [r["test_loss"] for r in result["history"]]
         assert stop.watch.best == min(losses) and losses.index(min(losses)) + 1 == stop.watch.best_epoch
     assert stops[0] == stops[1] and stops[0][0] < 30 and stops[0][0] == stops[0][1] == stops[0][2] + 2
+
+
+def test_keras_and_lightnings_val_names_watch_the_evaluation_figures(tmp_path):
+    """EarlyStopping("val_loss") stops where EarlyStopping("test_loss") does, and says once
+    which figure it watches; with eval_every=2 the epochs not evaluated are passed over;
+    BestCheckpoint("val_accuracy")'s file is the best test_acc epoch's."""
+    stops, lines = [], []
+    for name in ("test_loss", "val_loss"):
+        stop = EarlyStopping(name, patience=2)
+        _, result = train(1, [stop], epochs=30, lr=0.3, eval_every=2, log=lines.append)
+        stops.append((len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch, stop.watch.best))
+    assert stops[0] == stops[1] and stops[0][0] < 30 and stops[0][2] % 2 == 0
+    assert lines.count("EarlyStopping: val_loss (Keras's and Lightning's name) is watched as test_loss, "
+                       "the eval_data's figure here") == 1
+    X, y = regression()
+    data = torch.utils.data.TensorDataset(X, (y > 0).long().squeeze(1))
+    best = BestCheckpoint(tmp_path / "best.pt", monitor="val_accuracy")
+    torch.manual_seed(0)
+    result = dptrain.fit(nn.Linear(5, 2), data, data, epochs=4, batch_size=16, lr=0.05, callbacks=[best],
+                         progress=False, log=None)
+    accs = [r["test_acc"] for r in result["history"]]
+    assert torch.load(best.path)["value"] == max(accs) and best.best_epoch == accs.index(max(accs)) + 1
+
+
+def test_an_evaluation_figure_without_an_evaluation_set_is_an_error_before_the_first_epoch(tmp_path):
+    class Counted(dptrain.Callback):
+        epochs = 0
+
+        def on_epoch_start(self, run, epoch):
+            Counted.epochs += 1
+
+    for cb, owner in ((EarlyStopping("val_loss"), "EarlyStopping"),
+                      (BestCheckpoint(tmp_path / "b.pt", monitor="test_acc"), r"BestCheckpoint\('.*b.pt'\)")):
+        torch.manual_seed(0)
+        with pytest.raises(ValueError, match=f"{owner} monitors (val_loss|test_acc), a figure of the evaluation, but "
+                                             f"the run has no evaluation set: give eval_data .or validation_split="):
+            dptrain.fit(nn.Linear(5, 1), regression(), loss=nn.MSELoss(), epochs=3, callbacks=[Counted(), cb],
+                        progress=False, log=None)
+    assert Counted.epochs == 0
+
+    class OwnFigure(dptrain.Callback):           # a figure of the user's, under an evaluation's name
+        def on_epoch_end(self, run, epoch, row):
+            row["test_own"] = 1.0 / epoch
+
+    stop = EarlyStopping("test_own", mode="max", patience=2)
+    result = dptrain.fit(nn.Linear(5, 1), regression(), loss=nn.MSELoss(), epochs=10, callbacks=[OwnFigure(), stop],
+                         progress=False, log=None)
+    assert len(result["history"]) == 3 and stop.watch.best_epoch == 1
 
 
 def test_the_best_checkpoint_holds_the_best_epochs_weights(tmp_path):

@@ -101,4 +101,4 @@ def test_a_callback_that_fails_at_the_end_of_an_epoch_is_placed_there():
     with pytest.raises(KeyError) as raised:
         dptrain.fit(nn.Linear(4, 2), (torch.randn(32, 4), torch.randint(0, 2, (32,))), epochs=3, batch_size=8,
                     devices=1, log=None, callbacks=[Breaks()])
-    assert user_failure(raised.value)[1].endswith("; while the end of epoch 2: callbacks and scheduler)")
+    assert user_failure(raised.value)[1].endswith("; while ending epoch 2 (callbacks and scheduler))")

@@ -62,9 +62,10 @@ def test_early_stopping_and_best_checkpoint_count_only_the_evaluated_epochs(tmp_
     result = fit(epochs=40, every=2, callbacks=[stop, best], lr=0.0)        # lr 0: never better after epoch 2
     assert [r["epoch"] for r in result["history"]][-1] == 6 and stop.watch.best_epoch == 2
     assert best.best_epoch == 2
-    with pytest.raises(ValueError, match="monitor 'test_loss' is not in the epoch's figures"):
+    with pytest.raises(ValueError, match="EarlyStopping monitors test_loss, a figure of the evaluation, but the run "
+                                         "has no evaluation set"):
         dptrain.fit(nn.Linear(5, 2), data(32, 1), epochs=1, batch_size=16, devices=1, log=None,
-                    callbacks=[EarlyStopping("test_loss")])           # no evaluation set at all: still an error
+                    callbacks=[EarlyStopping("test_loss")])           # no evaluation set at all: an error at the start
 
 
 def test_reduce_lr_on_plateau_steps_on_the_evaluated_epochs_only():
@@ -86,3 +87,25 @@ def test_an_epoch_a_stop_ended_is_evaluated():
     assert [r["epoch"] for r in result["history"]] == [1, 2]
     assert "test_loss" not in result["history"][0] and "test_acc" in result["history"][1]
     assert result["test_acc"] == result["history"][1]["test_acc"]
+
+
+def test_a_plateau_on_the_accuracy_steps_on_each_evaluated_epochs_accuracy():
+    """scheduler_monitor="val_accuracy" with mode="max" on 2 devices: the learning rates are
+    those of the same scheduler fed the evaluated epochs' test_acc by hand."""
+    made = []
+
+    def plateau(optimizer):
+        made.append(torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", patience=0, factor=0.5))
+        return made[-1]
+    result = fit(epochs=8, every=2, scheduler=plateau, scheduler_monitor="val_accuracy", lr=0.5)
+    mirror = torch.optim.lr_scheduler.ReduceLROnPlateau(torch.optim.SGD([torch.zeros(1)], lr=0.5), mode="max",
+                                                        patience=0, factor=0.5)
+    lrs = []
+    for row in result["history"]:                   # (a row's lr: its last batch's, before the epoch's step)
+        lrs.append(mirror.optimizer.param_groups[0]["lr"])
+        if "test_acc" in row:
+            mirror.step(row["test_acc"])
+    assert [row["lr"] for row in result["history"]] == lrs and len(set(lrs)) > 1
+    assert made[-1].last_epoch == 4
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='max'\) decides on the test loss"):
+        fit(epochs=1, scheduler=plateau)

@@ -43,3 +43,46 @@ def test_a_plateau_decides_on_the_test_loss_of_the_evaluations_its_interval_name
     assert lr(opt) == 0.5
     with pytest.raises(ValueError, match="ReduceLROnPlateau stepped every batch has no figure to decide on"):
         made("plateau", "batch")
+
+
+def plateau_on(monitor, mode="min", eval_steps=None, interval="epoch"):
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    opt.step()
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode=mode, patience=0, factor=0.5)
+    return Schedule(scheduler, interval, eval_steps, monitor), opt
+
+
+def test_scheduler_monitor_names_the_figure_a_plateau_decides_on():
+    """Keras's val_accuracy is test_acc; a figure of the evaluation passes over the epochs not
+    evaluated, a training one is taken every epoch."""
+    schedule, opt = plateau_on("val_accuracy", "max")
+    for acc in (0.5, 0.6, 0.6):              # the third is no better: halved once
+        schedule.after_epoch({"train_loss": 1.0, "test_loss": 9.0, "test_acc": acc}, True, True)
+    schedule.after_epoch({"train_loss": 1.0}, False, True)
+    assert lr(opt) == 0.5 and schedule.scheduler.last_epoch == 3
+    schedule, opt = plateau_on("train_loss")
+    for loss, evaluated in ((1.0, True), (2.0, False)):
+        schedule.after_epoch({"train_loss": loss, **({"test_loss": 0.0} if evaluated else {})}, evaluated, True)
+    assert lr(opt) == 0.5
+    schedule, opt = plateau_on("test_f1", "max", eval_steps=5, interval="batch")
+    assert schedule.after_step_evaluation({"step": 5, "train_loss": 1.0, "test_f1": 0.5})
+    with pytest.raises(ValueError, match=r"scheduler_monitor 'test_f1' is not in the row's figures \(train_loss, "
+                                         r"test_loss\): name one of them"):
+        schedule.after_step_evaluation({"step": 10, "train_loss": 1.0, "test_loss": 0.5})
+
+
+def test_a_plateau_that_takes_its_figure_the_wrong_way_and_a_monitor_without_a_plateau_are_errors():
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='max'\) decides on the test loss \(scheduler_monitor "
+                                         r"None\), of which smaller is better: give it mode='min', or "
+                                         r"scheduler_monitor='test_acc' to decide on a score"):
+        plateau_on(None, "max")
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='min'\) decides on scheduler_monitor='val_acc', "
+                                         r"of which larger is better: give it mode='max'$"):
+        plateau_on("val_acc")
+    assert plateau_on("test_spread", "max")[0].monitor == "test_spread"      # a name that does not say: its mode
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    with pytest.raises(ValueError, match="scheduler_monitor='test_acc' names the figure a ReduceLROnPlateau decides "
+                                         "on, and StepLR is none: drop scheduler_monitor"):
+        Schedule(torch.optim.lr_scheduler.StepLR(opt, 1), "epoch", None, "test_acc")
+    with pytest.raises(ValueError, match="and there is no scheduler: drop scheduler_monitor"):
+        Schedule(None, "epoch", None, "test_acc")

@@ -126,8 +126,8 @@ class CallbackList:
             if not any(callable(getattr(cb, h, None)) for h in HOOKS):
                 raise TypeError(f"callbacks must have at least one of the hooks {', '.join(HOOKS)} (subclass "
                                 f"dptrain.Callback); got {type(cb).__name__}")
-            check_hooks(cb, _overrides)
-        self._bound = {h: [getattr(cb, h) for cb in self.callbacks if _overrides(cb, h)] for h in HOOKS}
+            check_hooks(cb, overrides)
+        self._bound = {h: [getattr(cb, h) for cb in self.callbacks if overrides(cb, h)] for h in HOOKS}
         for hook, bound in self._bound.items():     # callers made once: a step makes no closure
             setattr(self, hook, _caller(bound))
 
@@ -167,7 +167,7 @@ def _caller(bound: List[Any]):
     return call
 
 
-def _overrides(cb: Any, hook: str) -> bool:
+def overrides(cb: Any, hook: str) -> bool:
     """Whether ``cb`` does something at ``hook`` (not the base class's no-op)."""
     if callable(getattr(cb, "__dict__", {}).get(hook)):     # set on the instance
         return True

@@ -57,6 +57,7 @@ class BestCheckpoint(Callback):
         self.kept: List[Kept] = []          # the best first
 
     def on_fit_start(self, run: Any) -> None:
+        self.watch.check_start(run, f"BestCheckpoint({self.template!r})")
         if not run.is_main:
             return
         resumed = self.watch.best_epoch is not None or bool(self.kept)
@@ -90,6 +91,9 @@ class BestCheckpoint(Callback):
 
     def _heard(self, run: Any, epoch: int, row: Row, step: Optional[int]) -> None:
         value = self.watch.value(row)
+        news = self.watch.news()
+        if news:
+            run.log(f"BestCheckpoint: {news}")
         improved = self.watch.improved(epoch, row, step)
         keep = improved if self.top_k == 1 else not math.isnan(value) and (
             len(self.kept) < self.top_k or self._better(value, self.kept[-1][0]))

@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional
 import torch
 from torch import nn
 
-from .base import BatchEnd, Callback, Row
+from .base import BatchEnd, Callback, Row, overrides
 
 Weights = Dict[str, torch.Tensor]
 
@@ -44,21 +44,23 @@ def auto_mode(monitor: str) -> str:
                      f"{'both' if larger else 'neither'}): give mode='max' or mode='min'")
 
 
-def _peer_name(monitor: str, row: Row) -> str:
-    """A hint for Keras's and Lightning's names of the evaluation's figures (``val_loss``,
-    ``val_accuracy``): ``test_loss``, ``test_acc`` here."""
+def peer_figure(monitor: str) -> str:
+    """Our name for Keras's and Lightning's name of an evaluation figure: ``val_loss`` ->
+    ``test_loss``, ``val_accuracy`` and ``val_acc`` -> ``test_acc``, ``val_f1`` -> ``test_f1``
+    (the figures of ``eval_data``, the first set's, are ``test_*`` here); other names as they are."""
     if not monitor.startswith("val_"):
-        return ""
+        return monitor
     ours = "test_" + monitor[4:]
-    ours = {"test_accuracy": "test_acc"}.get(ours, ours) if ours not in row else ours
-    return f"; Keras's and Lightning's {monitor} is {ours} here" if ours in row else ""
+    return "test_acc" if ours == "test_accuracy" else ours
 
 
 class Monitor:
     """Whether an epoch's ``row[monitor]`` is the best so far (by more than ``min_delta``).
 
     ``mode``: ``"min"``, ``"max"``, or ``"auto"`` (see ``auto_mode``). NaN is never an
-    improvement.
+    improvement. Keras's and Lightning's names of the evaluation's figures are taken
+    (``val_loss``, ``val_accuracy``: ``peer_figure``): a row without the name asked for
+    is read at ``test_loss``, ``test_acc`` (the ``eval_data``'s), and ``news()`` says so once.
     """
 
     def __init__(self, monitor: str, mode: str = "auto", min_delta: float = 0.0):
@@ -69,23 +71,55 @@ class Monitor:
         if mode == "auto":
             mode = auto_mode(monitor)
         self.monitor, self.mode, self.min_delta = monitor, mode, float(min_delta)
+        self.asked, self._told = monitor, False      # the name given (a peer's, before it is followed)
         self.best: Optional[float] = None
         self.best_epoch: Optional[int] = None
         self.best_step: Optional[int] = None        # set when the best was an eval_every_n_steps evaluation
         self.heard_step = -1                        # the run's step at the last such evaluation
 
+    def _follow(self, row: Row) -> None:
+        """A peer's name (``val_loss``) not in ``row`` is watched as ours (``test_loss``) if the
+        row has that: the evaluation's figure (a callback may add the peer's name itself)."""
+        if self.monitor == self.asked and self.monitor not in row and peer_figure(self.monitor) in row:
+            self.monitor = peer_figure(self.monitor)
+
+    def _evaluation_figure(self) -> bool:
+        return self.monitor.startswith("test_") or peer_figure(self.monitor) != self.monitor
+
+    def news(self) -> Optional[str]:
+        """Once, after a peer's name was followed: a line saying which figure is watched."""
+        if self.monitor == self.asked or self._told:
+            return None
+        self._told = True
+        return f"{self.asked} (Keras's and Lightning's name) is watched as {self.monitor}, the eval_data's figure here"
+
+    def check_start(self, run: Any, owner: str) -> None:
+        """At the run's start, an evaluation figure (``test_*``, ``val_*``) with no evaluation
+        set, which would fail after the first epoch: an error now (unless a callback of the
+        user's, which may add figures to the rows, could give it)."""
+        if not self._evaluation_figure() or getattr(run, "eval_loader", True) is not None:
+            return
+        callbacks = getattr(getattr(run, "callbacks", None), "callbacks", [])
+        if any(not type(cb).__module__.startswith("dptrain.") and
+               (overrides(cb, "on_epoch_end") or overrides(cb, "on_train_log")) for cb in callbacks):
+            return
+        raise ValueError(f"{owner} monitors {self.asked}, a figure of the evaluation, but the run has no "
+                         f"evaluation set: give eval_data (or validation_split=0.1), or monitor a training "
+                         f"figure ('train_loss')")
+
     def value(self, row: Row) -> float:
+        self._follow(row)
         if self.monitor not in row:
             raise ValueError(f"monitor {self.monitor!r} is not in the epoch's figures "
                              f"({', '.join(k for k in row if k not in ('epoch', 'sec'))}); "
-                             f"monitor one of them (test_* needs eval_data){_peer_name(self.monitor, row)}")
+                             f"monitor one of them (test_* needs eval_data)")
         return float(row[self.monitor])
 
     def measured(self, run: Any, row: Row) -> bool:
         """Whether ``row`` gives the monitored figure: a ``test_*`` one is absent after the
         epochs ``eval_every`` does not evaluate, which are passed over (as Keras's callbacks
         pass over epochs without ``val_*`` figures); any other absence is an error."""
-        if self.monitor.startswith("test_") and getattr(run, "eval_loader", None) is not None \
+        if self._evaluation_figure() and getattr(run, "eval_loader", None) is not None \
                 and not getattr(run, "evaluated_epoch", True):
             return False
         self.value(row)
@@ -94,6 +128,7 @@ class Monitor:
     def step_evaluation(self, row: Row) -> bool:
         """Whether an ``on_train_log`` row is an evaluation of the monitored ``test_*`` figure
         (``eval_every_n_steps``), which the monitor hears as it hears the epochs'."""
+        self._follow(row)
         if self.monitor.startswith("test_") and self.monitor in row:
             self.heard_step = row["step"]
             return True
@@ -158,6 +193,9 @@ class EarlyStopping(Callback):
         self.stopped_epoch: Optional[int] = None
         self.best_weights: Optional[Weights] = None
 
+    def on_fit_start(self, run: Any) -> None:
+        self.watch.check_start(run, "EarlyStopping")
+
     def on_train_log(self, run: Any, row: Row) -> None:
         if self.watch.step_evaluation(row):
             self._heard(run, row["epoch"], row, row["step"])
@@ -167,6 +205,9 @@ class EarlyStopping(Callback):
             self._heard(run, epoch, row, None)
 
     def _heard(self, run: Any, epoch: int, row: Row, step: Optional[int]) -> None:
+        news = self.watch.news()
+        if news:
+            run.log(f"EarlyStopping: {news}")
         if self.watch.improved(epoch, row, step):
             self.wait = 0
             if self.restore_best_weights:

@@ -50,7 +50,9 @@ class Task:
     - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval``
       (``"epoch"``, or ``"batch"``: every update, Lightning's ``"step"``, taken too; with
       several optimizers: one for each, or a dict of them by update name; on one loss, one
-      over all of their groups, or a dict by optimizer name).
+      over all of their groups, or a dict by optimizer name). ``scheduler_monitor``: the figure
+      a ``ReduceLROnPlateau`` decides on (default: the test loss; ``"test_acc"``, Keras's
+      ``"val_accuracy"``...; its ``mode`` must take it the right way).
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
       ``eval_data`` and summed over devices and processes (accuracy is added for
       classification losses); or ``{name: metric object}`` (a ``torchmetrics.Metric``:
@@ -77,6 +79,7 @@ class Task:
     lr: Optional[float] = None
     scheduler: Union[None, Callable[[Any], Any], Dict[str, Callable[[Any], Any]]] = None
     scheduler_interval: str = "epoch"
+    scheduler_monitor: Optional[str] = None
     metrics: Dict[str, Metric] = field(default_factory=dict)
     init: Optional[Callable[[nn.Module], None]] = None
     epochs: Optional[int] = None
@@ -134,6 +137,8 @@ class Task:
             self.scheduler_interval = "batch"
         if self.scheduler_interval not in SCHEDULER_INTERVALS:
             raise ValueError(f"unknown scheduler_interval {self.scheduler_interval!r}; choose epoch or batch")
+        if self.scheduler_monitor is not None and not isinstance(self.scheduler_monitor, str):
+            raise TypeError(f"scheduler_monitor must be a figure's name ('test_acc'), got {self.scheduler_monitor!r}")
         if self.lr is not None:
             check_learning_rate(self.lr, "lr")
         if not isinstance(self.metrics, dict) or not all(callable(f) for f in self.metrics.values()):

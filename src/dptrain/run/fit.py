@@ -34,8 +34,8 @@ from .session import Log, run_task
 
 #: ``Task`` fields ``fit`` takes as keywords (the model and the data are its arguments).
 TASK_KEYWORDS = ("loss", "reduction", "forward", "step", "optimizer", "optimizer_params", "lr", "scheduler",
-                 "scheduler_interval", "metrics", "init", "collate_fn", "epochs", "batch_size", "kvstore",
-                 "callbacks", "name")
+                 "scheduler_interval", "scheduler_monitor", "metrics", "init", "collate_fn", "epochs", "batch_size",
+                 "kvstore", "callbacks", "name")
 #: ``TrainConfig`` settings ``fit`` takes as keywords (each declared once, in ``config.py``).
 CONFIG_KEYWORDS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("fit", True))
 #: Keywords ``fit`` took before each setting had one name everywhere.

@@ -98,7 +98,8 @@ class Run(RunView):
             raise ValueError("eval_every_n_steps needs an evaluation set: give eval_data (or validation_split)")
         with stage("making the learning-rate scheduler"):
             self.scheduler = make_scheduler(task.scheduler, self.engine.trainer.optimizer)
-        self.schedule = Schedule(self.scheduler, task.scheduler_interval, config.eval_every_n_steps)
+        self.schedule = Schedule(self.scheduler, task.scheduler_interval, config.eval_every_n_steps,
+                                 task.scheduler_monitor)
         self.runner = get_runner(devices)
         self.history: List[Dict[str, Any]] = []
         self.position = Position()
@@ -148,7 +149,7 @@ class Run(RunView):
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         keys = sum_keys(self.engine) if self.eval_loader is not None else []
-        with stage("the callbacks' on_fit_start"):
+        with stage("running the callbacks' on_fit_start"):
             self.callbacks.on_fit_start(self)
         try:
             with self.stops.catching():
@@ -165,7 +166,7 @@ class Run(RunView):
             self.callbacks.on_exception(self, e)
             raise
         result = report.result_of(self)
-        with stage("the callbacks' on_fit_end"):
+        with stage("running the callbacks' on_fit_end"):
             self.callbacks.on_fit_end(self, result)
         self.log(report.closing_line(result))
         return result
@@ -192,7 +193,7 @@ class Run(RunView):
                 others = self._step_evals[2] if same else report.other_sets(self.engine, self.other_evals,
                                                                              self.collective)
         row = report.row_of(self, epoch, sec, [loss_sum, count] + figures, skipped, evals, keys, others)
-        with stage(f"the end of epoch {epoch}: callbacks and scheduler"):
+        with stage(f"ending epoch {epoch} (callbacks and scheduler)"):
             if self.evaluated_epoch:      # (told even when the set was empty)
                 self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
             self.history.append(row)

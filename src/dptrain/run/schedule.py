@@ -5,12 +5,16 @@ A plateau scheduler needs a figure: stepped every epoch, the epoch's test loss (
 loss without an evaluation set; an epoch ``eval_every`` does not evaluate is no step); stepped
 every batch, each ``eval_every_n_steps`` evaluation's test loss (Lightning's ``"interval":
 "step"`` with a monitor), and a batch interval without those evaluations is an error.
+``scheduler_monitor`` names another figure of the row (Keras's ``monitor``, Lightning's
+``"monitor"``), and a plateau whose ``mode`` takes its figure the wrong way is an error.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
 import torch
+
+from ..callbacks.training import auto_mode, peer_figure
 
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
 
@@ -55,17 +59,52 @@ class Schedulers:
 
 
 class Schedule:
-    """Steps ``scheduler`` (None: nothing to step) at the points its interval names."""
+    """Steps ``scheduler`` (None: nothing to step) at the points its interval names; a plateau
+    on ``monitor`` (a figure of the row: ``test_acc``, Keras's ``val_accuracy``; None: the
+    test loss, or the training loss without an evaluation set)."""
 
-    def __init__(self, scheduler: Optional[Any], interval: str, eval_every_n_steps: Optional[int]):
+    def __init__(self, scheduler: Optional[Any], interval: str, eval_every_n_steps: Optional[int],
+                 monitor: Optional[str] = None):
         self.scheduler = scheduler
         self.plateau = isinstance(scheduler, PLATEAU) or getattr(scheduler, "plateau", False) is True
         self.per_batch = scheduler is not None and interval == "batch"
         self.per_epoch = scheduler is not None and interval == "epoch"
+        self.monitor = None if monitor is None else peer_figure(monitor)
+        if monitor is not None and not self.plateau:
+            raise ValueError(f"scheduler_monitor={monitor!r} names the figure a ReduceLROnPlateau decides on, and "
+                             f"{'there is no scheduler' if scheduler is None else type(scheduler).__name__ + ' is none'}"
+                             f": drop scheduler_monitor")
         if self.plateau and self.per_batch and not eval_every_n_steps:
             raise ValueError("ReduceLROnPlateau stepped every batch has no figure to decide on: give "
                              "scheduler_interval='epoch' (each epoch's test loss), or eval_every_n_steps=N "
                              "(each of those evaluations' test loss)")
+        if self.plateau:
+            self._check_modes(monitor)
+
+    def _check_modes(self, monitor: Optional[str]) -> None:
+        """A plateau whose mode takes the figure the wrong way (``mode="max"`` on a loss) would
+        cut the learning rate while the figure gets better: an error before the run."""
+        figure = self.monitor or "test_loss"
+        try:
+            better = auto_mode(figure)
+        except ValueError:          # (a name that does not say: the user's mode is taken)
+            return
+        plateaus = getattr(self.scheduler, "schedulers", {"": self.scheduler}).values()
+        for plateau in plateaus:
+            if getattr(plateau, "mode", better) != better:
+                shown = f"scheduler_monitor={monitor!r}" if monitor else "the test loss (scheduler_monitor None)"
+                raise ValueError(f"ReduceLROnPlateau(mode={plateau.mode!r}) decides on {shown}, of which "
+                                 f"{'larger' if better == 'max' else 'smaller'} is better: give it mode={better!r}"
+                                 + ("" if monitor else ", or scheduler_monitor='test_acc' to decide on a score"))
+
+    def figure(self, row: Dict[str, Any]) -> float:
+        """The figure the plateau decides on in ``row``."""
+        if self.monitor is None:
+            return row["test_loss"] if "test_loss" in row else row["train_loss"]
+        if self.monitor not in row:
+            raise ValueError(f"scheduler_monitor {self.monitor!r} is not in the row's figures "
+                             f"({', '.join(k for k in row if k not in ('epoch', 'sec', 'step'))}): name one of them")
+        return row[self.monitor]
 
     def after_batch(self) -> None:
         """An update was made (not a skipped batch)."""
@@ -75,15 +114,16 @@ class Schedule:
     def after_step_evaluation(self, row: Dict[str, Any]) -> bool:
         """An ``eval_every_n_steps`` evaluation's row; whether the scheduler stepped on it."""
         if self.per_batch and self.plateau:
-            self.scheduler.step(row["test_loss"])
+            self.scheduler.step(self.figure(row))
             return True
         return False
 
     def after_epoch(self, row: Dict[str, Any], evaluated: bool, has_eval_set: bool) -> None:
-        """The epoch's row (``evaluated``: it holds the evaluation's figures)."""
+        """The epoch's row (``evaluated``: it holds the evaluation's figures): a plateau on an
+        evaluation figure passes over the epochs not evaluated."""
         if not self.per_epoch:
             return
         if not self.plateau:
             self.scheduler.step()
-        elif evaluated or not has_eval_set:
-            self.scheduler.step(row.get("test_loss", row["train_loss"]))
+        elif evaluated or not has_eval_set or not (self.monitor or "test_").startswith("test_"):
+            self.scheduler.step(self.figure(row))
