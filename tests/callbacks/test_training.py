@@ -105,6 +105,19 @@ def test_keras_and_lightnings_val_names_watch_the_evaluation_figures(tmp_path):
     assert torch.load(best.path)["value"] == max(accs) and best.best_epoch == accs.index(max(accs)) + 1
 
 
+def test_start_from_epoch_leaves_the_first_epochs_unwatched():
+    """Keras's start_from_epoch (Lightning's min_epochs): with a learning rate of 0 no epoch
+    is better than the first watched, so the run stops `patience` epochs after it."""
+    for start, stopped in ((0, 3), (3, 6)):
+        stop = EarlyStopping("test_loss", patience=2, start_from_epoch=start, restore_best_weights=True)
+        _, result = train(2, [stop], epochs=20, lr=0.0)
+        assert (len(result["history"]), stop.stopped_epoch, stop.watch.best_epoch) == (stopped, stopped, start + 1)
+        assert result["restored_epoch"] == start + 1
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"start_from_epoch must be a whole number >= 0, got {bad!r}"):
+            EarlyStopping(start_from_epoch=bad)
+
+
 def test_an_evaluation_figure_without_an_evaluation_set_is_an_error_before_the_first_epoch(tmp_path):
     class Counted(dptrain.Callback):
         epochs = 0

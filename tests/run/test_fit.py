@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import dptrain
+from dptrain.run.fit import CONFIG_KEYWORDS, PEER_KEYWORDS, TASK_KEYWORDS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,9 +143,28 @@ def test_keywords_of_keras_lightning_and_accelerate_and_typos_are_answered_with_
     X, y = torch.randn(8, 2), torch.randint(0, 2, (8,))
     for key, ours in [("validation_data", "eval_data"), ("max_epochs", "epochs"), ("verbose", "log=None"),
                       ("gradient_accumulation_steps", "accumulate_grad_batches"), ("sample_weight", "loss(output, "),
-                      ("class_weight", "CrossEntropyLoss(weight=")]:
+                      ("class_weight", "CrossEntropyLoss(weight="), ("limit_val_batches", "eval_batches"),
+                      ("min_epochs", "EarlyStopping(..., start_from_epoch=N)"), ("accelerator", "devices ('auto'"),
+                      ("gradient_clip_algorithm", "clip_grad_norm=X or clip_grad_value=X")]:
         with pytest.raises(TypeError, match=rf"unexpected keyword argument '{key}'; dptrain's is .*{re.escape(ours)}"):
             dptrain.fit(nn.Linear(2, 2), (X, y), log=None, **{key: 1})
+    with pytest.raises(TypeError, match="'strategy'; dptrain has none: training is data-parallel; several processes "
+                                        "run with dptrain launch --processes N"):
+        dptrain.fit(nn.Linear(2, 2), (X, y), log=None, strategy="ddp")
+    known = set(TASK_KEYWORDS + CONFIG_KEYWORDS)
+    for key, hint in PEER_KEYWORDS.items():         # every name a hint gives as ours is one of fit's
+        named = re.findall(r"(?<![\w.])([a-z_]+)(?==)", hint) + [w for w in re.findall(r"^([a-z_]+)\b", hint)]
+        assert all(n in known | {"none", "a", "train_data", "eval_data", "log", "weight", "start_from_epoch"}
+                   for n in named), (key, hint)
+    with pytest.raises(TypeError, match="callbacks must have at least one of the hooks .*; got int"):
+        dptrain.fit(nn.Linear(2, 2), (X, y), log=None, callbacks=1)
+    seen = []
+
+    class Seen(dptrain.Callback):           # one callback, not in a list (Lightning's Trainer takes it so)
+        def on_epoch_end(self, run, epoch, row):
+            seen.append(epoch)
+    dptrain.fit(nn.Linear(2, 2), (X, y), log=None, epochs=2, devices=1, callbacks=Seen())
+    assert seen == [1, 2]
     with pytest.raises(TypeError, match=r"Keras's metrics=\['accuracy'\] needs nothing here.*test_acc"):
         dptrain.fit(nn.Linear(2, 2), (X, y), log=None, metrics=["accuracy"])
     with pytest.raises(TypeError, match="'batchsize'; did you mean 'batch_size'"):

@@ -182,12 +182,16 @@ class EarlyStopping(Callback):
     """End the run once ``monitor`` has not improved for ``patience`` epochs (Keras's rule:
     by more than ``min_delta``; ``mode`` as in ``Monitor``). With ``restore_best_weights``
     the model ends the run with the best epoch's weights (as Keras 3 does, stopped early or
-    not), on every device and process; they are kept on the CPU, and in checkpoints."""
+    not), on every device and process; they are kept on the CPU, and in checkpoints.
+    ``start_from_epoch=N`` (Keras's; Lightning's ``min_epochs``): the first N epochs are a
+    warm-up, not watched (their figures are neither a best nor a reason to stop)."""
 
     def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0, mode: str = "auto",
-                 restore_best_weights: bool = False):
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience must be a whole number >= 1, got {patience!r}")
+                 restore_best_weights: bool = False, start_from_epoch: int = 0):
+        for name, value, least in (("patience", patience, 1), ("start_from_epoch", start_from_epoch, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+        self.start_from_epoch = start_from_epoch
         self.watch, self.patience, self.wait = Monitor(monitor, mode, min_delta), patience, 0
         self.restore_best_weights = _flag("restore_best_weights", restore_best_weights)
         self.stopped_epoch: Optional[int] = None
@@ -205,6 +209,8 @@ class EarlyStopping(Callback):
             self._heard(run, epoch, row, None)
 
     def _heard(self, run: Any, epoch: int, row: Row, step: Optional[int]) -> None:
+        if epoch <= self.start_from_epoch:
+            return
         news = self.watch.news()
         if news:
             run.log(f"EarlyStopping: {news}")

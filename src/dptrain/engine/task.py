@@ -131,6 +131,10 @@ class Task:
                                 f"functools.partial({kind}, ...)")
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+        # A list (copied), or one callback (Lightning takes one too); each one is checked later.
+        several = isinstance(self.callbacks, (list, tuple)) or (
+            hasattr(self.callbacks, "__iter__") and not any(n.startswith("on_") for n in dir(self.callbacks)))
+        self.callbacks = list(self.callbacks) if several else [self.callbacks]
         if self.reduction is not None and self.reduction not in REDUCTIONS:
             raise ValueError(f"unknown reduction {self.reduction!r}; choose mean or sum")
         if self.scheduler_interval == "step":     # (Lightning's name: an update, as ours)

@@ -40,7 +40,8 @@ TASK_KEYWORDS = ("loss", "reduction", "forward", "step", "optimizer", "optimizer
 CONFIG_KEYWORDS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("fit", True))
 #: Keywords ``fit`` took before each setting had one name everywhere.
 RENAMED = {"bucket_mb": "bucket_cap_mb"}
-#: Keras's, Lightning's and Accelerate's names for what ``fit`` takes: the error names ours.
+#: Keras's, Lightning's and Accelerate's names for what ``fit`` takes: the error names ours (or,
+#: "none: ...", what to do instead).
 PEER_KEYWORDS = {
     "validation_data": "eval_data (fit's third argument: fit(model, (X, y), (X_val, y_val)))",
     "val_dataloaders": "eval_data (fit's third argument)", "train_dataloaders": "train_data (fit's second argument)",
@@ -53,7 +54,28 @@ PEER_KEYWORDS = {
     "limit_train_batches": "max_batches", "lr_scheduler": "scheduler", "callback": "callbacks",
     "sample_weight": "a loss of three arguments, loss(output, target, batch), reading the weights from the "
                      "batch (see the README's Loss)",
-    "class_weight": "loss=torch.nn.CrossEntropyLoss(weight=class_weights)"}
+    "class_weight": "loss=torch.nn.CrossEntropyLoss(weight=class_weights)",
+    "min_epochs": "callbacks=[EarlyStopping(..., start_from_epoch=N)] (no epoch up to N is watched, so none "
+                  "stops the run)",
+    "limit_val_batches": "eval_batches (the first N evaluation batches)", "validation_steps": "eval_batches",
+    "overfit_batches": "max_batches=N with shuffle=False (the same first N batches every epoch)",
+    "fast_dev_run": "epochs=1, max_batches=1, eval_batches=1 (one batch of each)",
+    "initial_epoch": "resume=True with checkpoint_dir (a run goes on from its checkpoint's epoch)",
+    "num_sanity_val_steps": "none: fit tries the model on a training and an evaluation batch before every run",
+    "deterministic": "seed (a run is repeatable by its seed; torch.use_deterministic_algorithms(True) is yours "
+                     "to call)",
+    "benchmark": "none: set torch.backends.cudnn.benchmark yourself", "detect_anomaly":
+        "none: call torch.autograd.set_detect_anomaly(True) before fit (on_nan='stop' ends a run at a NaN loss)",
+    "logger": "tensorboard (a folder), metrics_file (JSON lines), or a callback of your own",
+    "enable_checkpointing": "checkpoint_dir (none: no checkpoints)", "enable_progress_bar": "progress",
+    "accelerator": "devices ('auto', 'cpu', 'cuda', a count, or a list such as ['cuda:0', 'cuda:1'])",
+    "gpus": "devices (a count, or a list such as ['cuda:0', 'cuda:1'])",
+    "strategy": "none: training is data-parallel; several processes run with dptrain launch --processes N "
+                "(or torchrun)",
+    "num_nodes": "none: dptrain launch --nnodes N (or torchrun) starts the processes of several machines",
+    "gradient_clip_algorithm": "clip_grad_norm=X or clip_grad_value=X",
+    "workers": "num_workers", "use_multiprocessing": "num_workers (worker processes load the data)",
+    "profiler": "trace (a Chrome/Perfetto timeline of a few steps)"}
 
 
 def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optional[str] = None,
@@ -98,7 +120,9 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
     known = TASK_KEYWORDS + CONFIG_KEYWORDS
     for key in settings:
         if key in PEER_KEYWORDS:
-            raise TypeError(f"fit() got an unexpected keyword argument {key!r}; dptrain's is {PEER_KEYWORDS[key]}")
+            hint = PEER_KEYWORDS[key]
+            hint = f"dptrain has none: {hint[6:]}" if hint.startswith("none: ") else f"dptrain's is {hint}"
+            raise TypeError(f"fit() got an unexpected keyword argument {key!r}; {hint}")
         if key not in known:
             near = difflib.get_close_matches(key, known, n=1)
             raise TypeError(f"fit() got an unexpected keyword argument {key!r}"
@@ -120,7 +144,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
         for line in notes:
             log(f"dptrain: {line}")
     what["metrics"] = dict(what.get("metrics") or {})
-    what["callbacks"] = list(what.get("callbacks") or ())
+    what["callbacks"] = what.get("callbacks") or ()
     torch.manual_seed(settings.get("seed", 0))
     task = Task(model, train_data, eval_data, **what)
     # Called under torch.inference_mode() (a notebook cell's, a server's): the tensors training
