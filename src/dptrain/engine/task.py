@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from . import lightning_config
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
@@ -52,7 +53,9 @@ class Task:
       several optimizers: one for each, or a dict of them by update name; on one loss, one
       over all of their groups, or a dict by optimizer name). ``scheduler_monitor``: the figure
       a ``ReduceLROnPlateau`` decides on (default: the test loss; ``"test_acc"``, Keras's
-      ``"val_accuracy"``...; its ``mode`` must take it the right way).
+      ``"val_accuracy"``...; its ``mode`` must take it the right way). Lightning's
+      ``configure_optimizers()`` output as ``optimizer`` (or its ``lr_scheduler_config`` as
+      ``scheduler``) gives all three (``lightning_config.py``).
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
       ``eval_data`` and summed over devices and processes (accuracy is added for
       classification losses); or ``{name: metric object}`` (a ``torchmetrics.Metric``:
@@ -98,6 +101,8 @@ class Task:
         self.model = unwrapped(self.model)      # a DDP-wrapped model: the module it wraps trains
         if self.train_data is None:
             raise ValueError("train_data is missing: give a Dataset, tensors (X, y), or a dict of tensors")
+        self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor = lightning_config.unpack(
+            self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor)
         if self.step is not None and self.loss is not None:
             raise ValueError("give either loss (with the default or your forward) or step, not both: step "
                              "computes the loss itself")

@@ -1,0 +1,78 @@
+"""What Lightning's ``configure_optimizers`` returns, taken as ``fit``'s optimizer and schedule.
+
+A ``LightningModule`` returns its optimizer with its scheduler in one of Lightning's forms; a
+program brought over passes it on as it is::
+
+    dptrain.fit(model, train, val, optimizer=model.configure_optimizers())
+    # {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss", "interval": "epoch"}}
+    # or ([opt], [scheduler]); or scheduler={"scheduler": s, "interval": "step"} (an lr_scheduler_config)
+
+``unpack`` gives ``(optimizer, scheduler, interval, monitor)``: the config's ``interval``
+(``"step"`` is our ``"batch"``) and ``monitor`` (``val_loss`` is watched as ``test_loss``);
+``frequency`` other than 1 is refused (a scheduler steps every epoch or batch here), and a
+setting given both ways with two values is an error naming both.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+
+#: The keys of Lightning's ``lr_scheduler_config`` and of ``configure_optimizers``'s dict.
+SCHEDULER_KEYS = frozenset({"scheduler", "interval", "frequency", "monitor", "strict", "name"})
+OPTIMIZER_KEYS = frozenset({"optimizer", "lr_scheduler", "monitor"})
+
+
+def is_scheduler_config(value: Any) -> bool:
+    return isinstance(value, dict) and "scheduler" in value and set(value) <= SCHEDULER_KEYS
+
+
+def is_optimizer_config(value: Any) -> bool:
+    """Lightning's ``{"optimizer": ..., "lr_scheduler": ...}``, or ``([optimizer], [scheduler])``."""
+    if isinstance(value, dict):
+        return "optimizer" in value and set(value) <= OPTIMIZER_KEYS
+    return (isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, list) for v in value)
+            and bool(value[0]) and all(isinstance(o, torch.optim.Optimizer) for o in value[0]))
+
+
+def _agreed(name: str, given: Optional[str], configured: Optional[str], default: Optional[str]) -> Optional[str]:
+    """The config's value, unless fit's keyword says another."""
+    if configured is None:
+        return given
+    if given not in (default, configured):
+        raise ValueError(f"{name}={given!r} and Lightning's config's {configured!r}: give one of them")
+    return configured
+
+
+def unpack(optimizer: Any, scheduler: Any, interval: str, monitor: Optional[str]) -> Tuple[Any, Any, str, Any]:
+    """``(optimizer, scheduler, scheduler_interval, scheduler_monitor)`` with Lightning's forms
+    of them taken apart (other values pass as they are)."""
+    config_monitor = None
+    if is_optimizer_config(optimizer):
+        if scheduler is not None:
+            raise ValueError("optimizer= is Lightning's configure_optimizers() output, which holds the scheduler: "
+                             "drop scheduler=")
+        if isinstance(optimizer, dict):
+            optimizer, scheduler, config_monitor = (optimizer["optimizer"], optimizer.get("lr_scheduler"),
+                                                    optimizer.get("monitor"))
+        else:
+            optimizers, schedulers = optimizer
+            if len(optimizers) > 1 or len(schedulers) > 1:
+                raise ValueError(f"configure_optimizers() gave {len(optimizers)} optimizers and {len(schedulers)} "
+                                 f"schedulers: with one loss give optimizer={{name: optimizer}} and scheduler="
+                                 f"{{name: fn}}; optimizers taking turns need step={{name: fn}} too (see the README)")
+            optimizer, scheduler = optimizers[0], (schedulers[0] if schedulers else None)
+    if is_scheduler_config(scheduler):
+        frequency = scheduler.get("frequency", 1)
+        if frequency != 1:
+            raise ValueError(f"Lightning's lr_scheduler_config frequency={frequency!r}: a scheduler steps every "
+                             f"epoch or every batch here; give frequency 1 (and a schedule N times slower)")
+        given_interval = {"step": "batch"}.get(interval, interval)
+        interval = _agreed("scheduler_interval", given_interval,
+                           {"step": "batch"}.get(scheduler.get("interval"), scheduler.get("interval")), "epoch")
+        config_monitor = scheduler.get("monitor", config_monitor)
+        scheduler = scheduler["scheduler"]
+    if config_monitor is not None and monitor is None \
+            and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return optimizer, scheduler, interval, None     # (Lightning takes one for any scheduler; a plateau reads it)
+    return optimizer, scheduler, interval, _agreed("scheduler_monitor", monitor, config_monitor, None)
