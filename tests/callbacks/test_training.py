@@ -1,5 +1,7 @@
 """EarlyStopping, BestCheckpoint and EMA: the same epoch on 1 and 2 devices, the best epoch's
 weights, an EMA equal to one computed by hand; their checks."""
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -103,6 +105,13 @@ def test_keras_and_lightnings_val_names_watch_the_evaluation_figures(tmp_path):
                          progress=False, log=None)
     accs = [r["test_acc"] for r in result["history"]]
     assert torch.load(best.path)["value"] == max(accs) and best.best_epoch == accs.index(max(accs)) + 1
+    keras = BestCheckpoint(tmp_path / "weights.{epoch:02d}-{val_loss:.2f}.pt", monitor="val_loss")   # Keras's example
+    torch.manual_seed(0)
+    result = dptrain.fit(nn.Linear(5, 2), data, data, epochs=3, batch_size=16, lr=0.05, callbacks=[keras],
+                         progress=False, log=None)
+    last = result["history"][-1]                 # (the loss falls every epoch: the last is the best)
+    assert keras.best_path == str(tmp_path / f"weights.03-{last['test_loss']:.2f}.pt")
+    assert sorted(p.name for p in tmp_path.glob("weights.*")) == [Path(keras.best_path).name]
 
 
 def test_start_from_epoch_leaves_the_first_epochs_unwatched():

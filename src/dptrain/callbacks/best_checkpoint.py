@@ -4,6 +4,7 @@
     BestCheckpoint("runs/best.pt", monitor="test_acc")                      # the best epoch's
     BestCheckpoint("runs/best-{epoch}.pt", monitor="test_loss", save_top_k=3)  # the 3 best
     BestCheckpoint("runs/e{epoch:02d}-{test_loss:.3f}.pt")                   # named by figures
+    BestCheckpoint("runs/weights.{epoch:02d}-{val_loss:.2f}.pt")             # (Keras's names too)
 
 Rank 0 writes each file atomically; the run's rows decide (the same on every process). The
 files kept are in the callback's state, so a resumed run goes on keeping the same ones.
@@ -19,7 +20,7 @@ import torch
 
 from ..core.atomic import atomic_file
 from .base import Callback, Row
-from .training import Monitor, monitored_weights
+from .training import Monitor, monitored_weights, peer_names
 
 Kept = Tuple[float, int, Optional[int], str]       # (value, epoch, step of a step evaluation, file)
 
@@ -116,8 +117,9 @@ class BestCheckpoint(Callback):
 
     def _name(self, epoch: int, step: int, row: Row) -> str:
         figures = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k not in ("epoch", "step")}
+        peers = {peer: figures[ours] for peer, ours in peer_names(figures).items() if peer not in figures}
         try:
-            return self.template.format(epoch=epoch, step=step, **figures)
+            return self.template.format(epoch=epoch, step=step, **figures, **peers)
         except (KeyError, IndexError, ValueError) as e:
             raise ValueError(f"BestCheckpoint({self.template!r}): the path names {e} , which the epoch's row does "
                              f"not give; name it by {{epoch}} or by one of {', '.join(figures)}") from None

@@ -54,6 +54,15 @@ def peer_figure(monitor: str) -> str:
     return "test_acc" if ours == "test_accuracy" else ours
 
 
+def peer_names(figures: Row) -> Dict[str, str]:
+    """Keras's and Lightning's names of the evaluation figures among ``figures``, each with ours
+    (``{"val_loss": "test_loss", "val_accuracy": "test_acc", "val_acc": "test_acc"}``)."""
+    names = {"val_" + k[len("test_"):]: k for k in figures if k.startswith("test_")}
+    if "test_acc" in figures:
+        names["val_accuracy"] = "test_acc"
+    return names
+
+
 class Monitor:
     """Whether an epoch's ``row[monitor]`` is the best so far (by more than ``min_delta``).
 
