@@ -127,6 +127,26 @@ def test_start_from_epoch_leaves_the_first_epochs_unwatched():
             EarlyStopping(start_from_epoch=bad)
 
 
+def test_verbose_says_each_evaluation_heard_and_each_file_saved(tmp_path):
+    """Keras's verbose=1 and Lightning's verbose=True, as their programs pass them."""
+    lines = []
+    stop = EarlyStopping("val_loss", patience=2, verbose=1)
+    best = BestCheckpoint(tmp_path / "b-{epoch}.pt", monitor="test_loss", verbose=True)
+    _, result = train(1, [stop, best], epochs=20, lr=0.0, log=lines.append)       # lr 0: the first is the best
+    said = [line for line in lines if line.startswith(("EarlyStopping", "BestCheckpoint"))]
+    loss = result["history"][0]["test_loss"]
+    assert said[1:] == [f"EarlyStopping: test_loss {loss:.4g}, the best so far",
+                        f"BestCheckpoint: test_loss {loss:.4g} at epoch 1, saved {tmp_path / 'b-1.pt'}"] + [
+        f"EarlyStopping: test_loss {loss:.4g}, not better than {loss:.4g} (epoch 1) for {n} of 2" for n in (1, 2)]
+    quiet = []
+    train(1, [EarlyStopping("test_loss", patience=2), BestCheckpoint(tmp_path / "q.pt")], epochs=20, lr=0.0,
+          log=quiet.append)
+    assert not [line for line in quiet if line.startswith(("EarlyStopping", "BestCheckpoint"))]
+    for bad in (-1, "yes"):
+        with pytest.raises(ValueError, match=f"verbose must be True, False or a number >= 0, got {bad!r}"):
+            EarlyStopping(verbose=bad)
+
+
 def test_an_evaluation_figure_without_an_evaluation_set_is_an_error_before_the_first_epoch(tmp_path):
     class Counted(dptrain.Callback):
         epochs = 0

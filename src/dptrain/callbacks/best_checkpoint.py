@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from ..core.atomic import atomic_file
 from .base import Callback, Row
-from .training import Monitor, monitored_weights, peer_names
+from .training import Monitor, monitored_weights, peer_names, verbosity
 
 Kept = Tuple[float, int, Optional[int], str]       # (value, epoch, step of a step evaluation, file)
 
@@ -41,10 +41,11 @@ class BestCheckpoint(Callback):
 
     A file already at ``path`` (any file the pattern matches) is refused (another run's best
     weights) unless the run resumes with this callback's state, or ``overwrite`` is true:
-    this callback's own, else the run's (``fit(overwrite=True)``, ``--overwrite``)."""
+    this callback's own, else the run's (``fit(overwrite=True)``, ``--overwrite``).
+    ``verbose`` (Keras's and Lightning's argument) says each file saved."""
 
     def __init__(self, path: str, monitor: str = "test_loss", mode: str = "auto", min_delta: float = 0.0,
-                 overwrite: Optional[bool] = None, save_top_k: int = 1):
+                 overwrite: Optional[bool] = None, save_top_k: int = 1, verbose: Union[bool, int] = False):
         if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < 1:
             raise ValueError(f"save_top_k must be a whole number >= 1, got {save_top_k!r}")
         self.template = str(path)
@@ -56,6 +57,7 @@ class BestCheckpoint(Callback):
         self.path = Path(path)
         self.watch, self.overwrite, self.top_k = Monitor(monitor, mode, min_delta), overwrite, save_top_k
         self.kept: List[Kept] = []          # the best first
+        self.verbose = verbosity(verbose)
 
     def on_fit_start(self, run: Any) -> None:
         self.watch.check_start(run, f"BestCheckpoint({self.template!r})")
@@ -107,6 +109,9 @@ class BestCheckpoint(Callback):
             with atomic_file(Path(path)) as f:
                 torch.save({"model": weights, "epoch": epoch, "step": step if step is not None else run.step,
                             "monitor": self.watch.monitor, "value": value}, f)
+        if self.verbose:
+            where = f"epoch {epoch}" if step is None else f"step {step}"
+            run.log(f"BestCheckpoint: {self.watch.monitor} {value:.4g} at {where}, saved {path}")
         new: Kept = (value, epoch, step, path)
         ranked = [new] + self.kept if self.top_k == 1 else sorted(    # one: the newest best (min_delta's)
             self.kept + [new], key=lambda k: (k[0] if self.watch.mode == "min" else -k[0], k[1], k[2] or 0))

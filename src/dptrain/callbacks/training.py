@@ -15,7 +15,7 @@ which are the same on every process, so every rank decides alike.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import nn
@@ -181,6 +181,13 @@ def monitored_weights(run: Any, monitor: str) -> Weights:
     return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
 
 
+def verbosity(verbose: Any) -> bool:
+    """Keras's ``verbose`` (0, 1) or Lightning's (False, True): whether to say more."""
+    if not isinstance(verbose, (bool, int)) or verbose < 0:
+        raise ValueError(f"verbose must be True, False or a number >= 0, got {verbose!r}")
+    return bool(verbose)
+
+
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -193,14 +200,16 @@ class EarlyStopping(Callback):
     the model ends the run with the best epoch's weights (as Keras 3 does, stopped early or
     not), on every device and process; they are kept on the CPU, and in checkpoints.
     ``start_from_epoch=N`` (Keras's; Lightning's ``min_epochs``): the first N epochs are a
-    warm-up, not watched (their figures are neither a best nor a reason to stop)."""
+    warm-up, not watched (their figures are neither a best nor a reason to stop). The stop
+    and the restore are always said; ``verbose`` says every evaluation heard too (Keras's and
+    Lightning's argument: true, or a number above 0)."""
 
     def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0, mode: str = "auto",
-                 restore_best_weights: bool = False, start_from_epoch: int = 0):
+                 restore_best_weights: bool = False, start_from_epoch: int = 0, verbose: Union[bool, int] = False):
         for name, value, least in (("patience", patience, 1), ("start_from_epoch", start_from_epoch, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
-        self.start_from_epoch = start_from_epoch
+        self.start_from_epoch, self.verbose = start_from_epoch, verbosity(verbose)
         self.watch, self.patience, self.wait = Monitor(monitor, mode, min_delta), patience, 0
         self.restore_best_weights = _flag("restore_best_weights", restore_best_weights)
         self.stopped_epoch: Optional[int] = None
@@ -227,8 +236,13 @@ class EarlyStopping(Callback):
             self.wait = 0
             if self.restore_best_weights:
                 self.best_weights = monitored_weights(run, self.watch.monitor)
+            if self.verbose:
+                run.log(f"EarlyStopping: {self.watch.monitor} {self.watch.best:.4g}, the best so far")
             return
         self.wait += 1
+        if self.verbose:
+            run.log(f"EarlyStopping: {self.watch.monitor} {self.watch.value(row):.4g}, not better than "
+                    f"{self.watch.best:.4g} ({self.watch.where()}) for {self.wait} of {self.patience}")
         if self.wait >= self.patience:
             self.stopped_epoch = epoch
             unit = "epoch(s)" if self.watch.heard_step < 0 else "evaluation(s)"
