@@ -1,4 +1,8 @@
-"""``--metrics FILE.jsonl``: one JSON record per epoch, written and flushed to disk as it ends.
+"""``--metrics FILE.jsonl``: one JSON record per epoch, written and flushed to disk as it ends;
+``--metrics FILE.csv``: the same records as a table (Keras's and Lightning's ``CSVLogger``),
+a column for every figure any epoch had, rewritten whole and atomically each epoch (a figure
+that comes later, a test figure of ``eval_every``, gets its column then; a cell without a value
+is empty).
 
 A file holds one run: a new run starts it (``--overwrite`` replaces another run's records,
 which are otherwise refused before training, see ``preflight.py``); a resumed run rewrites
@@ -7,22 +11,64 @@ never leaves an epoch twice or missing.
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Union
 
+from ..core.atomic import atomic_file
+
 REQUIRED = ("epoch", "train_loss")
 
 
+def is_csv(path: Union[str, Path]) -> bool:
+    return Path(path).suffix.lower() == ".csv"
+
+
+def csv_text(records: List[Dict[str, Any]]) -> str:
+    """``records`` as CSV: a header of every key in the order first seen; numbers as Python
+    writes them (they read back equal), lists and dicts as JSON, no value an empty cell."""
+    columns = list(dict.fromkeys(k for record in records for k in record))
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for record in records:
+        writer.writerow(["" if record.get(k) is None else json.dumps(record[k])
+                         if isinstance(record[k], (list, dict, bool)) else record[k] for k in columns])
+    return out.getvalue()
+
+
+def _cell(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text[:1] in "[{" or text in ("true", "false"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass
+    return text
+
+
+def csv_records(text: str) -> List[Dict[str, Any]]:
+    """The records of ``csv_text``'s table (an empty cell: no such figure that epoch)."""
+    return [{k: _cell(v) for k, v in row.items() if v != ""} for row in csv.DictReader(io.StringIO(text))]
+
+
 class MetricsLog:
-    """Append one line per record; each line is complete on disk before the next epoch starts.
+    """Append one line per record; each line is complete on disk before the next epoch starts
+    (a ``.csv`` file: the whole table, atomically).
 
     ``start``: the records the file begins with (a resumed run's history), replacing what
     it held."""
 
     def __init__(self, path: Union[str, Path], start: Iterable[Dict[str, Any]] = ()):
         self.path = Path(path)
+        self.records: List[Dict[str, Any]] = []         # (a CSV file's, rewritten whole)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._write("w", start)
@@ -39,6 +85,11 @@ class MetricsLog:
 
     def _write(self, mode: str, records) -> None:
         """The records, one JSON line each, on the disk before this returns."""
+        if is_csv(self.path):
+            self.records = (self.records if mode == "a" else []) + list(records)
+            with atomic_file(self.path) as f:
+                f.write(csv_text(self.records).encode("utf-8"))
+            return
         with open(self.path, mode) as f:
             for record in records:
                 f.write(json.dumps(record) + "\n")
@@ -55,6 +106,12 @@ def read_metrics(path: Union[str, Path]) -> List[Dict[str, Any]]:
         raise ValueError(f"cannot read metrics file {path}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not a metrics file (binary content; --metrics writes JSON lines)") from None
+    if is_csv(path):
+        records = csv_records(text)
+        if not records or any(k not in records[0] for k in REQUIRED):
+            raise ValueError(f"{path} holds no metrics records (a table with columns {', '.join(REQUIRED)}, ... "
+                             f"expected)")
+        return records
     lines = text.splitlines()
     records = []
     for n, line in enumerate(lines, 1):

@@ -172,8 +172,8 @@ class TrainConfig:
     resume: bool = option(False, "continue from the checkpoint in --checkpoint-dir", Switch())
     overwrite: bool = option(False, "start over in a --checkpoint-dir, --metrics file, --trace file or --tensorboard "
                              "folder that holds another run's (refused otherwise)", Switch())
-    metrics_file: Optional[str] = option(None, "write one JSON record per epoch to FILE", flag="--metrics",
-                                         metavar="FILE.jsonl")
+    metrics_file: Optional[str] = option(None, "write one JSON record per epoch to FILE (FILE.csv: a table)",
+                                         flag="--metrics", metavar="FILE.jsonl")
     tensorboard: Optional[str] = option(None, "write TensorBoard scalars per epoch to DIR", metavar="DIR")
     trace: Optional[str] = option(None, "write a Chrome/Perfetto trace of a few steps: each device's forward, "
                                   "backward, gradient sum, update, and the data wait", metavar="FILE.json")

@@ -8,7 +8,6 @@ records), the TensorBoard folder, and the plot (matplotlib present, folder writa
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -16,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Union
 
-from ..core.atomic import atomic_file
 from ..outputs.checkpoint import FILENAME, existing_checkpoint
+from ..outputs.metrics_file import is_csv
 from ..core.errors import CheckpointError
 
 PathLike = Union[str, Path]
@@ -109,7 +108,7 @@ def check_metrics_file(path: Optional[PathLike], resume: bool, overwrite: bool) 
         return
     check_regular(path, "--metrics")
     path = Path(path)
-    n = _records(path) if path.exists() else 0
+    n = max(0, _records(path) - is_csv(path)) if path.exists() else 0        # (a table's header is no record)
     if n and not resume and not overwrite:
         raise ValueError(f"{path} already holds {n} record(s) of another run: pass --resume to continue that run, "
                          f"--overwrite to replace them, or write to another file")
@@ -156,11 +155,3 @@ def check_outputs(config, plot: Optional[PathLike] = None) -> None:
     check_metrics_file(config.metrics_file, config.resume, config.overwrite)
     check_tensorboard(config.tensorboard, config.resume, config.overwrite)
     check_plot(plot)
-
-
-def rewrite_metrics(path: PathLike, records) -> None:
-    """A resumed run's metrics file holds exactly the checkpoint's epochs, then the new ones."""
-    with atomic_file(Path(path)) as f:
-        for record in records:
-            f.write((json.dumps(record) + "\n").encode())
-    os.utime(path)
