@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import dptrain
+
 from dptrain.run.schedule import Schedule
 
 
@@ -86,3 +88,36 @@ def test_a_plateau_that_takes_its_figure_the_wrong_way_and_a_monitor_without_a_p
         Schedule(torch.optim.lr_scheduler.StepLR(opt, 1), "epoch", None, "test_acc")
     with pytest.raises(ValueError, match="and there is no scheduler: drop scheduler_monitor"):
         Schedule(None, "epoch", None, "test_acc")
+
+
+def test_a_scheduler_stepped_past_its_total_steps_is_an_error_before_the_run():
+    """OneCycleLR raises at the step past total_steps: hours into a run, where the count was
+    off (accumulation, a batch size changed). It is checked against what the run has left."""
+    def one_cycle(total, interval, stepped=0):
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=total)
+        for _ in range(stepped):
+            opt.step()
+            scheduler.step()
+        return Schedule(scheduler, interval, None)
+    lines = []
+    one_cycle(30, "batch").check_length(30, 3, lines.append)
+    one_cycle(30, "batch", stepped=10).check_length(20, 2, lines.append)       # (resumed)
+    one_cycle(3, "epoch").check_length(30, 3, lines.append)
+    assert lines == []
+    with pytest.raises(ValueError, match=r"OneCycleLR\(total_steps=29\) is stepped every update, 30 times in this "
+                                         r"run, and raises at its step 30: give it total_steps=30 \(epochs x"):
+        one_cycle(29, "batch").check_length(30, 3, lines.append)
+    with pytest.raises(ValueError, match=r"give it total_steps=31 "):
+        one_cycle(30, "batch", stepped=10).check_length(21, 3, lines.append)
+    with pytest.raises(ValueError, match=r"OneCycleLR\(total_steps=2\) is stepped every epoch, 3 times in this run, "
+                                         r"and raises at its step 3: give it total_steps=3 \(or scheduler_interval="):
+        one_cycle(2, "epoch").check_length(30, 3, lines.append)
+    one_cycle(30, "epoch").check_length(30, 3, lines.append)
+    assert lines == ["dptrain: OneCycleLR(total_steps=30) is stepped every epoch, 3 times in this run, its schedule "
+                     "30 steps long: give scheduler_interval='batch' if its steps are updates"]
+    one_cycle(29, "batch").check_length(None, 3, lines.append)          # (an open-ended stream: not known)
+    with pytest.raises(ValueError, match="stepped every update, 8 times in this run"):     # accumulation: updates
+        dptrain.fit(torch.nn.Linear(3, 2), (torch.randn(64, 3), torch.randint(0, 2, (64,))), epochs=2, batch_size=8,
+                    accumulate_grad_batches=2, scheduler_interval="batch", log=None, devices=1,
+                    scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=7))

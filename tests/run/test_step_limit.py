@@ -60,6 +60,10 @@ def test_the_arithmetic_of_the_limit():
     assert StepLimit(None).last_batch(70, 10) == 10 and not StepLimit(None).reached(10**6)
     assert limit.reason(5, 10) == "max_steps 25 reached at batch 5 of 10"
     assert limit.reason(5, None) == "max_steps 25 reached at batch 5"
+    # What a run has left at most: (updates, epoch ends), from its step and epoch.
+    assert StepLimit(None).left(0, 1, 4, 10) == (40, 4) and StepLimit(None).left(24, 3, 4, 10) == (16, 2)
+    assert limit.left(0, 1, 9, 10) == (25, 3) and limit.left(24, 3, 9, 10) == (1, 1)
+    assert limit.left(5, 2, 25, None) == (20, 24) and StepLimit(None).left(5, 2, 4, None) == (None, 3)
 
 
 @pytest.mark.parametrize("devices", [1, 2])

@@ -149,6 +149,8 @@ class Run(RunView):
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         keys = sum_keys(self.engine) if self.eval_loader is not None else []
+        self.schedule.check_length(*self.limit.left(self.step, self.position.epoch, self.epochs, self.batches),
+                                   self.log)
         with stage("running the callbacks' on_fit_start"):
             self.callbacks.on_fit_start(self)
         try:

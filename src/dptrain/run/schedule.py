@@ -10,7 +10,7 @@ every batch, each ``eval_every_n_steps`` evaluation's test loss (Lightning's ``"
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -96,6 +96,27 @@ class Schedule:
                 raise ValueError(f"ReduceLROnPlateau(mode={plateau.mode!r}) decides on {shown}, of which "
                                  f"{'larger' if better == 'max' else 'smaller'} is better: give it mode={better!r}"
                                  + ("" if monitor else ", or scheduler_monitor='test_acc' to decide on a score"))
+
+    def check_length(self, updates: Optional[int], epochs: int, log: Callable[[str], None]) -> None:
+        """A scheduler that counts its steps (``OneCycleLR``'s ``total_steps``) raises at the step
+        past them: stepped more times than that by this run (``updates`` and ``epochs`` it has
+        left at most), an error now, not hours in; stepped every epoch far fewer times than it
+        counts, a line saying its schedule is counted in steps."""
+        for scheduler in getattr(self.scheduler, "schedulers", {"": self.scheduler}).values():
+            total = getattr(scheduler, "total_steps", None)
+            if not isinstance(total, int) or self.plateau or scheduler is None:
+                continue
+            kind, left = type(scheduler).__name__, total - scheduler.last_epoch
+            steps = updates if self.per_batch else epochs
+            if steps is not None and steps > left:
+                unit = "update" if self.per_batch else "epoch"
+                raise ValueError(f"{kind}(total_steps={total}) is stepped every {unit}, {steps} times in this run, and "
+                                 f"raises at its step {total + 1}: give it total_steps={scheduler.last_epoch + steps}"
+                                 + (" (epochs x batches per epoch, with accumulate_grad_batches: those over k)"
+                                    if self.per_batch else " (or scheduler_interval='batch', to count updates)"))
+            if self.per_epoch and left > epochs:
+                log(f"dptrain: {kind}(total_steps={total}) is stepped every epoch, {epochs} times in this run, its "
+                    f"schedule {left} steps long: give scheduler_interval='batch' if its steps are updates")
 
     def figure(self, row: Dict[str, Any]) -> float:
         """The figure the plateau decides on in ``row``."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .resume import Position, random_states
 
@@ -54,6 +54,16 @@ class StepLimit:
         if self.max_steps is None:
             return most
         return max(0, min(most, self.max_steps - steps_before))
+
+    def left(self, steps: int, epoch: int, epochs: int, batches: Optional[int]) -> Tuple[Optional[int], int]:
+        """``(updates, epoch ends)`` a run at ``steps`` updates, in ``epoch`` of ``epochs``, has
+        left at most (``max_time`` or a stop may end it before; updates None: an open-ended
+        stream's, not known)."""
+        last = epochs if self.max_steps is None or batches is None else min(epochs, epochs_for(self.max_steps, batches))
+        if batches is None:
+            return (None if self.max_steps is None else max(0, self.max_steps - steps)), max(0, last - epoch + 1)
+        total = epochs * batches if self.max_steps is None else min(epochs * batches, self.max_steps)
+        return max(0, total - steps), max(0, last - epoch + 1)
 
     def reason(self, batch: int, batches: Optional[int]) -> str:
         return f"max_steps {self.max_steps} reached at batch {batch}" + (f" of {batches}" if batches else "")
