@@ -1,10 +1,11 @@
 """Callbacks: hooks into a run (``base.py``), dptrain's own outputs written as such
 (``outputs.py``), early stopping and an EMA (``training.py``), the best epochs' weights
-(``best_checkpoint.py``)."""
+(``best_checkpoint.py``), what watches a figure for them (``monitor.py``)."""
 from .base import BatchEnd, Callback, CallbackList
 from .outputs import EpochLog, MetricsFile, ProgressBar, TensorBoard, Trace
 from .best_checkpoint import BestCheckpoint
-from .training import EMA, EarlyStopping, Monitor
+from .monitor import Monitor
+from .training import EMA, EarlyStopping
 
 __all__ = ["BatchEnd", "BestCheckpoint", "Callback", "CallbackList", "EMA", "EarlyStopping", "EpochLog",
            "MetricsFile", "Monitor", "ProgressBar", "TensorBoard", "Trace"]

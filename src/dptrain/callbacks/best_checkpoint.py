@@ -20,7 +20,8 @@ import torch
 
 from ..core.atomic import atomic_file
 from .base import Callback, Row
-from .training import Monitor, monitored_weights, peer_names, verbosity
+from .monitor import Monitor, monitored_weights, peer_names
+from .training import verbosity
 
 Kept = Tuple[float, int, Optional[int], str]       # (value, epoch, step of a step evaluation, file)
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from ..callbacks.training import auto_mode, peer_figure
+from ..callbacks.monitor import auto_mode, peer_figure
 
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
 
