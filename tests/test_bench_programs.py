@@ -270,3 +270,13 @@ def test_the_fp16_benchmark_pairs_dptrain_with_the_grad_scaler_loop(tmp_path):
     figures = run_benchmark(tmp_path, "bench_fp16.py", "--smoke")["mlp"]
     assert set(figures["epoch_sec"]) == {"plain loop, GradScaler", "dptrain fp16", "dptrain bf16"}
     assert figures["dptrain fp16 / plain loop (speed)"] > 0 and figures["dptrain fp16 / dptrain bf16 (speed)"] > 0
+
+
+def test_the_garbage_collection_benchmark_counts_each_variants_collections(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_gc.py", "--smoke")
+    assert set(figures["rounds"]) == {f"{data}: {who}" for data in ("tensors", "stream of samples")
+                                      for who in ("plain loop", "dptrain")}
+    for name, rounds in figures["rounds"].items():
+        assert set(rounds[0]["steps"]) == {"gen0", "gen1", "gen2", "gen2_ms"}
+        assert ("setup" in rounds[0]) == name.endswith("dptrain")
+    assert figures["full_collection_ms"] > 0 and figures["first_optimizer_ms"] > 0
