@@ -110,9 +110,10 @@ def test_verbose_says_each_evaluation_heard_and_each_file_saved(tmp_path):
     _, result = train(1, [stop, best], epochs=20, lr=0.0, log=lines.append)       # lr 0: the first is the best
     said = [line for line in lines if line.startswith(("EarlyStopping", "BestCheckpoint"))]
     loss = result["history"][0]["test_loss"]
-    assert said[1:] == [f"EarlyStopping: test_loss {loss:.4g}, the best so far",
+    assert said[1:] == [f"EarlyStopping: epoch 1, test_loss {loss:.4g}, the best so far",
                         f"BestCheckpoint: test_loss {loss:.4g} at epoch 1, saved {tmp_path / 'b-1.pt'}"] + [
-        f"EarlyStopping: test_loss {loss:.4g}, not better than {loss:.4g} (epoch 1) for {n} of 2" for n in (1, 2)]
+        f"EarlyStopping: epoch {n + 1}, test_loss {loss:.4g}, not better than {loss:.4g} (epoch 1) for {n} of 2"
+        for n in (1, 2)]
     quiet = []
     train(1, [EarlyStopping("test_loss", patience=2), BestCheckpoint(tmp_path / "q.pt")], epochs=20, lr=0.0,
           log=quiet.append)

@@ -79,11 +79,13 @@ class EarlyStopping(Callback):
             if self.restore_best_weights:
                 self.best_weights = monitored_weights(run, self.watch.monitor)
             if self.verbose:
-                run.log(f"EarlyStopping: {self.watch.monitor} {self.watch.best:.4g}, the best so far")
+                run.log(f"EarlyStopping: {self.watch.where()}, {self.watch.monitor} {self.watch.best:.4g}, the best "
+                        f"so far")
             return
         self.wait += 1
         if self.verbose:
-            run.log(f"EarlyStopping: {self.watch.monitor} {self.watch.value(row):.4g}, not better than "
+            at = f"epoch {epoch}" if step is None else f"step {step} (epoch {epoch})"
+            run.log(f"EarlyStopping: {at}, {self.watch.monitor} {self.watch.value(row):.4g}, not better than "
                     f"{self.watch.best:.4g} ({self.watch.where()}) for {self.wait} of {self.patience}")
         if self.wait >= self.patience:
             self.stopped_epoch = epoch
