@@ -280,3 +280,35 @@ def test_early_stopping_hears_step_evaluations_and_restores_the_best_steps_weigh
         and lines[-1].endswith("sec/epoch on [cpu:0]")
     assert dptrain.evaluate(model, regression(40, 1), loss=nn.MSELoss(), batch_size=16)["test_loss"] == \
         pytest.approx(best["test_loss"], rel=1e-6)
+
+
+def test_thresholds_stop_at_a_target_at_divergence_and_hold_patience_to_a_baseline():
+    """A run whose test loss falls every epoch (lr 0.05): stopping_threshold stops at the first
+    epoch under it; divergence_threshold at once when the first is above it; a baseline under
+    every loss of the run lets patience run out though each epoch is a best."""
+    def train(callbacks, log=None):         # (scored on its training data: the loss falls every epoch)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 1))
+        return model, dptrain.fit(model, regression(), regression(), loss=nn.MSELoss(), lr=0.05, epochs=8,
+                                  batch_size=16, devices=1, callbacks=callbacks, progress=False, log=log)
+    _, whole = train([])
+    losses = [r["test_loss"] for r in whole["history"]]
+    assert all(b < a for a, b in zip(losses, losses[1:]))
+    target = (losses[3] + losses[4]) / 2                    # reached at epoch 5
+    lines = []
+    stop = EarlyStopping("test_loss", patience=3, stopping_threshold=target, restore_best_weights=True)
+    _, result = train([stop], log=lines.append)
+    assert len(result["history"]) == stop.stopped_epoch == 5 and result["restored_epoch"] == 5
+    assert f"stopped after epoch 5: test_loss {losses[4]:.4g} reached stopping_threshold {target:.4g}" in lines
+    stop = EarlyStopping("test_loss", patience=3, divergence_threshold=losses[0] / 2)
+    _, result = train([stop])
+    assert len(result["history"]) == 1
+    stop = EarlyStopping("test_loss", patience=3, baseline=losses[-1] / 2, verbose=True)
+    lines = []
+    _, result = train([stop], log=lines.append)
+    assert len(result["history"]) == 3 and stop.watch.best_epoch == 3
+    assert f"EarlyStopping: epoch 2, test_loss {losses[1]:.4g}, not past the baseline {losses[-1] / 2:.4g} for 2 of 3" \
+        in lines
+    for bad in ("low", float("nan"), True):
+        with pytest.raises(ValueError, match=f"baseline must be a number .or None., got {bad!r}"):
+            EarlyStopping(baseline=bad)

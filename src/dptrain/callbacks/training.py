@@ -14,6 +14,7 @@ which are the same on every process, so every rank decides alike.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Union
 
 import torch
@@ -44,13 +45,28 @@ class EarlyStopping(Callback):
     ``start_from_epoch=N`` (Keras's; Lightning's ``min_epochs``): the first N epochs are a
     warm-up, not watched (their figures are neither a best nor a reason to stop). The stop
     and the restore are always said; ``verbose`` says every evaluation heard too (Keras's and
-    Lightning's argument: true, or a number above 0)."""
+    Lightning's argument: true, or a number above 0).
+
+    Thresholds (each None by default): ``baseline`` (Keras's): patience runs until a best also
+    beats it; ``stopping_threshold`` (Lightning's): stop once the figure is better than it (a
+    target reached); ``divergence_threshold`` (Lightning's): stop once it is worse (a run gone
+    astray)."""
 
     def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0, mode: str = "auto",
-                 restore_best_weights: bool = False, start_from_epoch: int = 0, verbose: Union[bool, int] = False):
+                 restore_best_weights: bool = False, start_from_epoch: int = 0, verbose: Union[bool, int] = False,
+                 baseline: Optional[float] = None, stopping_threshold: Optional[float] = None,
+                 divergence_threshold: Optional[float] = None):
         for name, value, least in (("patience", patience, 1), ("start_from_epoch", start_from_epoch, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+        thresholds = {"baseline": baseline, "stopping_threshold": stopping_threshold,
+                      "divergence_threshold": divergence_threshold}
+        for name, value in thresholds.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or math.isnan(value)):
+                raise ValueError(f"{name} must be a number (or None), got {value!r}")
+        self.baseline, self.stopping_threshold, self.divergence_threshold = baseline, stopping_threshold, \
+            divergence_threshold
         self.start_from_epoch, self.verbose = start_from_epoch, verbosity(verbose)
         self.watch, self.patience, self.wait = Monitor(monitor, mode, min_delta), patience, 0
         self.restore_best_weights = _flag("restore_best_weights", restore_best_weights)
@@ -74,24 +90,37 @@ class EarlyStopping(Callback):
         news = self.watch.news()
         if news:
             run.log(f"EarlyStopping: {news}")
-        if self.watch.improved(epoch, row, step):
+        name, value = self.watch.monitor, self.watch.value(row)
+        at = f"epoch {epoch}" if step is None else f"step {step} (epoch {epoch})"
+        improved = self.watch.improved(epoch, row, step)
+        if improved and self.restore_best_weights:
+            self.best_weights = monitored_weights(run, name)
+        if improved and self._better(value, self.baseline):
             self.wait = 0
-            if self.restore_best_weights:
-                self.best_weights = monitored_weights(run, self.watch.monitor)
             if self.verbose:
-                run.log(f"EarlyStopping: {self.watch.where()}, {self.watch.monitor} {self.watch.best:.4g}, the best "
-                        f"so far")
-            return
-        self.wait += 1
-        if self.verbose:
-            at = f"epoch {epoch}" if step is None else f"step {step} (epoch {epoch})"
-            run.log(f"EarlyStopping: {at}, {self.watch.monitor} {self.watch.value(row):.4g}, not better than "
-                    f"{self.watch.best:.4g} ({self.watch.where()}) for {self.wait} of {self.patience}")
-        if self.wait >= self.patience:
-            self.stopped_epoch = epoch
+                run.log(f"EarlyStopping: {at}, {name} {value:.4g}, the best so far")
+        else:
+            self.wait += 1
+            if self.verbose:
+                short = f"not past the baseline {self.baseline:.4g}" if improved else \
+                    f"not better than {self.watch.best:.4g} ({self.watch.where()})"
+                run.log(f"EarlyStopping: {at}, {name} {value:.4g}, {short} for {self.wait} of {self.patience}")
+        reason = None
+        if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
+            reason = f"{name} {value:.4g} reached stopping_threshold {self.stopping_threshold:.4g}"
+        elif self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
+            reason = f"{name} {value:.4g} is worse than divergence_threshold {self.divergence_threshold:.4g}"
+        elif self.wait >= self.patience:
             unit = "epoch(s)" if self.watch.heard_step < 0 else "evaluation(s)"
-            run.stop(f"{self.watch.monitor} did not improve for {self.patience} {unit} "
-                     f"(best {self.watch.best:.4g} at {self.watch.where()})")
+            reason = f"{name} did not improve for {self.patience} {unit} (best {self.watch.best:.4g} at " \
+                     f"{self.watch.where()})"
+        if reason is not None:
+            self.stopped_epoch = epoch
+            run.stop(reason)
+
+    def _better(self, value: float, than: Optional[float]) -> bool:
+        """Whether ``value`` is better than ``than`` (by the mode; anything is, than None)."""
+        return than is None or (value < than if self.watch.mode == "min" else value > than)
 
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
         if self.best_weights is not None and self.restore_best_weights:
