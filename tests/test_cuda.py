@@ -179,3 +179,31 @@ def test_a_weighted_loss_built_on_the_cpu_trains_on_gpus_as_on_the_cpu(devices):
     for p, q in zip(got, want):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     assert got_loss == pytest.approx(want_loss, rel=1e-4)
+
+
+@pytest.mark.parametrize("devices", ["cuda:0", "cuda:0,cuda:0", "cuda:0,cpu:0"])
+def test_a_callbacks_edit_of_a_loss_built_on_the_cpu_reaches_every_gpu_copy(devices):
+    """The class weights doubled for class 2 and label smoothing set from epoch 2 on, by a
+    callback, on the loss made on the CPU: each device's copy follows (loss_placement.py)."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(64, 5, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+    class Edit(dptrain.Callback):
+        def __init__(self, loss):
+            self.loss = loss
+
+        def on_epoch_start(self, run, epoch):
+            if epoch == 2:
+                with torch.no_grad():
+                    self.loss.weight[2] *= 2
+                self.loss.label_smoothing = 0.2
+
+    def run(devs):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3))
+        loss = nn.CrossEntropyLoss(weight=torch.tensor([0.5, 1.0, 3.0]))
+        dptrain.fit(model, (X, y), loss=loss, optimizer=functools.partial(torch.optim.SGD, lr=0.1), epochs=3,
+                    batch_size=16, devices=devs, callbacks=[Edit(loss)], log=None)
+        return [p.detach().cpu() for p in model.parameters()]
+    for p, q in zip(run(devices), run("cpu:0")):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)

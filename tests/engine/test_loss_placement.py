@@ -1,11 +1,15 @@
 """A loss module's tensors meet each device's outputs on that device: a weighted loss built on
 the CPU trains a model on a GPU (and on several), as a script written for any machine builds it.
 No GPU here: the ``meta`` device stands for another device (torch refuses the mix alike)."""
+import copy
+import pickle
+
 import pytest
 import torch
 from torch import nn
 
-from dptrain.engine.loss_placement import LossCopies
+import dptrain
+from dptrain.engine.loss_placement import LossCopies, summed_twin
 from dptrain.engine.losses import LossAdapter
 
 META = torch.device("meta")
@@ -63,3 +67,68 @@ def test_an_optimizer_holding_the_losss_parameters_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"holds parameters of the loss: .*make the loss a submodule of the model"):
         dptrain.fit(model, (torch.randn(8, 4), torch.randint(0, 3, (8,))), loss=loss, epochs=1, log=None,
                     optimizer=torch.optim.Adam([*model.parameters(), *loss.parameters()]), devices="cpu:0")
+
+
+def test_a_copy_follows_what_a_callback_edits_in_the_loss():
+    """An attribute replaced, a tensor edited in place or replaced: the copy on another device
+    is made again before its next use; left alone, it is the same copy."""
+    loss = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0]))
+    copies = LossCopies(loss, summed_twin(loss))
+    meta = torch.zeros(2, 2, device=META)
+    first = copies.on(meta)[0]
+    assert copies.on(meta)[0] is first
+    loss.label_smoothing = 0.3
+    second, second_sum = copies.on(meta)
+    assert second is not first and second.label_smoothing == 0.3 and second_sum.label_smoothing == 0.3
+    with torch.no_grad():
+        loss.weight.mul_(2)                                     # in place: its version moves
+    third = copies.on(meta)[0]
+    assert third is not second and copies.on(meta)[0] is third
+    loss.weight = torch.ones(5)                                 # replaced
+    assert copies.on(meta)[0].weight.shape == (5,) and copies.on(torch.zeros(2, 2))[0] is loss
+
+
+def test_the_summed_twin_is_a_view_of_the_loss_that_sums():
+    """Its attributes are the loss's (an edit counts in both), its reduction its own; it pickles
+    and deep-copies as the twin of its loss."""
+    loss = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0]))
+    twin = summed_twin(loss)
+    assert isinstance(twin, nn.CrossEntropyLoss) and type(twin).__name__ == "CrossEntropyLoss"
+    assert (twin.reduction, loss.reduction) == ("sum", "mean") and twin.weight is loss.weight
+    loss.label_smoothing, loss.ignore_index = 0.2, 1
+    x, y = torch.randn(6, 3), torch.tensor([0, 1, 2, 1, 0, 2])
+    want = nn.CrossEntropyLoss(weight=loss.weight, label_smoothing=0.2, ignore_index=1, reduction="sum")(x, y)
+    torch.testing.assert_close(twin(x, y), want)
+    for again in (pickle.loads(pickle.dumps(twin)), copy.deepcopy(twin)):
+        assert again.reduction == "sum" and again.label_smoothing == 0.2 and again.weight is not loss.weight
+        torch.testing.assert_close(again(x, y), want)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_callbacks_edit_of_the_loss_trains_as_in_the_plain_loop(devices):
+    """Label smoothing switched on from epoch 2 by a callback: on 2 devices the shards' summed
+    losses took the loss as it was at the start (0.045 from the plain loop's weights)."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(256, 8, generator=g), torch.randint(0, 3, (256,), generator=g)
+
+    def smoothing(loss, epoch):
+        loss.label_smoothing = 0.0 if epoch == 1 else 0.3
+
+    class Smooth(dptrain.Callback):
+        def on_epoch_start(self, run, epoch):
+            smoothing(loss, epoch)
+
+    torch.manual_seed(0)
+    plain, loss = nn.Linear(8, 3), nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 0.5]))
+    opt = torch.optim.SGD(plain.parameters(), lr=0.5)
+    for epoch in (1, 2, 3):
+        smoothing(loss, epoch)
+        for i in range(0, 256, 64):
+            opt.zero_grad()
+            loss(plain(X[i:i + 64]), y[i:i + 64]).backward()
+            opt.step()
+    torch.manual_seed(0)
+    model, loss = nn.Linear(8, 3), nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 0.5]))
+    dptrain.fit(model, (X, y), epochs=3, batch_size=64, devices=devices, loss=loss, lr=0.5, shuffle=False,
+                callbacks=[Smooth()], log=None, progress=False)
+    torch.testing.assert_close(model.weight, plain.weight, atol=1e-6, rtol=0)
