@@ -50,8 +50,8 @@ class Collections:
 
     def counts(self) -> Dict[str, Any]:
         self.on = False
-        return {"gen0": sum(g == 0 for g, _ in self.seen), "gen1": sum(g == 1 for g, _ in self.seen),
-                "gen2": sum(g == 2 for g, _ in self.seen), "gen2_ms": round(sum(ms for g, ms in self.seen if g == 2), 1)}
+        counts = {f"gen{n}": sum(g == n for g, _ in self.seen) for n in range(3)}
+        return {**counts, "gen2_ms": round(sum(ms for g, ms in self.seen if g == 2), 1)}
 
 
 class Samples(torch.utils.data.IterableDataset):

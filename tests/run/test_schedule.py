@@ -74,9 +74,9 @@ def test_scheduler_monitor_names_the_figure_a_plateau_decides_on():
 
 
 def test_a_plateau_that_takes_its_figure_the_wrong_way_and_a_monitor_without_a_plateau_are_errors():
-    with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='max'\) decides on the test loss \(scheduler_monitor "
-                                         r"None\), of which smaller is better: give it mode='min', or "
-                                         r"scheduler_monitor='test_acc' to decide on a score"):
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='max'\) decides on the test loss "
+                                         r"\(scheduler_monitor None\), of which smaller is better: give it "
+                                         r"mode='min', or scheduler_monitor='test_acc' to decide on a score"):
         plateau_on(None, "max")
     with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='min'\) decides on scheduler_monitor='val_acc', "
                                          r"of which larger is better: give it mode='max'$"):

@@ -71,9 +71,9 @@ class Schedule:
         self.per_epoch = scheduler is not None and interval == "epoch"
         self.monitor = None if monitor is None else peer_figure(monitor)
         if monitor is not None and not self.plateau:
+            which = "there is no scheduler" if scheduler is None else f"{type(scheduler).__name__} is none"
             raise ValueError(f"scheduler_monitor={monitor!r} names the figure a ReduceLROnPlateau decides on, and "
-                             f"{'there is no scheduler' if scheduler is None else type(scheduler).__name__ + ' is none'}"
-                             f": drop scheduler_monitor")
+                             f"{which}: drop scheduler_monitor")
         if self.plateau and self.per_batch and not eval_every_n_steps:
             raise ValueError("ReduceLROnPlateau stepped every batch has no figure to decide on: give "
                              "scheduler_interval='epoch' (each epoch's test loss), or eval_every_n_steps=N "
