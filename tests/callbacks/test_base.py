@@ -59,6 +59,12 @@ def test_an_object_with_no_hook_is_refused():
     with pytest.raises(TypeError, match="got int"):
         dptrain.fit(nn.Linear(2, 1), (torch.zeros(8, 2), torch.zeros(8, 1)), loss=nn.MSELoss(), callbacks=[3],
                     log=None, progress=False)
+    opt = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
+    for scheduler in (torch.optim.lr_scheduler.ReduceLROnPlateau(opt), torch.optim.lr_scheduler.StepLR(opt, 2)):
+        with pytest.raises(TypeError, match=f"callbacks holds a {type(scheduler).__name__}, a learning-rate "
+                                            f"scheduler .Keras's ReduceLROnPlateau is a callback.: pass it as "
+                                            f"scheduler="):
+            CallbackList([scheduler])
 
 
 def regression(n=96, seed=0):

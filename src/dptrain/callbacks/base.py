@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+import torch
+
 from ..engine.step_plan import StepResult
 from .hook_names import HOOK_ARGS, check_hooks
 
@@ -114,6 +116,8 @@ class Callback:
 
 
 HOOKS = tuple(HOOK_ARGS)
+#: torch's learning-rate schedulers: given as callbacks (Keras's habit), they are refused with the fix.
+SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 class CallbackList:
@@ -123,6 +127,11 @@ class CallbackList:
     def __init__(self, callbacks: Sequence[Any] = ()):
         self.callbacks: List[Any] = list(callbacks)
         for cb in self.callbacks:
+            if isinstance(cb, SCHEDULERS):
+                raise TypeError(f"callbacks holds a {type(cb).__name__}, a learning-rate scheduler (Keras's "
+                                f"ReduceLROnPlateau is a callback): pass it as scheduler= (made on the optimizer "
+                                f"given to fit, or scheduler=lambda optimizer: ...), with scheduler_monitor='val_loss' "
+                                f"for a plateau's figure")
             if not any(callable(getattr(cb, h, None)) for h in HOOKS):
                 raise TypeError(f"callbacks must have at least one of the hooks {', '.join(HOOKS)} (subclass "
                                 f"dptrain.Callback); got {type(cb).__name__}")
