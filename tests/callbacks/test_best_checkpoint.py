@@ -55,8 +55,11 @@ def test_bad_settings_are_errors_naming_the_fix(tmp_path):
     with pytest.raises(ValueError, match=r"save_top_k=3 keeps 3 files: put \{epoch\} \(or \{step\}\) in the path, e.g. "
                                          r"BestCheckpoint\('.*best-\{epoch\}.pt', save_top_k=3\)"):
         BestCheckpoint(str(tmp_path / "best.pt"), save_top_k=3)
-    with pytest.raises(ValueError, match="save_top_k must be a whole number >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"save_top_k must be a whole number >= 1 \(or -1: every evaluation's\), "
+                                         r"got 0"):
         BestCheckpoint(str(tmp_path / "b{epoch}.pt"), save_top_k=0)
+    with pytest.raises(ValueError, match=r"save_top_k=-1 keeps a file for every evaluation: put \{epoch\}"):
+        BestCheckpoint(str(tmp_path / "best.pt"), save_top_k=-1)
     with pytest.raises(ValueError, match=r"the path names 'test_f1' , which the epoch's row does not give"):
         train(1, [BestCheckpoint(str(tmp_path / "b{test_f1}.pt"))], epochs=1)
     (tmp_path / "old-7.pt").write_bytes(b"another run's")
@@ -80,3 +83,12 @@ def test_step_evaluations_are_heard_once_each_and_name_files_by_step(tmp_path):
                                          r"step too, e.g. '.*b-\{step\}-\{epoch\}.pt'"):
         train(1, [BestCheckpoint(str(tmp_path / "x" / "b-{epoch}.pt"), save_top_k=2)], epochs=1,
               eval_every_n_steps=3)
+
+
+def test_save_top_k_minus_one_keeps_every_evaluations_file(tmp_path):
+    """Lightning's save_top_k=-1: each epoch's weights, none deleted, the best first in kept."""
+    every = BestCheckpoint(str(tmp_path / "e{epoch}.pt"), save_top_k=-1)
+    _, result = train(1, [every], epochs=5, lr=0.3)
+    losses = [r["test_loss"] for r in result["history"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"e{n}.pt" for n in range(1, 6)]
+    assert every.best_path == str(tmp_path / f"e{losses.index(min(losses)) + 1}.pt") and len(every.kept) == 5

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -47,16 +48,19 @@ class BestCheckpoint(Callback):
 
     def __init__(self, path: str, monitor: str = "test_loss", mode: str = "auto", min_delta: float = 0.0,
                  overwrite: Optional[bool] = None, save_top_k: int = 1, verbose: Union[bool, int] = False):
-        if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or save_top_k < 1:
-            raise ValueError(f"save_top_k must be a whole number >= 1, got {save_top_k!r}")
+        if isinstance(save_top_k, bool) or not isinstance(save_top_k, int) or not (save_top_k >= 1
+                                                                                   or save_top_k == -1):
+            raise ValueError(f"save_top_k must be a whole number >= 1 (or -1: every evaluation's), got {save_top_k!r}")
         self.template = str(path)
-        if save_top_k > 1 and "{epoch" not in self.template and "{step" not in self.template:
-            raise ValueError(f"save_top_k={save_top_k} keeps {save_top_k} files: put {{epoch}} (or {{step}}) in the "
-                             f"path, e.g. "
+        if save_top_k != 1 and "{epoch" not in self.template and "{step" not in self.template:
+            files = "a file for every evaluation" if save_top_k == -1 else f"{save_top_k} files"
+            raise ValueError(f"save_top_k={save_top_k} keeps {files}: put {{epoch}} (or {{step}}) in the path, e.g. "
                              f"BestCheckpoint({str(Path(self.template).with_name('best-{epoch}.pt'))!r}, "
                              f"save_top_k={save_top_k})")
         self.path = Path(path)
-        self.watch, self.overwrite, self.top_k = Monitor(monitor, mode, min_delta), overwrite, save_top_k
+        self.watch, self.overwrite = Monitor(monitor, mode, min_delta), overwrite
+        self.save_top_k = save_top_k
+        self.top_k = sys.maxsize if save_top_k == -1 else save_top_k      # (-1: Lightning's "every one")
         self.kept: List[Kept] = []          # the best first
         self.verbose = verbosity(verbose)
 
@@ -84,7 +88,7 @@ class BestCheckpoint(Callback):
     def on_train_log(self, run: Any, row: Row) -> None:
         if self.watch.step_evaluation(row):
             if self.top_k > 1 and "{step" not in self.template:
-                raise ValueError(f"BestCheckpoint({self.template!r}, save_top_k={self.top_k}) hears the evaluations "
+                raise ValueError(f"BestCheckpoint({self.template!r}, save_top_k={self.save_top_k}) hears the evaluations "
                                  f"every eval_every_n_steps: name its files by the step too, e.g. "
                                  f"{self.template.replace('{epoch', '{step}-{epoch', 1)!r}")
             self._heard(run, row["epoch"], row, row["step"])
