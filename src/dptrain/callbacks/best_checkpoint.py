@@ -88,8 +88,8 @@ class BestCheckpoint(Callback):
     def on_train_log(self, run: Any, row: Row) -> None:
         if self.watch.step_evaluation(row):
             if self.top_k > 1 and "{step" not in self.template:
-                raise ValueError(f"BestCheckpoint({self.template!r}, save_top_k={self.save_top_k}) hears the evaluations "
-                                 f"every eval_every_n_steps: name its files by the step too, e.g. "
+                raise ValueError(f"BestCheckpoint({self.template!r}, save_top_k={self.save_top_k}) hears the "
+                                 f"evaluations every eval_every_n_steps: name its files by the step too, e.g. "
                                  f"{self.template.replace('{epoch', '{step}-{epoch', 1)!r}")
             self._heard(run, row["epoch"], row, row["step"])
 
