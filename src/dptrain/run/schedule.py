@@ -10,7 +10,7 @@ every batch, each ``eval_every_n_steps`` evaluation's test loss (Lightning's ``"
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -81,6 +81,10 @@ class Schedule:
         if self.plateau:
             self._check_modes(monitor)
 
+    def _each(self) -> List[Any]:
+        """The schedulers stepped (several optimizers': each one's)."""
+        return list(getattr(self.scheduler, "schedulers", {"": self.scheduler}).values())
+
     def _check_modes(self, monitor: Optional[str]) -> None:
         """A plateau whose mode takes the figure the wrong way (``mode="max"`` on a loss) would
         cut the learning rate while the figure gets better: an error before the run."""
@@ -89,8 +93,7 @@ class Schedule:
             better = auto_mode(figure)
         except ValueError:          # (a name that does not say: the user's mode is taken)
             return
-        plateaus = getattr(self.scheduler, "schedulers", {"": self.scheduler}).values()
-        for plateau in plateaus:
+        for plateau in self._each():
             if getattr(plateau, "mode", better) != better:
                 shown = f"scheduler_monitor={monitor!r}" if monitor else "the test loss (scheduler_monitor None)"
                 raise ValueError(f"ReduceLROnPlateau(mode={plateau.mode!r}) decides on {shown}, of which "
@@ -102,7 +105,7 @@ class Schedule:
         past them: stepped more times than that by this run (``updates`` and ``epochs`` it has
         left at most), an error now, not hours in; stepped every epoch far fewer times than it
         counts, a line saying its schedule is counted in steps."""
-        for scheduler in getattr(self.scheduler, "schedulers", {"": self.scheduler}).values():
+        for scheduler in self._each():
             total = getattr(scheduler, "total_steps", None)
             if not isinstance(total, int) or self.plateau or scheduler is None:
                 continue
@@ -146,5 +149,5 @@ class Schedule:
             return
         if not self.plateau:
             self.scheduler.step()
-        elif evaluated or not has_eval_set or not (self.monitor or "test_").startswith("test_"):
-            self.scheduler.step(self.figure(row))
+        elif evaluated or not has_eval_set or not (self.monitor or "test_loss").startswith("test_"):
+            self.scheduler.step(self.figure(row))       # (a training figure: every epoch)
