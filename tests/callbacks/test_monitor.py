@@ -6,8 +6,9 @@ from dptrain.callbacks import Monitor
 
 def test_monitor_modes_and_a_figure_that_is_not_there():
     assert Monitor("test_acc").mode == "max" and Monitor("test_loss").mode == "min"
-    assert [Monitor(name).mode for name in ("test_rare_recall", "test_f1", "test_top5", "train_accuracy",
-                                            "test_mae", "test_word_error", "test_perplexity")] == ["max"] * 4 + ["min"] * 3
+    names = ("test_rare_recall", "test_f1", "test_top5", "train_accuracy", "test_mae", "test_word_error",
+             "test_perplexity")
+    assert [Monitor(name).mode for name in names] == ["max"] * 4 + ["min"] * 3
     for name, says in (("test_spread", "neither"), ("test_error_score", "both")):
         with pytest.raises(ValueError, match=f"cannot tell whether a larger {name} is better .its name says {says}.: "
                                              f"give mode='max' or mode='min'"):
