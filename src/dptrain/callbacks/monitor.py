@@ -37,23 +37,24 @@ def auto_mode(monitor: str) -> str:
                      f"{'both' if larger else 'neither'}): give mode='max' or mode='min'")
 
 
+#: Keras's names that are more than ``val_`` for ``test_`` (its ``metrics=["accuracy"]``).
+SPELLED_OUT = {"val_accuracy": "test_acc"}
+
+
 def peer_figure(monitor: str) -> str:
     """Our name for Keras's and Lightning's name of an evaluation figure: ``val_loss`` ->
     ``test_loss``, ``val_accuracy`` and ``val_acc`` -> ``test_acc``, ``val_f1`` -> ``test_f1``
     (the figures of ``eval_data``, the first set's, are ``test_*`` here); other names as they are."""
     if not monitor.startswith("val_"):
         return monitor
-    ours = "test_" + monitor[4:]
-    return "test_acc" if ours == "test_accuracy" else ours
+    return SPELLED_OUT.get(monitor, "test_" + monitor[len("val_"):])
 
 
 def peer_names(figures: Row) -> Dict[str, str]:
     """Keras's and Lightning's names of the evaluation figures among ``figures``, each with ours
     (``{"val_loss": "test_loss", "val_accuracy": "test_acc", "val_acc": "test_acc"}``)."""
     names = {"val_" + k[len("test_"):]: k for k in figures if k.startswith("test_")}
-    if "test_acc" in figures:
-        names["val_accuracy"] = "test_acc"
-    return names
+    return {**names, **{peer: ours for peer, ours in SPELLED_OUT.items() if ours in figures}}
 
 
 class Monitor:

@@ -35,6 +35,11 @@ def is_optimizer_config(value: Any) -> bool:
             and bool(value[0]) and all(isinstance(o, torch.optim.Optimizer) for o in value[0]))
 
 
+def _ours(interval: Optional[str]) -> Optional[str]:
+    """Lightning's ``"step"`` is our ``"batch"`` (an update)."""
+    return "batch" if interval == "step" else interval
+
+
 def _agreed(name: str, given: Optional[str], configured: Optional[str], default: Optional[str]) -> Optional[str]:
     """The config's value, unless fit's keyword says another."""
     if configured is None:
@@ -67,9 +72,7 @@ def unpack(optimizer: Any, scheduler: Any, interval: str, monitor: Optional[str]
         if frequency != 1:
             raise ValueError(f"Lightning's lr_scheduler_config frequency={frequency!r}: a scheduler steps every "
                              f"epoch or every batch here; give frequency 1 (and a schedule N times slower)")
-        given_interval = {"step": "batch"}.get(interval, interval)
-        interval = _agreed("scheduler_interval", given_interval,
-                           {"step": "batch"}.get(scheduler.get("interval"), scheduler.get("interval")), "epoch")
+        interval = _agreed("scheduler_interval", _ours(interval), _ours(scheduler.get("interval")), "epoch")
         config_monitor = scheduler.get("monitor", config_monitor)
         scheduler = scheduler["scheduler"]
     if config_monitor is not None and monitor is None \

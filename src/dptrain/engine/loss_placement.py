@@ -4,7 +4,7 @@ The model is placed by dptrain, the loss by nobody: ``nn.CrossEntropyLoss(weight
 on the CPU, as a script that runs anywhere builds it, met a model's outputs on a GPU (and on
 several, each device's), and torch refused the mix of devices. ``LossCopies`` gives each
 device the loss on it: the user's own object where its tensors already are (so an edit of
-it in a callback counts there), elsewhere a copy made once, as the model's replicas are. The
+it in a callback counts there), elsewhere a copy, made again after such an edit. The
 sum-reduced twin a shard's exact sum needs is a view of the loss (``summed_twin``), never a
 copy of it, so edits count in it too.
 

@@ -66,7 +66,7 @@ PEER_KEYWORDS = {
                      "to call)",
     "benchmark": "none: set torch.backends.cudnn.benchmark yourself", "detect_anomaly":
         "none: call torch.autograd.set_detect_anomaly(True) before fit (on_nan='stop' ends a run at a NaN loss)",
-    "logger": "tensorboard (a folder), metrics_file (JSON lines), or a callback of your own",
+    "logger": "tensorboard (a folder), metrics_file (JSON lines, or a table: a .csv file), or a callback of your own",
     "enable_checkpointing": "checkpoint_dir (none: no checkpoints)", "enable_progress_bar": "progress",
     "accelerator": "devices ('auto', 'cpu', 'cuda', a count, or a list such as ['cuda:0', 'cuda:1'])",
     "gpus": "devices (a count, or a list such as ['cuda:0', 'cuda:1'])",
