@@ -121,3 +121,18 @@ def test_a_scheduler_stepped_past_its_total_steps_is_an_error_before_the_run():
         dptrain.fit(torch.nn.Linear(3, 2), (torch.randn(64, 3), torch.randint(0, 2, (64,))), epochs=2, batch_size=8,
                     accumulate_grad_batches=2, scheduler_interval="batch", log=None, devices=1,
                     scheduler=lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=7))
+
+
+def test_a_plateau_on_an_evaluation_figure_without_an_evaluation_set_is_an_error_before_the_first_epoch():
+    model = torch.nn.Linear(3, 2)
+    before = model.weight.detach().clone()
+    plateau = lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max")     # noqa: E731
+    data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    with pytest.raises(ValueError, match=r"scheduler_monitor='val_accuracy' monitors val_accuracy, a figure of the "
+                                         r"evaluation, but the run has no evaluation set: give eval_data"):
+        dptrain.fit(model, data, epochs=2, batch_size=8, log=None, devices=1, scheduler=plateau,
+                    scheduler_monitor="val_accuracy")
+    assert torch.equal(model.weight, before)                        # not a step trained
+    result = dptrain.fit(model, data, data, epochs=1, batch_size=8, log=None, devices=1, scheduler=plateau,
+                         scheduler_monitor="val_accuracy")
+    assert "test_acc" in result["history"][0]

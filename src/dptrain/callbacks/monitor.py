@@ -57,6 +57,26 @@ def peer_names(figures: Row) -> Dict[str, str]:
     return {**names, **{peer: ours for peer, ours in SPELLED_OUT.items() if ours in figures}}
 
 
+def evaluation_figure(name: str) -> bool:
+    """Whether ``name`` is a figure of the evaluation (``test_*``, or a peer's ``val_*``)."""
+    return name.startswith("test_") or peer_figure(name) != name
+
+
+def check_evaluated(run: Any, figure: str, owner: str) -> None:
+    """At the run's start, ``owner`` watching an evaluation figure (``test_*``, ``val_*``) with
+    no evaluation set, which would fail after the first epoch: an error now (unless a callback
+    of the user's, which may add figures to the rows, could give it)."""
+    if not evaluation_figure(figure) or getattr(run, "eval_loader", True) is not None:
+        return
+    callbacks = getattr(getattr(run, "callbacks", None), "callbacks", [])
+    if any(not type(cb).__module__.startswith("dptrain.") and
+           (overrides(cb, "on_epoch_end") or overrides(cb, "on_train_log")) for cb in callbacks):
+        return
+    raise ValueError(f"{owner} monitors {figure}, a figure of the evaluation, but the run has no "
+                     f"evaluation set: give eval_data (or validation_split=0.1), or monitor a training "
+                     f"figure ('train_loss')")
+
+
 class Monitor:
     """Whether an epoch's ``row[monitor]`` is the best so far (by more than ``min_delta``).
 
@@ -87,7 +107,7 @@ class Monitor:
             self.monitor = peer_figure(self.monitor)
 
     def _evaluation_figure(self) -> bool:
-        return self.monitor.startswith("test_") or peer_figure(self.monitor) != self.monitor
+        return evaluation_figure(self.monitor)
 
     def news(self) -> Optional[str]:
         """Once, after a peer's name was followed: a line saying which figure is watched."""
@@ -97,18 +117,8 @@ class Monitor:
         return f"{self.asked} (Keras's and Lightning's name) is watched as {self.monitor}, the eval_data's figure here"
 
     def check_start(self, run: Any, owner: str) -> None:
-        """At the run's start, an evaluation figure (``test_*``, ``val_*``) with no evaluation
-        set, which would fail after the first epoch: an error now (unless a callback of the
-        user's, which may add figures to the rows, could give it)."""
-        if not self._evaluation_figure() or getattr(run, "eval_loader", True) is not None:
-            return
-        callbacks = getattr(getattr(run, "callbacks", None), "callbacks", [])
-        if any(not type(cb).__module__.startswith("dptrain.") and
-               (overrides(cb, "on_epoch_end") or overrides(cb, "on_train_log")) for cb in callbacks):
-            return
-        raise ValueError(f"{owner} monitors {self.asked}, a figure of the evaluation, but the run has no "
-                         f"evaluation set: give eval_data (or validation_split=0.1), or monitor a training "
-                         f"figure ('train_loss')")
+        """At the run's start, an evaluation figure with no evaluation set: see ``check_evaluated``."""
+        check_evaluated(run, self.asked, owner)
 
     def value(self, row: Row) -> float:
         self._follow(row)

@@ -151,6 +151,7 @@ class Run(RunView):
         keys = sum_keys(self.engine) if self.eval_loader is not None else []
         self.schedule.check_length(*self.limit.left(self.step, self.position.epoch, self.epochs, self.batches),
                                    self.log)
+        self.schedule.check_start(self)
         with stage("running the callbacks' on_fit_start"):
             self.callbacks.on_fit_start(self)
         try:

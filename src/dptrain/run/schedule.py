@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ..callbacks.monitor import auto_mode, peer_figure
+from ..callbacks.monitor import auto_mode, check_evaluated, peer_figure
 
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
 
@@ -69,7 +69,7 @@ class Schedule:
         self.plateau = isinstance(scheduler, PLATEAU) or getattr(scheduler, "plateau", False) is True
         self.per_batch = scheduler is not None and interval == "batch"
         self.per_epoch = scheduler is not None and interval == "epoch"
-        self.monitor = None if monitor is None else peer_figure(monitor)
+        self.asked, self.monitor = monitor, None if monitor is None else peer_figure(monitor)
         if monitor is not None and not self.plateau:
             which = "there is no scheduler" if scheduler is None else f"{type(scheduler).__name__} is none"
             raise ValueError(f"scheduler_monitor={monitor!r} names the figure a ReduceLROnPlateau decides on, and "
@@ -99,6 +99,12 @@ class Schedule:
                 raise ValueError(f"ReduceLROnPlateau(mode={plateau.mode!r}) decides on {shown}, of which "
                                  f"{'larger' if better == 'max' else 'smaller'} is better: give it mode={better!r}"
                                  + ("" if monitor else ", or scheduler_monitor='test_acc' to decide on a score"))
+
+    def check_start(self, run: Any) -> None:
+        """A plateau on an evaluation figure (``scheduler_monitor="test_acc"``) in a run with no
+        evaluation set: an error before the first epoch, not after it."""
+        if self.monitor is not None:
+            check_evaluated(run, self.asked, f"scheduler_monitor={self.asked!r}")
 
     def check_length(self, updates: Optional[int], epochs: int, log: Callable[[str], None]) -> None:
         """A scheduler that counts its steps (``OneCycleLR``'s ``total_steps``) raises at the step
