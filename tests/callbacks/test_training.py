@@ -282,6 +282,29 @@ def test_early_stopping_hears_step_evaluations_and_restores_the_best_steps_weigh
         pytest.approx(best["test_loss"], rel=1e-6)
 
 
+def test_a_figure_gone_nan_stops_at_once_unless_check_finite_is_false():
+    """Lightning's check_finite: a NaN figure ends the run at that epoch (patience would wait
+    for an improvement that cannot come); check_finite=False lets patience run on."""
+    gone = {"from": 2}
+
+    class Epoch(dptrain.Callback):
+        def on_epoch_start(self, run, epoch):
+            gone["epoch"] = epoch
+
+    def mae(out, target):
+        nan = gone["epoch"] >= gone["from"]
+        return (out - target).abs().sum() * (float("nan") if nan else 1.0), len(target)
+    for check, epochs in ((True, 2), (False, 4)):
+        stop = EarlyStopping("test_mae", patience=3, check_finite=check)
+        lines = []
+        _, result = train(1, [Epoch(), stop], epochs=8, lr=0.01, metrics={"mae": mae}, log=lines.append)
+        assert len(result["history"]) == epochs == stop.stopped_epoch
+        assert ("stopped after epoch 2: test_mae is nan, not finite (check_finite=False: patience runs on)"
+                in lines) is check
+    with pytest.raises(TypeError, match="check_finite must be True or False, got 1"):
+        EarlyStopping(check_finite=1)
+
+
 def test_thresholds_stop_at_a_target_at_divergence_and_hold_patience_to_a_baseline():
     """A run whose test loss falls every epoch (lr 0.05): stopping_threshold stops at the first
     epoch under it; divergence_threshold at once when the first is above it; a baseline under

@@ -50,12 +50,14 @@ class EarlyStopping(Callback):
     Thresholds (each None by default): ``baseline`` (Keras's): patience runs until a best also
     beats it; ``stopping_threshold`` (Lightning's): stop once the figure is better than it (a
     target reached); ``divergence_threshold`` (Lightning's): stop once it is worse (a run gone
-    astray)."""
+    astray). ``check_finite`` (Lightning's, on by default): stop once the figure is NaN or
+    infinite, which no later epoch can follow as better (False: such an epoch is no
+    improvement, and patience runs on)."""
 
     def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0, mode: str = "auto",
                  restore_best_weights: bool = False, start_from_epoch: int = 0, verbose: Union[bool, int] = False,
                  baseline: Optional[float] = None, stopping_threshold: Optional[float] = None,
-                 divergence_threshold: Optional[float] = None):
+                 divergence_threshold: Optional[float] = None, check_finite: bool = True):
         for name, value, least in (("patience", patience, 1), ("start_from_epoch", start_from_epoch, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
@@ -70,6 +72,7 @@ class EarlyStopping(Callback):
         self.start_from_epoch, self.verbose = start_from_epoch, verbosity(verbose)
         self.watch, self.patience, self.wait = Monitor(monitor, mode, min_delta), patience, 0
         self.restore_best_weights = _flag("restore_best_weights", restore_best_weights)
+        self.check_finite = _flag("check_finite", check_finite)
         self.stopped_epoch: Optional[int] = None
         self.best_weights: Optional[Weights] = None
 
@@ -106,7 +109,9 @@ class EarlyStopping(Callback):
                     f"not better than {self.watch.best:.4g} ({self.watch.where()})"
                 run.log(f"EarlyStopping: {at}, {name} {value:.4g}, {short} for {self.wait} of {self.patience}")
         reason = None
-        if self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
+        if self.check_finite and not math.isfinite(value):
+            reason = f"{name} is {value}, not finite (check_finite=False: patience runs on)"
+        elif self.stopping_threshold is not None and self._better(value, self.stopping_threshold):
             reason = f"{name} {value:.4g} reached stopping_threshold {self.stopping_threshold:.4g}"
         elif self.divergence_threshold is not None and self._better(self.divergence_threshold, value):
             reason = f"{name} {value:.4g} is worse than divergence_threshold {self.divergence_threshold:.4g}"
