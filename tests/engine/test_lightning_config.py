@@ -61,7 +61,10 @@ def test_what_does_not_fit_is_an_error_naming_both_sides():
     config["frequency"] = 1
     with pytest.raises(ValueError, match="scheduler_interval='batch' and Lightning's config's 'epoch': give one"):
         unpack(opt, dict(config, interval="epoch"), "batch", None)
-    assert unpack(opt, config, "step", None)[2] == "batch"
+    assert unpack(opt, config, "step", None)[2] == "batch" and unpack(opt, config, None, None)[2] == "batch"
+    with pytest.raises(ValueError, match="scheduler_interval='epoch' and Lightning's config's 'batch': give one"):
+        unpack(opt, config, "epoch", None)          # (said, not the default: the two disagree)
+    assert dptrain.Task(nn.Linear(2, 2), torch.zeros(4, 2)).scheduler_interval == "epoch"    # (the default)
     with pytest.raises(ValueError, match="scheduler_monitor='test_f1' and Lightning's config's 'val_loss'"):
         unpack(opt, {"scheduler": Plateau(opt), "monitor": "val_loss"}, "epoch", "test_f1")
     with pytest.raises(ValueError, match="configure_optimizers\\(\\) output, which holds the scheduler: drop "

@@ -49,9 +49,11 @@ def _agreed(name: str, given: Optional[str], configured: Optional[str], default:
     return configured
 
 
-def unpack(optimizer: Any, scheduler: Any, interval: str, monitor: Optional[str]) -> Tuple[Any, Any, str, Any]:
+def unpack(optimizer: Any, scheduler: Any, interval: Optional[str],
+           monitor: Optional[str]) -> Tuple[Any, Any, Optional[str], Any]:
     """``(optimizer, scheduler, scheduler_interval, scheduler_monitor)`` with Lightning's forms
-    of them taken apart (other values pass as they are)."""
+    of them taken apart (other values pass as they are; an interval not given is None, which
+    the config's, when it has one, replaces)."""
     config_monitor = None
     if is_optimizer_config(optimizer):
         if scheduler is not None:
@@ -72,7 +74,7 @@ def unpack(optimizer: Any, scheduler: Any, interval: str, monitor: Optional[str]
         if frequency != 1:
             raise ValueError(f"Lightning's lr_scheduler_config frequency={frequency!r}: a scheduler steps every "
                              f"epoch or every batch here; give frequency 1 (and a schedule N times slower)")
-        interval = _agreed("scheduler_interval", _ours(interval), _ours(scheduler.get("interval")), "epoch")
+        interval = _agreed("scheduler_interval", _ours(interval), _ours(scheduler.get("interval")), None)
         config_monitor = scheduler.get("monitor", config_monitor)
         scheduler = scheduler["scheduler"]
     if config_monitor is not None and monitor is None \

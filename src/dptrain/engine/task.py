@@ -49,7 +49,7 @@ class Task:
       optimizers on one loss (Muon for matrices, AdamW for the rest): ``{name: optimizer}``
       or a list, each built on its parameters, taken as one ``CombinedOptimizer``.
     - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval``
-      (``"epoch"``, or ``"batch"``: every update, Lightning's ``"step"``, taken too; with
+      (``"epoch"``, the default unless a Lightning config says, or ``"batch"``: every update, Lightning's ``"step"``, taken too; with
       several optimizers: one for each, or a dict of them by update name; on one loss, one
       over all of their groups, or a dict by optimizer name). ``scheduler_monitor``: the figure
       a ``ReduceLROnPlateau`` decides on (default: the test loss; ``"test_acc"``, Keras's
@@ -81,7 +81,7 @@ class Task:
     optimizer_params: Optional[Dict[str, Any]] = None
     lr: Optional[float] = None
     scheduler: Union[None, Callable[[Any], Any], Dict[str, Callable[[Any], Any]]] = None
-    scheduler_interval: str = "epoch"
+    scheduler_interval: Optional[str] = None     # "epoch" (unless a Lightning config says)
     scheduler_monitor: Optional[str] = None
     metrics: Dict[str, Metric] = field(default_factory=dict)
     init: Optional[Callable[[nn.Module], None]] = None
@@ -103,6 +103,8 @@ class Task:
             raise ValueError("train_data is missing: give a Dataset, tensors (X, y), or a dict of tensors")
         self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor = lightning_config.unpack(
             self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor)
+        if self.scheduler_interval is None:
+            self.scheduler_interval = "epoch"
         if self.step is not None and self.loss is not None:
             raise ValueError("give either loss (with the default or your forward) or step, not both: step "
                              "computes the loss itself")
