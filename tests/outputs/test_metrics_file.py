@@ -55,3 +55,5 @@ def test_cells_read_back_as_they_were_written():
     records = [{"epoch": 1, "train_loss": 0.1 + 0.2, "note": 'a, "quoted" text', "split": [3, 5]},
                {"epoch": 2, "train_loss": float("inf"), "flag": True, "none": None}]
     assert csv_records(csv_text(records)) == [records[0], {"epoch": 2, "train_loss": float("inf"), "flag": True}]
+    texts = {"id": "12", "rate": "1e-3", "word": "nan", "list": "[1]", "yes": "true", "quoted": '"x"', "empty": ""}
+    assert csv_records(csv_text([texts])) == [texts]        # strings that look like other things stay strings

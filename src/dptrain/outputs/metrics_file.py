@@ -29,15 +29,25 @@ def is_csv(path: Union[str, Path]) -> bool:
 
 def csv_text(records: List[Dict[str, Any]]) -> str:
     """``records`` as CSV: a header of every key in the order first seen; numbers as Python
-    writes them (they read back equal), lists and dicts as JSON, no value an empty cell."""
+    writes them (they read back equal), lists and dicts as JSON (and a string that would read
+    back as another thing), no value an empty cell."""
     columns = list(dict.fromkeys(k for record in records for k in record))
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
     for record in records:
-        writer.writerow(["" if record.get(k) is None else json.dumps(record[k])
-                         if isinstance(record[k], (list, dict, bool)) else record[k] for k in columns])
+        writer.writerow([_text(record.get(k)) for k in columns])
     return out.getvalue()
+
+
+def _text(value: Any) -> Any:
+    """A cell's text: none for None; JSON for lists, dicts, booleans, and for a string that
+    would read back as something else (``"12"``, ``"nan"``, ``""``)."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict, bool)) or (isinstance(value, str) and (value == "" or _cell(value) != value)):
+        return json.dumps(value)
+    return value
 
 
 def _cell(text: str) -> Any:
@@ -46,7 +56,7 @@ def _cell(text: str) -> Any:
             return kind(text)
         except ValueError:
             pass
-    if text[:1] in "[{" or text in ("true", "false"):
+    if text[:1] in '[{"' or text in ("true", "false"):
         try:
             return json.loads(text)
         except json.JSONDecodeError:
