@@ -17,6 +17,7 @@ from ..core.parts import even_parts
 from ..core.modes import evaluating
 from ..data.batch import Batch, batch_size, needs_move, split_structure, target_of, to_device
 from .class_counts import LazyCount, class_count_total
+from .lightning_module import LightningSteps
 from .losses import output_for
 from .stateful_metrics import COMPUTED, pair_metric_names
 
@@ -114,8 +115,11 @@ def evaluate(engine, batches) -> Totals:
     # (not known before a training step: in turn too).
     in_turn = bool(updates) and engine.random.draws is not False
     stateful.reset()
+    lightning = engine.task.step.at if isinstance(engine.task.step, LightningSteps) else None
     with evaluating(*engine.replicas), torch.no_grad():     # each module's mode back after (a frozen BN stays)
-        for batch in batches:
+        for index, batch in enumerate(batches):
+            if lightning is not None:
+                lightning(index)            # (a LightningModule's batch_idx)
             if one:
                 shard_totals(0, batch)
                 continue

@@ -20,6 +20,7 @@ from ..core.modes import evaluating
 from ..core.stage import stage
 from ..data.dataset_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
+from ..engine.lightning_module import steps_of
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
 from .config import AMP_DTYPES
@@ -57,6 +58,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
+    step = steps_of(model, {"step": step, "loss": loss, "forward": forward}) or step     # (a LightningModule's)
     task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                 optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
                 metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
 from ..distributed.env import rank
+from ..engine import lightning_module
 from ..engine.task import Task
 from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
@@ -135,7 +136,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
                         + ("; Keras's metrics=['accuracy'] needs nothing here: a classification's accuracy is "
                            "test_acc already (and train_acc with train_metrics=True)" if keras else ""))
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
-    notes = defaults_said(what, train_data)
+    notes = lightning_module.adopt(model, what) + defaults_said(what, train_data)
     if isinstance(train_data, DataLoader) and isinstance(train_data.sampler, SequentialSampler) \
             and "shuffle" not in settings:
         notes.append("the DataLoader does not shuffle, but fit shuffles the training samples every epoch (by "

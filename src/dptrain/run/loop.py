@@ -27,6 +27,7 @@ from ..data.loader import prefetch
 from ..data.lookahead import Lookahead
 from ..distributed import DistEnv, get_collective
 from ..engine.evaluation import sum_keys
+from ..engine.lightning_module import LightningSteps
 from ..engine.losses import add_counts
 from ..engine.task import Task
 from ..parallel.model_edits import ModelEdits
@@ -275,6 +276,7 @@ class Run(RunView):
         # model copies, optimizer, buckets: GPU memory too) alive after fit until Python's
         # collector ran (a test checks it is freed at once).
         itself = weakref.ref(resolve)
+        lightning = self.task.step.at if isinstance(self.task.step, LightningSteps) else None
         with self.runner.coordinating():
             b = at.batch
             stream = tracing.timed_batches(batches) if self.config.trace else batches
@@ -282,6 +284,8 @@ class Run(RunView):
             ahead = Lookahead(stream) if self.batches is None else None
             for b, batch in enumerate(ahead or stream, start=at.batch + 1):
                 self.step, self.batch = first_step + b - 1, b
+                if lightning is not None:
+                    lightning(b - 1)            # (a LightningModule's batch_idx)
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
                     if watch:

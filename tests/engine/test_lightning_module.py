@@ -1,0 +1,126 @@
+"""A LightningModule handed to fit as it is: training_step, validation_step, configure_optimizers."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dptrain
+
+
+class Lit(nn.Module):
+    """A LightningModule's shape (without Lightning: its methods are what fit reads)."""
+
+    def __init__(self, val_returns=False):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+        self.val_returns, self.seen = val_returns, []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen.append(("train" if self.training else "eval", batch_idx))
+        return {"loss": F.cross_entropy(self(x), y)}
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen.append(("val", batch_idx))
+        return 2 * F.cross_entropy(self(x), y) if self.val_returns else None     # (most only self.log it)
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=0.01)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5),
+                                                   "interval": "epoch"}}
+
+
+def data(n=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 6, generator=g)
+    return X, (X[:, 0] > 0).long() + (X[:, 1] > 1).long()
+
+
+def plain_loop(model, epochs=2, batch=16):
+    """Lightning's automatic optimization by hand, on the samples in order."""
+    config = model.configure_optimizers()
+    opt, sched = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    X, y = data()
+    for _ in range(epochs):
+        for i in range(0, len(X), batch):
+            loss = model.training_step((X[i:i + batch], y[i:i + batch]), i // batch)["loss"]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        sched.step()
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_lightning_module_trains_as_lightnings_automatic_optimization_does(devices):
+    torch.manual_seed(0)
+    model = Lit()
+    expected = copy.deepcopy(model)
+    plain_loop(expected)
+    lines = []
+    result = dptrain.fit(model, data(), data(32, 1), epochs=2, batch_size=16, shuffle=False, devices=devices,
+                         progress=False, log=lines.append)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert lines[0].startswith("dptrain: model.training_step is the step (a LightningModule's")
+    assert "dptrain: the optimizer is model.configure_optimizers()'s (a LightningModule's)" in lines
+    assert not any("no optimizer given" in line for line in lines)
+    assert [r["lr"] for r in result["history"]] == [0.01, 0.005]
+    # batch_idx: each batch's index in its epoch, training and evaluation; validation_step was
+    # asked once (it returned None), then the evaluation used training_step.
+    train = [i for kind, i in model.seen if kind == "train"]
+    assert train[-12:] == list(range(6)) * 2 and [i for kind, i in model.seen if kind == "val"] == [0]
+    assert [i for kind, i in model.seen if kind == "eval"][-2:] == [0, 1]
+    X, y = data(32, 1)
+    with torch.no_grad():
+        assert result["test_loss"] == pytest.approx(F.cross_entropy(model(X), y).item(), rel=1e-5)
+    assert dptrain.evaluate(model, data(32, 1), batch_size=16, devices=devices) == \
+        pytest.approx({"test_loss": result["test_loss"]}, rel=1e-6)
+
+
+def test_a_validation_step_returning_its_loss_evaluates():
+    torch.manual_seed(0)
+    model = Lit(val_returns=True)
+    result = dptrain.fit(model, data(), data(32, 1), epochs=1, batch_size=16, devices=2, log=None)
+    X, y = data(32, 1)
+    with torch.no_grad():
+        assert result["test_loss"] == pytest.approx(2 * F.cross_entropy(model(X), y).item(), rel=1e-5)
+    assert not any(kind == "eval" for kind, _ in model.seen)
+    assert dptrain.evaluate(model, data(32, 1))["test_loss"] == pytest.approx(result["test_loss"], rel=1e-6)
+
+
+def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
+    class Manual(Lit):
+        automatic_optimization = False
+    with pytest.raises(ValueError, match="turns Lightning's automatic_optimization off .its training_step steps its "
+                                         "optimizers itself., which fit does not run: give fit step="):
+        dptrain.fit(Manual(), data(), epochs=1, log=None)
+
+    class NoLoss(Lit):
+        def training_step(self, batch):              # (no batch_idx: Lightning passes it when asked)
+            return None
+    with pytest.raises(ValueError, match="model.training_step returned None: return the loss"):
+        dptrain.fit(NoLoss(), data(), epochs=1, log=None, devices=1)
+
+    class NanoGPT(nn.Module):                        # a configure_optimizers of other arguments: not called
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.net(x)
+
+        def configure_optimizers(self, weight_decay, learning_rate):
+            raise AssertionError("not to be called")
+    lines = []
+    dptrain.fit(NanoGPT(), data(), epochs=1, log=lines.append, devices=1)
+    assert any(line.startswith("dptrain: no optimizer given: SGD") for line in lines)
+    model, lines = Lit(), []
+    dptrain.fit(model, data(), epochs=1, log=lines.append, devices=1, loss=nn.CrossEntropyLoss(),
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert model.seen == [] and not any("LightningModule" in line for line in lines)
