@@ -113,6 +113,11 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
         raise TypeError("fit(model, X, y) takes y as the evaluation data: the training data is one argument, "
                         "fit(model, (X, y), ...) (Keras's fit(x, y)); evaluation data comes third, "
                         "fit(model, (X, y), (X_val, y_val))")
+    if callable(getattr(train_data, "train_dataloader", None)):
+        raise TypeError(f"train_data is a {type(train_data).__name__} (a LightningDataModule): give fit its loaders, "
+                        f"dm.prepare_data(); dm.setup('fit'); fit(model, dm.train_dataloader(), "
+                        f"dm.val_dataloader()) (with several processes, prepare_data (a download) once per machine "
+                        f"before they start)")
     for old, new in RENAMED.items():
         if old in settings:
             if new in settings:
