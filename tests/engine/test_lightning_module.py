@@ -67,7 +67,8 @@ def test_a_lightning_module_trains_as_lightnings_automatic_optimization_does(dev
                          progress=False, log=lines.append)
     for a, b in zip(model.parameters(), expected.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert lines[0].startswith("dptrain: model.training_step is the step (a LightningModule's")
+    assert lines[0].startswith("dptrain: model.training_step is the step and validation_step evaluates (a "
+                               "LightningModule's)")
     assert "dptrain: the optimizer is model.configure_optimizers()'s (a LightningModule's)" in lines
     assert not any("no optimizer given" in line for line in lines)
     assert [r["lr"] for r in result["history"]] == [0.01, 0.005]
@@ -92,6 +93,61 @@ def test_a_validation_step_returning_its_loss_evaluates():
         assert result["test_loss"] == pytest.approx(2 * F.cross_entropy(model(X), y).item(), rel=1e-5)
     assert not any(kind == "eval" for kind, _ in model.seen)
     assert dptrain.evaluate(model, data(32, 1))["test_loss"] == pytest.approx(result["test_loss"], rel=1e-6)
+
+
+class Logging(Lit):
+    """A validation_step as Lightning programs write it: figures logged, nothing returned."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.seen.append(("val", batch_idx))
+        self.log("val_loss", F.cross_entropy(logits, y), prog_bar=True)
+        self.log("val/acc", (logits.argmax(1) == y).float().mean())
+        self.log_dict({"val_top2": (logits.topk(2, 1).indices == y[:, None]).any(1).float().mean(), "val_one": 1})
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_what_validation_step_logs_is_the_evaluations_figures_over_the_whole_set(devices):
+    """Each logged mean counts its batch's samples: the figure is the whole set's, on any
+    split (the evaluation set, 40, does not divide into batches of 16 or devices evenly)."""
+    from dptrain.callbacks import EarlyStopping
+    torch.manual_seed(0)
+    model = Logging()
+    stop = EarlyStopping("val_acc", patience=5)
+    result = dptrain.fit(model, data(), data(40, 1), epochs=2, batch_size=16, devices=devices, log=None,
+                         callbacks=[stop])
+    X, y = data(40, 1)
+    with torch.no_grad():
+        logits = model(X)
+    expected = {"test_loss": F.cross_entropy(logits, y).item(), "test_acc": (logits.argmax(1) == y).float().mean().item(),
+                "test_top2": (logits.topk(2, 1).indices == y[:, None]).any(1).float().mean().item(), "test_one": 1.0}
+    assert {k: result[k] for k in expected} == pytest.approx(expected, rel=1e-5)
+    assert not any(kind == "eval" for kind, _ in model.seen)        # (the logged loss is the test loss)
+    assert stop.watch.monitor == "test_acc" and stop.watch.best is not None
+    assert dptrain.evaluate(model, data(40, 1), batch_size=16, devices=devices) == pytest.approx(expected, rel=1e-5)
+
+
+def test_what_cannot_be_kept_as_a_mean_is_an_error_naming_the_fix():
+    class Counter:                                  # (a torchmetrics object's shape: a state, computed)
+        def compute(self):
+            return torch.tensor(1.0)
+
+    class Objects(Lit):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_f1", Counter())
+
+    class Largest(Lit):
+        def validation_step(self, batch, batch_idx):
+            self.log("val_worst", F.cross_entropy(self(batch[0]), batch[1]), reduce_fx="max")
+    with pytest.raises(ValueError, match=r"self.log\('val_f1', Counter\) in validation_step: dptrain records one "
+                                         r"number a batch .its mean.; give a torchmetrics object to fit as metrics="):
+        dptrain.fit(Objects(), data(), data(8), epochs=1, log=None, devices=1)
+    with pytest.raises(ValueError, match=r"reduce_fx='max'\): dptrain keeps the mean over the evaluation set"):
+        dptrain.fit(Largest(), data(), data(8), epochs=1, log=None, devices=1)
+    model = Logging()
+    dptrain.fit(model, data(), data(8), epochs=1, log=None, devices=1)
+    assert "log" not in model.__dict__ and "log_dict" not in model.__dict__      # (the recorders are gone)
 
 
 def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():

@@ -5,20 +5,25 @@
 
 ``adopt`` takes what ``fit`` was not given: a model with ``training_step`` and no ``step``,
 ``loss`` or ``forward`` trains on ``model.training_step(batch, batch_idx)`` (its loss, or a
-dict holding it: a mean over each device's part, as DDP takes it), evaluated by its
-``validation_step`` when that returns the loss (else by ``training_step``, under
-``torch.no_grad()``: most only ``self.log`` it); a ``configure_optimizers`` that takes no
-argument gives the optimizer and its scheduler (``lightning_config.py`` reads its forms).
-``dptrain.evaluate`` takes the step alike (``steps_of``), so its figures are ``fit``'s.
-Figures given to ``self.log`` are not recorded (Lightning warns that no ``Trainer`` holds the
-module): the run's figures are its ``train_loss``, ``test_loss`` and ``metrics=``.
+dict holding it: a mean over each device's part, as DDP takes it), and is evaluated by its
+``validation_step``: what that gives ``self.log`` is kept as the evaluation's figures
+(``val_acc`` is ``test_acc``: ``lightning_log.py``), and the test loss is the loss it returns,
+else the one it logs, else ``training_step``'s under ``torch.no_grad()``. A
+``configure_optimizers`` that takes no argument gives the optimizer and its scheduler
+(``lightning_config.py`` reads its forms). ``dptrain.evaluate`` takes the step alike
+(``steps_of``), so its figures are ``fit``'s. What ``training_step`` gives ``self.log`` is not
+recorded (Lightning warns that no ``Trainer`` holds the module): the training figures are its
+``train_loss`` (and ``metrics=``).
 """
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from torch import nn
+
+from ..data.batch import batch_size
+from .lightning_log import Logged, LoggedFigures, Recording
 
 
 def _positional(method: Any) -> Optional[int]:
@@ -41,36 +46,61 @@ def _required(method: Any) -> int:
 
 
 class LightningSteps:
-    """``step=``: ``model.training_step(batch, batch_idx)`` while the model trains; evaluating,
-    ``model.validation_step(batch, batch_idx)`` if it returns the loss (asked once), else
-    ``training_step``. ``batch_idx`` is the batch's index in its epoch (or evaluation), which
-    the loop and the evaluation set with ``at``."""
+    """``step=``: ``model.training_step(batch, batch_idx)`` while the model trains. Evaluating,
+    ``model.validation_step(batch, batch_idx)``, what it gives ``self.log`` recorded
+    (``lightning_log.py``; the names its first call logs become figures of the evaluation,
+    ``metrics``): the loss it returns, else the one it logs (``val_loss``), else
+    ``training_step``'s (a ``validation_step`` that returns and logs nothing is not called
+    again). ``batch_idx`` is the batch's index in its epoch (or evaluation), which the loop
+    and the evaluation set with ``at``."""
 
     def __init__(self, model: nn.Module):
         self.index = 0
-        self.takes_index = _positional(model.training_step) != 1
+        self.takes_index = {name: _positional(getattr(model, name, None)) != 1
+                            for name in ("training_step", "validation_step")}
         validate = getattr(model, "validation_step", None)
-        self.validation: Optional[bool] = None if callable(validate) else False     # (None: not yet asked)
+        self.validation: Optional[bool] = None if callable(validate) else False     # (None: not yet called)
+        self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
 
     def at(self, index: int) -> None:
         self.index = index
 
-    def _call(self, method: Any, batch: Any) -> Any:
-        return method(batch, self.index) if self.takes_index else method(batch)
+    def _call(self, model: nn.Module, name: str, batch: Any) -> Any:
+        method = getattr(model, name)
+        return method(batch, self.index) if self.takes_index[name] else method(batch)
 
     def __call__(self, model: nn.Module, batch: Any) -> Any:
         if not model.training and self.validation is not False:
-            out = self._call(model.validation_step, batch)
-            self.validation = out is not None
-            if out is not None:
-                return out
-        out = self._call(model.training_step, batch)
+            return self._validate(model, batch)
+        return self._train(model, batch)
+
+    def _train(self, model: nn.Module, batch: Any) -> Any:
+        out = self._call(model, "training_step", batch)
         if out is None:
             raise ValueError("model.training_step returned None: return the loss (or a dict with 'loss'); a step "
                              "returning None skips the batch in Lightning, which dptrain does not do (on_nan='skip' "
                              "skips a batch whose loss is not finite)")
         return out
 
+    def _validate(self, model: nn.Module, batch: Any) -> Any:
+        with Recording(model, batch_size(batch)) as logged:
+            out = self._call(model, "validation_step", batch)
+        first, figures = self.validation is None, LoggedFigures(logged.figures)
+        if first:
+            self.validation = out is not None or bool(figures)
+            if self.metrics is not None:
+                for name in figures:
+                    if name != "loss" and not name.endswith("_count") and name not in self.metrics:
+                        self.metrics[name] = Logged(name)
+        loss = figures.pop("loss", None)
+        if out is None:
+            if loss is not None:
+                out = loss[0] / loss[1]         # (its mean: the step's loss is one)
+            else:
+                out = self._train(model, batch)
+        if isinstance(out, Mapping):
+            return {**out, "output": figures} if figures else out
+        return {"loss": out, "output": figures}
 
 def steps_of(model: nn.Module, what: Dict[str, Any]) -> Optional[LightningSteps]:
     """The step of a model with ``training_step`` given no ``step``, ``loss`` or ``forward``
@@ -91,8 +121,9 @@ def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
                              "optimizers itself), which fit does not run: give fit step=fn(model, batch) -> loss, "
                              "and optimizer= (a dict of them, with step= a dict, for updates in turn: a GAN)")
         what["step"] = steps
-        notes.append("model.training_step is the step (a LightningModule's; validation_step evaluates if it "
-                     "returns the loss): the figures are its loss, not what self.log is given (metrics= adds some)")
+        notes.append("model.training_step is the step and validation_step evaluates (a LightningModule's): what "
+                     "validation_step gives self.log is the evaluation's figures (val_acc: test_acc), what "
+                     "training_step gives it is not recorded")
     configure = getattr(model, "configure_optimizers", None)
     if "optimizer" not in what and callable(configure) and _required(configure) == 0:
         optimizer = configure()

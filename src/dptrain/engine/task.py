@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from . import lightning_config
+from .lightning_module import LightningSteps
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
@@ -165,6 +166,8 @@ class Task:
                     if self.several else "test_loss"
                 raise ValueError(f"metric name {name!r} is taken by dptrain's own figures ({own} and their counts): "
                                  f"call it something else, e.g. {('my_' + str(name))!r}")
+        if isinstance(self.step, LightningSteps):       # (the names its validation_step logs join them)
+            self.step.metrics = self.metrics
         for name in ("epochs", "batch_size"):
             value = getattr(self, name)
             if value is None and name == "epochs":

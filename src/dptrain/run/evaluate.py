@@ -20,7 +20,7 @@ from ..core.modes import evaluating
 from ..core.stage import stage
 from ..data.dataset_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
-from ..engine.lightning_module import steps_of
+from ..engine.lightning_module import LightningSteps, steps_of
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
 from .config import AMP_DTYPES
@@ -72,7 +72,9 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
         with evaluating(model):         # and each module's own mode back after
             engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
             engine.stateful.alone = local          # torchmetrics would gather from the others
-            engine.prepare(first.example())            # lazy layers learn their shapes
+            example = first.example()
+            # Lazy layers learn their shapes; a LightningModule's validation_step names its figures.
+            engine.prepare(example, eval_example=example if isinstance(task.step, LightningSteps) else None)
             with stage(ALL_CALL.format("evaluating", "evaluate")):
                 if env.distributed:
                     same_weights(collective, engine.replicas[0])
