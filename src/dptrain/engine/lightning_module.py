@@ -90,7 +90,7 @@ class LightningSteps:
             self.validation = out is not None or bool(figures)
             if self.metrics is not None:
                 for name in figures:
-                    if name != "loss" and not name.endswith("_count") and name not in self.metrics:
+                    if name not in ("loss", "count") and not name.endswith("_count") and name not in self.metrics:
                         self.metrics[name] = Logged(name)
         loss = figures.pop("loss", None)
         if out is None:
