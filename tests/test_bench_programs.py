@@ -280,3 +280,9 @@ def test_the_garbage_collection_benchmark_counts_each_variants_collections(tmp_p
         assert set(rounds[0]["steps"]) == {"gen0", "gen1", "gen2", "gen2_ms"}
         assert ("setup" in rounds[0]) == name.endswith("dptrain")
     assert figures["full_collection_ms"] > 0 and figures["first_optimizer_ms"] > 0
+
+
+def test_the_lightning_benchmark_trains_one_module_each_way(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_lightning.py", "--smoke")
+    assert {"plain", "dptrain"} <= set(figures["us_per_step"]) and figures["vs_plain"]["dptrain"] > 0
+    assert all(us > 0 for us in figures["us_per_step"].values())

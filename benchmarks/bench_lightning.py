@@ -1,0 +1,168 @@
+"""One LightningModule trained three ways on one device: a plain loop over its training_step,
+dptrain.fit(module, ...) and Lightning's Trainer.fit (when lightning is installed): seconds an
+epoch, variants taking turns epoch by epoch (turns.py), medians of paired ratios to the plain loop.
+
+The module is a tiny MLP (32-64-4, batch 128, tensors in memory: everyday.tiny_data), whose
+step is mostly host work, and its validation_step logs val_loss and val_acc. The plain loop
+and dptrain read the samples through a DataLoader-free path of their own; Lightning reads a
+DataLoader (its way). Set-up and the evaluation are outside the epochs' clocks.
+
+    python benchmarks/bench_lightning.py --rounds 5 --epochs 4
+"""
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import everyday  # noqa: E402
+from common import rounds_parser, save_result  # noqa: E402
+from turns import take_turns  # noqa: E402
+
+BATCH = 128
+
+
+def _module_class():
+    """The LightningModule (built on lightning's class when it is installed, so the Trainer
+    takes it; dptrain reads only its methods)."""
+    try:
+        from lightning import LightningModule as Base
+    except ImportError:
+        Base = nn.Module
+
+    class Lit(Base):
+        def __init__(self):
+            super().__init__()
+            self.net = everyday.tiny_mlp()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            logits = self(x)
+            self.log("val_loss", F.cross_entropy(logits, y))
+            self.log("val_acc", (logits.argmax(1) == y).float().mean())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+    return Lit
+
+
+def _data(samples):
+    X, y = everyday.tiny_data(samples)
+    return X, y
+
+
+def run_plain(samples, epochs, gate=None):
+    torch.manual_seed(0)
+    model = _module_class()()
+    opt = model.configure_optimizers()
+    X, y = _data(samples)
+    times = []
+    for _ in range(epochs):
+        if gate is not None:
+            gate()
+        t = time.perf_counter()
+        perm = torch.randperm(len(X))
+        for i, start in enumerate(range(0, len(X), BATCH)):
+            idx = perm[start:start + BATCH]
+            loss = model.training_step((X[idx], y[idx]), i)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        times.append(time.perf_counter() - t)
+    return {"epochs": times}
+
+
+def run_dptrain(samples, epochs, gate=None):
+    import dptrain
+    torch.manual_seed(0)
+    model = _module_class()()
+
+    class Gate(dptrain.Callback):
+        def on_epoch_start(self, run, epoch):
+            if gate is not None:
+                gate()
+    X, y = _data(samples)
+    result = dptrain.fit(model, (X, y), (X[:1024], y[:1024]), epochs=epochs, batch_size=BATCH, devices=1,
+                         log=None, progress=False, callbacks=[Gate()])
+    return {"epochs": [row["sec"] for row in result["history"]], "test_acc": result["test_acc"]}
+
+
+class _Clock:
+    """Lightning's side: a Callback timing each training epoch (gate before its clock)."""
+
+    def __new__(cls, gate):
+        from lightning import Callback
+
+        class Clock(Callback):
+            def __init__(self):
+                self.times, self.t, self.last = [], 0.0, 0.0
+
+            def on_train_epoch_start(self, trainer, module):
+                if gate is not None:
+                    gate()
+                self.t = time.perf_counter()
+
+            def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+                self.last = time.perf_counter()
+
+            def on_train_epoch_end(self, trainer, module):       # (its last batch's end: not the validation)
+                self.times.append(self.last - self.t)
+        return Clock()
+
+
+def run_lightning(samples, epochs, gate=None):
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    model = _module_class()()
+    X, y = _data(samples)
+    train = DataLoader(TensorDataset(X, y), batch_size=BATCH, shuffle=True)
+    val = DataLoader(TensorDataset(X[:1024], y[:1024]), batch_size=BATCH)
+    clock = _Clock(gate)
+    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        callbacks=[clock])
+    trainer.fit(model, train, val)
+    return {"epochs": clock.times, "test_acc": float(trainer.callback_metrics["val_acc"])}
+
+
+def main():
+    parser = rounds_parser(__doc__, samples=25_600)
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.epochs, args.samples = 1, 2, 1_024
+    try:
+        import lightning  # noqa: F401
+        variants = ("plain", "dptrain", "lightning")
+    except ImportError:
+        variants = ("plain", "dptrain")
+    runners = {"plain": run_plain, "dptrain": run_dptrain, "lightning": run_lightning}
+    steps = -(-args.samples // BATCH)
+    ratios = {name: [] for name in variants if name != "plain"}
+    us = {name: [] for name in variants}
+    for r in range(args.rounds):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        got = take_turns({name: (runners[name], (args.samples, args.epochs)) for name in order})
+        for name in variants:       # (the first epoch warms up)
+            us[name] += [t / steps * 1e6 for t in got[name]["epochs"][1:]]
+        for name in ratios:
+            ratios[name] += [p / t for p, t in zip(got["plain"]["epochs"][1:], got[name]["epochs"][1:])]
+    figures = {"us_per_step": {k: round(statistics.median(v), 1) for k, v in us.items()},
+               "vs_plain": {k: round(statistics.median(v), 3) for k, v in ratios.items()},
+               "rounds": args.rounds, "epochs": args.epochs, "samples": args.samples}
+    save_result(figures, " ".join(["python"] + sys.argv), args.out)
+
+
+if __name__ == "__main__":
+    main()
