@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict, List, Mapping, Optional
 
+import torch
 from torch import nn
 
 from ..data.batch import batch_size
@@ -43,6 +44,13 @@ def _required(method: Any) -> int:
     except (TypeError, ValueError):
         return 0
     return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _is_loss(out: Any) -> bool:
+    """Whether ``validation_step`` returned its loss: one number, or a dict with ``loss``."""
+    if isinstance(out, Mapping):
+        return out.get("loss") is not None
+    return isinstance(out, torch.Tensor) and out.numel() == 1
 
 
 class LightningSteps:
@@ -85,6 +93,8 @@ class LightningSteps:
     def _validate(self, model: nn.Module, batch: Any) -> Any:
         with Recording(model, batch_size(batch)) as logged:
             out = self._call(model, "validation_step", batch)
+        if not _is_loss(out):       # (what else it returns, predictions, Lightning 1's {"val_loss": ...}: not used)
+            out = None
         first, figures = self.validation is None, LoggedFigures(logged.figures)
         if first:
             self.validation = out is not None or bool(figures)
