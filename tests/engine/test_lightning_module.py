@@ -164,6 +164,26 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
     with pytest.raises(ValueError, match="model.training_step returned None: return the loss"):
         dptrain.fit(NoLoss(), data(), epochs=1, log=None, devices=1)
 
+    class ReadsTheTrainer(Lit):
+        @property
+        def trainer(self):                           # (Lightning's, without a Trainer)
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`.")
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1.0 / self.trainer.estimated_stepping_batches)
+    with pytest.raises(RuntimeError, match=r"is not attached to a `Trainer`. \(dptrain called "
+                                           r"model.configure_optimizers\(\), a LightningModule's, and it reads the "
+                                           r"Trainer, which dptrain does not make: give fit optimizer= and scheduler="):
+        dptrain.fit(ReadsTheTrainer(), data(), epochs=1, log=None)
+
+    class EpochFromTheTrainer(ReadsTheTrainer):
+        def training_step(self, batch, batch_idx):
+            return F.cross_entropy(self(batch[0]), batch[1]) * self.trainer.current_epoch
+    with pytest.raises(RuntimeError, match=r"\(dptrain called model.training_step, a LightningModule's, and it reads "
+                                           r"the Trainer, which dptrain does not make: read what you need from the run "
+                                           r"in a callback"):
+        dptrain.fit(EpochFromTheTrainer(), data(), epochs=1, log=None, optimizer=torch.optim.SGD, lr=0.1)
+
     class NanoGPT(nn.Module):                        # a configure_optimizers of other arguments: not called
         def __init__(self):
             super().__init__()

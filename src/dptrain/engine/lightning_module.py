@@ -46,6 +46,14 @@ def _required(method: Any) -> int:
     return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
+def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
+    """Lightning's "... is not attached to a `Trainer`." raised in ``model.<method>``: add why
+    (dptrain makes no Trainer) and ``fix`` to the message; other errors are left as they are."""
+    if "attached to a `Trainer`" in str(e) and e.args:
+        e.args = (f"{e.args[0]} (dptrain called model.{method}, a LightningModule's, and it reads the Trainer, "
+                  f"which dptrain does not make: {fix})",) + e.args[1:]
+
+
 def _is_loss(out: Any) -> bool:
     """Whether ``validation_step`` returned its loss: one number, or a dict with ``loss``."""
     if isinstance(out, Mapping):
@@ -75,7 +83,12 @@ class LightningSteps:
 
     def _call(self, model: nn.Module, name: str, batch: Any) -> Any:
         method = getattr(model, name)
-        return method(batch, self.index) if self.takes_index[name] else method(batch)
+        try:
+            return method(batch, self.index) if self.takes_index[name] else method(batch)
+        except RuntimeError as e:
+            explain_trainer(e, name, "read what you need from the run in a callback (run.epoch, run.step) and "
+                                     "set it on run.model, which every device's copy then has")
+            raise
 
     def __call__(self, model: nn.Module, batch: Any) -> Any:
         if not model.training and self.validation is not False:
@@ -136,7 +149,13 @@ def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
                      "training_step gives it is not recorded")
     configure = getattr(model, "configure_optimizers", None)
     if "optimizer" not in what and callable(configure) and _required(configure) == 0:
-        optimizer = configure()
+        try:
+            optimizer = configure()
+        except RuntimeError as e:
+            explain_trainer(e, "configure_optimizers()", "give fit optimizer= and scheduler= yourself; "
+                            "self.trainer.estimated_stepping_batches is epochs x batches per epoch, over "
+                            "accumulate_grad_batches")
+            raise
         if optimizer is not None:
             what["optimizer"] = optimizer
             notes.append("the optimizer is model.configure_optimizers()'s (a LightningModule's)")
