@@ -129,6 +129,29 @@ def test_what_validation_step_logs_is_the_evaluations_figures_over_the_whole_set
     assert dptrain.evaluate(model, data(40, 1), batch_size=16, devices=devices) == pytest.approx(expected, rel=1e-5)
 
 
+def test_logged_figures_beside_metrics_of_the_logits_validation_step_returns():
+    """validation_step returning {"loss", "logits"} feeds fit's metrics= (a torchmetrics F1 over
+    the whole set) while what it logs is kept too."""
+    from torchmetrics.classification import MulticlassF1Score
+
+    class Both(Logging):
+        def validation_step(self, batch, batch_idx):
+            super().validation_step(batch, batch_idx)
+            logits = self(batch[0])
+            return {"loss": 3 * F.cross_entropy(logits, batch[1]), "logits": logits}
+    torch.manual_seed(0)
+    model = Both()
+    result = dptrain.fit(model, data(), data(40, 1), epochs=1, batch_size=16, devices=2, log=None,
+                         metrics={"f1": MulticlassF1Score(3, average="macro")})
+    X, y = data(40, 1)
+    with torch.no_grad():
+        logits = model(X)
+    f1 = MulticlassF1Score(3, average="macro")(logits, y).item()
+    assert result["test_f1"] == pytest.approx(f1, rel=1e-5)
+    assert result["test_acc"] == pytest.approx((logits.argmax(1) == y).float().mean().item(), rel=1e-5)
+    assert result["test_loss"] == pytest.approx(3 * F.cross_entropy(logits, y).item(), rel=1e-5)   # (returned)
+
+
 def test_what_cannot_be_kept_as_a_mean_is_an_error_naming_the_fix():
     class Counter:                                  # (a torchmetrics object's shape: a state, computed)
         def compute(self):

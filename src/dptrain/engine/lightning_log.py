@@ -9,10 +9,13 @@ device and process, where Lightning's need ``sync_dist=True``).
 
 A name is read as the evaluation's figure: ``val_acc`` and ``val/acc`` are ``test_acc``
 (Keras's and Lightning's names of the first evaluation set are ``test_*`` here), ``val_loss``
-is the test loss.
+is the test loss. Each such figure is a ``(sum, count)`` metric of ``fit`` (``Logged``) that
+reads what the shard's ``validation_step`` logged from ``Latest`` (the step's output stays
+what it returned: its ``logits`` feed ``metrics=``).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Dict, Tuple
 
 import torch
@@ -74,17 +77,26 @@ class Recording:
         self.model.__dict__.update(self._had)
 
 
-class Logged:
-    """A ``(sum, count)`` metric of ``fit``: the figure ``name`` a ``validation_step`` logged on
-    the shard (none on a shard where it logged none)."""
+class Latest:
+    """The figures the latest ``validation_step`` on this thread logged (each device's thread
+    scores its shard right after its step), by name."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def set(self, figures: Dict[str, Tuple[torch.Tensor, int]]) -> None:
+        self._local.figures = figures
+
+    def get(self) -> Dict[str, Tuple[torch.Tensor, int]]:
+        return getattr(self._local, "figures", {})
+
+
+class Logged:
+    """A ``(sum, count)`` metric of ``fit``: the figure ``name`` the ``validation_step`` of the
+    shard logged (none where it logged none, or in training)."""
+
+    def __init__(self, name: str, latest: Latest):
+        self.name, self.latest = name, latest
 
     def __call__(self, output: Any, target: Any) -> Tuple[Any, int]:
-        figures = output if isinstance(output, LoggedFigures) else {}
-        return figures.get(self.name, (torch.zeros(()), 0))
-
-
-class LoggedFigures(dict):
-    """A step's output: the figures its ``validation_step`` logged, by name."""
+        return self.latest.get().get(self.name, (torch.zeros(()), 0))

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..data.batch import batch_size
-from .lightning_log import Logged, LoggedFigures, Recording
+from .lightning_log import Latest, Logged, Recording
 
 
 def _positional(method: Any) -> Optional[int]:
@@ -77,6 +77,7 @@ class LightningSteps:
         validate = getattr(model, "validation_step", None)
         self.validation: Optional[bool] = None if callable(validate) else False     # (None: not yet called)
         self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
+        self.latest = Latest()                              # what each thread's last validation_step logged
 
     def at(self, index: int) -> None:
         self.index = index
@@ -108,22 +109,21 @@ class LightningSteps:
             out = self._call(model, "validation_step", batch)
         if not _is_loss(out):       # (what else it returns, predictions, Lightning 1's {"val_loss": ...}: not used)
             out = None
-        first, figures = self.validation is None, LoggedFigures(logged.figures)
-        if first:
+        figures = logged.figures
+        if self.validation is None:                 # (the first call: its names become figures)
             self.validation = out is not None or bool(figures)
             if self.metrics is not None:
                 for name in figures:
                     if name not in ("loss", "count") and not name.endswith("_count") and name not in self.metrics:
-                        self.metrics[name] = Logged(name)
-        loss = figures.pop("loss", None)
+                        self.metrics[name] = Logged(name, self.latest)
+        self.latest.set(figures)
         if out is None:
-            if loss is not None:
-                out = loss[0] / loss[1]         # (its mean: the step's loss is one)
-            else:
-                out = self._train(model, batch)
-        if isinstance(out, Mapping):
-            return {**out, "output": figures} if figures else out
-        return {"loss": out, "output": figures}
+            loss = figures.get("loss")
+            out = loss[0] / loss[1] if loss is not None else self._train(model, batch)    # (its mean)
+        if isinstance(out, Mapping) and (out.get("logits") is not None or out.get("output") is not None):
+            return out          # (its logits for metrics=; the logged figures are read from self.latest)
+        return {**out, "output": figures} if isinstance(out, Mapping) else {"loss": out, "output": figures}
+
 
 def steps_of(model: nn.Module, what: Dict[str, Any]) -> Optional[LightningSteps]:
     """The step of a model with ``training_step`` given no ``step``, ``loss`` or ``forward``
