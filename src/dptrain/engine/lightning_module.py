@@ -146,7 +146,9 @@ def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
         what["step"] = steps
         notes.append("model.training_step is the step and validation_step evaluates (a LightningModule's): what "
                      "validation_step gives self.log is the evaluation's figures (val_acc: test_acc), what "
-                     "training_step gives it is not recorded")
+                     "training_step gives it is not recorded" if steps.validation is None else
+                     "model.training_step is the step (a LightningModule's; it also gives the test loss): what it "
+                     "gives self.log is not recorded")
     configure = getattr(model, "configure_optimizers", None)
     if "optimizer" not in what and callable(configure) and _required(configure) == 0:
         try:
