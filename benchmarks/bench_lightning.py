@@ -143,7 +143,7 @@ def main():
     if args.smoke:
         args.rounds, args.epochs, args.samples = 1, 2, 1_024
     try:
-        import lightning  # noqa: F401
+        import lightning  # noqa: F401 (installed: its Trainer is a variant)
         variants = ("plain", "dptrain", "lightning")
     except ImportError:
         variants = ("plain", "dptrain")

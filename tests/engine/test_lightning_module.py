@@ -121,7 +121,8 @@ def test_what_validation_step_logs_is_the_evaluations_figures_over_the_whole_set
     X, y = data(40, 1)
     with torch.no_grad():
         logits = model(X)
-    expected = {"test_loss": F.cross_entropy(logits, y).item(), "test_acc": (logits.argmax(1) == y).float().mean().item(),
+    expected = {"test_loss": F.cross_entropy(logits, y).item(),
+                "test_acc": (logits.argmax(1) == y).float().mean().item(),
                 "test_top2": (logits.topk(2, 1).indices == y[:, None]).any(1).float().mean().item(), "test_one": 1.0}
     assert {k: result[k] for k in expected} == pytest.approx(expected, rel=1e-5)
     assert not any(kind == "eval" for kind, _ in model.seen)        # (the logged loss is the test loss)

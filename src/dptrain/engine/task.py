@@ -51,8 +51,9 @@ class Task:
       or a list, each built on its parameters, taken as one ``CombinedOptimizer``.
     - ``scheduler(optimizer) -> LRScheduler``, stepped every ``scheduler_interval``
       (``"epoch"``, the default unless a Lightning config says, or ``"batch"``: every update,
-      Lightning's ``"step"``, taken too; with several optimizers: one for each, or a dict of them by update name; on one loss, one
-      over all of their groups, or a dict by optimizer name). ``scheduler_monitor``: the figure
+      Lightning's ``"step"``, taken too; with several optimizers: one for each, or a dict of
+      them by update name; on one loss, one over all of their groups, or a dict by optimizer
+      name). ``scheduler_monitor``: the figure
       a ``ReduceLROnPlateau`` decides on (default: the test loss; ``"test_acc"``, Keras's
       ``"val_accuracy"``...; its ``mode`` must take it the right way). Lightning's
       ``configure_optimizers()`` output as ``optimizer`` (or its ``lr_scheduler_config`` as
