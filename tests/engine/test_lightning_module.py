@@ -153,21 +153,67 @@ def test_logged_figures_beside_metrics_of_the_logits_validation_step_returns():
     assert result["test_loss"] == pytest.approx(3 * F.cross_entropy(logits, y).item(), rel=1e-5)   # (returned)
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_torchmetrics_objects_the_module_updates_and_logs_are_computed_over_the_whole_set(devices):
+    """Lightning's and torchmetrics' way: the module holds the metric, validation_step updates
+    it and logs the object; each device's copy of the module updates its own, merged after the
+    evaluation (a macro F1 is not a mean of batch figures: only the merged state gives it)."""
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+    class Metrics(Lit):
+        def __init__(self):
+            super().__init__()
+            self.val_acc, self.val_f1 = MulticlassAccuracy(3), MulticlassF1Score(3, average="macro")
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            logits = self(x)
+            self.val_acc(logits, y)                          # (forward: updates, gives the batch's)
+            self.val_f1.update(logits, y)
+            self.log_dict({"val_acc": self.val_acc, "val_f1": self.val_f1})
+            return F.cross_entropy(logits, y)
+    torch.manual_seed(0)
+    model = Metrics()
+    result = dptrain.fit(model, data(), data(40, 1), epochs=2, batch_size=16, devices=devices, log=None)
+    X, y = data(40, 1)
+    with torch.no_grad():
+        logits = model(X)
+    expected = {"test_acc": MulticlassAccuracy(3)(logits, y).item(),
+                "test_f1": MulticlassF1Score(3, average="macro")(logits, y).item()}
+    assert {k: result[k] for k in expected} == pytest.approx(expected, rel=1e-5)
+    assert [set(row) >= {"test_acc", "test_f1"} for row in result["history"]] == [True, True]
+    assert {k: v for k, v in dptrain.evaluate(model, data(40, 1), batch_size=16, devices=devices).items()
+            if k in expected} == pytest.approx(expected, rel=1e-5)
+
+
 def test_what_cannot_be_kept_as_a_mean_is_an_error_naming_the_fix():
     class Counter:                                  # (a torchmetrics object's shape: a state, computed)
+        def update(self, *args):
+            pass
+
+        def reset(self):
+            pass
+
         def compute(self):
             return torch.tensor(1.0)
 
     class Objects(Lit):
         def validation_step(self, batch, batch_idx):
-            self.log("val_f1", Counter())
+            self.log("val_f1", [1.0])
 
     class Largest(Lit):
         def validation_step(self, batch, batch_idx):
             self.log("val_worst", F.cross_entropy(self(batch[0]), batch[1]), reduce_fx="max")
-    with pytest.raises(ValueError, match=r"self.log\('val_f1', Counter\) in validation_step: dptrain records one "
-                                         r"number a batch .its mean.; give a torchmetrics object to fit as metrics="):
+    with pytest.raises(ValueError, match=r"self.log\('val_f1', list\) in validation_step: dptrain records one "
+                                         r"number .a batch's mean. or a torchmetrics object; log the batch's mean"):
         dptrain.fit(Objects(), data(), data(8), epochs=1, log=None, devices=1)
+
+    class Outside(Lit):                             # a metric object the module does not hold
+        def validation_step(self, batch, batch_idx):
+            self.log("val_f1", Counter())
+    with pytest.raises(ValueError, match=r"self.log\(..., Counter\) for 'f1' logs a metric that is not an attribute "
+                                         r"of the module: make it one"):
+        dptrain.fit(Outside(), data(), data(8), epochs=1, log=None, devices=1)
     with pytest.raises(ValueError, match=r"reduce_fx='max'\): dptrain keeps the mean over the evaluation set"):
         dptrain.fit(Largest(), data(), data(8), epochs=1, log=None, devices=1)
     model = Logging()

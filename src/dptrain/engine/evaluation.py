@@ -115,7 +115,10 @@ def evaluate(engine, batches) -> Totals:
     # (not known before a training step: in turn too).
     in_turn = bool(updates) and engine.random.draws is not False
     stateful.reset()
-    lightning = engine.task.step.at if isinstance(engine.task.step, LightningSteps) else None
+    steps = engine.task.step if isinstance(engine.task.step, LightningSteps) else None
+    lightning = steps.at if steps is not None else None
+    if steps is not None:
+        steps.reset_metrics(engine.replicas)
     with evaluating(*engine.replicas), torch.no_grad():     # each module's mode back after (a frozen BN stays)
         for index, batch in enumerate(batches):
             if lightning is not None:
@@ -136,7 +139,11 @@ def evaluate(engine, batches) -> Totals:
     totals = over_devices(totals, engine.devices)
     if stateful:        # over the whole set: merged over devices, gathered over processes
         totals[COMPUTED] = stateful.compute()
+    if steps is not None and steps.module_metrics:          # a LightningModule's own, alike
+        totals.setdefault(COMPUTED, {}).update(steps.computed(list(engine.replicas), engine.devices,
+                                                              stateful.alone))
     return totals
+
 
 def metric_pairs(metrics: Dict[str, Any], output: Any, target: Any) -> List[Tuple[str, Any]]:
     """Each ``(sum, count)`` metric's figures for one shard: ``[(name, sum), (name_count,

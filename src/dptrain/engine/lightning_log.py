@@ -9,7 +9,8 @@ device and process, where Lightning's need ``sync_dist=True``).
 
 A name is read as the evaluation's figure: ``val_acc`` and ``val/acc`` are ``test_acc``
 (Keras's and Lightning's names of the first evaluation set are ``test_*`` here), ``val_loss``
-is the test loss. Each such figure is a ``(sum, count)`` metric of ``fit`` (``Logged``) that
+is the test loss. A torchmetrics object logged (the module's own, which the step updates) is
+kept in ``objects``: ``LightningSteps`` computes it over the whole set. Each number's figure is a ``(sum, count)`` metric of ``fit`` (``Logged``) that
 reads what the shard's ``validation_step`` logged from ``Latest`` (the step's output stays
 what it returned: its ``logits`` feed ``metrics=``).
 """
@@ -20,6 +21,8 @@ from typing import Any, Dict, Tuple
 
 import torch
 from torch import nn
+
+from .stateful_metrics import is_stateful
 
 #: How Lightning programs begin the names of their validation figures.
 PREFIXES = ("val_", "val/", "valid_", "valid/", "validation_", "validation/")
@@ -38,12 +41,14 @@ def figure_name(logged: str) -> str:
 class Recording:
     """While open, ``model.log(name, value, ..., batch_size=None, reduce_fx="mean")`` and
     ``model.log_dict`` record ``(value * n, n)`` by figure name (``n``: the ``batch_size``
-    given, else the shard's samples); a value that is not one number (a torchmetrics object)
-    or a ``reduce_fx`` other than the mean is an error naming the fix."""
+    given, else the shard's samples), and a torchmetrics object (the module's, which its step
+    updates) in ``objects``; another value, or a ``reduce_fx`` other than the mean, is an error
+    naming the fix."""
 
     def __init__(self, model: nn.Module, samples: int):
         self.model, self.samples = model, samples
         self.figures: Dict[str, Tuple[torch.Tensor, int]] = {}
+        self.objects: Dict[str, Any] = {}       # torchmetrics objects logged, by figure name
         self._had: Dict[str, Any] = {}
 
     def log(self, name: str, value: Any, *args: Any, batch_size: Any = None, reduce_fx: Any = "mean",
@@ -51,11 +56,15 @@ class Recording:
         if reduce_fx not in ("mean", torch.mean):
             raise ValueError(f"self.log({name!r}, ..., reduce_fx={reduce_fx!r}): dptrain keeps the mean over the "
                              f"evaluation set of what validation_step logs; log a mean (the default)")
+        if is_stateful(value):          # a torchmetrics object the module updates: computed over the whole set
+            self.objects[figure_name(name)] = value
+            return
         if not isinstance(value, (int, float, torch.Tensor)) or (isinstance(value, torch.Tensor)
                                                                   and value.numel() != 1):
             raise ValueError(f"self.log({name!r}, {type(value).__name__}) in validation_step: dptrain records one "
-                             f"number a batch (its mean); give a torchmetrics object to fit as metrics={{name: "
-                             f"metric}}, with validation_step returning {{'loss': loss, 'logits': logits}}")
+                             f"number (a batch's mean) or a torchmetrics object; log the batch's mean, or give a "
+                             f"metric to fit as metrics={{name: metric}}, with validation_step returning "
+                             f"{{'loss': loss, 'logits': logits}}")
         n = int(batch_size) if batch_size is not None else self.samples
         value = value.detach().reshape(()) if isinstance(value, torch.Tensor) else torch.tensor(float(value))
         self.figures[figure_name(name)] = (value * n, n)

@@ -7,7 +7,8 @@
 ``loss`` or ``forward`` trains on ``model.training_step(batch, batch_idx)`` (its loss, or a
 dict holding it: a mean over each device's part, as DDP takes it), and is evaluated by its
 ``validation_step``: what that gives ``self.log`` is kept as the evaluation's figures
-(``val_acc`` is ``test_acc``: ``lightning_log.py``), and the test loss is the loss it returns,
+(``val_acc`` is ``test_acc``: ``lightning_log.py``; a torchmetrics object it logs, held by the
+module, over the whole set: each device's copy merged), and the test loss is the loss it returns,
 else the one it logs, else ``training_step``'s under ``torch.no_grad()``. A
 ``configure_optimizers`` that takes no argument gives the optimizer and its scheduler
 (``lightning_config.py`` reads its forms). ``dptrain.evaluate`` takes the step alike
@@ -18,13 +19,14 @@ recorded (Lightning warns that no ``Trainer`` holds the module): the training fi
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..data.batch import batch_size
 from .lightning_log import Latest, Logged, Recording
+from .stateful_metrics import StatefulMetrics
 
 
 def _positional(method: Any) -> Optional[int]:
@@ -78,6 +80,7 @@ class LightningSteps:
         self.validation: Optional[bool] = None if callable(validate) else False     # (None: not yet called)
         self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
         self.latest = Latest()                              # what each thread's last validation_step logged
+        self.module_metrics: Dict[str, str] = {}            # torchmetrics objects it logs: name -> attribute path
 
     def at(self, index: int) -> None:
         self.index = index
@@ -111,7 +114,8 @@ class LightningSteps:
             out = None
         figures = logged.figures
         if self.validation is None:                 # (the first call: its names become figures)
-            self.validation = out is not None or bool(figures)
+            self.validation = out is not None or bool(figures) or bool(logged.objects)
+            self._find(model, logged.objects)
             if self.metrics is not None:
                 for name in figures:
                     if name not in ("loss", "count") and not name.endswith("_count") and name not in self.metrics:
@@ -123,6 +127,34 @@ class LightningSteps:
         if isinstance(out, Mapping) and (out.get("logits") is not None or out.get("output") is not None):
             return out          # (its logits for metrics=; the logged figures are read from self.latest)
         return {**out, "output": figures} if isinstance(out, Mapping) else {"loss": out, "output": figures}
+
+
+    def _find(self, model: nn.Module, objects: Dict[str, Any]) -> None:
+        """Where each torchmetrics object ``validation_step`` logs lives in the module (each
+        device's copy of the module updates its own)."""
+        paths = {id(m): path for path, m in model.named_modules()}
+        for name, metric in objects.items():
+            if id(metric) not in paths:
+                raise ValueError(f"self.log(..., {type(metric).__name__}) for {name!r} logs a metric that is not an "
+                                 f"attribute of the module: make it one (self.val_acc = Accuracy(...) in __init__), "
+                                 f"so that each device's copy of the module updates its own")
+            self.module_metrics[name] = paths[id(metric)]
+
+    def reset_metrics(self, replicas: Iterable[nn.Module]) -> None:
+        """An evaluation starts: every copy of the logged metric objects is reset."""
+        for path in self.module_metrics.values():
+            for replica in replicas:
+                replica.get_submodule(path).reset()
+
+    def computed(self, replicas: Sequence[nn.Module], devices: Sequence[torch.device], alone: bool) -> Dict[str, Any]:
+        """The logged metric objects over the whole set: each device's copy merged, computed
+        over every process (this one alone with ``alone``), as ``metrics=``'s objects are."""
+        if not self.module_metrics:
+            return {}
+        copies = {name: [r.get_submodule(path) for r in replicas] for name, path in self.module_metrics.items()}
+        stateful = StatefulMetrics.of_copies(copies, devices)
+        stateful.alone = alone
+        return stateful.compute()
 
 
 def steps_of(model: nn.Module, what: Dict[str, Any]) -> Optional[LightningSteps]:

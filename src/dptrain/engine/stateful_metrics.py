@@ -50,6 +50,14 @@ class StatefulMetrics:
                                 f"its copies on several devices: upgrade torchmetrics (>= 1.3), or use one device")
             self.copies[name] = [_to(copy.deepcopy(metric), d) for d in self.devices]
 
+    @classmethod
+    def of_copies(cls, copies: Dict[str, List[Any]], devices: Sequence[torch.device]) -> "StatefulMetrics":
+        """Over copies that exist, one per device (a model's own metric attribute on each
+        replica, which a LightningModule's ``validation_step`` updates and logs)."""
+        made = cls({}, devices)
+        made.copies = copies
+        return made
+
     def __bool__(self) -> bool:
         return bool(self.copies)
 
