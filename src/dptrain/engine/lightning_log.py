@@ -10,9 +10,10 @@ device and process, where Lightning's need ``sync_dist=True``).
 A name is read as the evaluation's figure: ``val_acc`` and ``val/acc`` are ``test_acc``
 (Keras's and Lightning's names of the first evaluation set are ``test_*`` here), ``val_loss``
 is the test loss. A torchmetrics object logged (the module's own, which the step updates) is
-kept in ``objects``: ``LightningSteps`` computes it over the whole set. Each number's figure is a ``(sum, count)`` metric of ``fit`` (``Logged``) that
-reads what the shard's ``validation_step`` logged from ``Latest`` (the step's output stays
-what it returned: its ``logits`` feed ``metrics=``).
+kept in ``objects``: ``LightningSteps`` computes it over the whole set. Each number's figure
+is a ``(sum, count)`` metric of ``fit`` (``Logged``) that reads what the shard's
+``validation_step`` logged from ``Latest`` (the step's output stays what it returned: its
+``logits`` feed ``metrics=``).
 """
 from __future__ import annotations
 
