@@ -45,9 +45,7 @@ class StatefulMetrics:
         self.alone = False
         self.copies: Dict[str, List[Any]] = {}
         for name, metric in _members(metrics):
-            if len(self.devices) > 1 and not callable(getattr(metric, "merge_state", None)):
-                raise TypeError(f"metric {name!r} ({type(metric).__name__}) has no merge_state, which combines "
-                                f"its copies on several devices: upgrade torchmetrics (>= 1.3), or use one device")
+            self._check_merges(name, metric)
             self.copies[name] = [_to(copy.deepcopy(metric), d) for d in self.devices]
 
     @classmethod
@@ -55,8 +53,15 @@ class StatefulMetrics:
         """Over copies that exist, one per device (a model's own metric attribute on each
         replica, which a LightningModule's ``validation_step`` updates and logs)."""
         made = cls({}, devices)
+        for name, each in copies.items():
+            made._check_merges(name, each[0])
         made.copies = copies
         return made
+
+    def _check_merges(self, name: str, metric: Any) -> None:
+        if len(self.devices) > 1 and not callable(getattr(metric, "merge_state", None)):
+            raise TypeError(f"metric {name!r} ({type(metric).__name__}) has no merge_state, which combines "
+                            f"its copies on several devices: upgrade torchmetrics (>= 1.3), or use one device")
 
     def __bool__(self) -> bool:
         return bool(self.copies)
