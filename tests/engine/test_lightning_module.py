@@ -254,6 +254,24 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
                                            r"in a callback"):
         dptrain.fit(EpochFromTheTrainer(), data(), epochs=1, log=None, optimizer=torch.optim.SGD, lr=0.1)
 
+    class WarmUp(Lit):                               # a warm-up written in Lightning's optimizer_step
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+            raise AssertionError("not to be called")
+    with pytest.raises(ValueError, match="the module overrides Lightning's optimizer_step, which decide how a step "
+                                         "trains and which fit does not call: give fit step="):
+        dptrain.fit(WarmUp(), data(), epochs=1, log=None)
+
+    class Hooks(Lit):
+        def on_validation_epoch_end(self):
+            raise AssertionError("not called")
+
+        def on_after_backward(self):
+            raise AssertionError("not called")
+    lines = []
+    dptrain.fit(Hooks(), data(), data(8), epochs=1, log=lines.append, devices=1)
+    assert "dptrain: the module's on_validation_epoch_end, on_after_backward (Lightning hooks) are not called: give " \
+           "their work to a dptrain.Callback" in "\n".join(lines)
+
     class NanoGPT(nn.Module):                        # a configure_optimizers of other arguments: not called
         def __init__(self):
             super().__init__()

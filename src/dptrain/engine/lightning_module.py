@@ -157,6 +157,46 @@ class LightningSteps:
         return stateful.compute()
 
 
+#: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
+#: step would leave it out: a warm-up written in ``optimizer_step``, say).
+STEP_HOOKS = ("optimizer_step", "backward", "lr_scheduler_step", "configure_gradient_clipping")
+#: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
+OTHER_HOOKS = ("on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start",
+               "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_validation_start",
+               "on_validation_end", "on_validation_epoch_start", "on_validation_epoch_end",
+               "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
+               "on_validation_model_train", "setup", "teardown", "configure_callbacks", "on_save_checkpoint",
+               "on_load_checkpoint", "transfer_batch_to_device", "on_before_batch_transfer",
+               "on_after_batch_transfer", "optimizer_zero_grad", "on_before_zero_grad", "on_before_backward",
+               "on_after_backward", "on_before_optimizer_step")
+
+
+def overridden(model: nn.Module, hooks: Sequence[str]) -> List[str]:
+    """The ``hooks`` the model's own classes define (not Lightning's ``LightningModule``)."""
+    found = []
+    for hook in hooks:
+        owner = next((c for c in type(model).__mro__ if hook in vars(c)), None)
+        if owner is not None and not owner.__module__.startswith(("lightning.", "pytorch_lightning.",
+                                                                  "lightning_fabric.", "torch.")):
+            found.append(hook)
+    return found
+
+
+def _check_hooks(model: nn.Module, notes: List[str]) -> None:
+    """Refuse a module whose hooks change how a step trains; name the other hooks not called."""
+    steering = overridden(model, STEP_HOOKS)
+    if steering:
+        raise ValueError(f"the module overrides Lightning's {', '.join(steering)}, which decide how a step trains "
+                         f"and which fit does not call: give fit step=fn(model, batch) -> loss and optimizer= "
+                         f"(a warm-up as scheduler=, clipping as clip_grad_norm= or clip_grad_value=), or remove "
+                         f"them")
+    others = overridden(model, OTHER_HOOKS)
+    if others:
+        notes.append(f"the module's {', '.join(others)} (Lightning hooks) are not called: give their work to a "
+                     f"dptrain.Callback (on_fit_start, on_epoch_end, on_evaluate_end...; run.model is the module; "
+                     f"a gradient's, to p.register_hook)")
+
+
 def steps_of(model: nn.Module, what: Dict[str, Any]) -> Optional[LightningSteps]:
     """The step of a model with ``training_step`` given no ``step``, ``loss`` or ``forward``
     (``what``: the keywords given); else None."""
@@ -175,6 +215,7 @@ def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
             raise ValueError("the model turns Lightning's automatic_optimization off (its training_step steps its "
                              "optimizers itself), which fit does not run: give fit step=fn(model, batch) -> loss, "
                              "and optimizer= (a dict of them, with step= a dict, for updates in turn: a GAN)")
+        _check_hooks(model, notes)
         what["step"] = steps
         notes.append("model.training_step is the step and validation_step evaluates (a LightningModule's): what "
                      "validation_step gives self.log is the evaluation's figures (val_acc: test_acc), what "
