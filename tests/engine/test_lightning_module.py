@@ -186,6 +186,36 @@ def test_torchmetrics_objects_the_module_updates_and_logs_are_computed_over_the_
             if k in expected} == pytest.approx(expected, rel=1e-5)
 
 
+def test_a_compiled_replica_runs_the_steps_through_its_compiled_forward():
+    """--compile hands the steps torch.compile's wrapper: training_step must call self(x) on it
+    (the compiled forward), the wrapper giving the rest (self.net, self.log) from the module."""
+    from dptrain.engine.lightning_module import LightningSteps
+    called = []
+
+    class Wrapper(nn.Module):                       # (torch's OptimizedModule's shape)
+        def __init__(self, module):
+            super().__init__()
+            self._orig_mod = module
+
+        def forward(self, x):
+            called.append("compiled")
+            return self._orig_mod(x)
+
+        def __getattr__(self, name):
+            if name == "_orig_mod":
+                return super().__getattr__(name)
+            return getattr(self._orig_mod, name)
+    model = Logging()
+    steps = LightningSteps(model)
+    X, y = data(8)
+    loss = steps(Wrapper(model), (X, y))
+    assert called == ["compiled"] and loss["loss"].shape == ()
+    out = steps(Wrapper(model).eval(), (X, y))      # validation_step: its log is recorded on the wrapper
+    assert called == ["compiled"] * 2 and set(steps.latest.get()) == {"loss", "acc", "top2", "one"}
+    with torch.no_grad():
+        assert out["loss"] == pytest.approx(F.cross_entropy(model(X), y).item())
+
+
 def test_what_cannot_be_kept_as_a_mean_is_an_error_naming_the_fix():
     class Counter:                                  # (a torchmetrics object's shape: a state, computed)
         def update(self, *args):
