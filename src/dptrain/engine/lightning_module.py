@@ -88,7 +88,7 @@ class LightningSteps:
     def _call(self, model: nn.Module, name: str, batch: Any) -> Any:
         # A compiled replica (--compile) is the module's class's method on its wrapper, so that
         # self(x) runs the compiled forward (the wrapper hands the rest to the module).
-        method = getattr(type(getattr(model, "_orig_mod", model)), name).__get__(model)
+        method = getattr(type(model._modules.get("_orig_mod", model)), name).__get__(model)
         try:
             return method(batch, self.index) if self.takes_index[name] else method(batch)
         except RuntimeError as e:
