@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..data.batch import batch_size
+from ..parallel.given_model import unwrapped
 from .lightning_log import Latest, Logged, Recording
 from .stateful_metrics import StatefulMetrics
 
@@ -202,6 +203,7 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
 def steps_of(model: nn.Module, what: Dict[str, Any]) -> Optional[LightningSteps]:
     """The step of a model with ``training_step`` given no ``step``, ``loss`` or ``forward``
     (``what``: the keywords given); else None."""
+    model = unwrapped(model)
     if any(what.get(k) is not None for k in ("step", "loss", "forward")) \
             or not callable(getattr(model, "training_step", None)):
         return None
@@ -211,6 +213,7 @@ def steps_of(model: nn.Module, what: Dict[str, Any]) -> Optional[LightningSteps]
 def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
     """Fill ``what`` (``fit``'s task keywords) from a ``LightningModule``'s methods where it
     does not say; return a line for each taken."""
+    model = unwrapped(model)                # (a DDP script's wrapper: the module inside trains)
     notes, steps = [], steps_of(model, what)
     if steps is not None:
         if getattr(model, "automatic_optimization", True) is False:
