@@ -9,6 +9,8 @@ import difflib
 import inspect
 from typing import Any, Callable, Dict, Optional
 
+from ..core.signatures import takes
+
 # each hook's arguments after self, as the run passes them
 HOOK_ARGS: Dict[str, str] = {
     "on_fit_start": "run", "on_epoch_start": "run, epoch", "on_batch_start": "run, epoch, batch",
@@ -54,7 +56,7 @@ def check_hooks(cb: Any, overrides: Callable[[Any, str], bool]) -> None:
                             f"{_write(ours)}")
     for name, args in HOOK_ARGS.items():
         hook = getattr(cb, name, None)
-        if callable(hook) and overrides(cb, name) and not _takes(hook, args.count(",") + 1):
+        if callable(hook) and overrides(cb, name) and not takes(hook, args.count(",") + 1):
             raise TypeError(f"callback {owner}'s {name}{_shown(hook)} cannot take the arguments dptrain "
                             f"passes it: write def {name}(self, {args}) (see dptrain.Callback)")
 
@@ -75,18 +77,6 @@ def _write(ours: str) -> str:
         return f"write it as def {ours}(self, {HOOK_ARGS[ours]}) (see dptrain.Callback)"
     return ("what a checkpoint should keep of a callback is what its def state_dict(self) returns; "
             "def load_state_dict(self, state) takes it back on a resume (see dptrain.Callback)")
-
-
-def _takes(fn: Any, count: int) -> bool:
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):         # a builtin or a C callable: nothing to read
-        return True
-    try:
-        signature.bind(*([None] * count))
-    except TypeError:
-        return False
-    return True
 
 
 def _shown(fn: Any) -> str:

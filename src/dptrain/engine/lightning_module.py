@@ -18,35 +18,16 @@ recorded (Lightning warns that no ``Trainer`` holds the module): the training fi
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
+from ..core.signatures import takes
 from ..data.batch import batch_size
 from ..parallel.given_model import unwrapped
 from .lightning_log import Latest, Logged, Recording
 from .stateful_metrics import StatefulMetrics
-
-
-def _positional(method: Any) -> Optional[int]:
-    """How many positional arguments a bound method takes (None: any number)."""
-    try:
-        params = inspect.signature(method).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return None
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-
-
-def _required(method: Any) -> int:
-    try:
-        params = inspect.signature(method).parameters.values()
-    except (TypeError, ValueError):
-        return 0
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
 def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
@@ -75,8 +56,7 @@ class LightningSteps:
 
     def __init__(self, model: nn.Module):
         self.index = 0
-        self.takes_index = {name: _positional(getattr(model, name, None)) != 1
-                            for name in ("training_step", "validation_step")}
+        self.takes_index = {name: takes(getattr(model, name, None), 2) for name in ("training_step", "validation_step")}
         validate = getattr(model, "validation_step", None)
         self.validation: Optional[bool] = None if callable(validate) else False     # (None: not yet called)
         self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
@@ -228,7 +208,7 @@ def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
                      "model.training_step is the step (a LightningModule's; it also gives the test loss): what it "
                      "gives self.log is not recorded")
     configure = getattr(model, "configure_optimizers", None)
-    if "optimizer" not in what and callable(configure) and _required(configure) == 0:
+    if "optimizer" not in what and callable(configure) and takes(configure, 0):
         try:
             optimizer = configure()
         except RuntimeError as e:
