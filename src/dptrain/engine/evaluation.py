@@ -115,14 +115,13 @@ def evaluate(engine, batches) -> Totals:
     # (not known before a training step: in turn too).
     in_turn = bool(updates) and engine.random.draws is not False
     stateful.reset()
-    steps = engine.task.step if isinstance(engine.task.step, LightningSteps) else None
-    lightning = steps.at if steps is not None else None
+    steps = engine.task.step if isinstance(engine.task.step, LightningSteps) else None     # (a LightningModule's)
     if steps is not None:
         steps.reset_metrics(engine.replicas)
     with evaluating(*engine.replicas), torch.no_grad():     # each module's mode back after (a frozen BN stays)
         for index, batch in enumerate(batches):
-            if lightning is not None:
-                lightning(index)            # (a LightningModule's batch_idx)
+            if steps is not None:
+                steps.at(index)             # (its batch_idx)
             if one:
                 shard_totals(0, batch)
                 continue
