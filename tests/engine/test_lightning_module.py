@@ -287,8 +287,8 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
     class WarmUp(Lit):                               # a warm-up written in Lightning's optimizer_step
         def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
             raise AssertionError("not to be called")
-    with pytest.raises(ValueError, match="the module overrides Lightning's optimizer_step, which decide how a step "
-                                         "trains and which fit does not call: give fit step="):
+    with pytest.raises(ValueError, match="the module overrides optimizer_step, Lightning's hooks deciding how a step "
+                                         "trains, which fit does not call: give fit step="):
         dptrain.fit(WarmUp(), data(), epochs=1, log=None)
 
     class Hooks(Lit):

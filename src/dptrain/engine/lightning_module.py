@@ -111,7 +111,6 @@ class LightningSteps:
             return out          # (its logits for metrics=; the logged figures are read from self.latest)
         return {**out, "output": figures} if isinstance(out, Mapping) else {"loss": out, "output": figures}
 
-
     def _find(self, model: nn.Module, objects: Dict[str, Any]) -> None:
         """Where each torchmetrics object ``validation_step`` logs lives in the module (each
         device's copy of the module updates its own)."""
@@ -169,8 +168,8 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
     """Refuse a module whose hooks change how a step trains; name the other hooks not called."""
     steering = overridden(model, STEP_HOOKS)
     if steering:
-        raise ValueError(f"the module overrides Lightning's {', '.join(steering)}, which decide how a step trains "
-                         f"and which fit does not call: give fit step=fn(model, batch) -> loss and optimizer= "
+        raise ValueError(f"the module overrides {', '.join(steering)}, Lightning's hooks deciding how a step "
+                         f"trains, which fit does not call: give fit step=fn(model, batch) -> loss and optimizer= "
                          f"(a warm-up as scheduler=, clipping as clip_grad_norm= or clip_grad_value=), or remove "
                          f"them")
     others = overridden(model, OTHER_HOOKS)
