@@ -302,6 +302,32 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
     assert "dptrain: the module's on_validation_epoch_end, on_after_backward (Lightning hooks) are not called: give " \
            "their work to a dptrain.Callback" in "\n".join(lines)
 
+    class LightningModule(nn.Module):                # (Lightning's class: its hooks are not the user's)
+        __module__ = "lightning.pytorch.core.module"
+
+        @property
+        def current_epoch(self):
+            return 0                                 # (Lightning's, without a Trainer)
+
+        def validation_step(self, batch, batch_idx):
+            raise AssertionError("Lightning's own validation_step is not called")
+
+        def on_validation_epoch_end(self):
+            pass
+
+    class Annealed(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(6, 3)
+
+        def training_step(self, batch, batch_idx):
+            return F.cross_entropy(self.net(batch[0]), batch[1]) * min(1.0, self.current_epoch / 10)
+    lines = []
+    dptrain.fit(Annealed(), data(), data(8), epochs=1, log=lines.append, devices=1, optimizer=torch.optim.SGD)
+    assert "dptrain: the module reads self.current_epoch, which Lightning's LightningModule gives from its Trainer " \
+           "and reads 0 without one" in "\n".join(lines)
+    assert not any("Lightning hooks" in line or "validation_step evaluates" in line for line in lines)
+
     class NanoGPT(nn.Module):                        # a configure_optimizers of other arguments: not called
         def __init__(self):
             super().__init__()

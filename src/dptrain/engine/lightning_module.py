@@ -18,6 +18,8 @@ recorded (Lightning warns that no ``Trainer`` holds the module): the training fi
 """
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
@@ -57,8 +59,8 @@ class LightningSteps:
     def __init__(self, model: nn.Module):
         self.index = 0
         self.takes_index = {name: takes(getattr(model, name, None), 2) for name in ("training_step", "validation_step")}
-        validate = getattr(model, "validation_step", None)
-        self.validation: Optional[bool] = None if callable(validate) else False     # (None: not yet called)
+        # (None: not yet called; False: none of the module's own, LightningModule's only warns)
+        self.validation: Optional[bool] = None if overridden(model, ["validation_step"]) else False
         self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
         self.latest = Latest()                              # what each thread's last validation_step logged
         self.module_metrics: Dict[str, str] = {}            # torchmetrics objects it logs: name -> attribute path
@@ -153,15 +155,36 @@ OTHER_HOOKS = ("on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "
                "on_after_backward", "on_before_optimizer_step")
 
 
+def _theirs(cls: type) -> bool:
+    """A class of Lightning's (``LightningModule`` and its bases) or of torch's, not the user's."""
+    return cls.__module__.startswith(("lightning.", "pytorch_lightning.", "lightning_fabric.", "torch."))
+
+
 def overridden(model: nn.Module, hooks: Sequence[str]) -> List[str]:
     """The ``hooks`` the model's own classes define (not Lightning's ``LightningModule``)."""
     found = []
     for hook in hooks:
         owner = next((c for c in type(model).__mro__ if hook in vars(c)), None)
-        if owner is not None and not owner.__module__.startswith(("lightning.", "pytorch_lightning.",
-                                                                  "lightning_fabric.", "torch.")):
+        if owner is not None and not _theirs(owner):
             found.append(hook)
     return found
+
+
+#: What a LightningModule reads from its Trainer, 0 without one (no error: a silent 0).
+TRAINER_FIGURES = ("current_epoch", "global_step")
+
+
+def _source(model: nn.Module) -> str:
+    """The source of the model's own classes (not Lightning's), '' where it cannot be read."""
+    texts = []
+    for cls in type(model).__mro__:
+        if _theirs(cls) or cls is object:
+            continue
+        try:
+            texts.append(inspect.getsource(cls))
+        except (OSError, TypeError):
+            pass
+    return "\n".join(texts)
 
 
 def _check_hooks(model: nn.Module, notes: List[str]) -> None:
@@ -172,6 +195,13 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
                          f"trains, which fit does not call: give fit step=fn(model, batch) -> loss and optimizer= "
                          f"(a warm-up as scheduler=, clipping as clip_grad_norm= or clip_grad_value=), or remove "
                          f"them")
+    source = _source(model)
+    reads = [name for name in TRAINER_FIGURES if re.search(rf"\.{name}\b", source) and not overridden(model, [name])
+             and any(name in vars(c) for c in type(model).__mro__)]
+    if reads:
+        notes.append(f"the module reads self.{' and self.'.join(reads)}, which Lightning's LightningModule gives from "
+                     f"its Trainer and reads 0 without one: set an attribute of yours from a dptrain.Callback "
+                     f"(run.epoch, run.step) and read that")
     others = overridden(model, OTHER_HOOKS)
     if others:
         notes.append(f"the module's {', '.join(others)} (Lightning hooks) are not called: give their work to a "
