@@ -182,15 +182,6 @@ def test_fit_x_y_as_keras_writes_it_is_answered_with_a_pair():
     assert result["history"][-1]["test_loss"] >= 0
 
 
-def test_a_lightning_data_module_is_answered_with_its_loaders():
-    class Data:                             # (a LightningDataModule's shape)
-        def train_dataloader(self):
-            raise AssertionError("not called")
-    with pytest.raises(TypeError, match=r"train_data is a Data \(a LightningDataModule\): give fit its loaders, "
-                                        r"dm.prepare_data\(\); dm.setup\('fit'\); fit\(model, dm.train_dataloader"):
-        dptrain.fit(nn.Linear(2, 2), Data(), log=None)
-
-
 @pytest.mark.parametrize("devices", [1, 2])
 def test_fit_called_under_no_grad_or_inference_mode_trains_as_outside(devices):
     """A notebook cell or a server's handler may hold torch.no_grad() or torch.inference_mode():

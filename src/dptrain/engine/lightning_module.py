@@ -149,7 +149,7 @@ OTHER_HOOKS = ("on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "
                "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_validation_start",
                "on_validation_end", "on_validation_epoch_start", "on_validation_epoch_end",
                "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
-               "on_validation_model_train", "setup", "teardown", "configure_callbacks", "on_save_checkpoint",
+               "on_validation_model_train", "configure_callbacks", "on_save_checkpoint",
                "on_load_checkpoint", "transfer_batch_to_device", "on_before_batch_transfer",
                "on_after_batch_transfer", "optimizer_zero_grad", "on_before_zero_grad", "on_before_backward",
                "on_after_backward", "on_before_optimizer_step")
@@ -209,14 +209,16 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
                      f"a gradient's, to p.register_hook)")
 
 
+def adopted(model: nn.Module, what: Dict[str, Any]) -> bool:
+    """Whether the model is taken as a LightningModule: it has ``training_step`` and ``what``
+    (the keywords given) holds no ``step``, ``loss`` or ``forward``."""
+    return callable(getattr(unwrapped(model), "training_step", None)) \
+        and all(what.get(k) is None for k in ("step", "loss", "forward"))
+
+
 def steps_of(model: nn.Module, what: Dict[str, Any]) -> Optional[LightningSteps]:
-    """The step of a model with ``training_step`` given no ``step``, ``loss`` or ``forward``
-    (``what``: the keywords given); else None."""
-    model = unwrapped(model)
-    if any(what.get(k) is not None for k in ("step", "loss", "forward")) \
-            or not callable(getattr(model, "training_step", None)):
-        return None
-    return LightningSteps(model)
+    """The step of a model ``adopted``; else None."""
+    return LightningSteps(unwrapped(model)) if adopted(model, what) else None
 
 
 def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:

@@ -31,6 +31,7 @@ from ..engine.task import Task
 from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
 from .config import TrainConfig
+from .lightning_data import data_of
 from .session import Log, run_task
 
 #: ``Task`` fields ``fit`` takes as keywords (the model and the data are its arguments).
@@ -46,6 +47,7 @@ RENAMED = {"bucket_mb": "bucket_cap_mb"}
 PEER_KEYWORDS = {
     "validation_data": "eval_data (fit's third argument: fit(model, (X, y), (X_val, y_val)))",
     "val_dataloaders": "eval_data (fit's third argument)", "train_dataloaders": "train_data (fit's second argument)",
+    "datamodule": "train_data (fit(model, dm): a LightningDataModule's loaders are taken)",
     "x": "train_data (fit(model, (x, y)))", "y": "train_data (fit(model, (x, y)))",
     "verbose": "log (log=None: quiet; progress=False: no progress bar)", "max_epochs": "epochs",
     "validation_freq": "eval_every", "check_val_every_n_epoch": "eval_every",
@@ -79,12 +81,14 @@ PEER_KEYWORDS = {
     "profiler": "trace (a Chrome/Perfetto timeline of a few steps)"}
 
 
-def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optional[str] = None,
+def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot: Optional[str] = None,
         log: Optional[Log] = print, **settings: Any) -> Dict[str, Any]:
     """Train ``model`` on ``train_data`` data-parallel; return the result with its ``history``.
 
     What (see ``dptrain.Task``): ``model`` (trained in place), ``train_data``/``eval_data``
-    (a ``Dataset``, tensors ``(X, y)``, a dict of tensors), ``loss`` (any reduction; default
+    (a ``Dataset``, tensors ``(X, y)``, a dict of tensors, a ``DataLoader``; a
+    ``LightningDataModule``, or none for a ``LightningModule``'s own loaders:
+    ``lightning_data.py``), ``loss`` (any reduction; default
     cross-entropy), ``forward(model, batch) -> (output, target)`` or ``step(model, batch) ->
     loss``, ``optimizer`` (name, ``torch.optim`` class or factory, or an optimizer built on
     ``model``), ``lr``, ``scheduler(optimizer)`` stepped per ``scheduler_interval``,
@@ -113,11 +117,6 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
         raise TypeError("fit(model, X, y) takes y as the evaluation data: the training data is one argument, "
                         "fit(model, (X, y), ...) (Keras's fit(x, y)); evaluation data comes third, "
                         "fit(model, (X, y), (X_val, y_val))")
-    if callable(getattr(train_data, "train_dataloader", None)):
-        raise TypeError(f"train_data is a {type(train_data).__name__} (a LightningDataModule): give fit its loaders, "
-                        f"dm.prepare_data(); dm.setup('fit'); fit(model, dm.train_dataloader(), "
-                        f"dm.val_dataloader()) (with several processes, prepare_data (a download) once per machine "
-                        f"before they start)")
     for old, new in RENAMED.items():
         if old in settings:
             if new in settings:
@@ -141,7 +140,21 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
                         + ("; Keras's metrics=['accuracy'] needs nothing here: a classification's accuracy is "
                            "test_acc already (and train_acc with train_metrics=True)" if keras else ""))
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
-    notes = lightning_module.adopt(model, what) + defaults_said(what, train_data)
+    config = TrainConfig(**settings)
+    lightning = data_of(model, train_data, eval_data, what)
+    if lightning is None:
+        return _fit(model, train_data, eval_data, what, config, settings, [], plot, log)
+    try:
+        train_data, eval_data, notes = lightning.take(config)
+        return _fit(model, train_data, eval_data, what, config, settings, notes, plot, log)
+    finally:
+        lightning.teardown()
+
+
+def _fit(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any], config: TrainConfig,
+         settings: Dict[str, Any], notes: List[str], plot: Optional[str], log: Optional[Log]) -> Dict[str, Any]:
+    """``fit`` of its data taken: adopt a LightningModule, say the defaults, train."""
+    notes = notes + lightning_module.adopt(model, what) + defaults_said(what, train_data)
     if isinstance(train_data, DataLoader) and isinstance(train_data.sampler, SequentialSampler) \
             and "shuffle" not in settings:
         notes.append("the DataLoader does not shuffle, but fit shuffles the training samples every epoch (by "
@@ -156,7 +169,7 @@ def fit(model: nn.Module, train_data: Any, eval_data: Any = None, *, plot: Optio
     # Called under torch.inference_mode() (a notebook cell's, a server's): the tensors training
     # makes must track versions and gradients, as they do under torch.no_grad() (thread-local).
     with torch.inference_mode(False):
-        result = run_task(task, TrainConfig(**settings), log, plot, keep_group=True)
+        result = run_task(task, config, log, plot, keep_group=True)
     if plot and rank() == 0:
         try:
             draw(result, plot)
@@ -191,7 +204,7 @@ def _signature() -> inspect.Signature:
     task = {f.name: f for f in fields(Task)}
     config = {f.name: f for f in fields(TrainConfig)}
     params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-              inspect.Parameter("train_data", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("train_data", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
               inspect.Parameter("eval_data", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
     params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=default(task[k])) for k in TASK_KEYWORDS]
     params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=default(config[k]))

@@ -105,6 +105,28 @@ def join_job(env: DistEnv, backend: str, devices: List[torch.device], timeout_s:
     return joining
 
 
+def _join(env: DistEnv, config: TrainConfig) -> Tuple[List[torch.device], bool]:
+    """This process's devices, and the process group joined as ``config`` says (whether now)."""
+    devices = process_devices(config.devices, env)
+    keep_freed_host_memory()        # no page faults for a step's temporaries (core/host_memory.py)
+    # Checked even for one process, where it is not used: --backend nccl without GPUs is an error.
+    choose_backend(config.backend, use_cuda=any(d.type == "cuda" for d in devices))
+    with stage(f"joining the process group as rank {env.rank} of {env.world_size}"):
+        joined = join_job(env, config.backend, devices, config.timeout)
+    return devices, joined
+
+
+def join_before_run(config: TrainConfig) -> None:
+    """Join the process group before ``fit`` sets up its run (a data module's ``prepare_data``
+    waits on it); the group stays for the script's next ``fit``, ended at exit."""
+    env = DistEnv.current()
+    if not env.distributed or torch.distributed.is_initialized():
+        return
+    die_with_launcher()
+    if _join(env, config)[1]:
+        atexit.register(shutdown_distributed)
+
+
 def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
              plot: Optional[str] = None, keep_group: bool = False) -> Dict[str, Any]:
     """Train ``task`` as ``config`` says; return the result (the ``--json`` object).
@@ -118,12 +140,7 @@ def run_task(task: Task, config: TrainConfig, log: Optional[Log] = print,
     config = after_restart(config, log if env.rank == 0 else None)
     if env.rank == 0:
         check_outputs(config, plot)
-    devices = process_devices(config.devices, env)
-    keep_freed_host_memory()        # no page faults for a step's temporaries (core/host_memory.py)
-    # Checked even for one process, where it is not used: --backend nccl without GPUs is an error.
-    choose_backend(config.backend, use_cuda=any(d.type == "cuda" for d in devices))
-    with stage(f"joining the process group as rank {env.rank} of {env.world_size}"):
-        joined = join_job(env, config.backend, devices, config.timeout)
+    devices, joined = _join(env, config)
     backend = torch.distributed.get_backend() if env.distributed else None
     beat = Heartbeat(env.rank, env.world_size, config.timeout).start() \
         if env.distributed and "MASTER_PORT" in os.environ else None

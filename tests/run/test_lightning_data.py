@@ -1,0 +1,165 @@
+"""A LightningDataModule as fit's data, and a LightningModule's own loaders and data hooks."""
+import copy
+import os
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import dptrain
+from dptrain.distributed.once import FailedElsewhere
+from tests.distributed.helpers import run_workers
+from tests.engine.test_lightning_module import Lit, data
+
+
+class DM:
+    """A LightningDataModule's shape: its hooks record their calls; ``prepare_data`` writes the
+    set to ``root`` (a download), which ``setup`` reads (so it fails if it runs before)."""
+
+    def __init__(self, root, fail=False):
+        self.root, self.fail, self.calls = root, fail, []
+
+    def prepare_data(self):
+        self.calls.append("prepare_data")
+        time.sleep(0.3)                             # (a download: the other processes must wait)
+        if self.fail:
+            raise ValueError("the mirror answered 404")
+        torch.save((data(), data(32, 1)), f"{self.root}.part")
+        os.replace(f"{self.root}.part", self.root)
+
+    def setup(self, stage):
+        self.calls.append(("setup", stage))
+        (self.train_xy, self.val_xy) = torch.load(self.root)
+
+    def train_dataloader(self):
+        self.calls.append("train_dataloader")
+        return DataLoader(TensorDataset(*self.train_xy), batch_size=16)
+
+    def val_dataloader(self):
+        self.calls.append("val_dataloader")
+        return DataLoader(TensorDataset(*self.val_xy), batch_size=16)
+
+    def teardown(self, stage):
+        self.calls.append(("teardown", stage))
+
+
+class OwnData(Lit):
+    """A LightningModule with its own loaders and data hooks."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.calls = []
+
+    def prepare_data(self):
+        self.calls.append("prepare_data")
+
+    def setup(self, stage):
+        self.calls.append(("setup", stage))
+
+    def train_dataloader(self):
+        self.calls.append("train_dataloader")
+        return DataLoader(TensorDataset(*data()), batch_size=16)
+
+    def val_dataloader(self):
+        self.calls.append("val_dataloader")
+        return [DataLoader(TensorDataset(*data(32, 1)), batch_size=16)]     # (a list of one: Lightning's form)
+
+    def teardown(self, stage):
+        self.calls.append(("teardown", stage))
+
+
+def _fit(model, *args, **kw):
+    return dptrain.fit(model, *args, **{"epochs": 2, "shuffle": False, "devices": 2, "progress": False, **kw})
+
+
+def test_a_data_module_is_prepared_set_up_and_trains_as_its_loaders_given_directly(tmp_path):
+    torch.manual_seed(0)
+    model = Lit()
+    expected = copy.deepcopy(model)
+    dm, lines = DM(str(tmp_path / "set.pt")), []
+    result = _fit(model, dm, log=lines.append)
+    assert dm.calls == ["prepare_data", ("setup", "fit"), "train_dataloader", "val_dataloader", ("teardown", "fit")]
+    assert lines[0] == ("dptrain: the data is DM.train_dataloader() and DM.val_dataloader(), as Lightning's "
+                        "Trainer takes it (prepare_data() once per machine, setup('fit') in every process)")
+    direct = _fit(expected, DataLoader(TensorDataset(*data()), batch_size=16),
+                  DataLoader(TensorDataset(*data(32, 1)), batch_size=16), log=None)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)
+    figures = [{k: v for k, v in row.items() if k.startswith(("train_", "test_"))} for row in result["history"]]
+    assert figures == [{k: v for k, v in row.items() if k.startswith(("train_", "test_"))}
+                       for row in direct["history"]] and "test_loss" in figures[-1]
+    with pytest.raises(TypeError, match=r"datamodule'; dptrain's is train_data \(fit\(model, dm\)"):
+        dptrain.fit(Lit(), datamodule=dm, log=None)
+
+
+def test_a_lightning_modules_own_loaders_and_data_hooks_are_taken_where_fit_is_given_none():
+    torch.manual_seed(0)
+    model = OwnData()
+    expected = copy.deepcopy(model)
+    lines = []
+    _fit(model, log=lines.append)
+    assert model.calls == ["prepare_data", ("setup", "fit"), "train_dataloader", "val_dataloader", ("teardown", "fit")]
+    assert lines[0].startswith("dptrain: the data is OwnData.train_dataloader() and OwnData.val_dataloader()")
+    _fit(expected, DataLoader(TensorDataset(*data()), batch_size=16),
+         DataLoader(TensorDataset(*data(32, 1)), batch_size=16), log=None)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)
+    # Loaders given come first: the module gives only what fit was not given.
+    model = OwnData()
+    result = _fit(model, data(), epochs=1, batch_size=32, log=None)
+    assert "train_dataloader" not in model.calls and "val_dataloader" in model.calls and "test_loss" in result
+    # A run that fails is torn down all the same.
+    class Fails(OwnData):
+        def training_step(self, batch, batch_idx):
+            return None
+    model = Fails()
+    with pytest.raises(ValueError, match="training_step returned None"):
+        _fit(model, log=None)
+    assert model.calls[-1] == ("teardown", "fit")
+
+
+def test_what_cannot_be_taken_is_an_error_naming_the_fix():
+    with pytest.raises(TypeError, match=r"fit\(\) needs train_data: fit\(model, \(X, y\)\), a Dataset, a "
+                                        r"DataLoader, or a LightningDataModule; with none, a LightningModule's own "
+                                        r"train_dataloader\(\) \(none is defined here\)"):
+        dptrain.fit(nn.Linear(2, 2), log=None)
+
+    class TwoSets(OwnData):
+        def val_dataloader(self):
+            return [DataLoader(TensorDataset(*data(32, 1))), DataLoader(TensorDataset(*data(32, 2)))]
+    with pytest.raises(ValueError, match=r"TwoSets.val_dataloader\(\) returned 2 loaders, .* give fit "
+                                         r"eval_data=\{'val': loader, 'ood': other\}"):
+        _fit(TwoSets(), log=None)
+    for job in (dptrain.evaluate, dptrain.predict):
+        with pytest.raises(TypeError, match=r"the data is a DM \(a LightningDataModule\), which only fit takes: give "
+                                            r"evaluate and predict one of its loaders \(dm.setup\('test'\)"):
+            job(Lit(), DM("unused"), devices=1)
+
+
+def _prepared_once_per_machine(rank, world_size, folder):
+    dm = DM(os.path.join(folder, "set.pt"))
+    torch.manual_seed(0)
+    model = Lit()
+    result = dptrain.fit(model, dm, epochs=1, shuffle=False, devices=1, progress=False, log=None)
+    failing = DM(os.path.join(folder, "other.pt"), fail=True)
+    try:
+        dptrain.fit(Lit(), failing, epochs=1, devices=1, progress=False, log=None)
+    except (ValueError, FailedElsewhere) as e:
+        error = f"{type(e).__name__}: {e}"
+    return dm.calls, failing.calls, error, result["history"][-1]["test_loss"], [p.detach().tolist() for p in model.parameters()]
+
+
+@pytest.mark.slow
+def test_prepare_data_runs_in_one_process_of_the_machine_while_the_other_waits_and_its_error_ends_both(tmp_path):
+    (calls0, failing0, error0, loss0, weights0), (calls1, failing1, error1, loss1, weights1) = run_workers(
+        _prepared_once_per_machine, str(tmp_path))
+    # Rank 1 read the set rank 0 wrote (its setup would fail on a missing file), and both trained alike.
+    assert calls0[:2] == ["prepare_data", ("setup", "fit")] and calls1[0] == ("setup", "fit")
+    assert "prepare_data" not in calls1 and loss0 == loss1
+    assert weights0 == weights1
+    assert failing0 == ["prepare_data"] and failing1 == []
+    assert error0 == "ValueError: the mirror answered 404"
+    assert error1 == ("FailedElsewhere: DM.prepare_data() failed in the process of rank 0, which this one waited "
+                      "for: ValueError: the mirror answered 404")
