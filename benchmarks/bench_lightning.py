@@ -5,9 +5,12 @@ epoch, variants taking turns epoch by epoch (turns.py), medians of paired ratios
 The module is a tiny MLP (32-64-4, batch 128, tensors in memory: everyday.tiny_data), whose
 step is mostly host work, and its validation_step logs val_loss and val_acc. The plain loop
 and dptrain read the samples through a DataLoader-free path of their own; Lightning reads a
-DataLoader (its way). Set-up and the evaluation are outside the epochs' clocks.
+DataLoader (its way). Set-up and the evaluation are outside the epochs' clocks. With
+``--log-train`` its training_step also logs train_loss and train_acc (on_epoch=True), as most
+Lightning programs do (the plain loop calls LightningModule.log, which does nothing there
+without a Trainer; dptrain records them, each epoch's train_acc).
 
-    python benchmarks/bench_lightning.py --rounds 5 --epochs 4
+    python benchmarks/bench_lightning.py --rounds 5 --epochs 4 [--log-train]
 """
 import os
 import statistics
@@ -26,13 +29,19 @@ from turns import take_turns  # noqa: E402
 BATCH = 128
 
 
+#: Whether training_step logs its loss and accuracy (--log-train), as most Lightning programs do.
+LOG_TRAIN = "--log-train" in sys.argv
+
+
 def _module_class():
     """The LightningModule (built on lightning's class when it is installed, so the Trainer
     takes it; dptrain reads only its methods)."""
     try:
         from lightning import LightningModule as Base
     except ImportError:
-        Base = nn.Module
+        class Base(nn.Module):
+            def log(self, *args, **kwargs):         # (LightningModule's without a Trainer: nothing)
+                pass
 
     class Lit(Base):
         def __init__(self):
@@ -44,7 +53,12 @@ def _module_class():
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return F.cross_entropy(self(x), y)
+            logits = self(x)
+            loss = F.cross_entropy(logits, y)
+            if LOG_TRAIN:
+                self.log("train_loss", loss)
+                self.log("train_acc", (logits.argmax(1) == y).float().mean(), on_epoch=True)
+            return loss
 
         def validation_step(self, batch, batch_idx):
             x, y = batch
@@ -139,6 +153,8 @@ def run_lightning(samples, epochs, gate=None):
 
 def main():
     parser = rounds_parser(__doc__, samples=25_600)
+    parser.add_argument("--log-train", action="store_true",
+                        help="training_step logs train_loss and train_acc (on_epoch=True)")
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.epochs, args.samples = 1, 2, 1_024

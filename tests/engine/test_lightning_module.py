@@ -91,7 +91,8 @@ def test_a_validation_step_returning_its_loss_evaluates():
     X, y = data(32, 1)
     with torch.no_grad():
         assert result["test_loss"] == pytest.approx(2 * F.cross_entropy(model(X), y).item(), rel=1e-5)
-    assert not any(kind == "eval" for kind, _ in model.seen)
+    # training_step in eval mode: once, the trial before training (what it logs), never for the test loss.
+    assert [i for kind, i in model.seen if kind == "eval"] == [0] and model.seen[0] == ("eval", 0)
     assert dptrain.evaluate(model, data(32, 1))["test_loss"] == pytest.approx(result["test_loss"], rel=1e-6)
 
 
@@ -125,7 +126,8 @@ def test_what_validation_step_logs_is_the_evaluations_figures_over_the_whole_set
                 "test_acc": (logits.argmax(1) == y).float().mean().item(),
                 "test_top2": (logits.topk(2, 1).indices == y[:, None]).any(1).float().mean().item(), "test_one": 1.0}
     assert {k: result[k] for k in expected} == pytest.approx(expected, rel=1e-5)
-    assert not any(kind == "eval" for kind, _ in model.seen)        # (the logged loss is the test loss)
+    # (the logged loss is the test loss: training_step in eval mode only for the trial before training)
+    assert [i for kind, i in model.seen if kind == "eval"] == [0]
     assert stop.watch.monitor == "test_acc" and stop.watch.best is not None
     assert dptrain.evaluate(model, data(40, 1), batch_size=16, devices=devices) == pytest.approx(expected, rel=1e-5)
 
@@ -211,7 +213,7 @@ def test_a_compiled_replica_runs_the_steps_through_its_compiled_forward():
     loss = steps(Wrapper(model), (X, y))
     assert called == ["compiled"] and loss["loss"].shape == ()
     out = steps(Wrapper(model).eval(), (X, y))      # validation_step: its log is recorded on the wrapper
-    assert called == ["compiled"] * 2 and set(steps.latest.get()) == {"loss", "acc", "top2", "one"}
+    assert called == ["compiled"] * 2 and set(steps.validated.latest.get()) == {"loss", "acc", "top2", "one"}
     with torch.no_grad():
         assert out["loss"] == pytest.approx(F.cross_entropy(model(X), y).item())
 
@@ -242,7 +244,7 @@ def test_what_cannot_be_kept_as_a_mean_is_an_error_naming_the_fix():
         def validation_step(self, batch, batch_idx):
             self.log("val_f1", Counter())
     with pytest.raises(ValueError, match=r"self.log\(..., Counter\) for 'f1' logs a metric that is not an attribute "
-                                         r"of the module: make it one"):
+                                         r"of the module \(validation_step\): make it one"):
         dptrain.fit(Outside(), data(), data(8), epochs=1, log=None, devices=1)
     with pytest.raises(ValueError, match=r"reduce_fx='max'\): dptrain keeps the mean over the evaluation set"):
         dptrain.fit(Largest(), data(), data(8), epochs=1, log=None, devices=1)
@@ -345,3 +347,99 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
     dptrain.fit(model, data(), epochs=1, log=lines.append, devices=1, loss=nn.CrossEntropyLoss(),
                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     assert model.seen == [] and not any("LightningModule" in line for line in lines)
+
+
+class TrainLogging(Lit):
+    """A training_step as Lightning programs write it: its loss, a mean and a metric object logged."""
+
+    def __init__(self):
+        super().__init__()
+        from torchmetrics.classification import MulticlassF1Score
+        self.train_f1 = MulticlassF1Score(3, average="macro")
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        self.log("train_loss", loss)                    # (ours already: train_loss)
+        self.log("train/acc", (logits.argmax(1) == y).float().mean(), on_epoch=True, prog_bar=True)
+        self.train_f1(logits, y)
+        self.log("train_f1", self.train_f1, on_epoch=True)
+        return loss
+
+
+def training_figures_by_hand(model, X, y, epochs=2, batch=16):
+    """Each epoch's train_acc (a mean over its samples) and macro F1 of the logits each step
+    trained on, in Lightning's automatic optimization by hand."""
+    from torchmetrics.classification import MulticlassF1Score
+    config = model.configure_optimizers()
+    opt, sched = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    rows = []
+    for _ in range(epochs):
+        hits, f1 = 0.0, MulticlassF1Score(3, average="macro")
+        for i in range(0, len(X), batch):
+            logits = model(X[i:i + batch])
+            loss = F.cross_entropy(logits, y[i:i + batch])
+            hits += (logits.argmax(1) == y[i:i + batch]).sum().item()
+            f1.update(logits.detach(), y[i:i + batch])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        sched.step()
+        rows.append({"train_acc": hits / len(X), "train_f1": f1.compute().item()})
+    return rows
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_what_training_step_logs_is_each_epochs_figures_over_its_batches(devices, monkeypatch):
+    """A logged mean counts its batch's samples, a logged metric object is computed over the
+    epoch (each device's copy merged): the plain loop's figures, on any split (88 samples:
+    a last batch of 8; the sums folded every 4 steps, not 32, so folded sums meet new means)."""
+    from dptrain.engine.train_figures import TrainFigures
+    monkeypatch.setattr(TrainFigures, "FOLD_EVERY", 4)
+    torch.manual_seed(0)
+    model = TrainLogging()
+    expected = training_figures_by_hand(copy.deepcopy(model), *data(88))
+    lines = []
+    result = dptrain.fit(model, data(88), data(32, 1), epochs=2, batch_size=16, shuffle=False, devices=devices,
+                         log=lines.append, progress=False)
+    assert [{k: row[k] for k in ("train_acc", "train_f1")} for row in result["history"]] == [
+        pytest.approx(row, rel=1e-5) for row in expected]
+    assert "train_loss_count" not in result["history"][0] and "train_logged:acc" not in result["history"][0]
+    assert lines[0].endswith("what they give self.log is each epoch's figures over its batches (train_acc; "
+                             "val_acc: test_acc)")
+
+
+class WithTestStep(Logging):
+    """A module with test_step and predict_step besides validation_step (Lightning's trainer.test
+    and trainer.predict call them)."""
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self(x)
+        self.seen.append(("test", batch_idx))
+        self.log("test_acc", (logits.argmax(1) == y).float().mean())
+        self.log("test/top2", (logits.topk(2, 1).indices == y[:, None]).any(1).float().mean())
+        return F.cross_entropy(logits, y)
+
+    def predict_step(self, batch, batch_idx):
+        x, _ = batch                        # (the batch as the loader gives it: its target too)
+        return {"probs": self(x).softmax(1), "batch": torch.full((len(x),), batch_idx)}
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_evaluate_takes_test_step_and_predict_takes_predict_step(devices):
+    torch.manual_seed(0)
+    model = WithTestStep()
+    X, y = data(40, 1)
+    figures = dptrain.evaluate(model, (X, y), batch_size=16, devices=devices)
+    with torch.no_grad():
+        logits = model(X)
+    expected = {"test_loss": F.cross_entropy(logits, y).item(),
+                "test_acc": (logits.argmax(1) == y).float().mean().item(),
+                "test_top2": (logits.topk(2, 1).indices == y[:, None]).any(1).float().mean().item()}
+    assert figures == pytest.approx(expected, rel=1e-5)
+    assert {kind for kind, _ in model.seen} == {"test"}      # (neither validation_step nor training_step)
+    out = dptrain.predict(model, (X, y), batch_size=16, devices=devices)
+    torch.testing.assert_close(out["probs"], logits.softmax(1))
+    assert out["batch"].tolist() == [0] * 16 + [1] * 16 + [2] * 8

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import dptrain
 from dptrain.distributed.once import FailedElsewhere
 from tests.distributed.helpers import run_workers
-from tests.engine.test_lightning_module import Lit, data
+from tests.engine.test_lightning_module import Lit, TrainLogging, data
 
 
 class DM:
@@ -141,24 +141,30 @@ def test_what_cannot_be_taken_is_an_error_naming_the_fix():
 def _prepared_once_per_machine(rank, world_size, folder):
     dm = DM(os.path.join(folder, "set.pt"))
     torch.manual_seed(0)
-    model = Lit()
+    model = TrainLogging()
     result = dptrain.fit(model, dm, epochs=1, shuffle=False, devices=1, progress=False, log=None)
     failing = DM(os.path.join(folder, "other.pt"), fail=True)
     try:
         dptrain.fit(Lit(), failing, epochs=1, devices=1, progress=False, log=None)
     except (ValueError, FailedElsewhere) as e:
         error = f"{type(e).__name__}: {e}"
-    return dm.calls, failing.calls, error, result["history"][-1]["test_loss"], [p.detach().tolist() for p in model.parameters()]
+    return dm.calls, failing.calls, error, result["history"], [p.detach().tolist() for p in model.parameters()]
 
 
 @pytest.mark.slow
 def test_prepare_data_runs_in_one_process_of_the_machine_while_the_other_waits_and_its_error_ends_both(tmp_path):
-    (calls0, failing0, error0, loss0, weights0), (calls1, failing1, error1, loss1, weights1) = run_workers(
+    (calls0, failing0, error0, rows0, weights0), (calls1, failing1, error1, rows1, weights1) = run_workers(
         _prepared_once_per_machine, str(tmp_path))
     # Rank 1 read the set rank 0 wrote (its setup would fail on a missing file), and both trained alike.
     assert calls0[:2] == ["prepare_data", ("setup", "fit")] and calls1[0] == ("setup", "fit")
-    assert "prepare_data" not in calls1 and loss0 == loss1
-    assert weights0 == weights1
+    assert "prepare_data" not in calls1 and weights0 == weights1
+    # ... as one device: what training_step logs, a metric object too, over the whole epoch.
+    torch.manual_seed(0)
+    one = dptrain.fit(TrainLogging(), DM(str(tmp_path / "set.pt")), epochs=1, shuffle=False, devices=1,
+                      progress=False, log=None)["history"]
+    for row in (rows0, rows1):
+        assert {k: row[0][k] for k in ("train_loss", "train_acc", "train_f1", "test_loss")} == pytest.approx(
+            {k: one[0][k] for k in ("train_loss", "train_acc", "train_f1", "test_loss")}, rel=1e-5)
     assert failing0 == ["prepare_data"] and failing1 == []
     assert error0 == "ValueError: the mirror answered 404"
     assert error1 == ("FailedElsewhere: DM.prepare_data() failed in the process of rank 0, which this one waited "

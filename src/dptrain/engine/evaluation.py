@@ -117,7 +117,7 @@ def evaluate(engine, batches) -> Totals:
     stateful.reset()
     steps = engine.task.step if isinstance(engine.task.step, LightningSteps) else None     # (a LightningModule's)
     if steps is not None:
-        steps.reset_metrics(engine.replicas)
+        steps.validated.reset(engine.replicas)
     with evaluating(*engine.replicas), torch.no_grad():     # each module's mode back after (a frozen BN stays)
         for index, batch in enumerate(batches):
             if steps is not None:
@@ -138,9 +138,9 @@ def evaluate(engine, batches) -> Totals:
     totals = over_devices(totals, engine.devices)
     if stateful:        # over the whole set: merged over devices, gathered over processes
         totals[COMPUTED] = stateful.compute()
-    if steps is not None and steps.module_metrics:          # a LightningModule's own, alike
-        totals.setdefault(COMPUTED, {}).update(steps.computed(list(engine.replicas), engine.devices,
-                                                              stateful.alone))
+    if steps is not None and steps.validated.paths:         # a LightningModule's own, alike
+        totals.setdefault(COMPUTED, {}).update(steps.validated.computed(list(engine.replicas), engine.devices,
+                                                                        stateful.alone))
     return totals
 
 

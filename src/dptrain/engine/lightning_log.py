@@ -18,21 +18,27 @@ is a ``(sum, count)`` metric of ``fit`` (``Logged``) that reads what the shard's
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from .stateful_metrics import is_stateful
+from ..data.batch import batch_size as size_of
+from .stateful_metrics import StatefulMetrics, is_stateful
 
 #: How Lightning programs begin the names of their validation figures.
 PREFIXES = ("val_", "val/", "valid_", "valid/", "validation_", "validation/")
+#: ... of their training figures, and of their test figures (``test_step``).
+TRAIN_PREFIXES = ("train_", "train/", "training_", "training/")
+TEST_PREFIXES = ("test_", "test/")
 
 
-def figure_name(logged: str) -> str:
+def figure_name(logged: str, prefixes: Tuple[str, ...] = PREFIXES) -> str:
     """The figure ``self.log(logged, ...)`` in ``validation_step`` gives, without its ``test_``:
-    ``val_acc`` -> ``acc``, ``val/top5`` -> ``top5``, ``f1`` -> ``f1``."""
-    for prefix in PREFIXES:
+    ``val_acc`` -> ``acc``, ``val/top5`` -> ``top5``, ``f1`` -> ``f1`` (in ``training_step``,
+    with ``TRAIN_PREFIXES``: ``train_acc`` -> ``acc``, its ``train_`` figure)."""
+    for prefix in prefixes:
         if logged.startswith(prefix) and len(logged) > len(prefix):
             logged = logged[len(prefix):]
             break
@@ -41,34 +47,53 @@ def figure_name(logged: str) -> str:
 
 class Recording:
     """While open, ``model.log(name, value, ..., batch_size=None, reduce_fx="mean")`` and
-    ``model.log_dict`` record ``(value * n, n)`` by figure name (``n``: the ``batch_size``
-    given, else the shard's samples), and a torchmetrics object (the module's, which its step
-    updates) in ``objects``; another value, or a ``reduce_fx`` other than the mean, is an error
-    naming the fix."""
+    ``model.log_dict`` record ``(value, n)`` by figure name (the batch's mean and ``n``, the
+    ``batch_size`` given, else the shard's samples: ``value * n`` is the figure's sum, taken
+    where it is summed), and a torchmetrics object (the module's, which its step updates) in
+    ``objects``; another value, or a ``reduce_fx`` other than the mean, is an error naming the
+    fix. ``names``: figure names by logged name, kept from call to call (a step's log is a
+    few microseconds: the tiny MLP's step is ~400)."""
 
-    def __init__(self, model: nn.Module, samples: int):
-        self.model, self.samples = model, samples
+    def __init__(self, model: nn.Module, batch: Any, where: str = "validation_step",
+                 prefixes: Tuple[str, ...] = PREFIXES, names: Optional[Dict[str, str]] = None):
+        self.model, self.batch, self.where, self.prefixes = model, batch, where, prefixes
+        self.names = {} if names is None else names
+        self.samples: Optional[int] = None      # the batch's, once a log needs them
         self.figures: Dict[str, Tuple[torch.Tensor, int]] = {}
         self.objects: Dict[str, Any] = {}       # torchmetrics objects logged, by figure name
         self._had: Dict[str, Any] = {}
 
+    def _figure(self, name: str) -> str:
+        figure = self.names.get(name)
+        if figure is None:
+            figure = self.names[name] = figure_name(name, self.prefixes)
+        return figure
+
     def log(self, name: str, value: Any, *args: Any, batch_size: Any = None, reduce_fx: Any = "mean",
             **kwargs: Any) -> None:
-        if reduce_fx not in ("mean", torch.mean):
+        if reduce_fx != "mean" and reduce_fx is not torch.mean:
             raise ValueError(f"self.log({name!r}, ..., reduce_fx={reduce_fx!r}): dptrain keeps the mean over the "
-                             f"evaluation set of what validation_step logs; log a mean (the default)")
-        if is_stateful(value):          # a torchmetrics object the module updates: computed over the whole set
-            self.objects[figure_name(name)] = value
+                             f"{'epoch' if self.where == 'training_step' else 'evaluation set'} of what "
+                             f"{self.where} logs; log a mean (the default)")
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.detach()
+        elif isinstance(value, (int, float)):
+            value = torch.tensor(float(value))
+        elif is_stateful(value):        # a torchmetrics object the module updates: computed over the whole set
+            self.objects[self._figure(name)] = value
             return
-        if not isinstance(value, (int, float, torch.Tensor)) or (isinstance(value, torch.Tensor)
-                                                                  and value.numel() != 1):
-            raise ValueError(f"self.log({name!r}, {type(value).__name__}) in validation_step: dptrain records one "
+        else:
+            raise ValueError(f"self.log({name!r}, {type(value).__name__}) in {self.where}: dptrain records one "
                              f"number (a batch's mean) or a torchmetrics object; log the batch's mean, or give a "
                              f"metric to fit as metrics={{name: metric}}, with validation_step returning "
                              f"{{'loss': loss, 'logits': logits}}")
-        n = int(batch_size) if batch_size is not None else self.samples
-        value = value.detach().reshape(()) if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-        self.figures[figure_name(name)] = (value * n, n)
+        if batch_size is not None:
+            n = int(batch_size)
+        else:
+            if self.samples is None:
+                self.samples = size_of(self.batch)
+            n = self.samples
+        self.figures[self._figure(name)] = (value, n)
 
     def log_dict(self, dictionary: Dict[str, Any], *args: Any, **kwargs: Any) -> None:
         for name, value in dictionary.items():
@@ -109,4 +134,72 @@ class Logged:
         self.name, self.latest = name, latest
 
     def __call__(self, output: Any, target: Any) -> Tuple[Any, int]:
-        return self.latest.get().get(self.name, (torch.zeros(()), 0))
+        mean, n = self.latest.get().get(self.name, (torch.zeros(()), 0))
+        return mean.reshape(()) * n, n
+
+
+class StepLogs:
+    """What one step method of the module (``where``: ``validation_step``, ``training_step``)
+    gives ``self.log``: the names its first call logs (``names``; None before it), what each
+    thread's latest call logged (``latest``), and where each torchmetrics object it logs lives
+    in the module (``paths``: each device's copy of the module updates its own)."""
+
+    def __init__(self, where: str, prefixes: Tuple[str, ...]):
+        self.where, self.prefixes = where, prefixes
+        self.names: Optional[List[str]] = None
+        self.latest = Latest()
+        self.paths: Dict[str, str] = {}
+        self._names: Dict[str, str] = {}        # figure names by logged name
+
+    def recording(self, model: nn.Module, batch: Any) -> Recording:
+        return Recording(model, batch, self.where, self.prefixes, self._names)
+
+    def keep(self, model: nn.Module, logged: Recording) -> None:
+        """A call's figures as this thread's latest; the first call's names, and its objects' paths."""
+        if self.names is None:
+            self.names = [n for n in logged.figures if n not in ("loss", "count") and not n.endswith("_count")]
+            paths = {id(m): path for path, m in model.named_modules()}
+            for name, metric in logged.objects.items():
+                if id(metric) not in paths:
+                    raise ValueError(f"self.log(..., {type(metric).__name__}) for {name!r} logs a metric that is "
+                                     f"not an attribute of the module ({self.where}): make it one (self.acc = "
+                                     f"Accuracy(...) in __init__), so that each device's copy of the module updates "
+                                     f"its own")
+                self.paths[name] = paths[id(metric)]
+        self.latest.set(logged.figures)
+
+    @contextmanager
+    def kept(self, model: nn.Module) -> Iterator[None]:
+        """The logged metric objects of ``model`` as they were before the block, after it (the
+        step called for another purpose: ``training_step`` for an evaluation's loss)."""
+        saved = []
+        for path in self.paths.values():
+            metric = model.get_submodule(path)
+            state = getattr(metric, "metric_state", None)       # (torchmetrics'; another's is left)
+            if state is not None:
+                saved.append((metric, {k: list(v) if isinstance(v, list) else v.clone() for k, v in state.items()},
+                              getattr(metric, "_update_count", None)))
+        try:
+            yield
+        finally:
+            for metric, state, count in saved:
+                for k, v in state.items():
+                    setattr(metric, k, v)
+                if count is not None:
+                    metric._update_count, metric._computed = count, None
+
+    def reset(self, replicas: Sequence[nn.Module]) -> None:
+        """A pass over the set starts: every copy of the logged metric objects is reset."""
+        for path in self.paths.values():
+            for replica in replicas:
+                replica.get_submodule(path).reset()
+
+    def computed(self, replicas: Sequence[nn.Module], devices: Sequence[torch.device], alone: bool) -> Dict[str, Any]:
+        """The logged metric objects over the set: each device's copy merged, computed over
+        every process (this one alone with ``alone``), as ``metrics=``'s objects are."""
+        if not self.paths:
+            return {}
+        copies = {name: [r.get_submodule(path) for r in replicas] for name, path in self.paths.items()}
+        stateful = StatefulMetrics.of_copies(copies, devices)
+        stateful.alone = alone
+        return stateful.compute()

@@ -12,24 +12,23 @@ module, over the whole set: each device's copy merged), and the test loss is the
 else the one it logs, else ``training_step``'s under ``torch.no_grad()``. A
 ``configure_optimizers`` that takes no argument gives the optimizer and its scheduler
 (``lightning_config.py`` reads its forms). ``dptrain.evaluate`` takes the step alike
-(``steps_of``), so its figures are ``fit``'s. What ``training_step`` gives ``self.log`` is not
-recorded (Lightning warns that no ``Trainer`` holds the module): the training figures are its
-``train_loss`` (and ``metrics=``).
+(``steps_of``), so its figures are ``fit``'s. What ``training_step`` gives ``self.log`` is
+recorded alike, the epoch's ``train_*`` figures (``train_acc``: its mean over the epoch's
+batches, as Lightning's ``on_epoch=True``; a metric object over the epoch), beside ours
+(``train_loss``; its logged ``train_loss`` is that).
 """
 from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..core.signatures import takes
-from ..data.batch import batch_size
 from ..parallel.given_model import unwrapped
-from .lightning_log import Latest, Logged, Recording
-from .stateful_metrics import StatefulMetrics
+from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 
 
 def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
@@ -53,17 +52,20 @@ class LightningSteps:
     (``lightning_log.py``; the names its first call logs become figures of the evaluation,
     ``metrics``): the loss it returns, else the one it logs (``val_loss``), else
     ``training_step``'s (a ``validation_step`` that returns and logs nothing is not called
-    again). ``batch_idx`` is the batch's index in its epoch (or evaluation), which the loop
-    and the evaluation set with ``at``."""
+    again). What ``training_step`` logs is recorded alike (``trained``), the training figures'
+    (``TrainFigures.add_logged``): its names are found by a call before training, in eval mode
+    without gradients (the trial of every run's first batch). ``batch_idx`` is the batch's index
+    in its epoch (or evaluation), which the loop and the evaluation set with ``at``."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, evaluation: str = "validation_step", trial: bool = True):
         self.index = 0
-        self.takes_index = {name: takes(getattr(model, name, None), 2) for name in ("training_step", "validation_step")}
+        self.evaluation, self.trial = evaluation, trial       # (evaluate: test_step, where the module has one)
+        self.takes_index = {name: takes(getattr(model, name, None), 2) for name in ("training_step", evaluation)}
         # (None: not yet called; False: none of the module's own, LightningModule's only warns)
-        self.validation: Optional[bool] = None if overridden(model, ["validation_step"]) else False
+        self.validation: Optional[bool] = None if overridden(model, [evaluation]) else False
         self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
-        self.latest = Latest()                              # what each thread's last validation_step logged
-        self.module_metrics: Dict[str, str] = {}            # torchmetrics objects it logs: name -> attribute path
+        self.validated = StepLogs(evaluation, TEST_PREFIXES + PREFIXES if evaluation == "test_step" else PREFIXES)
+        self.trained = StepLogs("training_step", TRAIN_PREFIXES)
 
     def at(self, index: int) -> None:
         self.index = index
@@ -80,12 +82,28 @@ class LightningSteps:
             raise
 
     def __call__(self, model: nn.Module, batch: Any) -> Any:
-        if not model.training and self.validation is not False:
-            return self._validate(model, batch)
-        return self._train(model, batch)
+        if model.training:
+            return self._train(model, batch)
+        if self.validation is False:
+            return self._evaluated(model, batch)
+        if self.trained.names is None and self.trial:       # (the trial before training: what training_step logs)
+            with torch.no_grad():
+                self._train(model, batch)
+        return self._validate(model, batch)
+
+    def _evaluated(self, model: nn.Module, batch: Any) -> Any:
+        """``training_step`` for an evaluation's loss: the metric objects it updates (training's,
+        over the epoch) left as they were."""
+        with self.trained.kept(model):
+            return self._train(model, batch)
 
     def _train(self, model: nn.Module, batch: Any) -> Any:
-        out = self._call(model, "training_step", batch)
+        if self.trained.names == [] and not self.trained.paths:     # (its first call logged nothing)
+            out = self._call(model, "training_step", batch)
+        else:
+            with self.trained.recording(model, batch) as logged:
+                out = self._call(model, "training_step", batch)
+            self.trained.keep(model, logged)
         if out is None:
             raise ValueError("model.training_step returned None: return the loss (or a dict with 'loss'); a step "
                              "returning None skips the batch in Lightning, which dptrain does not do (on_nan='skip' "
@@ -93,52 +111,26 @@ class LightningSteps:
         return out
 
     def _validate(self, model: nn.Module, batch: Any) -> Any:
-        with Recording(model, batch_size(batch)) as logged:
-            out = self._call(model, "validation_step", batch)
+        with self.validated.recording(model, batch) as logged:
+            out = self._call(model, self.evaluation, batch)
         if not _is_loss(out):       # (what else it returns, predictions, Lightning 1's {"val_loss": ...}: not used)
             out = None
         figures = logged.figures
         if self.validation is None:                 # (the first call: its names become figures)
             self.validation = out is not None or bool(figures) or bool(logged.objects)
-            self._find(model, logged.objects)
+            self.validated.keep(model, logged)
             if self.metrics is not None:
-                for name in figures:
-                    if name not in ("loss", "count") and not name.endswith("_count") and name not in self.metrics:
-                        self.metrics[name] = Logged(name, self.latest)
-        self.latest.set(figures)
+                for name in self.validated.names or ():
+                    if name not in self.metrics:
+                        self.metrics[name] = Logged(name, self.validated.latest)
+        else:
+            self.validated.keep(model, logged)
         if out is None:
             loss = figures.get("loss")
-            out = loss[0] / loss[1] if loss is not None else self._train(model, batch)    # (its mean)
+            out = loss[0].reshape(()) if loss is not None else self._evaluated(model, batch)    # (its mean)
         if isinstance(out, Mapping) and (out.get("logits") is not None or out.get("output") is not None):
-            return out          # (its logits for metrics=; the logged figures are read from self.latest)
+            return out          # (its logits for metrics=; the logged figures are read from its latest)
         return {**out, "output": figures} if isinstance(out, Mapping) else {"loss": out, "output": figures}
-
-    def _find(self, model: nn.Module, objects: Dict[str, Any]) -> None:
-        """Where each torchmetrics object ``validation_step`` logs lives in the module (each
-        device's copy of the module updates its own)."""
-        paths = {id(m): path for path, m in model.named_modules()}
-        for name, metric in objects.items():
-            if id(metric) not in paths:
-                raise ValueError(f"self.log(..., {type(metric).__name__}) for {name!r} logs a metric that is not an "
-                                 f"attribute of the module: make it one (self.val_acc = Accuracy(...) in __init__), "
-                                 f"so that each device's copy of the module updates its own")
-            self.module_metrics[name] = paths[id(metric)]
-
-    def reset_metrics(self, replicas: Iterable[nn.Module]) -> None:
-        """An evaluation starts: every copy of the logged metric objects is reset."""
-        for path in self.module_metrics.values():
-            for replica in replicas:
-                replica.get_submodule(path).reset()
-
-    def computed(self, replicas: Sequence[nn.Module], devices: Sequence[torch.device], alone: bool) -> Dict[str, Any]:
-        """The logged metric objects over the whole set: each device's copy merged, computed
-        over every process (this one alone with ``alone``), as ``metrics=``'s objects are."""
-        if not self.module_metrics:
-            return {}
-        copies = {name: [r.get_submodule(path) for r in replicas] for name, path in self.module_metrics.items()}
-        stateful = StatefulMetrics.of_copies(copies, devices)
-        stateful.alone = alone
-        return stateful.compute()
 
 
 #: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
@@ -216,9 +208,29 @@ def adopted(model: nn.Module, what: Dict[str, Any]) -> bool:
         and all(what.get(k) is None for k in ("step", "loss", "forward"))
 
 
-def steps_of(model: nn.Module, what: Dict[str, Any]) -> Optional[LightningSteps]:
-    """The step of a model ``adopted``; else None."""
-    return LightningSteps(unwrapped(model)) if adopted(model, what) else None
+def steps_of(model: nn.Module, what: Dict[str, Any], testing: bool = False) -> Optional[LightningSteps]:
+    """The step of a model ``adopted``; else None. ``testing`` (``dptrain.evaluate``, Lightning's
+    ``trainer.test``): its ``test_step`` evaluates where it has one, and nothing trains."""
+    if not adopted(model, what):
+        return None
+    model = unwrapped(model)
+    if testing:
+        return LightningSteps(model, "test_step" if overridden(model, ["test_step"]) else "validation_step", False)
+    return LightningSteps(model)
+
+
+def predict_step_of(model: nn.Module) -> Optional[Callable[[nn.Module, Any, int], Any]]:
+    """A LightningModule's own ``predict_step`` as ``fn(replica, batch, batch_idx)`` (Lightning's
+    ``trainer.predict`` calls it on each batch as the loader gives it); None without one."""
+    model = unwrapped(model)
+    if not overridden(model, ["predict_step"]):
+        return None
+    with_index = takes(model.predict_step, 2)
+
+    def call(net: nn.Module, batch: Any, index: int) -> Any:
+        method = type(net._modules.get("_orig_mod", net)).predict_step.__get__(net)
+        return method(batch, index) if with_index else method(batch)
+    return call
 
 
 def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
@@ -234,10 +246,10 @@ def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
         _check_hooks(model, notes)
         what["step"] = steps
         notes.append("model.training_step is the step and validation_step evaluates (a LightningModule's): what "
-                     "validation_step gives self.log is the evaluation's figures (val_acc: test_acc), what "
-                     "training_step gives it is not recorded" if steps.validation is None else
+                     "they give self.log is each epoch's figures over its batches (train_acc; val_acc: test_acc)"
+                     if steps.validation is None else
                      "model.training_step is the step (a LightningModule's; it also gives the test loss): what it "
-                     "gives self.log is not recorded")
+                     "gives self.log is each epoch's figures over its batches (train_acc)")
     configure = getattr(model, "configure_optimizers", None)
     if "optimizer" not in what and callable(configure) and takes(configure, 0):
         try:

@@ -28,6 +28,7 @@ from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
+from .lightning_module import LightningSteps
 from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number
 from .stateful_metrics import StatefulMetrics
@@ -158,6 +159,11 @@ class ModelEngine:
                 run(self.replicas[0], eval_example)
         if self.trainer is None:
             return
+        logs = self.task.step.trained if isinstance(self.task.step, LightningSteps) else None
+        if logs is not None and (logs.names or logs.paths):     # what a LightningModule's training_step logs
+            if self.train_figures is None:
+                self.train_figures = TrainFigures(self, score=False)
+            self.train_figures.add_logged(logs)
         if lr is not None:
             self.trainer.set_learning_rate(lr)
         else:

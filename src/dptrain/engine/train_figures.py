@@ -31,12 +31,22 @@ import torch
 
 from ..data.batch import Batch, map_tensors, target_of
 from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values, update_keys
+from .lightning_log import StepLogs
 from .losses import output_for
 from .stateful_metrics import StatefulMetrics, pair_metric_names
 
 
 #: A shard's ``(arg-max, target)``, compared with many others' in ``_fold``.
 PREDICTED = "predicted"
+#: How the keys of what a LightningModule's ``training_step`` logs begin.
+LOGGED = "logged:"
+
+
+def logged_figures(sums: Dict[str, float]) -> Dict[str, float]:
+    """``train_<name>`` for each figure a ``training_step`` logged: its sum over its count
+    (NaN over none)."""
+    return {f"train_{key[len(LOGGED):]}": value / sums[f"{key}_count"] if sums[f"{key}_count"] else math.nan
+            for key, value in sums.items() if key.startswith(LOGGED) and f"{key}_count" in sums}
 
 
 class TrainFigures:
@@ -62,6 +72,14 @@ class TrainFigures:
         self._updates: List[List[Tuple[Any, Any]]] = [[] for _ in range(n)]    # this step's, for them
         self.partial = False
         self.saved: Optional[List[Dict[str, Any]]] = None   # the metric objects' states a checkpoint gave
+        self.logged: Optional[StepLogs] = None               # what a LightningModule's training_step logs
+
+    def add_logged(self, logs: StepLogs) -> None:
+        """Keep the numbers ``logs`` (a ``training_step``'s ``self.log``) names, each a
+        ``(sum, count)`` figure ``logged:<name>`` (``logged_figures`` reads them), and compute
+        the metric objects it logs over the epoch (each replica's copy, merged)."""
+        self.logged = logs
+        self.keys += [k for name in logs.names or () for k in (f"{LOGGED}{name}", f"{LOGGED}{name}_count")]
 
     def add(self, i: int, output: Any, target: Any) -> None:
         """Score device ``i``'s shard: ``output`` as its forward gave it, ``target`` its target.
@@ -92,6 +110,11 @@ class TrainFigures:
     def add_step_output(self, i: int, net: Any, shard: Batch, output: Any) -> None:
         """Score a shard trained by a ``step`` function: the logits it returned, else (with
         ``forward=``) a forward pass without gradients."""
+        if self.logged is not None:         # (a batch's mean and its samples: summed at the fold)
+            figures = self.logged.latest.get()
+            for name in self.logged.names or ():
+                if name in figures:
+                    self._step[i] += [(f"{LOGGED}{name}", figures[name]), (f"{LOGGED}{name}_count", figures[name][1])]
         if not self.metrics and not self.objects:
             return
         if output is None:
@@ -132,7 +155,9 @@ class TrainFigures:
             hits, count = self._compare(predicted)
             grouped.setdefault("correct", []).append(hits)
             grouped.setdefault("correct_count", []).append(count)
-        self._kept[i][:] = [(key, sum_values(values, self.engine.devices[i])) for key, values in grouped.items()]
+        device = self.engine.devices[i]
+        self._kept[i][:] = [(key, _weighted(values, device) if key.startswith(LOGGED) and not key.endswith("_count")
+                             else sum_values(values, device)) for key, values in grouped.items()]
 
     def _compare(self, predicted: List[Tuple[torch.Tensor, torch.Tensor]]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Correct predictions and their count over many shards' ``(arg-max, target)``: the
@@ -159,9 +184,9 @@ class TrainFigures:
     def computed(self) -> Dict[str, Any]:
         """The metric objects' values over the epoch (every process calls it: they gather
         their states), NaN for an epoch resumed mid-way."""
-        if not self.objects:
-            return {}
-        values = self.objects.compute()
+        values = self.objects.compute() if self.objects else {}
+        if self.logged is not None and self.logged.paths:
+            values.update(self.logged.computed(list(self.engine.replicas), self.engine.devices, alone=False))
         return {name: math.nan for name in values} if self.partial else values
 
     def reset(self, partial: bool = False) -> None:
@@ -171,9 +196,25 @@ class TrainFigures:
             part.clear()
         self._steps = 0
         self.objects.reset()
+        if self.logged is not None:
+            self.logged.reset(self.engine.replicas)
         if partial and self.saved is not None and self.objects.load(self.saved):
             partial = False
         self.partial, self.saved = partial, None
+
+
+def _weighted(values: List[Any], device: torch.device) -> torch.Tensor:
+    """A logged figure's sum: its ``(mean, n)`` pairs weighted in one product (a sum folded
+    before is a tensor), float64 on ``device``."""
+    pairs = [v for v in values if not isinstance(v, torch.Tensor)]
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    if pairs:
+        means = torch.stack([m.reshape(()).to(device, torch.float64) for m, _ in pairs])
+        total = means @ torch.tensor([float(n) for _, n in pairs], dtype=torch.float64, device=device)
+    for folded in values:
+        if isinstance(folded, torch.Tensor):
+            total = total + folded
+    return total
 
 
 def _by_key(kept: List[Tuple[str, Any]]) -> Dict[str, List[Any]]:

@@ -42,7 +42,9 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     ``step={name: fn}``, a GAN's steps: each one's ``test_<name>_loss``, ``test_loss`` their sum).
 
     ``data``, ``loss``, ``reduction``, ``forward``, ``step``, ``metrics``, ``collate_fn`` and
-    ``num_workers`` are what ``fit`` takes; ``batch_size`` is global; ``amp``: ``"bf16"`` or
+    ``num_workers`` are what ``fit`` takes (a LightningModule with none of ``loss``, ``forward``
+    and ``step``: its ``test_step`` evaluates, as Lightning's ``trainer.test``, else its
+    ``validation_step``, what it gives ``self.log`` the figures: ``test_acc``); ``batch_size`` is global; ``amp``: ``"bf16"`` or
     ``"fp16"``; ``devices`` as ``predict``'s (``auto``: every GPU, else one CPU device). In
     eval mode, without gradients; the model's mode is restored. With several
     processes (``WORLD_SIZE`` > 1) each evaluates its part and every one gets the figures;
@@ -58,7 +60,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
-    step = steps_of(model, {"step": step, "loss": loss, "forward": forward}) or step     # (a LightningModule's)
+    # A LightningModule's own steps: its test_step evaluates (Lightning's trainer.test), else validation_step.
+    step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
     task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                 optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
                 metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
@@ -73,7 +76,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
             engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
             engine.stateful.alone = local          # torchmetrics would gather from the others
             example = first.example()
-            # Lazy layers learn their shapes; a LightningModule's validation_step names its figures.
+            # Lazy layers learn their shapes; a LightningModule's test_step names its figures.
             engine.prepare(example, eval_example=example if isinstance(task.step, LightningSteps) else None)
             with stage(ALL_CALL.format("evaluating", "evaluate")):
                 if env.distributed:

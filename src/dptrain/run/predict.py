@@ -24,6 +24,7 @@ from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, join_struct
                           to_device)
 from ..data.dataset_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
+from ..engine.lightning_module import predict_step_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
 from .session import ALL_CALL, inference_job
@@ -62,7 +63,9 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
 
     ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
     ``DataLoader``); a target in it is left out (see ``model_input``). ``forward(model,
-    batch) -> output`` when a batch meets the model otherwise. In eval mode, without
+    batch) -> output`` when a batch meets the model otherwise; with none, a LightningModule's
+    own ``predict_step(batch, batch_idx)`` gives each batch's outputs (Lightning's
+    ``trainer.predict``; the batch as the loader gives it, a target too). In eval mode, without
     gradients; the model's mode is restored. ``devices``: ``auto`` is every GPU, else one
     CPU device (``session.inference_devices``: virtual devices slow a forward pass down);
     a count or a list as ``fit``'s. With several processes (``WORLD_SIZE`` > 1) every
@@ -82,17 +85,20 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
                          to_the_end=True)
     model = unwrapped(model)
     replicas = replicate(model, devices)
+    own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
     runner, feed = get_runner(replicas.devices), forward or model_input
     outputs: List[Any] = []
+    index = 0                           # the batch's (a predict_step's batch_idx)
 
     def shard_output(i: int, shard: Optional[Batch]) -> Any:
         if shard is None:               # a device with no sample in a small last batch
             return None
-        out = feed(replicas[i], to_device(shard, replicas.devices[i]))
+        shard = to_device(shard, replicas.devices[i])
+        out = own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
         return map_tensors(lambda t: t.detach().cpu(), out)
     try:
         with evaluating(*replicas), runner.coordinating():     # each module's own mode back after
-            for batch in loader:
+            for index, batch in enumerate(loader):
                 n = size_of(batch)
                 if n == 0:                  # this process's part of a last batch smaller than the processes
                     outputs.append(None)

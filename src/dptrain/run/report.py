@@ -10,6 +10,7 @@ import torch
 
 from ..engine.evaluation import sum_keys
 from ..engine.stateful_metrics import COMPUTED, pair_metric_names
+from ..engine.train_figures import logged_figures
 from ..outputs.progress import seconds
 
 Row = Dict[str, Any]
@@ -25,7 +26,8 @@ def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str
     ``updates``: several optimizers' names: each one's ``train_<name>_loss``, and
     ``train_loss`` their sum."""
     row: Row = {"epoch": epoch, "sec": sec, "train_loss": loss / count if count else math.nan}
-    if trained:         # (the metrics scored in training: with train_metrics)
+    if trained:         # (the metrics scored in training: with train_metrics; a training_step's self.log)
+        row.update(logged_figures(trained))
         row.update(named_figures("train", trained, [name for name in metric_names if name in trained] +
                                  [f"{name}_loss" for name in updates]))
     if updates:
