@@ -28,14 +28,13 @@ from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
-from .lightning_module import LightningSteps
 from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number
 from .stateful_metrics import StatefulMetrics
 from .step_functions import StepFunctions
 from .step_plan import StepPlan, StepResult
 from .task import Task
-from .train_figures import TrainFigures
+from .train_figures import TrainFigures, with_logged
 from .updates import several_step
 
 _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
@@ -159,11 +158,7 @@ class ModelEngine:
                 run(self.replicas[0], eval_example)
         if self.trainer is None:
             return
-        logs = self.task.step.trained if isinstance(self.task.step, LightningSteps) else None
-        if logs is not None and (logs.names or logs.paths):     # what a LightningModule's training_step logs
-            if self.train_figures is None:
-                self.train_figures = TrainFigures(self, score=False)
-            self.train_figures.add_logged(logs)
+        self.train_figures = with_logged(self, self.train_figures)     # a LightningModule's training_step's
         if lr is not None:
             self.trainer.set_learning_rate(lr)
         else:

@@ -32,6 +32,7 @@ import torch
 from ..data.batch import Batch, map_tensors, target_of
 from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values, update_keys
 from .lightning_log import StepLogs
+from .lightning_module import LightningSteps
 from .losses import output_for
 from .stateful_metrics import StatefulMetrics, pair_metric_names
 
@@ -201,6 +202,17 @@ class TrainFigures:
         if partial and self.saved is not None and self.objects.load(self.saved):
             partial = False
         self.partial, self.saved = partial, None
+
+
+def with_logged(engine: Any, figures: Optional[TrainFigures]) -> Optional[TrainFigures]:
+    """``figures`` (or new ones, scoring nothing else) keeping what the engine's LightningModule's
+    ``training_step`` logs, once its first call has named it; ``figures`` where it logs nothing."""
+    logs = engine.task.step.trained if isinstance(engine.task.step, LightningSteps) else None
+    if logs is None or not (logs.names or logs.paths):
+        return figures
+    figures = figures if figures is not None else TrainFigures(engine, score=False)
+    figures.add_logged(logs)
+    return figures
 
 
 def _weighted(values: List[Any], device: torch.device) -> torch.Tensor:

@@ -44,9 +44,9 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     ``data``, ``loss``, ``reduction``, ``forward``, ``step``, ``metrics``, ``collate_fn`` and
     ``num_workers`` are what ``fit`` takes (a LightningModule with none of ``loss``, ``forward``
     and ``step``: its ``test_step`` evaluates, as Lightning's ``trainer.test``, else its
-    ``validation_step``, what it gives ``self.log`` the figures: ``test_acc``); ``batch_size`` is global; ``amp``: ``"bf16"`` or
-    ``"fp16"``; ``devices`` as ``predict``'s (``auto``: every GPU, else one CPU device). In
-    eval mode, without gradients; the model's mode is restored. With several
+    ``validation_step``, what it gives ``self.log`` the figures: ``test_acc``); ``batch_size``
+    is global; ``amp``: ``"bf16"`` or ``"fp16"``; ``devices`` as ``predict``'s (``auto``: every
+    GPU, else one CPU device). In eval mode, without gradients; the model's mode is restored. With several
     processes (``WORLD_SIZE`` > 1) each evaluates its part and every one gets the figures;
     their models must hold the same weights (as after ``fit``), which is checked.
     A stream (an ``IterableDataset``) is read whole by every process; ``dispatch_batches``: by
