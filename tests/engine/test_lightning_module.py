@@ -36,6 +36,35 @@ class Lit(nn.Module):
                                                    "interval": "epoch"}}
 
 
+class LightningLike(nn.Module):
+    """Lightning's LightningModule's trainer plumbing: ``trainer``, ``current_epoch`` and
+    ``global_step`` read its ``_trainer`` (0 without one), which a copy leaves out."""
+    __module__ = "lightning.pytorch.core.module"
+
+    def __init__(self):
+        super().__init__()
+        self._trainer = None
+
+    @property
+    def trainer(self):
+        if self._trainer is None:
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`.")
+        return self._trainer
+
+    @property
+    def current_epoch(self):
+        return self.trainer.current_epoch if self._trainer else 0
+
+    @property
+    def global_step(self):
+        return self.trainer.global_step if self._trainer else 0
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_trainer"] = None
+        return state
+
+
 def data(n=96, seed=0):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, 6, generator=g)
@@ -304,12 +333,8 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
     assert "dptrain: the module's on_validation_epoch_end, on_after_backward (Lightning hooks) are not called: give " \
            "their work to a dptrain.Callback" in "\n".join(lines)
 
-    class LightningModule(nn.Module):                # (Lightning's class: its hooks are not the user's)
+    class LightningModule(LightningLike):           # (Lightning's class: its hooks are not the user's)
         __module__ = "lightning.pytorch.core.module"
-
-        @property
-        def current_epoch(self):
-            return 0                                 # (Lightning's, without a Trainer)
 
         def validation_step(self, batch, batch_idx):
             raise AssertionError("Lightning's own validation_step is not called")
@@ -317,17 +342,15 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
         def on_validation_epoch_end(self):
             pass
 
-    class Annealed(LightningModule):
+    class Plain(LightningModule):
         def __init__(self):
             super().__init__()
             self.net = nn.Linear(6, 3)
 
         def training_step(self, batch, batch_idx):
-            return F.cross_entropy(self.net(batch[0]), batch[1]) * min(1.0, self.current_epoch / 10)
+            return F.cross_entropy(self.net(batch[0]), batch[1])
     lines = []
-    dptrain.fit(Annealed(), data(), data(8), epochs=1, log=lines.append, devices=1, optimizer=torch.optim.SGD)
-    assert "dptrain: the module reads self.current_epoch, which Lightning's LightningModule gives from its Trainer " \
-           "and reads 0 without one" in "\n".join(lines)
+    dptrain.fit(Plain(), data(), data(8), epochs=1, log=lines.append, devices=1, optimizer=torch.optim.SGD)
     assert not any("Lightning hooks" in line or "validation_step evaluates" in line for line in lines)
 
     class NanoGPT(nn.Module):                        # a configure_optimizers of other arguments: not called
@@ -443,3 +466,61 @@ def test_evaluate_takes_test_step_and_predict_takes_predict_step(devices):
     out = dptrain.predict(model, (X, y), batch_size=16, devices=devices)
     torch.testing.assert_close(out["probs"], logits.softmax(1))
     assert out["batch"].tolist() == [0] * 16 + [1] * 16 + [2] * 8
+
+
+class Annealed(LightningLike):
+    """A loss weighted by the epoch (KL annealing's shape) and a learning rate from max_epochs,
+    read from the module's trainer."""
+    seen = []                                       # (the class's: every device's copy adds to it)
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        if self.training:
+            Annealed.seen.append((self.current_epoch, self.global_step, batch_idx))
+        return F.cross_entropy(self(batch[0]), batch[1]) * (1 + self.current_epoch)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_updates", float(self.global_step))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.2 / self.trainer.max_epochs)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_modules_trainer_says_the_epoch_and_the_updates_on_every_device(devices):
+    torch.manual_seed(0)
+    model = Annealed()
+    expected = copy.deepcopy(model)
+    opt = torch.optim.SGD(expected.parameters(), lr=0.1)
+    X, y = data()
+    for epoch in range(2):
+        for i in range(0, len(X), 16):
+            loss = F.cross_entropy(expected(X[i:i + 16]), y[i:i + 16]) * (1 + epoch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    Annealed.seen.clear()
+    result = dptrain.fit(model, data(), data(32, 1), epochs=2, batch_size=16, shuffle=False, devices=devices,
+                         log=None, progress=False)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)
+    assert sorted(set(Annealed.seen)) == [(e, e * 6 + i, i) for e in range(2) for i in range(6)]
+    assert len(Annealed.seen) == 12 * devices                       # (every device's copy read it)
+    assert [row["test_updates"] for row in result["history"]] == [6.0, 12.0]       # (evaluating: all done)
+    assert model._trainer is None and model.current_epoch == 0      # (the stand-in left with the run)
+
+    class Estimates(Annealed):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1.0 / self.trainer.estimated_stepping_batches)
+    model = Estimates()
+    with pytest.raises(AttributeError, match=r"model.trainer.estimated_stepping_batches: while fit trains a "
+                                             r"LightningModule, its trainer is dptrain's stand-in, .* give fit "
+                                             r"optimizer= and scheduler= yourself"):
+        dptrain.fit(model, data(), epochs=1, log=None)
+    assert model._trainer is None

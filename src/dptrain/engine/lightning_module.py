@@ -19,8 +19,6 @@ batches, as Lightning's ``on_epoch=True``; a metric object over the epoch), besi
 """
 from __future__ import annotations
 
-import inspect
-import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -29,6 +27,7 @@ from torch import nn
 from ..core.signatures import takes
 from ..parallel.given_model import unwrapped
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
+from .lightning_trainer import TrainerStandIn, attach
 
 
 def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
@@ -66,14 +65,22 @@ class LightningSteps:
         self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
         self.validated = StepLogs(evaluation, TEST_PREFIXES + PREFIXES if evaluation == "test_step" else PREFIXES)
         self.trained = StepLogs("training_step", TRAIN_PREFIXES)
+        self.clock: Optional[TrainerStandIn] = None        # the module's trainer while fit trains it
 
-    def at(self, index: int) -> None:
+    def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None) -> None:
+        """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the
+        updates done, which the module's trainer (``clock``) then says."""
         self.index = index
+        if self.clock is not None and epoch is not None:
+            self.clock.at(epoch, step)
 
     def _call(self, model: nn.Module, name: str, batch: Any) -> Any:
         # A compiled replica (--compile) is the module's class's method on its wrapper, so that
         # self(x) runs the compiled forward (the wrapper hands the rest to the module).
-        method = getattr(type(model._modules.get("_orig_mod", model)), name).__get__(model)
+        module = model._modules.get("_orig_mod", model)
+        if self.clock is not None and module.__dict__.get("_trainer", self.clock) is not self.clock:
+            module.__dict__["_trainer"] = self.clock        # (a copy for another device: its trainer left out)
+        method = getattr(type(module), name).__get__(model)
         try:
             return method(batch, self.index) if self.takes_index[name] else method(batch)
         except RuntimeError as e:
@@ -98,12 +105,9 @@ class LightningSteps:
             return self._train(model, batch)
 
     def _train(self, model: nn.Module, batch: Any) -> Any:
-        if self.trained.names == [] and not self.trained.paths:     # (its first call logged nothing)
+        with self.trained.recording(model, batch) as logged:
             out = self._call(model, "training_step", batch)
-        else:
-            with self.trained.recording(model, batch) as logged:
-                out = self._call(model, "training_step", batch)
-            self.trained.keep(model, logged)
+        self.trained.keep(model, logged)
         if out is None:
             raise ValueError("model.training_step returned None: return the loss (or a dict with 'loss'); a step "
                              "returning None skips the batch in Lightning, which dptrain does not do (on_nan='skip' "
@@ -162,23 +166,6 @@ def overridden(model: nn.Module, hooks: Sequence[str]) -> List[str]:
     return found
 
 
-#: What a LightningModule reads from its Trainer, 0 without one (no error: a silent 0).
-TRAINER_FIGURES = ("current_epoch", "global_step")
-
-
-def _source(model: nn.Module) -> str:
-    """The source of the model's own classes (not Lightning's), '' where it cannot be read."""
-    texts = []
-    for cls in type(model).__mro__:
-        if _theirs(cls) or cls is object:
-            continue
-        try:
-            texts.append(inspect.getsource(cls))
-        except (OSError, TypeError):
-            pass
-    return "\n".join(texts)
-
-
 def _check_hooks(model: nn.Module, notes: List[str]) -> None:
     """Refuse a module whose hooks change how a step trains; name the other hooks not called."""
     steering = overridden(model, STEP_HOOKS)
@@ -187,13 +174,6 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
                          f"trains, which fit does not call: give fit step=fn(model, batch) -> loss and optimizer= "
                          f"(a warm-up as scheduler=, clipping as clip_grad_norm= or clip_grad_value=), or remove "
                          f"them")
-    source = _source(model)
-    reads = [name for name in TRAINER_FIGURES if re.search(rf"\.{name}\b", source) and not overridden(model, [name])
-             and any(name in vars(c) for c in type(model).__mro__)]
-    if reads:
-        notes.append(f"the module reads self.{' and self.'.join(reads)}, which Lightning's LightningModule gives from "
-                     f"its Trainer and reads 0 without one: set an attribute of yours from a dptrain.Callback "
-                     f"(run.epoch, run.step) and read that")
     others = overridden(model, OTHER_HOOKS)
     if others:
         notes.append(f"the module's {', '.join(others)} (Lightning hooks) are not called: give their work to a "
@@ -233,11 +213,14 @@ def predict_step_of(model: nn.Module) -> Optional[Callable[[nn.Module, Any, int]
     return call
 
 
-def adopt(model: nn.Module, what: Dict[str, Any]) -> List[str]:
+def adopt(model: nn.Module, what: Dict[str, Any], stand_in: Optional[TrainerStandIn] = None) -> List[str]:
     """Fill ``what`` (``fit``'s task keywords) from a ``LightningModule``'s methods where it
-    does not say; return a line for each taken."""
+    does not say; return a line for each taken. ``stand_in``: its trainer for the run, if it
+    has none (``lightning_trainer.py``; ``detach`` after the run)."""
     model = unwrapped(model)                # (a DDP script's wrapper: the module inside trains)
     notes, steps = [], steps_of(model, what)
+    if steps is not None and stand_in is not None and attach(model, stand_in):
+        steps.clock = stand_in
     if steps is not None:
         if getattr(model, "automatic_optimization", True) is False:
             raise ValueError("the model turns Lightning's automatic_optimization off (its training_step steps its "

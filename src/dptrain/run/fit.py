@@ -27,7 +27,9 @@ from torch.utils.data import DataLoader, SequentialSampler
 
 from ..distributed.env import rank
 from ..engine import lightning_module
-from ..engine.task import Task
+from ..engine.lightning_trainer import TrainerStandIn, detach
+from ..parallel.given_model import unwrapped
+from ..engine.task import DEFAULT_EPOCHS, Task
 from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
 from .config import TrainConfig
@@ -153,8 +155,20 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
 
 def _fit(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any], config: TrainConfig,
          settings: Dict[str, Any], notes: List[str], plot: Optional[str], log: Optional[Log]) -> Dict[str, Any]:
-    """``fit`` of its data taken: adopt a LightningModule, say the defaults, train."""
-    notes = notes + lightning_module.adopt(model, what) + defaults_said(what, train_data)
+    """``fit`` of its data taken: adopt a LightningModule (its trainer for the run a stand-in), say
+    the defaults, train."""
+    stand_in = TrainerStandIn(what.get("epochs") or (DEFAULT_EPOCHS if config.max_steps is None else -1),
+                              config.max_steps)
+    try:
+        return _train(model, train_data, eval_data, what, config, settings,
+                      notes + lightning_module.adopt(model, what, stand_in), plot, log)
+    finally:
+        detach(unwrapped(model))
+
+
+def _train(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any], config: TrainConfig,
+           settings: Dict[str, Any], notes: List[str], plot: Optional[str], log: Optional[Log]) -> Dict[str, Any]:
+    notes = notes + defaults_said(what, train_data)
     if isinstance(train_data, DataLoader) and isinstance(train_data.sampler, SequentialSampler) \
             and "shuffle" not in settings:
         notes.append("the DataLoader does not shuffle, but fit shuffles the training samples every epoch (by "

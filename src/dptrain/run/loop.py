@@ -285,7 +285,7 @@ class Run(RunView):
             for b, batch in enumerate(ahead or stream, start=at.batch + 1):
                 self.step, self.batch = first_step + b - 1, b
                 if lightning is not None:
-                    lightning(b - 1)            # (a LightningModule's batch_idx)
+                    lightning(b - 1, epoch - 1, self.step)      # (a LightningModule's batch_idx, its trainer's)
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
                     if watch:
@@ -342,6 +342,8 @@ class Run(RunView):
         self.epoch_batches = b
         part_way = not ahead.ended if ahead is not None else b < self.batches
         ending[0] |= ends_here(self, epoch, b, first_step + b, part_way, so_far)
+        if lightning is not None:
+            lightning(b, epoch - 1, first_step + b)     # (its trainer, evaluating: the epoch's updates done)
         synchronize(self.devices)
         if step_log is not None:
             step_log.epoch_end(tally)

@@ -1,0 +1,74 @@
+"""What a ``LightningModule`` reads from its ``Trainer`` while ``fit`` trains it: a stand-in set
+as its ``trainer`` for the run (Lightning's ``self.current_epoch`` and ``self.global_step``
+read 0 without one, silently).
+
+    stand_in = TrainerStandIn(max_epochs=10, max_steps=None)
+    attach(model, stand_in)          # model.trainer is it; model.current_epoch reads it
+    stand_in.at(epoch=2, step=340)   # the loop, before each batch: the epoch (from 0), updates done
+    detach(model)                    # after the run: model.trainer is None again
+
+It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before the batch; after
+an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
+``global_rank``, ``local_rank``, ``is_global_zero``, and ``logger`` None; anything else of
+Lightning's ``Trainer`` (``estimated_stepping_batches``, its loops) is an ``AttributeError``
+naming the fix. Every device's copy of the module shares it (``LightningSteps`` sets it on the
+copy it calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from torch import nn
+
+from ..distributed.env import DistEnv
+
+#: The fixes for what the stand-in does not hold, by attribute (else: a callback's).
+FIXES = {"estimated_stepping_batches": "give fit optimizer= and scheduler= yourself (the run's updates are epochs x "
+                                      "batches per epoch, over accumulate_grad_batches)"}
+
+
+class TrainerStandIn:
+    """See the module docstring."""
+
+    logger = None
+    loggers = ()
+    sanity_checking = False
+    #: Lightning's ``self.log`` outside the steps (which record it) then warns and does nothing.
+    barebones = True
+
+    def __init__(self, max_epochs: int, max_steps: Optional[int]):
+        env = DistEnv.current()
+        self.current_epoch, self.global_step = 0, 0
+        self.max_epochs, self.max_steps = max_epochs, max_steps if max_steps is not None else -1
+        self.world_size, self.global_rank, self.local_rank = env.world_size, env.rank, env.local_rank
+        self.is_global_zero = env.rank == 0
+
+    def at(self, epoch: int, step: int) -> None:
+        self.current_epoch, self.global_step = epoch, step
+
+    def __deepcopy__(self, memo: Any) -> "TrainerStandIn":
+        return self                 # (one for every copy of the module)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        fix = FIXES.get(name, "read what you need from the run in a dptrain.Callback (run.epoch, run.step...) and "
+                              "set it on run.model, which every device's copy then has")
+        raise AttributeError(f"model.trainer.{name}: while fit trains a LightningModule, its trainer is dptrain's "
+                             f"stand-in, which holds current_epoch, global_step, max_epochs, max_steps, world_size, "
+                             f"global_rank, local_rank and is_global_zero, not {name}: {fix}")
+
+
+def attach(model: nn.Module, stand_in: TrainerStandIn) -> bool:
+    """Set ``stand_in`` as the trainer of a LightningModule that has none (its ``_trainer``
+    None); whether it was set."""
+    if "_trainer" not in vars(model) or model._trainer is not None:
+        return False
+    model.__dict__["_trainer"] = stand_in
+    return True
+
+
+def detach(model: nn.Module) -> None:
+    """The module's trainer is None again, if it was a stand-in."""
+    if isinstance(vars(model).get("_trainer"), TrainerStandIn):
+        model.__dict__["_trainer"] = None
