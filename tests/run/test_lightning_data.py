@@ -132,10 +132,36 @@ def test_what_cannot_be_taken_is_an_error_naming_the_fix():
     with pytest.raises(ValueError, match=r"TwoSets.val_dataloader\(\) returned 2 loaders, .* give fit "
                                          r"eval_data=\{'val': loader, 'ood': other\}"):
         _fit(TwoSets(), log=None)
-    for job in (dptrain.evaluate, dptrain.predict):
-        with pytest.raises(TypeError, match=r"the data is a DM \(a LightningDataModule\), which only fit takes: give "
-                                            r"evaluate and predict one of its loaders \(dm.setup\('test'\)"):
-            job(Lit(), DM("unused"), devices=1)
+    with pytest.raises(TypeError, match=r"the data is a DM \(a LightningDataModule\), which fit takes as its "
+                                        r"training data \(fit\(model, dm\)\), and evaluate and predict as theirs: "
+                                        r"as an evaluation set, give one of its loaders"):
+        _fit(Lit(), data(), DM("unused"), log=None)
+    with pytest.raises(TypeError, match=r"the DM \(a LightningDataModule\) has no predict_dataloader of its own"):
+        dptrain.predict(Lit(), DM("unused"), devices=1)
+
+
+class Staged(DM):
+    """A data module with a test and a predict loader (trainer.test's and trainer.predict's)."""
+
+    def test_dataloader(self):
+        self.calls.append("test_dataloader")
+        return DataLoader(TensorDataset(*self.val_xy), batch_size=8)
+
+    def predict_dataloader(self):
+        self.calls.append("predict_dataloader")
+        return DataLoader(TensorDataset(self.val_xy[0]), batch_size=8)
+
+
+def test_evaluate_and_predict_take_a_data_modules_test_and_predict_loaders(tmp_path):
+    torch.manual_seed(0)
+    model, dm = Lit(), Staged(str(tmp_path / "set.pt"))
+    figures = dptrain.evaluate(model, dm, devices=2)
+    assert dm.calls == ["prepare_data", ("setup", "test"), "test_dataloader", ("teardown", "test")]
+    assert figures == dptrain.evaluate(model, data(32, 1), devices=2)
+    dm.calls.clear()
+    out = dptrain.predict(model, dm, devices=2)
+    assert dm.calls == ["prepare_data", ("setup", "predict"), "predict_dataloader", ("teardown", "predict")]
+    torch.testing.assert_close(out, dptrain.predict(model, data(32, 1)[0]))
 
 
 def _prepared_once_per_machine(rank, world_size, folder):

@@ -240,8 +240,9 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     reads its own part anyway). ``drop_last``: drop each epoch's last batch when it is short
     (None: a ``DataLoader``'s ``drop_last``, else keep it)."""
     if callable(getattr(data, "train_dataloader", None)) and not isinstance(data, (Dataset, DataLoader)):
-        raise TypeError(f"the data is a {type(data).__name__} (a LightningDataModule), which only fit takes: give "
-                        f"evaluate and predict one of its loaders (dm.setup('test'); dm.test_dataloader())")
+        raise TypeError(f"the data is a {type(data).__name__} (a LightningDataModule), which fit takes as its "
+                        f"training data (fit(model, dm)), and evaluate and predict as theirs: as an evaluation set, "
+                        f"give one of its loaders (dm.setup('fit'); fit(model, dm, eval_data=dm.val_dataloader()))")
     sampler = batch_sampler = worker_init_fn = None
     listed = False
     worker_options: Dict[str, Any] = {}

@@ -26,6 +26,7 @@ from ..engine.task import Task
 from .config import AMP_DTYPES
 from .build import evaluation_sets
 from .report import figures_over, other_sets
+from .lightning_data import stage_data
 from .session import ALL_CALL, inference_job
 
 
@@ -60,33 +61,34 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
-    # A LightningModule's own steps: its test_step evaluates (Lightning's trainer.test), else validation_step.
-    step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
-    task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
-                optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
-                metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
-    sets = evaluation_sets(data, task.metrics)
-    loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
-                                 world_size=env.world_size, optional_workers=len(sets) > 1,   # (workers: for some)
-                                 dispatch=dispatch_batches, sharded=sharded_stream, to_the_end=True)
-               for name, one in sets.items()}
-    first = next(iter(loaders.values()))
-    try:
-        with evaluating(model):         # and each module's own mode back after
-            engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
-            engine.stateful.alone = local          # torchmetrics would gather from the others
-            example = first.example()
-            # Lazy layers learn their shapes; a LightningModule's test_step names its figures.
-            engine.prepare(example, eval_example=example if isinstance(task.step, LightningSteps) else None)
-            with stage(ALL_CALL.format("evaluating", "evaluate")):
-                if env.distributed:
-                    same_weights(collective, engine.replicas[0])
-                return {**figures_over(engine, first, collective),
-                        **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
-    finally:
-        for loader in loaders.values():
-            if hasattr(loader, "close"):
-                loader.close()
+    with stage_data(data, "test", local) as data:      # a LightningDataModule's (Lightning's trainer.test)
+        # A LightningModule's own steps: its test_step evaluates (Lightning's trainer.test), else validation_step.
+        step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
+        task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
+                    optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
+                    metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
+        sets = evaluation_sets(data, task.metrics)
+        loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
+                                     world_size=env.world_size, optional_workers=len(sets) > 1,   # (workers: for some)
+                                     dispatch=dispatch_batches, sharded=sharded_stream, to_the_end=True)
+                   for name, one in sets.items()}
+        first = next(iter(loaders.values()))
+        try:
+            with evaluating(model):         # and each module's own mode back after
+                engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
+                engine.stateful.alone = local          # torchmetrics would gather from the others
+                example = first.example()
+                # Lazy layers learn their shapes; a LightningModule's test_step names its figures.
+                engine.prepare(example, eval_example=example if isinstance(task.step, LightningSteps) else None)
+                with stage(ALL_CALL.format("evaluating", "evaluate")):
+                    if env.distributed:
+                        same_weights(collective, engine.replicas[0])
+                    return {**figures_over(engine, first, collective),
+                            **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
+        finally:
+            for loader in loaders.values():
+                if hasattr(loader, "close"):
+                    loader.close()
 
 
 def same_weights(collective: Any, model: nn.Module) -> None:

@@ -15,7 +15,8 @@ given to ``fit``.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -108,6 +109,39 @@ class LightningData:
             if _own(obj, ["teardown"]):
                 self._call(obj, "teardown", "fit")
         self.set_up = []
+
+
+#: The loader ``evaluate`` (Lightning's ``trainer.test``) and ``predict`` take from a data module,
+#: by the stage its ``setup`` is told: the first it has.
+STAGE_LOADERS = {"test": ("test_dataloader", "val_dataloader"), "predict": ("predict_dataloader",)}
+
+
+@contextmanager
+def stage_data(data: Any, stage: str, alone: bool) -> Iterator[Any]:
+    """``data``, or a data module's loader for ``stage`` (``STAGE_LOADERS``): ``prepare_data()``
+    once per machine while the other processes wait (here alone with ``alone``: the others do
+    not come), ``setup(stage)``, and ``teardown(stage)`` after the block."""
+    if not is_data_module(data):
+        yield data
+        return
+    name = next((n for n in STAGE_LOADERS[stage] if _own(data, [n])), None)
+    if name is None:
+        raise TypeError(f"the {type(data).__name__} (a LightningDataModule) has no {' or '.join(STAGE_LOADERS[stage])}"
+                        f" of its own: define one, or give the loader itself")
+    if _own(data, ["prepare_data"]):
+        prepare = data.prepare_data
+        if alone:
+            prepare()
+        else:
+            once_per_machine(prepare, getattr(data, "prepare_data_per_node", True) is not False,
+                             f"{type(data).__name__}.prepare_data()")
+    if _own(data, ["setup"]):
+        data.setup(stage)
+    try:
+        yield _one_loader(getattr(data, name)(), type(data).__name__)
+    finally:
+        if _own(data, ["teardown"]):
+            data.teardown(stage)
 
 
 def data_of(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any]) -> Optional[LightningData]:

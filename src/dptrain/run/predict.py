@@ -27,6 +27,7 @@ from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_module import predict_step_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
+from .lightning_data import stage_data
 from .session import ALL_CALL, inference_job
 
 
@@ -80,43 +81,44 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     torch.Size([1000, 10])
     """
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
-    loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
-                         world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
-                         to_the_end=True)
-    model = unwrapped(model)
-    replicas = replicate(model, devices)
-    own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
-    runner, feed = get_runner(replicas.devices), forward or model_input
-    outputs: List[Any] = []
-    index = 0                           # the batch's (a predict_step's batch_idx)
+    with stage_data(data, "predict", local) as data:     # a LightningDataModule's (trainer.predict)
+        loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
+                             world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
+                             to_the_end=True)
+        model = unwrapped(model)
+        replicas = replicate(model, devices)
+        own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
+        runner, feed = get_runner(replicas.devices), forward or model_input
+        outputs: List[Any] = []
+        index = 0                           # the batch's (a predict_step's batch_idx)
 
-    def shard_output(i: int, shard: Optional[Batch]) -> Any:
-        if shard is None:               # a device with no sample in a small last batch
-            return None
-        shard = to_device(shard, replicas.devices[i])
-        out = own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
-        return map_tensors(lambda t: t.detach().cpu(), out)
-    try:
-        with evaluating(*replicas), runner.coordinating():     # each module's own mode back after
-            for index, batch in enumerate(loader):
-                n = size_of(batch)
-                if n == 0:                  # this process's part of a last batch smaller than the processes
-                    outputs.append(None)
-                    continue
-                k = min(n, len(replicas.devices))
-                if k == 1:
-                    outputs.append(shard_output(0, batch))
-                    continue
-                shards = split_structure(batch, even_parts(n, k)) + [None] * (len(replicas.devices) - k)
-                outputs.append(concatenate(runner.map(shard_output, shards)[:k]))
-    finally:
-        if hasattr(loader, "close"):
-            loader.close()
-    if getattr(loader, "sharded", False):          # this process's share: its outputs alone
-        mine = [part for part in outputs if part is not None]
-        return concatenate(mine) if mine else None
-    with stage(ALL_CALL.format("predicting", "predict")):
-        per_rank = collective.all_gather_object(outputs) if env.distributed else [outputs]
-    ordered = [part for b in range(len(outputs)) for part in (r[b] for r in per_rank) if part is not None]
-    return concatenate(ordered)
+        def shard_output(i: int, shard: Optional[Batch]) -> Any:
+            if shard is None:               # a device with no sample in a small last batch
+                return None
+            shard = to_device(shard, replicas.devices[i])
+            out = own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
+            return map_tensors(lambda t: t.detach().cpu(), out)
+        try:
+            with evaluating(*replicas), runner.coordinating():     # each module's own mode back after
+                for index, batch in enumerate(loader):
+                    n = size_of(batch)
+                    if n == 0:                  # this process's part of a last batch smaller than the processes
+                        outputs.append(None)
+                        continue
+                    k = min(n, len(replicas.devices))
+                    if k == 1:
+                        outputs.append(shard_output(0, batch))
+                        continue
+                    shards = split_structure(batch, even_parts(n, k)) + [None] * (len(replicas.devices) - k)
+                    outputs.append(concatenate(runner.map(shard_output, shards)[:k]))
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()
+        if getattr(loader, "sharded", False):          # this process's share: its outputs alone
+            mine = [part for part in outputs if part is not None]
+            return concatenate(mine) if mine else None
+        with stage(ALL_CALL.format("predicting", "predict")):
+            per_rank = collective.all_gather_object(outputs) if env.distributed else [outputs]
+        ordered = [part for b in range(len(outputs)) for part in (r[b] for r in per_rank) if part is not None]
+        return concatenate(ordered)
 
