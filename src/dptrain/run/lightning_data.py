@@ -38,15 +38,37 @@ def _own(obj: Any, hooks: Sequence[str]) -> List[str]:
     return [h for h in overridden(obj, hooks) if callable(getattr(obj, h, None))]
 
 
-def _one_loader(loaders: Any, owner: str) -> Any:
-    """``val_dataloader()``'s return: a loader, or a list holding one (an empty one: none)."""
+def _one_loader(loaders: Any, owner: str, method: str = "val_dataloader") -> Any:
+    """``val_dataloader()``'s return (or ``method``'s): a loader, or a list holding one (an
+    empty one: none)."""
     if isinstance(loaders, (list, tuple)) and not isinstance(loaders, DataLoader):
         if len(loaders) > 1:
-            raise ValueError(f"{owner}.val_dataloader() returned {len(loaders)} loaders, which validation_step "
-                             f"would tell apart by its dataloader_idx: give fit eval_data={{'val': loader, 'ood': "
-                             f"other}} (a name each: test_*, test_ood_*) and a validation_step of two arguments")
+            raise ValueError(f"{owner}.{method}() returned {len(loaders)} loaders, which its step would tell apart "
+                             f"by its dataloader_idx: give fit eval_data={{'val': loader, 'ood': other}} (a name "
+                             f"each: test_*, test_ood_*; evaluate takes such a dict too) and a step of two arguments")
         return loaders[0] if loaders else None
     return loaders
+
+
+def _call(obj: Any, name: str, *args: Any) -> Any:
+    """``obj.<name>(*args)``: Lightning's "not attached to a `Trainer`" error told why and the fix."""
+    try:
+        return getattr(obj, name)(*args)
+    except RuntimeError as e:
+        explain_trainer(e, name, "give the loaders yourself (fit(model, train_loader, val_loader))")
+        raise
+
+
+def _prepare(obj: Any, alone: bool = False) -> None:
+    """``obj.prepare_data()``, if it has its own: in one process of each machine (of the job with
+    ``prepare_data_per_node = False``) while the others wait; here with ``alone``."""
+    if not _own(obj, ["prepare_data"]):
+        return
+    if alone:
+        _call(obj, "prepare_data")
+        return
+    once_per_machine(lambda: _call(obj, "prepare_data"), getattr(obj, "prepare_data_per_node", True) is not False,
+                     f"{type(obj).__name__}.prepare_data()")
 
 
 class LightningData:
@@ -68,36 +90,26 @@ class LightningData:
         """Whether anything here is Lightning's to call."""
         return bool(self.holders)
 
-    def _call(self, obj: Any, name: str, *args: Any) -> Any:
-        try:
-            return getattr(obj, name)(*args)
-        except RuntimeError as e:
-            explain_trainer(e, name, "give fit the loaders yourself (fit(model, train_loader, val_loader))")
-            raise
-
     def take(self, config: TrainConfig) -> Tuple[Any, Any, List[str]]:
         """Prepare and set up; return ``(train_data, eval_data)`` and a line naming the loaders taken."""
-        preparing = [o for o in self.holders if _own(o, ["prepare_data"])]
-        if preparing:
+        if any(_own(o, ["prepare_data"]) for o in self.holders):
             join_before_run(config)         # (the others wait for the process preparing)
-            for obj in preparing:
-                once_per_machine(lambda: self._call(obj, "prepare_data"),
-                                 per_machine=getattr(obj, "prepare_data_per_node", True) is not False,
-                                 what=f"{type(obj).__name__}.prepare_data()")
+        for obj in self.holders:
+            _prepare(obj)
         for obj in self.holders:
             if _own(obj, ["setup"]):
-                self._call(obj, "setup", "fit")
+                _call(obj, "setup", "fit")
             self.set_up.append(obj)
         train, evaluation, taken = self.train_data, self.eval_data, []
         if train is None or self.data_module is not None:
             source = self.data_module if self.data_module is not None else self.module
-            train = self._call(source, "train_dataloader")
+            train = _call(source, "train_dataloader")
             taken.append(f"{type(source).__name__}.train_dataloader()")
         if evaluation is None:
             source = next((o for o in (self.data_module, self.module)
                            if o is not None and _own(o, ["val_dataloader"])), None)
             if source is not None:
-                evaluation = _one_loader(self._call(source, "val_dataloader"), type(source).__name__)
+                evaluation = _one_loader(_call(source, "val_dataloader"), type(source).__name__)
                 taken.append(f"{type(source).__name__}.val_dataloader()")
         notes = [f"the data is {' and '.join(taken)}, as Lightning's Trainer takes it (prepare_data() once per "
                  f"machine, setup('fit') in every process)"] if taken else []
@@ -107,7 +119,7 @@ class LightningData:
         """``teardown("fit")`` of what was set up, as the run ends however it ends."""
         for obj in self.set_up:
             if _own(obj, ["teardown"]):
-                self._call(obj, "teardown", "fit")
+                _call(obj, "teardown", "fit")
         self.set_up = []
 
 
@@ -128,20 +140,14 @@ def stage_data(data: Any, stage: str, alone: bool) -> Iterator[Any]:
     if name is None:
         raise TypeError(f"the {type(data).__name__} (a LightningDataModule) has no {' or '.join(STAGE_LOADERS[stage])}"
                         f" of its own: define one, or give the loader itself")
-    if _own(data, ["prepare_data"]):
-        prepare = data.prepare_data
-        if alone:
-            prepare()
-        else:
-            once_per_machine(prepare, getattr(data, "prepare_data_per_node", True) is not False,
-                             f"{type(data).__name__}.prepare_data()")
+    _prepare(data, alone)
     if _own(data, ["setup"]):
-        data.setup(stage)
+        _call(data, "setup", stage)
     try:
-        yield _one_loader(getattr(data, name)(), type(data).__name__)
+        yield _one_loader(_call(data, name), type(data).__name__, name)
     finally:
         if _own(data, ["teardown"]):
-            data.teardown(stage)
+            _call(data, "teardown", stage)
 
 
 def data_of(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any]) -> Optional[LightningData]:
