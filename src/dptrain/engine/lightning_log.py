@@ -1,19 +1,20 @@
-"""What a ``LightningModule``'s ``validation_step`` gives ``self.log``, kept as figures of the
-evaluation: each value a mean over the batch, summed with its count, so the figure is the
-mean over the whole set, as Lightning's epoch-level ``val_*`` figures are (exact over every
-device and process, where Lightning's need ``sync_dist=True``).
+"""What a ``LightningModule``'s steps give ``self.log``: ``validation_step``'s kept as figures of
+the evaluation, ``training_step``'s as the epoch's ``train_*`` figures (``TrainFigures``). Each
+value is a batch's mean kept with its count, so a figure is the mean over the whole set (or
+epoch), as Lightning's epoch-level figures are (exact over every device and process, where
+Lightning's need ``sync_dist=True``).
 
-    with Recording(replica, shard_size) as logged:      # replica.log, replica.log_dict record
+    with Recording(replica, shard) as logged:           # replica.log, replica.log_dict record
         out = replica.validation_step(shard, batch_idx)
-    logged.figures                                      # {"acc": (sum, count)}: test_acc in the row
+    logged.figures                                      # {"acc": (mean, n)}: test_acc in the row
 
 A name is read as the evaluation's figure: ``val_acc`` and ``val/acc`` are ``test_acc``
 (Keras's and Lightning's names of the first evaluation set are ``test_*`` here), ``val_loss``
-is the test loss. A torchmetrics object logged (the module's own, which the step updates) is
-kept in ``objects``: ``LightningSteps`` computes it over the whole set. Each number's figure
-is a ``(sum, count)`` metric of ``fit`` (``Logged``) that reads what the shard's
-``validation_step`` logged from ``Latest`` (the step's output stays what it returned: its
-``logits`` feed ``metrics=``).
+is the test loss (``train_acc``, in ``training_step``, is ``train_acc``). A torchmetrics object
+logged (the module's own, which the step updates) is kept in ``objects`` and computed over the
+whole set (``StepLogs.computed``). Each number of the evaluation is a ``(sum, count)`` metric
+of ``fit`` (``Logged``) that reads what the shard's ``validation_step`` logged from ``Latest``
+(the step's output stays what it returned: its ``logits`` feed ``metrics=``).
 """
 from __future__ import annotations
 
@@ -113,8 +114,8 @@ class Recording:
 
 
 class Latest:
-    """The figures the latest ``validation_step`` on this thread logged (each device's thread
-    scores its shard right after its step), by name."""
+    """The figures the latest call of a step on this thread logged (each device's thread scores
+    its shard right after its step), by name."""
 
     def __init__(self) -> None:
         self._local = threading.local()

@@ -143,31 +143,25 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
                            "test_acc already (and train_acc with train_metrics=True)" if keras else ""))
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
     config = TrainConfig(**settings)
-    lightning = data_of(model, train_data, eval_data, what)
-    if lightning is None:
-        return _fit(model, train_data, eval_data, what, config, settings, [], plot, log)
+    lightning = data_of(model, train_data, eval_data, what)     # (a data module, the module's own data)
+    # A LightningModule's trainer for the run: a stand-in (engine/lightning_trainer.py).
+    stand_in = TrainerStandIn(what.get("epochs") or (DEFAULT_EPOCHS if config.max_steps is None else -1),
+                              config.max_steps)
     try:
-        train_data, eval_data, notes = lightning.take(config)
+        notes: List[str] = []
+        if lightning is not None:
+            train_data, eval_data, notes = lightning.take(config)
+        notes += lightning_module.adopt(model, what, stand_in)
         return _fit(model, train_data, eval_data, what, config, settings, notes, plot, log)
     finally:
-        lightning.teardown()
+        detach(unwrapped(model))
+        if lightning is not None:
+            lightning.teardown()
 
 
 def _fit(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any], config: TrainConfig,
          settings: Dict[str, Any], notes: List[str], plot: Optional[str], log: Optional[Log]) -> Dict[str, Any]:
-    """``fit`` of its data taken: adopt a LightningModule (its trainer for the run a stand-in), say
-    the defaults, train."""
-    stand_in = TrainerStandIn(what.get("epochs") or (DEFAULT_EPOCHS if config.max_steps is None else -1),
-                              config.max_steps)
-    try:
-        return _train(model, train_data, eval_data, what, config, settings,
-                      notes + lightning_module.adopt(model, what, stand_in), plot, log)
-    finally:
-        detach(unwrapped(model))
-
-
-def _train(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any], config: TrainConfig,
-           settings: Dict[str, Any], notes: List[str], plot: Optional[str], log: Optional[Log]) -> Dict[str, Any]:
+    """``fit`` of its data taken and its LightningModule adopted: say the defaults, train."""
     notes = notes + defaults_said(what, train_data)
     if isinstance(train_data, DataLoader) and isinstance(train_data.sampler, SequentialSampler) \
             and "shuffle" not in settings:
