@@ -91,7 +91,7 @@ def test_resnet18_no_scale_keeps_the_batch(data_dir, capsys):
     assert (result["batch_size"], result["lr"], result["optimizer"], result["kvstore"]) == (8, 0.001, "adam", "local")
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["train", "--epochs", "0"], "argument --epochs: expected a whole number >= 1, got 0"),
     (["train", "--lr", "-1"], "argument --lr: expected a finite number > 0, got -1"),
     (["train", "--batch-size", "x"], "expected a whole number >= 1, got 'x'"),
@@ -103,14 +103,31 @@ def test_resnet18_no_scale_keeps_the_batch(data_dir, capsys):
     (["train", "--allreduce", "ring", "--kvstore", "local"], "--allreduce ring and --kvstore local both say"),
     (["train", "--recipe", "lenet-mnist", "--kvstore", "none"], "kvstore=None cannot sum gradients over 2 devices"),
     (["train", "--eval-batches", "0"], "argument --eval-batches: expected a whole number >= 1, got 0"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, message):
+]
+
+
+def _one_error_line(code, out, err, message):
+    assert code == 2
+    assert out == ""
+    lines = [line for line in err.splitlines() if not line.startswith("dptrain: no GPU")]
+    assert len(lines) == 1 and lines[0].startswith("dptrain: error: ") and message in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    try:
+        code = main(args)
+    except SystemExit as e:             # (argparse's errors: the command's exit status)
+        code = e.code
+    _one_error_line(code, *capsys.readouterr(), message)
+
+
+@pytest.mark.parametrize("args, message", [BAD_INPUT[0], BAD_INPUT[5]])
+def test_bad_input_from_the_command_itself(args, message):
+    """The same through ``python -m dptrain.cli``: a parse error and a run's error."""
     out = dptrain(*args)
-    assert out.returncode == 2
-    assert out.stdout == ""
-    err = [line for line in out.stderr.splitlines() if not line.startswith("dptrain: no GPU")]
-    assert len(err) == 1 and err[0].startswith("dptrain: error: ") and message in err[0], out.stderr
-    assert "Traceback" not in out.stderr
+    _one_error_line(out.returncode, out.stdout, out.stderr, message)
 
 
 def test_missing_data_names_the_places_and_exits_1(tmp_path):

@@ -514,13 +514,3 @@ def test_the_modules_trainer_says_the_epoch_and_the_updates_on_every_device(devi
     assert len(Annealed.seen) == 12 * devices                       # (every device's copy read it)
     assert [row["test_updates"] for row in result["history"]] == [6.0, 12.0]       # (evaluating: all done)
     assert model._trainer is None and model.current_epoch == 0      # (the stand-in left with the run)
-
-    class Estimates(Annealed):
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1.0 / self.trainer.estimated_stepping_batches)
-    model = Estimates()
-    with pytest.raises(AttributeError, match=r"model.trainer.estimated_stepping_batches: while fit trains a "
-                                             r"LightningModule, its trainer is dptrain's stand-in, .* give fit "
-                                             r"optimizer= and scheduler= yourself"):
-        dptrain.fit(model, data(), epochs=1, log=None)
-    assert model._trainer is None

@@ -27,7 +27,7 @@ from torch import nn
 from ..core.signatures import takes
 from ..parallel.given_model import unwrapped
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
-from .lightning_trainer import TrainerStandIn, attach
+from .lightning_trainer import LateConfigure, TrainerStandIn, attach
 
 
 def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
@@ -237,12 +237,16 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: Optional[TrainerStan
     if "optimizer" not in what and callable(configure) and takes(configure, 0):
         try:
             optimizer = configure()
-        except RuntimeError as e:
-            explain_trainer(e, "configure_optimizers()", "give fit optimizer= and scheduler= yourself; "
-                            "self.trainer.estimated_stepping_batches is epochs x batches per epoch, over "
-                            "accumulate_grad_batches")
-            raise
-        if optimizer is not None:
+        except Exception as e:
+            if isinstance(e, RuntimeError):
+                explain_trainer(e, "configure_optimizers()", "give fit optimizer= and scheduler= yourself")
+            if not (stand_in is not None and stand_in.updates_asked):
+                raise
+        if stand_in is not None and stand_in.updates_asked:     # (even where it fell back: getattr(..., 1000))
+            what["optimizer"] = LateConfigure(configure, stand_in)
+            notes.append("the optimizer is model.configure_optimizers()'s (a LightningModule's), called once the "
+                         "training data is loaded: it reads self.trainer.estimated_stepping_batches")
+        elif optimizer is not None:
             what["optimizer"] = optimizer
             notes.append("the optimizer is model.configure_optimizers()'s (a LightningModule's)")
     return notes

@@ -9,22 +9,25 @@ read 0 without one, silently).
 
 It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before the batch; after
 an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
-``global_rank``, ``local_rank``, ``is_global_zero``, and ``logger`` None; anything else of
-Lightning's ``Trainer`` (``estimated_stepping_batches``, its loops) is an ``AttributeError``
-naming the fix. Every device's copy of the module shares it (``LightningSteps`` sets it on the
-copy it calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
+``global_rank``, ``local_rank``, ``is_global_zero``, ``logger`` None, and
+``estimated_stepping_batches``: the updates of the run (epochs x an epoch's batches over
+``accumulate_grad_batches``, or ``max_steps`` if fewer), counted once the training data is
+loaded. A ``configure_optimizers`` that reads it (``OneCycleLR(total_steps=...)``) is called
+then (``LateConfigure``, resolved by the run: ``Task.configure_later``), not when fit starts.
+Anything else of Lightning's ``Trainer`` (its loops, callbacks) is an ``AttributeError`` naming
+the fix. Every device's copy of the module shares it (``LightningSteps`` sets it on the copy it
+calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from torch import nn
 
 from ..distributed.env import DistEnv
 
-#: The fixes for what the stand-in does not hold, by attribute (else: a callback's).
-FIXES = {"estimated_stepping_batches": "give fit optimizer= and scheduler= yourself (the run's updates are epochs x "
-                                      "batches per epoch, over accumulate_grad_batches)"}
+#: What the stand-in counts once the training data is loaded.
+UPDATES = "estimated_stepping_batches"
 
 
 class TrainerStandIn:
@@ -42,6 +45,7 @@ class TrainerStandIn:
         self.max_epochs, self.max_steps = max_epochs, max_steps if max_steps is not None else -1
         self.world_size, self.global_rank, self.local_rank = env.world_size, env.rank, env.local_rank
         self.is_global_zero = env.rank == 0
+        self.updates_asked = False      # estimated_stepping_batches was read before it was counted
 
     def at(self, epoch: int, step: int) -> None:
         self.current_epoch, self.global_step = epoch, step
@@ -52,11 +56,30 @@ class TrainerStandIn:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        fix = FIXES.get(name, "read what you need from the run in a dptrain.Callback (run.epoch, run.step...) and "
-                              "set it on run.model, which every device's copy then has")
+        if name == UPDATES:
+            self.updates_asked = True
+            raise AttributeError(f"model.trainer.{UPDATES} is counted once the training data is loaded: read it in "
+                                 f"configure_optimizers (called then) or a training step, not before fit")
         raise AttributeError(f"model.trainer.{name}: while fit trains a LightningModule, its trainer is dptrain's "
                              f"stand-in, which holds current_epoch, global_step, max_epochs, max_steps, world_size, "
-                             f"global_rank, local_rank and is_global_zero, not {name}: {fix}")
+                             f"global_rank, local_rank, is_global_zero and {UPDATES}, not {name}: read what you need "
+                             f"from the run in a dptrain.Callback (run.epoch, run.step...) and set it on run.model, "
+                             f"which every device's copy then has")
+
+
+class LateConfigure:
+    """A module's ``configure_optimizers`` that reads ``estimated_stepping_batches``, as fit's
+    optimizer: called with the run's updates once they are counted."""
+
+    def __init__(self, configure: Callable[[], Any], stand_in: TrainerStandIn):
+        self.configure, self.stand_in = configure, stand_in
+
+    def __call__(self, updates: int) -> Any:
+        self.stand_in.estimated_stepping_batches = updates
+        return self.configure()
+
+    def __repr__(self) -> str:
+        return "model.configure_optimizers (once the updates are counted)"
 
 
 def attach(model: nn.Module, stand_in: TrainerStandIn) -> bool:

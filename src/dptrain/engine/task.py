@@ -20,6 +20,7 @@ from torch import nn
 
 from . import lightning_config
 from .lightning_module import LightningSteps
+from .lightning_trainer import LateConfigure
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
@@ -103,41 +104,15 @@ class Task:
         self.model = unwrapped(self.model)      # a DDP-wrapped model: the module it wraps trains
         if self.train_data is None:
             raise ValueError("train_data is missing: give a Dataset, tensors (X, y), or a dict of tensors")
-        self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor = lightning_config.unpack(
-            self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor)
-        if self.scheduler_interval is None:
-            self.scheduler_interval = "epoch"
         if self.step is not None and self.loss is not None:
             raise ValueError("give either loss (with the default or your forward) or step, not both: step "
                              "computes the loss itself")
-        if isinstance(self.loss, nn.Module) and isinstance(self.optimizer, torch.optim.Optimizer):
-            held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-            if any(id(p) in held for p in self.loss.parameters()):
-                raise ValueError("the optimizer holds parameters of the loss: fit trains the model's parameters "
-                                 "(a copy on every device, gradients summed); make the loss a submodule of the "
-                                 "model (model.criterion = loss) and pass step=lambda model, batch: "
-                                 "model.criterion(model(batch[0]), batch[1]) instead of loss=")
-        if self.several:
-            check_updates(self)
-        elif isinstance(self.optimizer, (dict, list, tuple)):       # one loss: stepped as one optimizer
-            self.optimizer = combined(self.optimizer, self.model)
-        if not self.several:        # (a dict or list of them: one for each of a combined one's parts)
-            self.scheduler = part_schedulers(self.scheduler, self.optimizer)
-        if built_on(self.scheduler, self.optimizer):        # Accelerate's and Lightning's habit
-            if self.lr is not None:
-                raise ValueError("lr= with a scheduler built on the optimizer: the scheduler's base learning rates "
-                                 "are the optimizer's; set lr on the optimizer (or drop lr=)")
-            self.scheduler = LentScheduler(self.scheduler, self.optimizer)
-        for name in ("loss", "forward", "step", "scheduler", "init", "collate_fn"):
+        if not isinstance(self.optimizer, LateConfigure):       # (else: configure_later, once updates are counted)
+            self._take_optimizer()
+        for name in ("loss", "forward", "step", "init", "collate_fn"):
             value = getattr(self, name)
-            if name in ("step", "scheduler") and isinstance(value, dict):
-                continue        # (check_updates or part_schedulers looked at them)
-            if name == "scheduler" and hasattr(value, "optimizer") and not callable(value):
-                kind = type(value).__name__
-                raise TypeError(f"scheduler must be a function of the optimizer, or one built on the optimizer "
-                                f"given to fit, not a {kind} made on another: pass optimizer= the one it was built "
-                                f"on, or scheduler=lambda optimizer: {kind}(optimizer, ...), or "
-                                f"functools.partial({kind}, ...)")
+            if name == "step" and isinstance(value, dict):
+                continue        # (check_updates looked at them)
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable, got {type(value).__name__}")
         # A list (copied), or one callback (Lightning takes one too); each one is checked later.
@@ -146,12 +121,6 @@ class Task:
         self.callbacks = list(self.callbacks) if several else [self.callbacks]
         if self.reduction is not None and self.reduction not in REDUCTIONS:
             raise ValueError(f"unknown reduction {self.reduction!r}; choose mean or sum")
-        if self.scheduler_interval == "step":     # (Lightning's name: an update, as ours)
-            self.scheduler_interval = "batch"
-        if self.scheduler_interval not in SCHEDULER_INTERVALS:
-            raise ValueError(f"unknown scheduler_interval {self.scheduler_interval!r}; choose epoch or batch")
-        if self.scheduler_monitor is not None and not isinstance(self.scheduler_monitor, str):
-            raise TypeError(f"scheduler_monitor must be a figure's name ('test_acc'), got {self.scheduler_monitor!r}")
         if self.lr is not None:
             check_learning_rate(self.lr, "lr")
         if not isinstance(self.metrics, dict) or not all(callable(f) for f in self.metrics.values()):
@@ -175,6 +144,58 @@ class Task:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+
+    def _take_optimizer(self) -> None:
+        """The optimizer and its schedule as the run takes them (Lightning's forms unpacked,
+        several on one loss combined, a scheduler built on the optimizer lent), checked."""
+        self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor = lightning_config.unpack(
+            self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor)
+        if self.scheduler_interval is None:
+            self.scheduler_interval = "epoch"
+        if isinstance(self.loss, nn.Module) and isinstance(self.optimizer, torch.optim.Optimizer):
+            held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            if any(id(p) in held for p in self.loss.parameters()):
+                raise ValueError("the optimizer holds parameters of the loss: fit trains the model's parameters "
+                                 "(a copy on every device, gradients summed); make the loss a submodule of the "
+                                 "model (model.criterion = loss) and pass step=lambda model, batch: "
+                                 "model.criterion(model(batch[0]), batch[1]) instead of loss=")
+        if self.several:
+            check_updates(self)
+        elif isinstance(self.optimizer, (dict, list, tuple)):       # one loss: stepped as one optimizer
+            self.optimizer = combined(self.optimizer, self.model)
+        if not self.several:        # (a dict or list of them: one for each of a combined one's parts)
+            self.scheduler = part_schedulers(self.scheduler, self.optimizer)
+        if built_on(self.scheduler, self.optimizer):        # Accelerate's and Lightning's habit
+            if self.lr is not None:
+                raise ValueError("lr= with a scheduler built on the optimizer: the scheduler's base learning rates "
+                                 "are the optimizer's; set lr on the optimizer (or drop lr=)")
+            self.scheduler = LentScheduler(self.scheduler, self.optimizer)
+        value = self.scheduler
+        if hasattr(value, "optimizer") and not callable(value) and not isinstance(value, dict):
+            kind = type(value).__name__
+            raise TypeError(f"scheduler must be a function of the optimizer, or one built on the optimizer "
+                            f"given to fit, not a {kind} made on another: pass optimizer= the one it was built "
+                            f"on, or scheduler=lambda optimizer: {kind}(optimizer, ...), or "
+                            f"functools.partial({kind}, ...)")
+        if value is not None and not callable(value) and not isinstance(value, dict):   # (a dict: looked at)
+            raise TypeError(f"scheduler must be callable, got {type(value).__name__}")
+        if self.scheduler_interval == "step":     # (Lightning's name: an update, as ours)
+            self.scheduler_interval = "batch"
+        if self.scheduler_interval not in SCHEDULER_INTERVALS:
+            raise ValueError(f"unknown scheduler_interval {self.scheduler_interval!r}; choose epoch or batch")
+        if self.scheduler_monitor is not None and not isinstance(self.scheduler_monitor, str):
+            raise TypeError(f"scheduler_monitor must be a figure's name ('test_acc'), got {self.scheduler_monitor!r}")
+
+    @property
+    def configured_later(self) -> bool:
+        """Whether the optimizer is a LightningModule's ``configure_optimizers``, called once
+        the run's updates are counted (it reads ``self.trainer.estimated_stepping_batches``)."""
+        return isinstance(self.optimizer, LateConfigure)
+
+    def configure_later(self, updates: int) -> None:
+        """Call it now, the run making ``updates`` updates, and take what it gives."""
+        self.optimizer = self.optimizer(updates)
+        self._take_optimizer()
 
     @property
     def several(self) -> bool:

@@ -23,6 +23,7 @@ from .agreement import check_agreement, describe_data, describe_settings
 from .config import TrainConfig
 from .preflight import check_space
 from .resume import has_batchnorm
+from .step_limit import StepLimit, epochs_for
 
 
 def builtin_callbacks(config: TrainConfig, env: DistEnv) -> Tuple[List[Any], List[Any]]:
@@ -79,6 +80,46 @@ def torch_sync_batchnorm(model: torch.nn.Module, config: TrainConfig, copies: in
     return dataclasses.replace(config, sync_batchnorm=True)
 
 
+def shard_of(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device]) -> Dict[str, Any]:
+    """How this process's loaders read their data: its part, workers, collation, pinning."""
+    return dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
+                worker_timeout=config.worker_timeout, dispatch=config.dispatch_batches,
+                collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices),
+                lower_priority=len(devices) > 1 and all(d.type == "cpu" for d in devices))
+
+
+def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dict[str, Any]) -> Tuple[Any, Any]:
+    """This process's training loader (``validation_split``'s part held out), and the
+    evaluation data."""
+    train_data, eval_data = task.load("train_data"), task.load("eval_data")
+    if config.validation_split is not None:
+        if eval_data is not None:
+            raise ValueError("both an evaluation set and validation_split were given: give one (eval_data "
+                             "evaluates on that set; validation_split holds out the last part of the "
+                             "training data)")
+        train_data, eval_data = hold_out(train_data, config.validation_split)
+    return make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
+                       max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch,
+                       sharded=config.sharded_stream, drop_last=config.drop_last, **shard), eval_data
+
+
+def planned_updates(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
+                    epochs: Optional[int]) -> int:
+    """The updates a run makes from its start (Lightning's ``estimated_stepping_batches``):
+    epochs x an epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if fewer;
+    counted on the training loader the run makes, before it is made."""
+    loader, _ = training_loader(task, config, batch_size, shard_of(task, config, env, devices))
+    batches = None if getattr(loader, "open_ended", False) else -(-len(loader) // config.accumulate_grad_batches)
+    if hasattr(loader, "close"):
+        loader.close()
+    if batches is None and config.max_steps is None:
+        raise ValueError(f"the model's configure_optimizers reads self.trainer.estimated_stepping_batches, but the "
+                         f"training data ({type(loader.dataset).__name__}) has no length, so the run's updates are "
+                         f"not known: give max_steps=N (the run's updates) or steps_per_epoch=N (an epoch's)")
+    epochs = epochs or epochs_for(config.max_steps, batches)
+    return StepLimit(config.max_steps).left(0, 1, epochs, batches)[0]
+
+
 def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
                  lr: Optional[float], log: Callable[[str], None],
                  epochs: Optional[int] = None) -> Tuple[Optional[str], ModelEngine, Any, Any, Dict[str, Any]]:
@@ -108,21 +149,9 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         if not engine.train_figures.keys and not engine.train_figures.objects:
             log("train_metrics: nothing to score on the training batches: no accuracy without a classification "
                 "loss, and no (sum, count) metric given (metrics={'name': fn(output, target) -> (sum, count)})")
-    shard = dict(rank=env.rank, world_size=env.world_size, num_workers=config.num_workers,
-                 worker_timeout=config.worker_timeout, dispatch=config.dispatch_batches,
-                 collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices),
-                 lower_priority=len(devices) > 1 and all(d.type == "cpu" for d in devices))
+    shard = shard_of(task, config, env, devices)
     with stage("loading the training data"):
-        train_data, eval_data = task.load("train_data"), task.load("eval_data")
-        if config.validation_split is not None:
-            if eval_data is not None:
-                raise ValueError("both an evaluation set and validation_split were given: give one (eval_data "
-                                 "evaluates on that set; validation_split holds out the last part of the "
-                                 "training data)")
-            train_data, eval_data = hold_out(train_data, config.validation_split)
-        train_loader = make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
-                                   max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch,
-                                   sharded=config.sharded_stream, drop_last=config.drop_last, **shard)
+        train_loader, eval_data = training_loader(task, config, batch_size, shard)
         train_loader.least_part = engine.least_part     # (a process's part too: see ModelEngine.least_part)
         if any(getattr(train_loader, "unread", ())):
             log(f"dptrain: sharded_stream: an epoch is {len(train_loader)} batches of {batch_size}, the parts every "

@@ -33,8 +33,8 @@ from ..engine.task import Task
 from ..parallel.model_edits import ModelEdits
 from . import auto_devices, report, resume
 from .agreement import what_it_trains
-from .build import (build_balancer, build_engine, builtin_callbacks, renormalised_in_forward, run_ahead,
-                    torch_sync_batchnorm, train_mode)
+from .build import (build_balancer, build_engine, builtin_callbacks, planned_updates, renormalised_in_forward,
+                    run_ahead, torch_sync_batchnorm, train_mode)
 from .config import TrainConfig, hyperparameters
 from .resume import Position
 from .step_limit import Cut, StepLimit, ends_here, epochs_for, resume_cut, steps_done
@@ -71,6 +71,9 @@ class Run(RunView):
             self.log(counted)
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
+        if task.configured_later:       # (a LightningModule's, reading estimated_stepping_batches)
+            with stage("calling the model's configure_optimizers"):
+                task.configure_later(planned_updates(task, config, env, devices, self.batch_size, self.epochs))
         train_mode(task.model, self.log)
         say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
         # devices auto on a CPU: virtual devices only if they pay
@@ -92,6 +95,9 @@ class Run(RunView):
         self.epochs_from_steps = self.epochs is None
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
             self.epochs = epochs_for(config.max_steps, self.batches)
+        if isinstance(task.step, LightningSteps) and task.step.clock is not None:     # (an open-ended run's: inf)
+            updates = self.limit.left(0, 1, self.epochs, self.batches)[0]
+            task.step.clock.estimated_stepping_batches = float("inf") if updates is None else updates
         self.cut: Optional[Cut] = None     # where max_steps or max_time ended an epoch mid-way
         self.step_log = StepLog(self.collective, list(task.updates)) \
             if config.log_every_n_steps or config.eval_every_n_steps else None

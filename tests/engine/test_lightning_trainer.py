@@ -1,0 +1,105 @@
+"""The trainer a LightningModule reads while fit trains it: ``estimated_stepping_batches``
+counted from the training data, and a ``configure_optimizers`` that reads it called then."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import IterableDataset
+
+import dptrain
+from tests.engine.test_lightning_module import LightningLike, data
+
+
+class Cycled(LightningLike):
+    """Lightning's OneCycleLR habit: its length is the trainer's estimate of the run's updates."""
+    counted = []                                    # (the class's: every device's copy adds to it)
+
+    def __init__(self, fallback=False):
+        super().__init__()
+        self.net, self.fallback = nn.Linear(6, 3), fallback
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        Cycled.counted.append(self.trainer.estimated_stepping_batches)
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        total = getattr(self.trainer, "estimated_stepping_batches", 1000) if self.fallback \
+            else self.trainer.estimated_stepping_batches
+        Cycled.counted.append(("configured", total))
+        return {"optimizer": opt, "lr_scheduler": {"interval": "step", "scheduler": torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=0.5, total_steps=total)}}
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_configure_optimizers_reading_the_runs_updates_trains_as_the_plain_loop(devices):
+    torch.manual_seed(0)
+    model = Cycled()
+    expected = copy.deepcopy(model)
+    opt = torch.optim.SGD(expected.parameters(), lr=0.1)
+    cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=12)
+    X, y = data()
+    for _ in range(2):
+        for i in range(0, len(X), 16):
+            loss = F.cross_entropy(expected(X[i:i + 16]), y[i:i + 16])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            cycle.step()
+    Cycled.counted.clear()
+    lines = []
+    dptrain.fit(model, data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=lines.append,
+                progress=False)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)
+    assert Cycled.counted == [("configured", 12)] + [12] * (12 * devices)     # (and in every copy's step)
+    assert "dptrain: the optimizer is model.configure_optimizers()'s (a LightningModule's), called once the " \
+           "training data is loaded: it reads self.trainer.estimated_stepping_batches" in lines
+    assert model._trainer is None
+
+
+@pytest.mark.parametrize("settings, updates", [
+    (dict(epochs=3, accumulate_grad_batches=4), 6),     # 6 batches an epoch: 2 updates (the last of 2 batches)
+    (dict(epochs=3, max_steps=5), 5),                   # the limit, when fewer
+    (dict(max_steps=8), 8),                             # epochs as many as it needs
+    (dict(epochs=2, max_batches=4), 8),                 # Lightning's limit_train_batches
+    (dict(epochs=2, drop_last=True, batch_size=20), 8),  # 96 samples: 4 full batches of 20
+    (dict(epochs=1, validation_split=0.5), 3),          # 48 samples left to train: 3 batches
+])
+def test_the_estimate_is_the_runs_updates(settings, updates):
+    Cycled.counted.clear()
+    model = Cycled(fallback=True)       # getattr's default, read before the count: called again once counted
+    dptrain.fit(model, data(), **{"batch_size": 16, "devices": 1, "log": None, "progress": False, **settings})
+    assert Cycled.counted[:2] == [("configured", 1000), ("configured", updates)]
+    assert set(Cycled.counted[2:]) == {updates}
+
+
+class Endless(IterableDataset):
+    def __iter__(self):
+        X, y = data()
+        return iter(zip(X, y))
+
+
+def test_a_stream_without_a_length_needs_max_steps():
+    with pytest.raises(ValueError, match=r"configure_optimizers reads self.trainer.estimated_stepping_batches, but "
+                                         r"the training data \(Endless\) has no length, so the run's updates are not "
+                                         r"known: give max_steps=N"):
+        dptrain.fit(Cycled(), Endless(), epochs=1, batch_size=16, devices=1, log=None)
+    Cycled.counted.clear()
+    dptrain.fit(Cycled(), Endless(), max_steps=4, batch_size=16, devices=1, log=None, progress=False)
+    assert Cycled.counted[0] == ("configured", 4)
+
+
+def test_what_the_stand_in_does_not_hold_names_the_way():
+    class Loops(Cycled):
+        def training_step(self, batch, batch_idx):
+            return self.trainer.fit_loop
+    with pytest.raises(AttributeError, match=r"model.trainer.fit_loop: while fit trains a LightningModule, its trainer "
+                                             r"is dptrain's stand-in, .* and estimated_stepping_batches, not fit_loop: "
+                                             r"read what you need from the run in a dptrain.Callback"):
+        dptrain.fit(Loops(), data(), epochs=1, devices=1, log=None)
