@@ -433,6 +433,19 @@ def test_what_training_step_logs_is_each_epochs_figures_over_its_batches(devices
                              "val_acc: test_acc)")
 
 
+
+def test_what_training_step_logs_is_recorded_without_an_evaluation_set():
+    """Its names were learned only by the trial an evaluation set's first batch (or a lazy layer)
+    made: without either, the logged train_acc and train_f1 were left out silently."""
+    torch.manual_seed(0)
+    model = TrainLogging()
+    expected = training_figures_by_hand(copy.deepcopy(model), *data(88))
+    result = dptrain.fit(model, data(88), epochs=2, batch_size=16, shuffle=False, devices=1, log=None,
+                         progress=False)
+    assert [{k: row[k] for k in ("train_acc", "train_f1")} for row in result["history"]] == [
+        pytest.approx(row, rel=1e-5) for row in expected]
+
+
 class WithTestStep(Logging):
     """A module with test_step and predict_step besides validation_step (Lightning's trainer.test
     and trainer.predict call them)."""

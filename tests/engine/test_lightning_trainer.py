@@ -24,7 +24,7 @@ class Cycled(LightningLike):
         return self.net(x)
 
     def training_step(self, batch, batch_idx):
-        Cycled.counted.append(self.trainer.estimated_stepping_batches)
+        Cycled.counted.append(self.trainer.estimated_stepping_batches)     # (the trial before training too)
         return F.cross_entropy(self(batch[0]), batch[1])
 
     def configure_optimizers(self):
@@ -57,7 +57,7 @@ def test_configure_optimizers_reading_the_runs_updates_trains_as_the_plain_loop(
                 progress=False)
     for a, b in zip(model.parameters(), expected.parameters()):
         torch.testing.assert_close(a, b)
-    assert Cycled.counted == [("configured", 12)] + [12] * (12 * devices)     # (and in every copy's step)
+    assert Cycled.counted == [("configured", 12)] + [12] * (1 + 12 * devices)    # (the trial, every copy's step)
     assert "dptrain: the optimizer is model.configure_optimizers()'s (a LightningModule's), called once the " \
            "training data is loaded: it reads self.trainer.estimated_stepping_batches" in lines
     assert model._trainer is None
@@ -103,3 +103,12 @@ def test_what_the_stand_in_does_not_hold_names_the_way():
                                              r"is dptrain's stand-in, .* and estimated_stepping_batches, not fit_loop: "
                                              r"read what you need from the run in a dptrain.Callback"):
         dptrain.fit(Loops(), data(), epochs=1, devices=1, log=None)
+
+
+def test_a_training_step_reads_the_estimate_without_configure_optimizers_reading_it():
+    class Reads(Cycled):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+    Cycled.counted.clear()
+    dptrain.fit(Reads(), data(), epochs=2, batch_size=32, devices=1, log=None, progress=False)
+    assert Cycled.counted == [6] * (1 + 6)

@@ -255,3 +255,27 @@ def test_a_mid_epoch_resume_keeps_the_metric_objects_state(tmp_path):
         for row, want in zip(rows, whole):
             for key in ("train_f1", "train_auc", "train_acc"):
                 assert row[key] == pytest.approx(want[key], abs=1e-6), (devices, key)
+
+
+def test_a_mid_epoch_resume_keeps_the_state_of_what_training_step_logs(tmp_path):
+    """A LightningModule's own F1 object, updated and logged in its training_step: its state
+    rides in the mid-epoch checkpoint too, so the resumed epoch's train_f1 is the whole epoch's."""
+    pytest.importorskip("torchmetrics")
+    from tests.engine.test_lightning_module import TrainLogging, data
+    for devices in (1, 2):
+        kw = dict(epochs=2, batch_size=16, devices=devices, progress=False)
+        torch.manual_seed(0)
+        whole = dptrain.fit(TrainLogging(), data(88), data(32, 1), log=None, **kw)["history"]
+        where = str(tmp_path / str(devices))
+        torch.manual_seed(0)
+        with pytest.raises(Interrupted):
+            dptrain.fit(TrainLogging(), data(88), data(32, 1), log=None, callbacks=[CtrlC(1, 3)], checkpoint_dir=where,
+                        **kw)
+        said = []
+        torch.manual_seed(0)
+        rows = dptrain.fit(TrainLogging(), data(88), data(32, 1), resume=True, log=said.append, checkpoint_dir=where,
+                           **kw)["history"]
+        assert not any("NaN" in line for line in said), said
+        for row, want in zip(rows, whole):
+            for key in ("train_f1", "train_acc", "train_loss"):
+                assert row[key] == pytest.approx(want[key], abs=1e-6), (devices, key)

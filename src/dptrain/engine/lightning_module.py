@@ -93,10 +93,15 @@ class LightningSteps:
             return self._train(model, batch)
         if self.validation is False:
             return self._evaluated(model, batch)
-        if self.trained.names is None and self.trial:       # (the trial before training: what training_step logs)
+        self.name_logs(model, batch)
+        return self._validate(model, batch)
+
+    def name_logs(self, model: nn.Module, batch: Any) -> None:
+        """The trial before training (the model in eval mode): what ``training_step`` logs,
+        called once without gradients (the metric objects it updates are reset each epoch)."""
+        if self.trained.names is None and self.trial:
             with torch.no_grad():
                 self._train(model, batch)
-        return self._validate(model, batch)
 
     def _evaluated(self, model: nn.Module, batch: Any) -> Any:
         """``training_step`` for an evaluation's loss: the metric objects it updates (training's,

@@ -28,6 +28,7 @@ from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
+from .lightning_module import LightningSteps
 from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number
 from .stateful_metrics import StatefulMetrics
@@ -158,6 +159,9 @@ class ModelEngine:
                 run(self.replicas[0], eval_example)
         if self.trainer is None:
             return
+        if isinstance(self.task.step, LightningSteps):      # (no evaluation set, no lazy layer: its trial now)
+            with evaluating(self.replicas[0]):
+                self.task.step.name_logs(self.replicas[0], to_device(example, self.devices[0], self.memory_format))
         self.train_figures = with_logged(self, self.train_figures)     # a LightningModule's training_step's
         if lr is not None:
             self.trainer.set_learning_rate(lr)

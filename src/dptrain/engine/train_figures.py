@@ -11,8 +11,9 @@ did not update (``on_nan="skip"``) is left out, as its loss is.
 
 Metric objects (torchmetrics: F1, AUC...) get a copy per device, updated with the shards of
 every step that updated, merged and computed over every process at the epoch's end, as the
-evaluation's are. A mid-epoch checkpoint holds each process's merged state (``saved`` on
-resume, taken back at the epoch's reset); without it (an older checkpoint, a metric that
+evaluation's are. A mid-epoch checkpoint holds each process's merged state (``states``; with
+those a LightningModule's ``training_step`` logs: ``saved`` on resume, taken back at the
+epoch's reset); without it (an older checkpoint, a metric that
 cannot merge states) an epoch resumed mid-way gives them NaN, never a figure of part of the
 epoch as the whole's.
 
@@ -190,6 +191,29 @@ class TrainFigures:
             values.update(self.logged.computed(list(self.engine.replicas), self.engine.devices, alone=False))
         return {name: math.nan for name in values} if self.partial else values
 
+    def _stateful(self) -> List[StatefulMetrics]:
+        """The metric objects whose states a mid-epoch checkpoint keeps: ``metrics=``'s, and the
+        module's own that its ``training_step`` logs (each replica's copy, named ``logged:<name>``)."""
+        held = [self.objects] if self.objects else []
+        if self.logged is not None and self.logged.paths:
+            held.append(StatefulMetrics.of_copies(
+                {f"{LOGGED}{name}": [r.get_submodule(path) for r in self.engine.replicas]
+                 for name, path in self.logged.paths.items()}, self.engine.devices))
+        return held
+
+    def stateful_names(self) -> List[str]:
+        """The ``train_*`` figures of metric objects, which an epoch resumed without their
+        saved states gives as NaN."""
+        return ["train_" + name.replace(LOGGED, "", 1) for held in self._stateful() for name in held.copies]
+
+    def states(self) -> Dict[str, Dict[str, Any]]:
+        """Every metric object's state in this process (devices merged), for a checkpoint."""
+        return {name: state for held in self._stateful() for name, state in held.states().items()}
+
+    def _load(self, saved: List[Dict[str, Any]]) -> bool:
+        """Take the saved states back (one dict a saved process); whether every object could."""
+        return all([held.load(saved) for held in self._stateful()])
+
     def reset(self, partial: bool = False) -> None:
         """From zero, for an epoch (``partial``: one resumed mid-way: the metric objects take
         the states its checkpoint saved, ``saved``, else give NaN)."""
@@ -199,7 +223,7 @@ class TrainFigures:
         self.objects.reset()
         if self.logged is not None:
             self.logged.reset(self.engine.replicas)
-        if partial and self.saved is not None and self.objects.load(self.saved):
+        if partial and self.saved is not None and self._load(self.saved):
             partial = False
         self.partial, self.saved = partial, None
 

@@ -17,6 +17,7 @@ from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
 from ..engine.balance import Balancer
+from ..engine.lightning_module import LightningSteps
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
 from .agreement import check_agreement, describe_data, describe_settings
@@ -109,13 +110,20 @@ def planned_updates(task: Task, config: TrainConfig, env: DistEnv, devices: List
     epochs x an epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if fewer;
     counted on the training loader the run makes, before it is made."""
     loader, _ = training_loader(task, config, batch_size, shard_of(task, config, env, devices))
-    batches = None if getattr(loader, "open_ended", False) else -(-len(loader) // config.accumulate_grad_batches)
+    updates = run_updates(loader, config, epochs)
     if hasattr(loader, "close"):
         loader.close()
-    if batches is None and config.max_steps is None:
+    if updates is None:
         raise ValueError(f"the model's configure_optimizers reads self.trainer.estimated_stepping_batches, but the "
                          f"training data ({type(loader.dataset).__name__}) has no length, so the run's updates are "
                          f"not known: give max_steps=N (the run's updates) or steps_per_epoch=N (an epoch's)")
+    return updates
+
+
+def run_updates(loader: Any, config: TrainConfig, epochs: Optional[int]) -> Optional[int]:
+    """The updates a run of ``loader`` makes from its start (None: an open-ended stream's,
+    without ``max_steps``)."""
+    batches = None if getattr(loader, "open_ended", False) else -(-len(loader) // config.accumulate_grad_batches)
     epochs = epochs or epochs_for(config.max_steps, batches)
     return StepLimit(config.max_steps).left(0, 1, epochs, batches)[0]
 
@@ -176,6 +184,9 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         others = dict(list(loaders.items())[1:])
     check_agreement(collective, env.rank, describe_data(train_loader, eval_loader, others))
     keep_on_device(devices[0], train_loader, *loaders.values())
+    if isinstance(task.step, LightningSteps) and task.step.clock is not None:     # (its trainer's; open-ended: inf)
+        updates = run_updates(train_loader, config, epochs)
+        task.step.clock.estimated_stepping_batches = float("inf") if updates is None else updates
     with stage("trying the model on a training and an evaluation batch, before training"):
         engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one (if known)

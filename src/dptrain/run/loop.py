@@ -95,9 +95,6 @@ class Run(RunView):
         self.epochs_from_steps = self.epochs is None
         if self.epochs is None:        # max_steps, and no epochs given: as many as its updates need
             self.epochs = epochs_for(config.max_steps, self.batches)
-        if isinstance(task.step, LightningSteps) and task.step.clock is not None:     # (an open-ended run's: inf)
-            updates = self.limit.left(0, 1, self.epochs, self.batches)[0]
-            task.step.clock.estimated_stepping_batches = float("inf") if updates is None else updates
         self.cut: Optional[Cut] = None     # where max_steps or max_time ended an epoch mid-way
         self.step_log = StepLog(self.collective, list(task.updates)) \
             if config.log_every_n_steps or config.eval_every_n_steps else None

@@ -120,8 +120,8 @@ def save_mid_epoch(run: Any, at: Position, cut: Any = None) -> None:
     sums = run.collective.all_gather(torch.tensor([at.loss_sum, at.count] + at.figures, dtype=torch.float64))
     figures = run.engine.train_figures
     states = None
-    if figures is not None and figures.objects:
-        mine = figures.objects.states()
+    if figures is not None and figures.stateful_names():
+        mine = figures.states()
         states = run.collective.all_gather_object(mine) if run.world_size > 1 else [mine]
     save(run, at, [t.tolist() for t in sums], cut, states)
 
@@ -178,14 +178,14 @@ def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
             run.log(f"resuming: the checkpoint has no train_metrics sums for epoch {state['epoch']}: its training "
                     f"figures cover batches {state['batch'] + 1} to {run.batches or 'its end'} only")
         figures = [0.0] * len(run.figure_keys)
-    objects = run.engine.train_figures.objects if run.engine.train_figures is not None else None
+    objects = run.engine.train_figures.stateful_names() if run.engine.train_figures is not None else None
     states = state.get("train_metric_states")
     if state["batch"] and objects and states is not None:      # rank 0 takes them all if the processes differ
         run.engine.train_figures.saved = [states[run.rank]] if len(states) == run.world_size else \
             states if run.rank == 0 else []
     elif state["batch"] and objects:
-        run.log(f"resuming mid-epoch: the metric objects' {', '.join('train_' + n for n in objects.copies)} of epoch "
-                f"{state['epoch']} are NaN (the checkpoint has not their state); later epochs have them")
+        run.log(f"resuming mid-epoch: the metric objects' {', '.join(objects)} of epoch {state['epoch']} are NaN "
+                f"(the checkpoint has not their state); later epochs have them")
     _say_what_changed(run, saved, ours)
     return state, Position(state["epoch"], state["batch"], loss, count, state["seconds"], state["epoch_skipped"],
                            figures)
