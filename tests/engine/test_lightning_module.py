@@ -527,3 +527,17 @@ def test_the_modules_trainer_says_the_epoch_and_the_updates_on_every_device(devi
     assert len(Annealed.seen) == 12 * devices                       # (every device's copy read it)
     assert [row["test_updates"] for row in result["history"]] == [6.0, 12.0]       # (evaluating: all done)
     assert model._trainer is None and model.current_epoch == 0      # (the stand-in left with the run)
+
+
+def test_a_name_first_logged_after_the_first_call_is_said_not_recorded():
+    class Late(Lit):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)["loss"]
+            self.log("train_first", loss)
+            if batch_idx == 2:
+                self.log("train/late", loss)
+            return loss
+    with pytest.warns(UserWarning, match=r"training_step logged 'train/late' first after its first call, whose names "
+                                         r"are the figures kept: not recorded; log every name from the first call"):
+        result = dptrain.fit(Late(), data(), epochs=2, batch_size=16, devices=1, log=None, progress=False)
+    assert "train_first" in result["history"][1] and "train_late" not in result["history"][1]

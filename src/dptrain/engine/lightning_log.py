@@ -19,8 +19,9 @@ of ``fit`` (``Logged``) that reads what the shard's ``validation_step`` logged f
 from __future__ import annotations
 
 import threading
+import warnings
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -151,23 +152,37 @@ class StepLogs:
         self.latest = Latest()
         self.paths: Dict[str, str] = {}
         self._names: Dict[str, str] = {}        # figure names by logged name
+        self._known: Set[str] = set()           # the figures (and objects) the first call logged
 
     def recording(self, model: nn.Module, batch: Any) -> Recording:
         return Recording(model, batch, self.where, self.prefixes, self._names)
 
     def keep(self, model: nn.Module, logged: Recording) -> None:
-        """A call's figures as this thread's latest; the first call's names, and its objects' paths."""
-        if self.names is None:
-            self.names = [n for n in logged.figures if n not in ("loss", "count") and not n.endswith("_count")]
-            paths = {id(m): path for path, m in model.named_modules()}
-            for name, metric in logged.objects.items():
-                if id(metric) not in paths:
-                    raise ValueError(f"self.log(..., {type(metric).__name__}) for {name!r} logs a metric that is "
-                                     f"not an attribute of the module ({self.where}): make it one (self.acc = "
-                                     f"Accuracy(...) in __init__), so that each device's copy of the module updates "
-                                     f"its own")
-                self.paths[name] = paths[id(metric)]
+        """A call's figures as this thread's latest; the first call's names, and its objects' paths
+        (a name a later call logs first is not recorded: a warning says so, once)."""
         self.latest.set(logged.figures)
+        if self.names is not None:
+            if not (self._known.issuperset(logged.figures) and self._known.issuperset(logged.objects)):
+                self._unknown([*logged.figures, *logged.objects])
+            return
+        self.names = [n for n in logged.figures if n not in ("loss", "count") and not n.endswith("_count")]
+        self._known = {*logged.figures, *logged.objects}
+        paths = {id(m): path for path, m in model.named_modules()}
+        for name, metric in logged.objects.items():
+            if id(metric) not in paths:
+                raise ValueError(f"self.log(..., {type(metric).__name__}) for {name!r} logs a metric that is "
+                                 f"not an attribute of the module ({self.where}): make it one (self.acc = "
+                                 f"Accuracy(...) in __init__), so that each device's copy of the module updates "
+                                 f"its own")
+            self.paths[name] = paths[id(metric)]
+
+    def _unknown(self, names: List[str]) -> None:
+        new = [name for name in names if name not in self._known]
+        self._known.update(new)
+        logged = {v: k for k, v in self._names.items()}
+        warnings.warn(f"{self.where} logged {', '.join(repr(logged.get(n, n)) for n in new)} first after its first "
+                      f"call, whose names are the figures kept: not recorded; log every name from the first call "
+                      f"(self.log(name, value) each step)", stacklevel=2)
 
     @contextmanager
     def kept(self, model: nn.Module) -> Iterator[None]:
