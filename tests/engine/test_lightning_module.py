@@ -481,54 +481,6 @@ def test_evaluate_takes_test_step_and_predict_takes_predict_step(devices):
     assert out["batch"].tolist() == [0] * 16 + [1] * 16 + [2] * 8
 
 
-class Annealed(LightningLike):
-    """A loss weighted by the epoch (KL annealing's shape) and a learning rate from max_epochs,
-    read from the module's trainer."""
-    seen = []                                       # (the class's: every device's copy adds to it)
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Linear(6, 3)
-
-    def forward(self, x):
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        if self.training:
-            Annealed.seen.append((self.current_epoch, self.global_step, batch_idx))
-        return F.cross_entropy(self(batch[0]), batch[1]) * (1 + self.current_epoch)
-
-    def validation_step(self, batch, batch_idx):
-        self.log("val_updates", float(self.global_step))
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.2 / self.trainer.max_epochs)
-
-
-@pytest.mark.parametrize("devices", [1, 2])
-def test_the_modules_trainer_says_the_epoch_and_the_updates_on_every_device(devices):
-    torch.manual_seed(0)
-    model = Annealed()
-    expected = copy.deepcopy(model)
-    opt = torch.optim.SGD(expected.parameters(), lr=0.1)
-    X, y = data()
-    for epoch in range(2):
-        for i in range(0, len(X), 16):
-            loss = F.cross_entropy(expected(X[i:i + 16]), y[i:i + 16]) * (1 + epoch)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    Annealed.seen.clear()
-    result = dptrain.fit(model, data(), data(32, 1), epochs=2, batch_size=16, shuffle=False, devices=devices,
-                         log=None, progress=False)
-    for a, b in zip(model.parameters(), expected.parameters()):
-        torch.testing.assert_close(a, b)
-    assert sorted(set(Annealed.seen)) == [(e, e * 6 + i, i) for e in range(2) for i in range(6)]
-    assert len(Annealed.seen) == 12 * devices                       # (every device's copy read it)
-    assert [row["test_updates"] for row in result["history"]] == [6.0, 12.0]       # (evaluating: all done)
-    assert model._trainer is None and model.current_epoch == 0      # (the stand-in left with the run)
-
-
 def test_a_name_first_logged_after_the_first_call_is_said_not_recorded():
     class Late(Lit):
         def training_step(self, batch, batch_idx):

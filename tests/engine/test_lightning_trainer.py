@@ -1,5 +1,6 @@
-"""The trainer a LightningModule reads while fit trains it: ``estimated_stepping_batches``
-counted from the training data, and a ``configure_optimizers`` that reads it called then."""
+"""The trainer a LightningModule reads while fit trains it (dptrain's stand-in): the epoch and
+the updates on every device's copy, ``estimated_stepping_batches`` counted from the training
+data, and a ``configure_optimizers`` that reads it called then."""
 import copy
 
 import pytest
@@ -10,6 +11,19 @@ from torch.utils.data import IterableDataset
 
 import dptrain
 from tests.engine.test_lightning_module import LightningLike, data
+
+def by_hand(model, opt, scheduler=None, weight=lambda epoch: 1, epochs=2, batch=16):
+    """Lightning's automatic optimization by hand, on the samples in order (a loss weighted
+    by ``weight(epoch)``; ``scheduler`` stepped every update)."""
+    X, y = data()
+    for epoch in range(epochs):
+        for i in range(0, len(X), batch):
+            loss = F.cross_entropy(model(X[i:i + batch]), y[i:i + batch]) * weight(epoch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if scheduler is not None:
+                scheduler.step()
 
 
 class Cycled(LightningLike):
@@ -42,15 +56,7 @@ def test_configure_optimizers_reading_the_runs_updates_trains_as_the_plain_loop(
     model = Cycled()
     expected = copy.deepcopy(model)
     opt = torch.optim.SGD(expected.parameters(), lr=0.1)
-    cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=12)
-    X, y = data()
-    for _ in range(2):
-        for i in range(0, len(X), 16):
-            loss = F.cross_entropy(expected(X[i:i + 16]), y[i:i + 16])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            cycle.step()
+    by_hand(expected, opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=12))
     Cycled.counted.clear()
     lines = []
     dptrain.fit(model, data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=lines.append,
@@ -112,3 +118,44 @@ def test_a_training_step_reads_the_estimate_without_configure_optimizers_reading
     Cycled.counted.clear()
     dptrain.fit(Reads(), data(), epochs=2, batch_size=32, devices=1, log=None, progress=False)
     assert Cycled.counted == [6] * (1 + 6)
+
+
+class Annealed(LightningLike):
+    """A loss weighted by the epoch (KL annealing's shape) and a learning rate from max_epochs,
+    read from the module's trainer."""
+    seen = []                                       # (the class's: every device's copy adds to it)
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        if self.training:
+            Annealed.seen.append((self.current_epoch, self.global_step, batch_idx))
+        return F.cross_entropy(self(batch[0]), batch[1]) * (1 + self.current_epoch)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_updates", float(self.global_step))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.2 / self.trainer.max_epochs)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_modules_trainer_says_the_epoch_and_the_updates_on_every_device(devices):
+    torch.manual_seed(0)
+    model = Annealed()
+    expected = copy.deepcopy(model)
+    by_hand(expected, torch.optim.SGD(expected.parameters(), lr=0.1), weight=lambda epoch: 1 + epoch)
+    Annealed.seen.clear()
+    result = dptrain.fit(model, data(), data(32, 1), epochs=2, batch_size=16, shuffle=False, devices=devices,
+                         log=None, progress=False)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)
+    assert sorted(set(Annealed.seen)) == [(e, e * 6 + i, i) for e in range(2) for i in range(6)]
+    assert len(Annealed.seen) == 12 * devices                       # (every device's copy read it)
+    assert [row["test_updates"] for row in result["history"]] == [6.0, 12.0]       # (evaluating: all done)
+    assert model._trainer is None and model.current_epoch == 0      # (the stand-in left with the run)
