@@ -493,3 +493,29 @@ def test_a_name_first_logged_after_the_first_call_is_said_not_recorded():
                                          r"are the figures kept: not recorded; log every name from the first call"):
         result = dptrain.fit(Late(), data(), epochs=2, batch_size=16, devices=1, log=None, progress=False)
     assert "train_first" in result["history"][1] and "train_late" not in result["history"][1]
+
+
+def test_a_logged_metric_that_cannot_merge_its_copies_is_said_before_training():
+    class Old(nn.Module):                           # (a torchmetrics older than 1.3: no merge_state)
+        def update(self, *args):
+            pass
+
+        def compute(self):
+            return torch.tensor(0.0)
+
+        def reset(self):
+            pass
+
+    class Logs(Lit):
+        def __init__(self):
+            super().__init__()
+            self.old = Old()
+
+        def training_step(self, batch, batch_idx):
+            self.log("train_old", self.old)
+            return super().training_step(batch, batch_idx)
+    model = Logs()
+    with pytest.raises(TypeError, match="metric 'train_old' .Old. has no merge_state, which combines its copies on several "
+                                        "devices: upgrade torchmetrics"):
+        dptrain.fit(model, data(), epochs=1, devices=2, log=None)
+    assert ("train", 0) not in model.seen           # (before the first step)

@@ -82,6 +82,7 @@ class TrainFigures:
         the metric objects it logs over the epoch (each replica's copy, merged)."""
         self.logged = logs
         self.keys += [k for name in logs.names or () for k in (f"{LOGGED}{name}", f"{LOGGED}{name}_count")]
+        self._stateful()        # (a metric object that cannot merge its device copies: said now, not after an epoch)
 
     def add(self, i: int, output: Any, target: Any) -> None:
         """Score device ``i``'s shard: ``output`` as its forward gave it, ``target`` its target.
@@ -193,18 +194,19 @@ class TrainFigures:
 
     def _stateful(self) -> List[StatefulMetrics]:
         """The metric objects whose states a mid-epoch checkpoint keeps: ``metrics=``'s, and the
-        module's own that its ``training_step`` logs (each replica's copy, named ``logged:<name>``)."""
+        module's own that its ``training_step`` logs (each replica's copy, by row name: ``train_f1``)."""
         held = [self.objects] if self.objects else []
         if self.logged is not None and self.logged.paths:
             held.append(StatefulMetrics.of_copies(
-                {f"{LOGGED}{name}": [r.get_submodule(path) for r in self.engine.replicas]
+                {f"train_{name}": [r.get_submodule(path) for r in self.engine.replicas]
                  for name, path in self.logged.paths.items()}, self.engine.devices))
         return held
 
     def stateful_names(self) -> List[str]:
         """The ``train_*`` figures of metric objects, which an epoch resumed without their
         saved states gives as NaN."""
-        return ["train_" + name.replace(LOGGED, "", 1) for held in self._stateful() for name in held.copies]
+        return [name if held is not self.objects else f"train_{name}" for held in self._stateful()
+                for name in held.copies]
 
     def states(self) -> Dict[str, Dict[str, Any]]:
         """Every metric object's state in this process (devices merged), for a checkpoint."""
