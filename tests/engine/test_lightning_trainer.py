@@ -159,3 +159,66 @@ def test_the_modules_trainer_says_the_epoch_and_the_updates_on_every_device(devi
     assert len(Annealed.seen) == 12 * devices                       # (every device's copy read it)
     assert [row["test_updates"] for row in result["history"]] == [6.0, 12.0]       # (evaluating: all done)
     assert model._trainer is None and model.current_epoch == 0      # (the stand-in left with the run)
+
+
+class Unfrozen(LightningLike):
+    """Fine-tuning's habit: the backbone frozen as the run starts, trained from the second epoch
+    (Lightning's hooks of the run's course, on the module)."""
+    calls = []
+
+    def __init__(self):
+        super().__init__()
+        self.backbone, self.head = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.backbone(x)))
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.2)
+
+    def _called(self, hook):
+        Unfrozen.calls.append((hook, self.current_epoch, self.global_step))
+
+    def on_fit_start(self):
+        self._called("on_fit_start")
+        self.backbone.requires_grad_(False)
+
+    def on_train_start(self):
+        self._called("on_train_start")
+
+    def on_train_epoch_start(self):
+        self._called("on_train_epoch_start")
+        if self.current_epoch == 1:
+            self.backbone.requires_grad_(True)
+
+    def on_train_end(self):
+        self._called("on_train_end")
+
+    def on_fit_end(self):
+        self._called("on_fit_end")
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_modules_hooks_of_the_runs_course_are_called_where_lightning_calls_them(devices):
+    torch.manual_seed(0)
+    model = Unfrozen()
+    expected = copy.deepcopy(model)
+    opt = torch.optim.SGD(expected.parameters(), lr=0.2)
+    expected.backbone.requires_grad_(False)
+    by_hand(expected, opt, epochs=1)
+    expected.backbone.requires_grad_(True)
+    by_hand(expected, opt, epochs=1)
+    Unfrozen.calls.clear()
+    lines = []
+    dptrain.fit(model, data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=lines.append,
+                progress=False)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)
+    assert Unfrozen.calls == [("on_fit_start", 0, 0), ("on_train_start", 0, 0), ("on_train_epoch_start", 0, 0),
+                              ("on_train_epoch_start", 1, 6), ("on_train_end", 2, 12), ("on_fit_end", 2, 12)]
+    assert "dptrain: the module's on_fit_start, on_train_start, on_train_epoch_start, on_train_end, on_fit_end " \
+           "(Lightning hooks) are called where Lightning's Trainer calls them, once a process, on the module (what " \
+           "they change, every device's copy gets)" in lines

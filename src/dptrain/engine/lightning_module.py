@@ -145,9 +145,10 @@ class LightningSteps:
 #: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
 #: step would leave it out: a warm-up written in ``optimizer_step``, say).
 STEP_HOOKS = ("optimizer_step", "backward", "lr_scheduler_step", "configure_gradient_clipping")
+#: Lightning's hooks of the run's course that fit calls (``callbacks/lightning_hooks.py``).
+COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_end", "on_fit_end")
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
-OTHER_HOOKS = ("on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start",
-               "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_validation_start",
+OTHER_HOOKS = ("on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_validation_start",
                "on_validation_end", "on_validation_epoch_start", "on_validation_epoch_end",
                "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
                "on_validation_model_train", "configure_callbacks", "on_save_checkpoint",
@@ -184,6 +185,10 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
         notes.append(f"the module's {', '.join(others)} (Lightning hooks) are not called: give their work to a "
                      f"dptrain.Callback (on_fit_start, on_epoch_end, on_evaluate_end...; run.model is the module; "
                      f"a gradient's, to p.register_hook)")
+    called = overridden(model, COURSE_HOOKS)
+    if called:
+        notes.append(f"the module's {', '.join(called)} (Lightning hooks) are called where Lightning's Trainer calls "
+                     f"them, once a process, on the module (what they change, every device's copy gets)")
 
 
 def adopted(model: nn.Module, what: Dict[str, Any]) -> bool:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
 from ..distributed.env import rank
+from ..callbacks.lightning_hooks import with_module_hooks
 from ..engine import lightning_module
 from ..engine.lightning_trainer import TrainerStandIn, detach
 from ..parallel.given_model import unwrapped
@@ -152,6 +153,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         if lightning is not None:
             train_data, eval_data, notes = lightning.take(config)
         notes += lightning_module.adopt(model, what, stand_in)
+        with_module_hooks(model, what)
         return _fit(model, train_data, eval_data, what, config, settings, notes, plot, log)
     finally:
         detach(unwrapped(model))
