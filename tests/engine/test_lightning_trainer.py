@@ -222,3 +222,21 @@ def test_the_modules_hooks_of_the_runs_course_are_called_where_lightning_calls_t
     assert "dptrain: the module's on_fit_start, on_train_start, on_train_epoch_start, on_train_end, on_fit_end " \
            "(Lightning hooks) are called where Lightning's Trainer calls them, once a process, on the module (what " \
            "they change, every device's copy gets)" in lines
+
+
+def test_the_stand_in_holds_the_data_module_and_the_accumulation_and_self_print_prints(capsys):
+    class DataModule:                               # (a LightningDataModule's shape)
+        num_classes = 3
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=16)
+
+    class Reads(Cycled):
+        def configure_optimizers(self):
+            Cycled.counted.append((self.trainer.datamodule.num_classes, self.trainer.accumulate_grad_batches))
+            if self.trainer.progress_bar_callback is None:        # (Lightning's self.print, on rank 0)
+                print("printed")
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+    Cycled.counted.clear()
+    dptrain.fit(Reads(), DataModule(), epochs=1, devices=1, accumulate_grad_batches=2, log=None, progress=False)
+    assert Cycled.counted[0] == (3, 2) and "printed" in capsys.readouterr().out

@@ -9,10 +9,11 @@ read 0 without one, silently).
 
 It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before the batch; after
 an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
-``global_rank``, ``local_rank``, ``is_global_zero``, ``logger`` None, and
-``estimated_stepping_batches``: the updates of the run (epochs x an epoch's batches over
-``accumulate_grad_batches``, or ``max_steps`` if fewer), counted once the training data is
-loaded. A ``configure_optimizers`` that reads it (``OneCycleLR(total_steps=...)``) is called
+``global_rank``, ``local_rank``, ``is_global_zero``, ``accumulate_grad_batches``, ``datamodule``
+(the one given to fit, else None), ``logger`` and ``progress_bar_callback`` None (``self.print``
+prints on rank 0), and ``estimated_stepping_batches``: the updates of the run (epochs x an
+epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if fewer), counted once the
+training data is loaded. A ``configure_optimizers`` that reads it (``OneCycleLR(total_steps=...)``) is called
 then (``LateConfigure``, resolved by the run: ``Task.configure_later``), not when fit starts.
 Anything else of Lightning's ``Trainer`` (its loops, callbacks) is an ``AttributeError`` naming
 the fix. Every device's copy of the module shares it (``LightningSteps`` sets it on the copy it
@@ -35,12 +36,15 @@ class TrainerStandIn:
 
     logger = None
     loggers = ()
+    progress_bar_callback = None        # (Lightning's self.print then prints, on rank 0)
     sanity_checking = False
     #: Lightning's ``self.log`` outside the steps (which record it) then warns and does nothing.
     barebones = True
 
-    def __init__(self, max_epochs: int, max_steps: Optional[int]):
+    def __init__(self, max_epochs: int, max_steps: Optional[int], accumulate_grad_batches: int = 1,
+                 datamodule: Any = None):
         env = DistEnv.current()
+        self.accumulate_grad_batches, self.datamodule = accumulate_grad_batches, datamodule
         self.current_epoch, self.global_step = 0, 0
         self.max_epochs, self.max_steps = max_epochs, max_steps if max_steps is not None else -1
         self.world_size, self.global_rank, self.local_rank = env.world_size, env.rank, env.local_rank
@@ -62,7 +66,8 @@ class TrainerStandIn:
                                  f"configure_optimizers (called then) or a training step, not before fit")
         raise AttributeError(f"model.trainer.{name}: while fit trains a LightningModule, its trainer is dptrain's "
                              f"stand-in, which holds current_epoch, global_step, max_epochs, max_steps, world_size, "
-                             f"global_rank, local_rank, is_global_zero and {UPDATES}, not {name}: read what you need "
+                             f"global_rank, local_rank, is_global_zero, accumulate_grad_batches, datamodule and "
+                             f"{UPDATES}, not {name}: read what you need "
                              f"from the run in a dptrain.Callback (run.epoch, run.step...) and set it on run.model, "
                              f"which every device's copy then has")
 
