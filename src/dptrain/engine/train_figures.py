@@ -13,9 +13,8 @@ Metric objects (torchmetrics: F1, AUC...) get a copy per device, updated with th
 every step that updated, merged and computed over every process at the epoch's end, as the
 evaluation's are. A mid-epoch checkpoint holds each process's merged state (``states``; with
 those a LightningModule's ``training_step`` logs: ``saved`` on resume, taken back at the
-epoch's reset); without it (an older checkpoint, a metric that
-cannot merge states) an epoch resumed mid-way gives them NaN, never a figure of part of the
-epoch as the whole's.
+epoch's reset); without it (an older checkpoint, a metric that cannot merge states) an epoch
+resumed mid-way gives them NaN, never a figure of part of the epoch as the whole's.
 
 >>> figures = TrainFigures(engine)      # engine.train_figures: the engine adds each shard
 >>> figures.add(i, output, target)      # on device i's thread, after its forward

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
-from ..distributed.env import rank
 from ..callbacks.lightning_hooks import with_module_hooks
+from ..distributed.env import rank
 from ..engine import lightning_module
 from ..engine.lightning_trainer import TrainerStandIn, detach
 from ..parallel.given_model import unwrapped
