@@ -515,7 +515,7 @@ def test_a_logged_metric_that_cannot_merge_its_copies_is_said_before_training():
             self.log("train_old", self.old)
             return super().training_step(batch, batch_idx)
     model = Logs()
-    with pytest.raises(TypeError, match="metric 'train_old' .Old. has no merge_state, which combines its copies on several "
-                                        "devices: upgrade torchmetrics"):
+    with pytest.raises(TypeError, match="metric 'train_old' .Old. has no merge_state, which combines its copies on "
+                                        "several devices: upgrade torchmetrics"):
         dptrain.fit(model, data(), epochs=1, devices=2, log=None)
     assert ("train", 0) not in model.seen           # (before the first step)

@@ -26,6 +26,24 @@ def by_hand(model, opt, scheduler=None, weight=lambda epoch: 1, epochs=2, batch=
                 scheduler.step()
 
 
+def twins(cls):
+    """A module of ``cls`` (seeded) and its copy, to train by hand."""
+    torch.manual_seed(0)
+    model = cls()
+    return model, copy.deepcopy(model)
+
+
+def fit_as_by_hand(model, expected, devices, **settings):
+    """``fit`` on ``data()`` in order (2 epochs of batches of 16): the weights must be those
+    ``expected`` reached by hand. Its result and the lines it logged."""
+    lines = []
+    result = dptrain.fit(model, data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=lines.append,
+                         progress=False, **settings)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)
+    return result, lines
+
+
 class Cycled(LightningLike):
     """Lightning's OneCycleLR habit: its length is the trainer's estimate of the run's updates."""
     counted = []                                    # (the class's: every device's copy adds to it)
@@ -52,17 +70,11 @@ class Cycled(LightningLike):
 
 @pytest.mark.parametrize("devices", [1, 2])
 def test_configure_optimizers_reading_the_runs_updates_trains_as_the_plain_loop(devices):
-    torch.manual_seed(0)
-    model = Cycled()
-    expected = copy.deepcopy(model)
+    model, expected = twins(Cycled)
     opt = torch.optim.SGD(expected.parameters(), lr=0.1)
     by_hand(expected, opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=12))
     Cycled.counted.clear()
-    lines = []
-    dptrain.fit(model, data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=lines.append,
-                progress=False)
-    for a, b in zip(model.parameters(), expected.parameters()):
-        torch.testing.assert_close(a, b)
+    _, lines = fit_as_by_hand(model, expected, devices)
     assert Cycled.counted == [("configured", 12)] + [12] * (1 + 12 * devices)    # (the trial, every copy's step)
     assert "dptrain: the optimizer is model.configure_optimizers()'s (a LightningModule's), called once the " \
            "training data is loaded: it reads self.trainer.estimated_stepping_batches" in lines
@@ -146,15 +158,10 @@ class Annealed(LightningLike):
 
 @pytest.mark.parametrize("devices", [1, 2])
 def test_the_modules_trainer_says_the_epoch_and_the_updates_on_every_device(devices):
-    torch.manual_seed(0)
-    model = Annealed()
-    expected = copy.deepcopy(model)
+    model, expected = twins(Annealed)
     by_hand(expected, torch.optim.SGD(expected.parameters(), lr=0.1), weight=lambda epoch: 1 + epoch)
     Annealed.seen.clear()
-    result = dptrain.fit(model, data(), data(32, 1), epochs=2, batch_size=16, shuffle=False, devices=devices,
-                         log=None, progress=False)
-    for a, b in zip(model.parameters(), expected.parameters()):
-        torch.testing.assert_close(a, b)
+    result, _ = fit_as_by_hand(model, expected, devices, eval_data=data(32, 1))
     assert sorted(set(Annealed.seen)) == [(e, e * 6 + i, i) for e in range(2) for i in range(6)]
     assert len(Annealed.seen) == 12 * devices                       # (every device's copy read it)
     assert [row["test_updates"] for row in result["history"]] == [6.0, 12.0]       # (evaluating: all done)
@@ -203,20 +210,14 @@ class Unfrozen(LightningLike):
 
 @pytest.mark.parametrize("devices", [1, 2])
 def test_the_modules_hooks_of_the_runs_course_are_called_where_lightning_calls_them(devices):
-    torch.manual_seed(0)
-    model = Unfrozen()
-    expected = copy.deepcopy(model)
+    model, expected = twins(Unfrozen)
     opt = torch.optim.SGD(expected.parameters(), lr=0.2)
     expected.backbone.requires_grad_(False)
     by_hand(expected, opt, epochs=1)
     expected.backbone.requires_grad_(True)
     by_hand(expected, opt, epochs=1)
     Unfrozen.calls.clear()
-    lines = []
-    dptrain.fit(model, data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=lines.append,
-                progress=False)
-    for a, b in zip(model.parameters(), expected.parameters()):
-        torch.testing.assert_close(a, b)
+    _, lines = fit_as_by_hand(model, expected, devices)
     assert Unfrozen.calls == [("on_fit_start", 0, 0), ("on_train_start", 0, 0), ("on_train_epoch_start", 0, 0),
                               ("on_train_epoch_start", 1, 6), ("on_train_end", 2, 12), ("on_fit_end", 2, 12)]
     assert "dptrain: the module's on_fit_start, on_train_start, on_train_epoch_start, on_train_end, on_fit_end " \
