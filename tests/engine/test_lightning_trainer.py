@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 import dptrain
+from dptrain.callbacks import EarlyStopping
 from tests.engine.test_lightning_module import LightningLike, data
 
 def by_hand(model, opt, scheduler=None, weight=lambda epoch: 1, epochs=2, batch=16):
@@ -222,7 +223,7 @@ def test_the_modules_hooks_of_the_runs_course_are_called_where_lightning_calls_t
                               ("on_train_epoch_start", 1, 6), ("on_train_end", 2, 12), ("on_fit_end", 2, 12)]
     assert "dptrain: the module's on_fit_start, on_train_start, on_train_epoch_start, on_train_end, on_fit_end " \
            "(Lightning hooks) are called where Lightning's Trainer calls them, once a process, on the module (what " \
-           "they change, every device's copy gets)" in lines
+           "they change, every device's copy gets; what they log, the epoch's row)" in lines
 
 
 def test_the_stand_in_holds_the_data_module_and_the_accumulation_and_self_print_prints(capsys):
@@ -241,3 +242,71 @@ def test_the_stand_in_holds_the_data_module_and_the_accumulation_and_self_print_
     Cycled.counted.clear()
     dptrain.fit(Reads(), DataModule(), epochs=1, devices=1, accumulate_grad_batches=2, log=None, progress=False)
     assert Cycled.counted[0] == (3, 2) and "printed" in capsys.readouterr().out
+
+
+class EpochEnds(LightningLike):
+    """Lightning's habit of the epoch's end: the steps keep their outputs in lists, the epoch-end
+    hooks log what they make of them and clear them."""
+    seen = []
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(6, 3)
+        self.losses, self.hits = [], []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        loss = F.cross_entropy(self(batch[0]), batch[1])
+        self.losses.append(loss.detach())       # (also where fit calls it for a loss alone: dropped there)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.hits.append((self(batch[0]).argmax(1) == batch[1]).float())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.2)
+
+    def on_validation_epoch_end(self):
+        EpochEnds.seen.append(("on_validation_epoch_end", self.current_epoch, self.global_step))
+        self.log("val_rate", torch.cat(self.hits).mean())
+        self.hits.clear()
+
+    def on_train_epoch_end(self):
+        EpochEnds.seen.append(("on_train_epoch_end", self.current_epoch, self.global_step))
+        self.log("train_step_loss", torch.stack(self.losses).mean())
+        self.losses.clear()
+
+
+def test_the_epoch_end_hooks_log_into_the_row_what_they_make_of_the_steps_outputs(capsys):
+    model, expected = twins(EpochEnds)
+    opt = torch.optim.SGD(expected.parameters(), lr=0.2)
+    X, y = data()
+    Xv, yv = data(32, 1)
+    want = []
+    for _ in range(2):
+        losses = []
+        for i in range(0, len(X), 16):
+            loss = F.cross_entropy(expected(X[i:i + 16]), y[i:i + 16])
+            losses.append(loss.item())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            rate = (expected(Xv).argmax(1) == yv).float().mean().item()
+        want.append((rate, sum(losses) / len(losses)))
+    EpochEnds.seen.clear()
+    lines = []
+    result = dptrain.fit(model, data(), data(32, 1), epochs=2, batch_size=16, shuffle=False, log=lines.append,
+                         progress=False, callbacks=[EarlyStopping("val_rate", patience=5, mode="max")])
+    assert [(row["test_rate"], row["train_step_loss"]) for row in result["history"]] == [
+        pytest.approx(w, rel=1e-5) for w in want]
+    assert EpochEnds.seen == [("on_validation_epoch_end", 0, 6), ("on_train_epoch_end", 0, 6),
+                              ("on_validation_epoch_end", 1, 12), ("on_train_epoch_end", 1, 12)]
+    assert "dptrain: devices auto: cpu:0: the module's on_validation_epoch_end, on_train_epoch_end read what its " \
+           "steps kept, which each device's copy would keep apart" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"the module's on_validation_epoch_end, on_train_epoch_end read what its "
+                                         r"steps kept, of which each of the 2 devices' copies keeps its own part: "
+                                         r"train on one device a process \(devices=1"):
+        dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, devices=2, log=None)

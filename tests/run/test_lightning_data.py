@@ -12,6 +12,7 @@ import dptrain
 from dptrain.distributed.once import FailedElsewhere
 from tests.distributed.helpers import run_workers
 from tests.engine.test_lightning_module import Lit, TrainLogging, data
+from tests.engine.test_lightning_trainer import EpochEnds
 
 
 class DM:
@@ -174,13 +175,16 @@ def _prepared_once_per_machine(rank, world_size, folder):
         dptrain.fit(Lit(), failing, epochs=1, devices=1, progress=False, log=None)
     except (ValueError, FailedElsewhere) as e:
         error = f"{type(e).__name__}: {e}"
-    return dm.calls, failing.calls, error, result["history"], [p.detach().tolist() for p in model.parameters()]
+    torch.manual_seed(0)
+    ends = dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=1,
+                       progress=False, log=None)["history"]
+    return dm.calls, failing.calls, error, result["history"], [p.detach().tolist() for p in model.parameters()], ends
 
 
 @pytest.mark.slow
 def test_prepare_data_runs_in_one_process_of_the_machine_while_the_other_waits_and_its_error_ends_both(tmp_path):
-    (calls0, failing0, error0, rows0, weights0), (calls1, failing1, error1, rows1, weights1) = run_workers(
-        _prepared_once_per_machine, str(tmp_path))
+    (calls0, failing0, error0, rows0, weights0, ends0), (calls1, failing1, error1, rows1, weights1, ends1) = \
+        run_workers(_prepared_once_per_machine, str(tmp_path))
     # Rank 1 read the set rank 0 wrote (its setup would fail on a missing file), and both trained alike.
     assert calls0[:2] == ["prepare_data", ("setup", "fit")] and calls1[0] == ("setup", "fit")
     assert "prepare_data" not in calls1 and weights0 == weights1
@@ -192,6 +196,13 @@ def test_prepare_data_runs_in_one_process_of_the_machine_while_the_other_waits_a
         assert {k: row[0][k] for k in ("train_loss", "train_acc", "train_f1", "test_loss")} == pytest.approx(
             {k: one[0][k] for k in ("train_loss", "train_acc", "train_f1", "test_loss")}, rel=1e-5)
     assert failing0 == ["prepare_data"] and failing1 == []
+    # The epoch-end hooks, each process over its part: what they log is the mean of the processes'.
+    torch.manual_seed(0)
+    alone = dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=1,
+                        progress=False, log=None)["history"]
+    for ends in (ends0, ends1):
+        assert {k: ends[0][k] for k in ("test_rate", "train_step_loss")} == pytest.approx(
+            {k: alone[0][k] for k in ("test_rate", "train_step_loss")}, rel=1e-5)
     assert error0 == "ValueError: the mirror answered 404"
     assert error1 == ("FailedElsewhere: DM.prepare_data() failed in the process of rank 0, which this one waited "
                       "for: ValueError: the mirror answered 404")

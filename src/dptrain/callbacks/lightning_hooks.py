@@ -1,67 +1,112 @@
 """A ``LightningModule``'s own hooks of the run's course, called by ``fit`` where Lightning's
 ``Trainer`` calls them: ``on_fit_start`` and ``on_train_start`` as the run starts,
-``on_train_epoch_start`` before each epoch's first batch, ``on_train_end`` and ``on_fit_end``
-as it ends (also when it stops early), after the callbacks given to ``fit`` (Lightning calls
-its callbacks' hooks first too).
+``on_train_epoch_start`` before each epoch's first batch, ``on_validation_epoch_start`` before
+its evaluation, ``on_validation_epoch_end`` (an evaluated epoch) and ``on_train_epoch_end`` at
+its end, ``on_train_end`` and ``on_fit_end`` as the run ends (also when it stops early). The
+caller goes first among the callbacks, so that what an epoch-end hook logs is in the row the
+others see (``EarlyStopping("val_f1")``).
 
     class FineTune(L.LightningModule):
         def on_train_epoch_start(self):
             if self.current_epoch == 2:            # the backbone trains from the third epoch
                 self.backbone.requires_grad_(True)
 
+        def on_validation_epoch_end(self):         # over what validation_step kept
+            self.log("val_auc", auroc(torch.cat(self.scores), torch.cat(self.labels)))
+            self.scores.clear(); self.labels.clear()
+
 Each is called once in a process, on the module (the first device's replica); what it changes
 there is given to the other devices' copies as a callback's edits are (``ModelEdits``: a layer
-unfrozen trains on every device). Its ``self.current_epoch`` and ``self.global_step`` are the
-run's. The hooks that read what the steps kept (``on_train_epoch_end``,
-``on_validation_epoch_end`` over a list of outputs) are not called: each device's copy keeps
-its own part (``lightning_module.py`` names them in a line).
+unfrozen trains on every device). Its ``self.current_epoch`` and ``self.global_step`` are
+Lightning's at that point. What an epoch-end hook ``self.log``s joins the epoch's row (``val_``
+names as ``test_``, the others as ``train_``; several processes: the mean of theirs, each over
+its own part, as Lightning's DDP with ``sync_dist=True``). Those hooks read what each device's
+copy kept apart, so a module with them trains on one device a process (``auto_devices`` takes
+one; several is an error here naming processes).
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
+import torch
 from torch import nn
 
-from ..engine.lightning_module import COURSE_HOOKS, LightningSteps, overridden
+from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, Recording
+from ..engine.lightning_module import COURSE_HOOKS, EPOCH_END_HOOKS, LightningSteps, overridden
 from ..parallel.given_model import unwrapped
 from .base import Callback
 
+ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of one sample)
+
 #: The module's hooks called, by the callback event that calls them (in Lightning's order).
 CALLED = {"on_fit_start": ("on_fit_start", "on_train_start"), "on_epoch_start": ("on_train_epoch_start",),
+          "on_evaluate_start": ("on_validation_epoch_start",), "on_epoch_end": EPOCH_END_HOOKS,
           "on_fit_end": ("on_train_end", "on_fit_end")}
+#: How a name each epoch-end hook logs begins (``val_f1`` in on_validation_epoch_end: ``test_f1``).
+ROW_NAMES = {"on_validation_epoch_end": ("test_", PREFIXES), "on_train_epoch_end": ("train_", TRAIN_PREFIXES)}
 
 
 def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> None:
-    """Add to ``what``'s callbacks (``fit``'s keywords) the caller of the hooks of the run's
-    course the model overrides, when it was taken as a LightningModule (its step is ours)."""
+    """Put first in ``what``'s callbacks (``fit``'s keywords) the caller of the hooks of the
+    run's course the model overrides, when it was taken as a LightningModule (its step is ours):
+    first, so that what its epoch-end hooks log is in the row the other callbacks see."""
     steps = what.get("step")
     model = unwrapped(model)
     hooks = overridden(model, COURSE_HOOKS) if isinstance(steps, LightningSteps) else []
     if hooks:
         given = what.get("callbacks") or []
         listed: List[Any] = list(given) if isinstance(given, (list, tuple)) else [given]
-        what["callbacks"] = listed + [ModuleHooks(model, hooks, steps.clock)]
+        what["callbacks"] = [ModuleHooks(model, hooks, steps.clock)] + listed
 
 
 class ModuleHooks(Callback):
-    """Calls ``hooks`` (those of ``COURSE_HOOKS`` the module overrides) of ``module`` at their points;
-    ``clock``: the module's stand-in trainer (None: it has its own), set to the epoch first."""
+    """Calls ``hooks`` (those of ``COURSE_HOOKS`` the module overrides) of ``module`` at their
+    points; ``clock``: the module's stand-in trainer (None: it has its own), set to the epoch
+    first. What an epoch-end hook logs joins the epoch's row (over the processes, the mean)."""
 
     def __init__(self, module: nn.Module, hooks: Sequence[str], clock: Any = None):
         self.module, self.hooks, self.clock = module, tuple(hooks), clock
 
-    def _call(self, event: str, run: Any, epochs_done: int) -> None:
+    def _call(self, event: str, run: Any, epochs_done: int) -> Dict[str, float]:
         if self.clock is not None:
             self.clock.at(epochs_done, run.step)
+        logged: Dict[str, float] = {}
         for hook in CALLED[event]:
-            if hook in self.hooks:
+            if hook not in self.hooks or (hook == "on_validation_epoch_end" and not run.evaluated_epoch):
+                continue
+            if hook not in ROW_NAMES:
                 getattr(self.module, hook)()
+                continue
+            start, prefixes = ROW_NAMES[hook]
+            with Recording(self.module, ONE, hook, prefixes) as recording:
+                getattr(self.module, hook)()
+            for name, metric in recording.objects.items():
+                recording.figures[name] = (metric.compute().detach().float(), 1)
+            logged.update({start + name: float(value) for name, (value, _) in recording.figures.items()})
+        return logged
 
     def on_fit_start(self, run: Any) -> None:
+        if len(run.devices) > 1 and any(hook in self.hooks for hook in EPOCH_END_HOOKS):
+            raise ValueError(f"the module's {', '.join(h for h in EPOCH_END_HOOKS if h in self.hooks)} read what its "
+                             f"steps kept, of which each of the {len(run.devices)} devices' copies keeps its own "
+                             f"part: train on one device a process (devices=1; several: dptrain launch "
+                             f"--processes N, each its part, as Lightning's DDP), or give their work to a "
+                             f"dptrain.Callback")
         self._call("on_fit_start", run, run.epoch - 1)
 
     def on_epoch_start(self, run: Any, epoch: int) -> None:
         self._call("on_epoch_start", run, epoch - 1)
+
+    def on_evaluate_start(self, run: Any, epoch: int) -> None:
+        self._call("on_evaluate_start", run, epoch - 1)
+
+    def on_epoch_end(self, run: Any, epoch: int, row: Dict[str, Any]) -> None:
+        logged = self._call("on_epoch_end", run, epoch - 1)
+        if run.world_size > 1 and any(hook in self.hooks for hook in EPOCH_END_HOOKS):    # (every row alike)
+            each = run.collective.all_gather_object(logged)
+            names = sorted({name for one in each for name in one})
+            logged = {k: sum(one[k] for one in each if k in one) / sum(k in one for one in each) for k in names}
+        row.update(logged)
 
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
         self._call("on_fit_end", run, run.epoch)         # (Lightning's: the epochs done)

@@ -19,7 +19,8 @@ batches, as Lightning's ``on_epoch=True``; a metric object over the epoch), besi
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -36,6 +37,24 @@ def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
     if "attached to a `Trainer`" in str(e) and e.args:
         e.args = (f"{e.args[0]} (dptrain called model.{method}, a LightningModule's, and it reads the Trainer, "
                   f"which dptrain does not make: {fix})",) + e.args[1:]
+
+
+#: Lightning's hooks of an epoch's end, which read what the steps kept (one device a process).
+EPOCH_END_HOOKS = ("on_validation_epoch_end", "on_train_epoch_end")
+
+
+@contextmanager
+def lists_kept(model: nn.Module, keep: bool = True) -> Iterator[None]:
+    """The lists the model's modules hold (a step's outputs, kept for an epoch-end hook) as long
+    after the block as before: what a call that is not one of the run's steps appended (the trial
+    before training, ``training_step`` giving an evaluation's loss) is dropped. ``keep`` False:
+    nothing done."""
+    held = [(v, len(v)) for m in model.modules() for v in vars(m).values() if type(v) is list] if keep else []
+    try:
+        yield
+    finally:
+        for kept, n in held:
+            del kept[n:]
 
 
 def _is_loss(out: Any) -> bool:
@@ -62,6 +81,9 @@ class LightningSteps:
         self.takes_index = {name: takes(getattr(model, name, None), 2) for name in ("training_step", evaluation)}
         # (None: not yet called; False: none of the module's own, LightningModule's only warns)
         self.validation: Optional[bool] = None if overridden(model, [evaluation]) else False
+        # (a validation_step that keeps what on_validation_epoch_end reads: called though it gives nothing)
+        self.kept_for_end = evaluation == "validation_step" and bool(overridden(model, ["on_validation_epoch_end"]))
+        self.ends_epoch = bool(overridden(model, EPOCH_END_HOOKS))     # (its lists: what the steps keep)
         self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
         self.validated = StepLogs(evaluation, TEST_PREFIXES + PREFIXES if evaluation == "test_step" else PREFIXES)
         self.trained = StepLogs("training_step", TRAIN_PREFIXES)
@@ -106,7 +128,7 @@ class LightningSteps:
     def _evaluated(self, model: nn.Module, batch: Any) -> Any:
         """``training_step`` for an evaluation's loss: the metric objects it updates (training's,
         over the epoch) left as they were."""
-        with self.trained.kept(model):
+        with self.trained.kept(model), lists_kept(model, self.ends_epoch):
             return self._train(model, batch)
 
     def _train(self, model: nn.Module, batch: Any) -> Any:
@@ -126,7 +148,7 @@ class LightningSteps:
             out = None
         figures = logged.figures
         if self.validation is None:                 # (the first call: its names become figures)
-            self.validation = out is not None or bool(figures) or bool(logged.objects)
+            self.validation = out is not None or bool(figures) or bool(logged.objects) or self.kept_for_end
             self.validated.keep(model, logged)
             if self.metrics is not None:
                 for name in self.validated.names or ():
@@ -146,11 +168,11 @@ class LightningSteps:
 #: step would leave it out: a warm-up written in ``optimizer_step``, say).
 STEP_HOOKS = ("optimizer_step", "backward", "lr_scheduler_step", "configure_gradient_clipping")
 #: Lightning's hooks of the run's course that fit calls (``callbacks/lightning_hooks.py``).
-COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_end", "on_fit_end")
+COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
+                *EPOCH_END_HOOKS, "on_train_end", "on_fit_end")
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
-OTHER_HOOKS = ("on_train_epoch_end", "on_train_batch_start", "on_train_batch_end", "on_validation_start",
-               "on_validation_end", "on_validation_epoch_start", "on_validation_epoch_end",
-               "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
+OTHER_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_validation_start",
+               "on_validation_end", "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
                "on_validation_model_train", "configure_callbacks", "on_save_checkpoint",
                "on_load_checkpoint", "transfer_batch_to_device", "on_before_batch_transfer",
                "on_after_batch_transfer", "optimizer_zero_grad", "on_before_zero_grad", "on_before_backward",
@@ -188,7 +210,8 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
     called = overridden(model, COURSE_HOOKS)
     if called:
         notes.append(f"the module's {', '.join(called)} (Lightning hooks) are called where Lightning's Trainer calls "
-                     f"them, once a process, on the module (what they change, every device's copy gets)")
+                     f"them, once a process, on the module (what they change, every device's copy gets; what they "
+                     f"log, the epoch's row)")
 
 
 def adopted(model: nn.Module, what: Dict[str, Any]) -> bool:

@@ -28,7 +28,7 @@ from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
-from .lightning_module import LightningSteps
+from .lightning_module import LightningSteps, lists_kept
 from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number
 from .stateful_metrics import StatefulMetrics
@@ -153,15 +153,17 @@ class ModelEngine:
         def run(net: nn.Module, batch: Batch) -> None:
             for step in self.task.updates.values() or [None]:
                 self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0], step=step)
-        self.replicas.initialize(example, run)
-        if eval_example is not None:
-            with evaluating(self.replicas[0]), torch.no_grad():
-                run(self.replicas[0], eval_example)
+        steps = self.task.step if isinstance(self.task.step, LightningSteps) else None
+        with lists_kept(self.task.model, steps is not None and steps.ends_epoch):    # (these calls keep nothing)
+            self.replicas.initialize(example, run)
+            if eval_example is not None:
+                with evaluating(self.replicas[0]), torch.no_grad():
+                    run(self.replicas[0], eval_example)
+            if steps is not None and self.trainer is not None:      # (no evaluation set, no lazy layer: now)
+                with evaluating(self.replicas[0]):
+                    steps.name_logs(self.replicas[0], to_device(example, self.devices[0], self.memory_format))
         if self.trainer is None:
             return
-        if isinstance(self.task.step, LightningSteps):      # (no evaluation set, no lazy layer: its trial now)
-            with evaluating(self.replicas[0]):
-                self.task.step.name_logs(self.replicas[0], to_device(example, self.devices[0], self.memory_format))
         self.train_figures = with_logged(self, self.train_figures)     # a LightningModule's training_step's
         if lr is not None:
             self.trainer.set_learning_rate(lr)
