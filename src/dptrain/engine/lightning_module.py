@@ -171,8 +171,8 @@ STEP_HOOKS = ("optimizer_step", "backward", "lr_scheduler_step", "configure_grad
 COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
                 *EPOCH_END_HOOKS, "on_train_end", "on_fit_end")
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
-OTHER_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_validation_start",
-               "on_validation_end", "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
+OTHER_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end",
+               "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
                "on_validation_model_train", "configure_callbacks", "on_save_checkpoint",
                "on_load_checkpoint", "transfer_batch_to_device", "on_before_batch_transfer",
                "on_after_batch_transfer", "optimizer_zero_grad", "on_before_zero_grad", "on_before_backward",
