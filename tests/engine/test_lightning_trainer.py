@@ -13,6 +13,7 @@ import dptrain
 from dptrain.callbacks import EarlyStopping
 from tests.engine.test_lightning_module import LightningLike, data
 
+
 def by_hand(model, opt, scheduler=None, weight=lambda epoch: 1, epochs=2, batch=16):
     """Lightning's automatic optimization by hand, on the samples in order (a loss weighted
     by ``weight(epoch)``; ``scheduler`` stepped every update)."""
@@ -310,3 +311,34 @@ def test_the_epoch_end_hooks_log_into_the_row_what_they_make_of_the_steps_output
                                          r"steps kept, of which each of the 2 devices' copies keeps its own part: "
                                          r"train on one device a process \(devices=1"):
         dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, devices=2, log=None)
+
+
+class PlateauOnEnd(EpochEnds):
+    """A plateau scheduler on the figure ``on_validation_epoch_end`` logs (Lightning steps it
+    after the epoch-end hooks)."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.2)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=0,
+                                                             threshold=0.05)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_rate"}}
+
+
+def test_a_plateau_scheduler_decides_on_what_an_epoch_end_hook_logs():
+    model, expected = twins(PlateauOnEnd)
+    config = expected.configure_optimizers()
+    opt, plateau = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    Xv, yv = data(32, 1)
+    lrs, rates = [], []
+    for _ in range(5):
+        by_hand(expected, opt, epochs=1)
+        lrs.append(opt.param_groups[0]["lr"])
+        with torch.no_grad():
+            rates.append((expected(Xv).argmax(1) == yv).float().mean().item())
+        plateau.step(rates[-1])
+    assert len(set(lrs)) > 1            # (the plateau cut the rate: the figure decides)
+    result = dptrain.fit(model, data(), (Xv, yv), epochs=5, batch_size=16, shuffle=False, log=None)
+    assert [row["lr"] for row in result["history"]] == pytest.approx(lrs)
+    assert [row["test_rate"] for row in result["history"]] == pytest.approx(rates, rel=1e-5)
+    for a, b in zip(model.parameters(), expected.parameters()):
+        torch.testing.assert_close(a, b)

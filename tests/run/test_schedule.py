@@ -136,3 +136,18 @@ def test_a_plateau_on_an_evaluation_figure_without_an_evaluation_set_is_an_error
     result = dptrain.fit(model, data, data, epochs=1, batch_size=8, log=None, devices=1, scheduler=plateau,
                          scheduler_monitor="val_accuracy")
     assert "test_acc" in result["history"][0]
+
+
+def test_a_plateau_decides_on_a_figure_a_callback_adds_to_the_row():
+    """Keras's habit: a callback computes a figure into the epoch's logs, and a plateau after it
+    watches it (the scheduler steps after the callbacks' on_epoch_end, as Lightning's does)."""
+    class Scored(dptrain.Callback):
+        def on_epoch_end(self, run, epoch, row):
+            row["test_score"] = 1 / epoch           # (worse every epoch: the plateau cuts each time)
+
+    data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    result = dptrain.fit(torch.nn.Linear(3, 2), data, data, epochs=3, batch_size=8, log=None, devices=1,
+                         optimizer=lambda params: torch.optim.SGD(params, lr=0.1), callbacks=[Scored()],
+                         scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, "max", 0.5, 0),
+                         scheduler_monitor="val_score")
+    assert [row["lr"] for row in result["history"]] == pytest.approx([0.1, 0.1, 0.05])

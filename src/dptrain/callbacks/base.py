@@ -96,7 +96,8 @@ class Callback:
         """After an epoch's evaluation: ``metrics`` are the ``test_*`` figures over every process."""
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
-        """After an epoch: ``row`` is its history row (train loss, seconds, test figures)."""
+        """After an epoch: ``row`` is its history row (train loss, seconds, test figures); a
+        figure added to it is seen by the later callbacks and the scheduler, stepped after."""
 
     def on_checkpoint(self, run: Any, path: str) -> None:
         """After a checkpoint was written to ``path`` (every process is told)."""

@@ -204,8 +204,8 @@ class Run(RunView):
             if self.evaluated_epoch:      # (told even when the set was empty)
                 self.callbacks.on_evaluate_end(self, epoch, {k: v for k, v in row.items() if k.startswith("test_")})
             self.history.append(row)
+            self.callbacks.on_epoch_end(self, epoch, row)     # (first: a plateau may watch what they add)
             self.schedule.after_epoch(row, self.evaluated_epoch, self.eval_loader is not None)
-            self.callbacks.on_epoch_end(self, epoch, row)
         if self.clock.up():
             self.stops.time_up()
         asked, late = self.stops.agree()

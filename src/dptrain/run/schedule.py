@@ -6,7 +6,9 @@ loss without an evaluation set; an epoch ``eval_every`` does not evaluate is no 
 every batch, each ``eval_every_n_steps`` evaluation's test loss (Lightning's ``"interval":
 "step"`` with a monitor), and a batch interval without those evaluations is an error.
 ``scheduler_monitor`` names another figure of the row (Keras's ``monitor``, Lightning's
-``"monitor"``), and a plateau whose ``mode`` takes its figure the wrong way is an error.
+``"monitor"``; the epoch's scheduler steps after the callbacks' ``on_epoch_end``, so a figure one
+adds, or a LightningModule's epoch-end hook logs, may be it), and a plateau whose ``mode`` takes
+its figure the wrong way is an error.
 """
 from __future__ import annotations
 
