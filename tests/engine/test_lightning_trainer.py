@@ -280,7 +280,8 @@ class EpochEnds(LightningLike):
         self.losses.clear()
 
 
-def test_the_epoch_end_hooks_log_into_the_row_what_they_make_of_the_steps_outputs(capsys):
+@pytest.mark.parametrize("devices", [None, 2])
+def test_the_epoch_end_hooks_log_into_the_row_what_they_make_of_the_steps_outputs(devices):
     model, expected = twins(EpochEnds)
     opt = torch.optim.SGD(expected.parameters(), lr=0.2)
     X, y = data()
@@ -300,17 +301,12 @@ def test_the_epoch_end_hooks_log_into_the_row_what_they_make_of_the_steps_output
     EpochEnds.seen.clear()
     lines = []
     result = dptrain.fit(model, data(), data(32, 1), epochs=2, batch_size=16, shuffle=False, log=lines.append,
-                         progress=False, callbacks=[EarlyStopping("val_rate", patience=5, mode="max")])
+                         progress=False, callbacks=[EarlyStopping("val_rate", patience=5, mode="max")],
+                         devices=devices)
     assert [(row["test_rate"], row["train_step_loss"]) for row in result["history"]] == [
         pytest.approx(w, rel=1e-5) for w in want]
     assert EpochEnds.seen == [("on_validation_epoch_end", 0, 6), ("on_train_epoch_end", 0, 6),
                               ("on_validation_epoch_end", 1, 12), ("on_train_epoch_end", 1, 12)]
-    assert "dptrain: devices auto: cpu:0: the module's on_validation_epoch_end, on_train_epoch_end read what its " \
-           "steps kept, which each device's copy would keep apart" in capsys.readouterr().err
-    with pytest.raises(ValueError, match=r"the module's on_validation_epoch_end, on_train_epoch_end read what its "
-                                         r"steps kept, of which each of the 2 devices' copies keeps its own part: "
-                                         r"train on one device a process \(devices=1"):
-        dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, devices=2, log=None)
 
 
 class PlateauOnEnd(EpochEnds):
@@ -342,3 +338,4 @@ def test_a_plateau_scheduler_decides_on_what_an_epoch_end_hook_logs():
     assert [row["test_rate"] for row in result["history"]] == pytest.approx(rates, rel=1e-5)
     for a, b in zip(model.parameters(), expected.parameters()):
         torch.testing.assert_close(a, b)
+

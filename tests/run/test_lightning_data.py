@@ -176,8 +176,8 @@ def _prepared_once_per_machine(rank, world_size, folder):
     except (ValueError, FailedElsewhere) as e:
         error = f"{type(e).__name__}: {e}"
     torch.manual_seed(0)
-    ends = dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=1,
-                       progress=False, log=None)["history"]
+    ends = dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=2,
+                       progress=False, log=None)["history"]      # (2 devices a process: each process's put together)
     return dm.calls, failing.calls, error, result["history"], [p.detach().tolist() for p in model.parameters()], ends
 
 
@@ -196,7 +196,7 @@ def test_prepare_data_runs_in_one_process_of_the_machine_while_the_other_waits_a
         assert {k: row[0][k] for k in ("train_loss", "train_acc", "train_f1", "test_loss")} == pytest.approx(
             {k: one[0][k] for k in ("train_loss", "train_acc", "train_f1", "test_loss")}, rel=1e-5)
     assert failing0 == ["prepare_data"] and failing1 == []
-    # The epoch-end hooks, each process over its part: what they log is the mean of the processes'.
+    # The epoch-end hooks, each process over its part (its 2 devices'): what they log is the mean of the processes'.
     torch.manual_seed(0)
     alone = dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=1,
                         progress=False, log=None)["history"]

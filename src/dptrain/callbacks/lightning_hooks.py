@@ -20,9 +20,9 @@ there is given to the other devices' copies as a callback's edits are (``ModelEd
 unfrozen trains on every device). Its ``self.current_epoch`` and ``self.global_step`` are
 Lightning's at that point. What an epoch-end hook ``self.log``s joins the epoch's row (``val_``
 names as ``test_``, the others as ``train_``; several processes: the mean of theirs, each over
-its own part, as Lightning's DDP with ``sync_dist=True``). Those hooks read what each device's
-copy kept apart, so a module with them trains on one device a process (``auto_devices`` takes
-one; several is an error here naming processes).
+its own part, as Lightning's DDP with ``sync_dist=True``). Those hooks read what the steps kept,
+which each device's copy keeps apart: on several devices of a process it is put together in the
+module first (``engine/kept_outputs.py``), so they see what one device's module would hold.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 from torch import nn
 
+from ..engine.kept_outputs import KeptOutputs
 from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, Recording
 from ..engine.lightning_module import COURSE_HOOKS, EPOCH_END_HOOKS, LightningSteps, overridden
 from ..parallel.given_model import unwrapped
@@ -56,16 +57,19 @@ def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> None:
     if hooks:
         given = what.get("callbacks") or []
         listed: List[Any] = list(given) if isinstance(given, (list, tuple)) else [given]
-        what["callbacks"] = [ModuleHooks(model, hooks, steps.clock)] + listed
+        what["callbacks"] = [ModuleHooks(model, hooks, steps)] + listed
 
 
 class ModuleHooks(Callback):
     """Calls ``hooks`` (those of ``COURSE_HOOKS`` the module overrides) of ``module`` at their
-    points; ``clock``: the module's stand-in trainer (None: it has its own), set to the epoch
-    first. What an epoch-end hook logs joins the epoch's row (over the processes, the mean)."""
+    points; ``steps``: its ``LightningSteps``, whose ``clock`` (the module's stand-in trainer;
+    None: it has its own) is set to the epoch first. What an epoch-end hook logs joins the
+    epoch's row (over the processes, the mean); on several devices, what the steps kept is put
+    together first (``KeptOutputs``)."""
 
-    def __init__(self, module: nn.Module, hooks: Sequence[str], clock: Any = None):
-        self.module, self.hooks, self.clock = module, tuple(hooks), clock
+    def __init__(self, module: nn.Module, hooks: Sequence[str], steps: LightningSteps):
+        self.module, self.hooks, self.steps, self.clock = module, tuple(hooks), steps, steps.clock
+        self.ends = any(hook in self.hooks for hook in EPOCH_END_HOOKS)
 
     def _call(self, event: str, run: Any, epochs_done: int) -> Dict[str, float]:
         if self.clock is not None:
@@ -86,27 +90,33 @@ class ModuleHooks(Callback):
         return logged
 
     def on_fit_start(self, run: Any) -> None:
-        if len(run.devices) > 1 and any(hook in self.hooks for hook in EPOCH_END_HOOKS):
-            raise ValueError(f"the module's {', '.join(h for h in EPOCH_END_HOOKS if h in self.hooks)} read what its "
-                             f"steps kept, of which each of the {len(run.devices)} devices' copies keeps its own "
-                             f"part: train on one device a process (devices=1; several: dptrain launch "
-                             f"--processes N, each its part, as Lightning's DDP), or give their work to a "
-                             f"dptrain.Callback")
+        if self.ends and len(run.devices) > 1:
+            self.steps.kept = KeptOutputs(run.engine.replicas, run.devices[0])
         self._call("on_fit_start", run, run.epoch - 1)
 
     def on_epoch_start(self, run: Any, epoch: int) -> None:
         self._call("on_epoch_start", run, epoch - 1)
+        if self.steps.kept is not None:         # (after the hook: a list it clears is marked empty)
+            self.steps.kept.start()
 
     def on_evaluate_start(self, run: Any, epoch: int) -> None:
         self._call("on_evaluate_start", run, epoch - 1)
+        if self.steps.kept is not None:
+            self.steps.kept.evaluating()
 
     def on_epoch_end(self, run: Any, epoch: int, row: Dict[str, Any]) -> None:
+        if self.steps.kept is not None:
+            self.steps.kept.gather({*self.steps.validated.paths.values(), *self.steps.trained.paths.values()})
         logged = self._call("on_epoch_end", run, epoch - 1)
-        if run.world_size > 1 and any(hook in self.hooks for hook in EPOCH_END_HOOKS):    # (every row alike)
+        if run.world_size > 1 and self.ends:    # (every row alike)
             each = run.collective.all_gather_object(logged)
             names = sorted({name for one in each for name in one})
             logged = {k: sum(one[k] for one in each if k in one) / sum(k in one for one in each) for k in names}
         row.update(logged)
 
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
+        self.steps.kept = None
         self._call("on_fit_end", run, run.epoch)         # (Lightning's: the epochs done)
+
+    def on_exception(self, run: Any, error: BaseException) -> None:
+        self.steps.kept = None

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -183,26 +182,6 @@ class StepLogs:
         warnings.warn(f"{self.where} logged {', '.join(repr(logged.get(n, n)) for n in new)} first after its first "
                       f"call, whose names are the figures kept: not recorded; log every name from the first call "
                       f"(self.log(name, value) each step)", stacklevel=2)
-
-    @contextmanager
-    def kept(self, model: nn.Module) -> Iterator[None]:
-        """The logged metric objects of ``model`` as they were before the block, after it (the
-        step called for another purpose: ``training_step`` for an evaluation's loss)."""
-        saved = []
-        for path in self.paths.values():
-            metric = model.get_submodule(path)
-            state = getattr(metric, "metric_state", None)       # (torchmetrics'; another's is left)
-            if state is not None:
-                saved.append((metric, {k: list(v) if isinstance(v, list) else v.clone() for k, v in state.items()},
-                              getattr(metric, "_update_count", None)))
-        try:
-            yield
-        finally:
-            for metric, state, count in saved:
-                for k, v in state.items():
-                    setattr(metric, k, v)
-                if count is not None:
-                    metric._update_count, metric._computed = count, None
 
     def reset(self, replicas: Sequence[nn.Module]) -> None:
         """A pass over the set starts: every copy of the logged metric objects is reset."""

@@ -19,14 +19,14 @@ batches, as Lightning's ``on_epoch=True``; a metric object over the epoch), besi
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from ..core.signatures import takes
 from ..parallel.given_model import unwrapped
+from .kept_outputs import KeptOutputs, outputs_kept
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 from .lightning_trainer import LateConfigure, TrainerStandIn, attach
 
@@ -39,22 +39,8 @@ def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
                   f"which dptrain does not make: {fix})",) + e.args[1:]
 
 
-#: Lightning's hooks of an epoch's end, which read what the steps kept (one device a process).
+#: Lightning's hooks of an epoch's end, which read what the steps kept (``kept_outputs.py``).
 EPOCH_END_HOOKS = ("on_validation_epoch_end", "on_train_epoch_end")
-
-
-@contextmanager
-def lists_kept(model: nn.Module, keep: bool = True) -> Iterator[None]:
-    """The lists the model's modules hold (a step's outputs, kept for an epoch-end hook) as long
-    after the block as before: what a call that is not one of the run's steps appended (the trial
-    before training, ``training_step`` giving an evaluation's loss) is dropped. ``keep`` False:
-    nothing done."""
-    held = [(v, len(v)) for m in model.modules() for v in vars(m).values() if type(v) is list] if keep else []
-    try:
-        yield
-    finally:
-        for kept, n in held:
-            del kept[n:]
 
 
 def _is_loss(out: Any) -> bool:
@@ -88,6 +74,7 @@ class LightningSteps:
         self.validated = StepLogs(evaluation, TEST_PREFIXES + PREFIXES if evaluation == "test_step" else PREFIXES)
         self.trained = StepLogs("training_step", TRAIN_PREFIXES)
         self.clock: Optional[TrainerStandIn] = None        # the module's trainer while fit trains it
+        self.kept: Optional[KeptOutputs] = None            # its devices' copies' kept outputs (several devices)
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None) -> None:
         """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the
@@ -111,6 +98,8 @@ class LightningSteps:
             raise
 
     def __call__(self, model: nn.Module, batch: Any) -> Any:
+        if self.kept is not None:
+            self.kept.count(model)
         if model.training:
             return self._train(model, batch)
         if self.validation is False:
@@ -127,8 +116,8 @@ class LightningSteps:
 
     def _evaluated(self, model: nn.Module, batch: Any) -> Any:
         """``training_step`` for an evaluation's loss: the metric objects it updates (training's,
-        over the epoch) left as they were."""
-        with self.trained.kept(model), lists_kept(model, self.ends_epoch):
+        over the epoch) and the lists it appends to left as they were."""
+        with outputs_kept(model, self.ends_epoch):
             return self._train(model, batch)
 
     def _train(self, model: nn.Module, batch: Any) -> Any:

@@ -28,7 +28,8 @@ from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .evaluation import Totals, evaluate
-from .lightning_module import LightningSteps, lists_kept
+from .kept_outputs import outputs_kept
+from .lightning_module import LightningSteps
 from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number
 from .stateful_metrics import StatefulMetrics
@@ -154,7 +155,7 @@ class ModelEngine:
             for step in self.task.updates.values() or [None]:
                 self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0], step=step)
         steps = self.task.step if isinstance(self.task.step, LightningSteps) else None
-        with lists_kept(self.task.model, steps is not None and steps.ends_epoch):    # (these calls keep nothing)
+        with outputs_kept(self.task.model, steps is not None and steps.ends_epoch):     # (these calls keep nothing)
             self.replicas.initialize(example, run)
             if eval_example is not None:
                 with evaluating(self.replicas[0]), torch.no_grad():

@@ -33,7 +33,6 @@ import torch
 from ..core.devices import format_device
 from ..core.stage import stage
 from ..data.dataset_loader import make_loader
-from ..engine.lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
 from ..engine.task import Task
@@ -63,11 +62,6 @@ def pick(task: Task, config: TrainConfig, devices: List[torch.device], distribut
         log(f"dptrain: devices auto: resuming on {len(kept)} of the {len(devices)} devices, as the checkpoint's run "
             f"chose; pass devices= to choose")
         return task, kept
-    kept_apart = overridden(task.model, EPOCH_END_HOOKS) if isinstance(task.step, LightningSteps) else []
-    if kept_apart and _automatic(config, task, devices, distributed, batch_size):
-        say(f"dptrain: devices auto: {format_device(devices[0])}: the module's {', '.join(kept_apart)} read what its "
-            f"steps kept, which each device's copy would keep apart; pass devices= to choose")
-        return task, devices[:1]
     if wanted(config, task, devices, distributed, batch_size):
         with stage("choosing the devices (a few steps on each choice)"):
             return choose(task, config, devices, batch_size, epochs, say)
