@@ -59,6 +59,10 @@ class LightningLike(nn.Module):
     def global_step(self):
         return self.trainer.global_step if self._trainer else 0
 
+    def all_gather(self, data, group=None, sync_grads=False):
+        """Lightning's: each process's tensor stacked, by its trainer's strategy."""
+        return self.trainer.strategy.all_gather(torch.as_tensor(data), group=group, sync_grads=sync_grads)
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_trainer"] = None

@@ -11,6 +11,7 @@ from torch.utils.data import IterableDataset
 
 import dptrain
 from dptrain.callbacks import EarlyStopping
+from dptrain.engine.lightning_trainer import StrategyStandIn, TrainerStandIn
 from tests.engine.test_lightning_module import LightningLike, data
 
 
@@ -339,3 +340,44 @@ def test_a_plateau_scheduler_decides_on_what_an_epoch_end_hook_logs():
     for a, b in zip(model.parameters(), expected.parameters()):
         torch.testing.assert_close(a, b)
 
+
+
+class Gathering(EpochEnds):
+    """Lightning's DDP habit for a figure over the whole set: the epoch-end hook gathers every
+    process's kept outputs (``self.all_gather``) and asks the strategy for a sum."""
+
+    def on_validation_epoch_end(self):
+        hits = self.all_gather(torch.cat(self.hits))            # (world_size, n) on several processes
+        strategy = self.trainer.strategy
+        strategy.barrier()
+        self.log("val_rate", hits.float().mean())
+        self.log("val_seen", strategy.reduce(torch.tensor(len(torch.cat(self.hits))), reduce_op="sum"))
+        self.log("val_said", strategy.broadcast(float(self.trainer.global_rank) + 7))     # (rank 0's: 7)
+        self.hits.clear()
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_strategy_gathers_over_the_processes_and_is_the_identity_in_one(devices):
+    model, expected = twins(Gathering)
+    torch.manual_seed(0)
+    alone = dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=1,
+                        log=None)["history"][0]
+    row = dptrain.fit(model, data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=devices,
+                      log=None)["history"][0]
+    assert row["test_rate"] == pytest.approx(alone["test_rate"], rel=1e-6)
+    assert (row["test_seen"], row["test_said"]) == (32, 7)      # (every sample; rank 0's value)
+    with pytest.raises(ValueError, match=r"reduce\(reduce_op='max'\): fit's takes 'sum' or 'mean'"):
+        StrategyStandIn(TrainerStandIn(1, None)).reduce(torch.ones(1), reduce_op="max")
+
+
+class GatheringInTheStep(EpochEnds):
+    def training_step(self, batch, batch_idx):
+        self.all_gather(batch[1])           # (Lightning's DDP: once a process; here once a device's thread)
+        return super().training_step(batch, batch_idx)
+
+
+def test_the_strategy_asked_in_a_step_on_several_devices_of_a_process_is_an_error():
+    assert dptrain.fit(GatheringInTheStep(), data(), epochs=1, batch_size=16, devices=1, log=None)["history"]
+    with pytest.raises(RuntimeError, match=r"trainer.strategy.all_gather was called in a step on one of the "
+                                           r"process's 2 devices, each of which would ask on its own"):
+        dptrain.fit(GatheringInTheStep(), data(), epochs=1, batch_size=16, devices=2, log=None)

@@ -12,7 +12,7 @@ import dptrain
 from dptrain.distributed.once import FailedElsewhere
 from tests.distributed.helpers import run_workers
 from tests.engine.test_lightning_module import Lit, TrainLogging, data
-from tests.engine.test_lightning_trainer import EpochEnds
+from tests.engine.test_lightning_trainer import EpochEnds, Gathering
 
 
 class DM:
@@ -176,7 +176,7 @@ def _prepared_once_per_machine(rank, world_size, folder):
     except (ValueError, FailedElsewhere) as e:
         error = f"{type(e).__name__}: {e}"
     torch.manual_seed(0)
-    ends = dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=2,
+    ends = dptrain.fit(Gathering(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=2,
                        progress=False, log=None)["history"]      # (2 devices a process: each process's put together)
     return dm.calls, failing.calls, error, result["history"], [p.detach().tolist() for p in model.parameters()], ends
 
@@ -200,9 +200,10 @@ def test_prepare_data_runs_in_one_process_of_the_machine_while_the_other_waits_a
     torch.manual_seed(0)
     alone = dptrain.fit(EpochEnds(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=1,
                         progress=False, log=None)["history"]
-    for ends in (ends0, ends1):
+    for ends in (ends0, ends1):      # (test_rate over the processes' parts gathered by self.all_gather)
         assert {k: ends[0][k] for k in ("test_rate", "train_step_loss")} == pytest.approx(
             {k: alone[0][k] for k in ("test_rate", "train_step_loss")}, rel=1e-5)
+        assert (ends[0]["test_seen"], ends[0]["test_said"]) == (32, 7)    # (the strategy's sum; rank 0's value)
     assert error0 == "ValueError: the mirror answered 404"
     assert error1 == ("FailedElsewhere: DM.prepare_data() failed in the process of rank 0, which this one waited "
                       "for: ValueError: the mirror answered 404")

@@ -11,7 +11,8 @@ It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before th
 an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
 ``global_rank``, ``local_rank``, ``is_global_zero``, ``accumulate_grad_batches``, ``datamodule``
 (the one given to fit, else None), ``logger`` and ``progress_bar_callback`` None (``self.print``
-prints on rank 0), and ``estimated_stepping_batches``: the updates of the run (epochs x an
+prints on rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over the processes), and
+``estimated_stepping_batches``: the updates of the run (epochs x an
 epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if fewer), counted once the
 training data is loaded. A ``configure_optimizers`` that reads it (``OneCycleLR(total_steps=...)``) is called
 then (``LateConfigure``, resolved by the run: ``Task.configure_later``), not when fit starts.
@@ -21,10 +22,13 @@ calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Optional
 
+import torch
 from torch import nn
 
+from ..distributed.collective import Collective, get_collective
 from ..distributed.env import DistEnv
 
 #: What the stand-in counts once the training data is loaded.
@@ -50,9 +54,16 @@ class TrainerStandIn:
         self.world_size, self.global_rank, self.local_rank = env.world_size, env.rank, env.local_rank
         self.is_global_zero = env.rank == 0
         self.updates_asked = False      # estimated_stepping_batches was read before it was counted
+        self.devices_here, self.thread = 1, threading.get_ident()       # (this process's devices; fit's thread)
 
     def at(self, epoch: int, step: int) -> None:
         self.current_epoch, self.global_step = epoch, step
+
+    @property
+    def strategy(self) -> "StrategyStandIn":
+        if "_strategy" not in vars(self):
+            self._strategy = StrategyStandIn(self)
+        return self._strategy
 
     def __deepcopy__(self, memo: Any) -> "TrainerStandIn":
         return self                 # (one for every copy of the module)
@@ -70,6 +81,56 @@ class TrainerStandIn:
                              f"{UPDATES}, not {name}: read what you need "
                              f"from the run in a dptrain.Callback (run.epoch, run.step...) and set it on run.model, "
                              f"which every device's copy then has")
+
+
+class StrategyStandIn:
+    """``self.trainer.strategy``: the collectives over fit's processes that a module's hooks ask of
+    Lightning's DDP strategy, as it gives them: ``self.all_gather(x)`` (which calls
+    ``all_gather``) each process's ``x`` stacked, ``(world_size, *x.shape)`` (one process: ``x``
+    itself), ``reduce`` a sum or mean, ``barrier``, ``broadcast``. Once a process, where fit runs
+    (an epoch-end hook); in a step on several devices of a process, each device's thread would
+    ask on its own: an error naming the fix. Made on first use (the processes have joined)."""
+
+    def __init__(self, trainer: TrainerStandIn):
+        self.trainer = trainer
+        self.world_size, self.global_rank, self.is_global_zero = trainer.world_size, trainer.global_rank, \
+            trainer.is_global_zero
+        self._collective: Optional[Collective] = None
+
+    def _ready(self, what: str) -> Collective:
+        if self.trainer.devices_here > 1 and threading.get_ident() != self.trainer.thread:
+            raise RuntimeError(f"trainer.strategy.{what} was called in a step on one of the process's "
+                               f"{self.trainer.devices_here} devices, each of which would ask on its own: call it "
+                               f"in an epoch-end hook (on_validation_epoch_end), which runs once a process, or "
+                               f"train on one device a process (devices=1; dptrain launch --processes N)")
+        if self._collective is None:
+            self._collective = get_collective()
+        return self._collective
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        if sync_grads:
+            raise ValueError("all_gather(sync_grads=True) (gradients through the gather, a contrastive loss over "
+                             "every process's batch) is not done by fit: give each process's loss over its own part")
+        collective = self._ready("all_gather")
+        return tensor if collective.world_size == 1 else torch.stack(collective.all_gather(tensor))
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        op = str(reduce_op).lower().rsplit(".", 1)[-1]      # ("sum", "mean", "avg", ReduceOp.SUM)
+        if op not in ("sum", "mean", "avg"):
+            raise ValueError(f"trainer.strategy.reduce(reduce_op={reduce_op!r}): fit's takes 'sum' or 'mean'")
+        collective = self._ready("reduce")
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        total = collective.all_reduce(tensor.detach().clone().double())
+        return (total if op == "sum" else total / collective.world_size).to(
+            tensor.dtype if tensor.is_floating_point() or op == "sum" else torch.get_default_dtype())
+
+    def barrier(self, name: Optional[str] = None) -> None:
+        self._ready("barrier").all_gather_object(None)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        collective = self._ready("broadcast")
+        return collective.scatter_object([obj] * collective.world_size if collective.rank == src else None, src)
 
 
 class LateConfigure:
