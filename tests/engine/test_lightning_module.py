@@ -59,6 +59,14 @@ class LightningLike(nn.Module):
     def global_step(self):
         return self.trainer.global_step if self._trainer else 0
 
+    def optimizers(self, use_pl_optimizer=True):
+        opts = self.trainer.strategy._lightning_optimizers if use_pl_optimizer else self.trainer.optimizers
+        return opts[0] if isinstance(opts, list) and len(opts) == 1 else opts
+
+    def lr_schedulers(self):
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        return None if not schedulers else schedulers[0] if len(schedulers) == 1 else schedulers
+
     def all_gather(self, data, group=None, sync_grads=False):
         """Lightning's: each process's tensor stacked, by its trainer's strategy."""
         return self.trainer.strategy.all_gather(torch.as_tensor(data), group=group, sync_grads=sync_grads)

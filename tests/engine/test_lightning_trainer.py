@@ -381,3 +381,24 @@ def test_the_strategy_asked_in_a_step_on_several_devices_of_a_process_is_an_erro
     with pytest.raises(RuntimeError, match=r"trainer.strategy.all_gather was called in a step on one of the "
                                            r"process's 2 devices, each of which would ask on its own"):
         dptrain.fit(GatheringInTheStep(), data(), epochs=1, batch_size=16, devices=2, log=None)
+
+
+class ReadsItsOptimizer(EpochEnds):
+    """Lightning's habit of logging the learning rate in the step: ``self.optimizers()`` and
+    ``self.lr_schedulers()`` (the run's optimizer and scheduler)."""
+
+    def training_step(self, batch, batch_idx):
+        self.log("step_lr", self.optimizers().param_groups[0]["lr"])
+        self.log("last_lr", self.lr_schedulers().get_last_lr()[0])
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.2)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)}
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_module_reads_the_runs_optimizer_and_scheduler(devices):
+    result = dptrain.fit(ReadsItsOptimizer(), data(), epochs=3, batch_size=16, devices=devices, log=None)
+    assert [row["train_step_lr"] for row in result["history"]] == pytest.approx([0.2, 0.1, 0.05])
+    assert [row["train_last_lr"] for row in result["history"]] == pytest.approx([0.2, 0.1, 0.05])

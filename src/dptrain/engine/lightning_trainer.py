@@ -11,8 +11,9 @@ It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before th
 an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
 ``global_rank``, ``local_rank``, ``is_global_zero``, ``accumulate_grad_batches``, ``datamodule``
 (the one given to fit, else None), ``logger`` and ``progress_bar_callback`` None (``self.print``
-prints on rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over the processes), and
-``estimated_stepping_batches``: the updates of the run (epochs x an
+prints on rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over the processes),
+``optimizers`` and ``lr_scheduler_configs`` (the run's: ``self.optimizers()`` and
+``self.lr_schedulers()`` read them; ``lend``), and ``estimated_stepping_batches``: the updates of the run (epochs x an
 epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if fewer), counted once the
 training data is loaded. A ``configure_optimizers`` that reads it (``OneCycleLR(total_steps=...)``) is called
 then (``LateConfigure``, resolved by the run: ``Task.configure_later``), not when fit starts.
@@ -22,6 +23,7 @@ calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Callable, Optional
 
@@ -59,6 +61,16 @@ class TrainerStandIn:
     def at(self, epoch: int, step: int) -> None:
         self.current_epoch, self.global_step = epoch, step
 
+    def lend(self, optimizer: Any, scheduler: Any, interval: str, monitor: Optional[str]) -> None:
+        """The run's optimizer (several: a dict) and scheduler, which the module's ``self.optimizers()``
+        and ``self.lr_schedulers()`` read (Lightning's ``trainer.optimizers``, ``lr_scheduler_configs``);
+        before the run makes them (the trial call), those the module's ``configure_optimizers`` gave."""
+        self.optimizers = list(optimizer.values()) if isinstance(optimizer, dict) else \
+            [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else []     # (a factory: none yet)
+        self.strategy._lightning_optimizers = self.optimizers
+        each = [] if scheduler is None else list(getattr(scheduler, "schedulers", {"": scheduler}).values())
+        self.lr_scheduler_configs = [SchedulerConfig(s, interval, monitor) for s in each]
+
     @property
     def strategy(self) -> "StrategyStandIn":
         if "_strategy" not in vars(self):
@@ -81,6 +93,21 @@ class TrainerStandIn:
                              f"{UPDATES}, not {name}: read what you need "
                              f"from the run in a dptrain.Callback (run.epoch, run.step...) and set it on run.model, "
                              f"which every device's copy then has")
+
+
+@dataclasses.dataclass
+class SchedulerConfig:
+    """Lightning's ``LRSchedulerConfig``, as ``self.lr_schedulers()`` reads it."""
+    scheduler: Any
+    interval: str = "epoch"
+    monitor: Optional[str] = None
+    frequency: int = 1
+    name: Optional[str] = None
+    strict: bool = True
+
+    @property
+    def reduce_on_plateau(self) -> bool:
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 class StrategyStandIn:

@@ -188,6 +188,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         updates = run_updates(train_loader, config, epochs)
         task.step.clock.estimated_stepping_batches = float("inf") if updates is None else updates
         task.step.clock.devices_here = len(devices)
+        task.step.clock.lend(task.optimizer, getattr(task.scheduler, "scheduler", None), task.scheduler_interval,
+                             task.scheduler_monitor)      # (the module's own, for the trial call; the run's later)
     with stage("trying the model on a training and an evaluation batch, before training"):
         engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one (if known)
