@@ -110,7 +110,8 @@ def test_a_lightning_module_trains_as_lightnings_automatic_optimization_does(dev
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert lines[0].startswith("dptrain: model.training_step is the step and validation_step evaluates (a "
                                "LightningModule's)")
-    assert "dptrain: the optimizer is model.configure_optimizers()'s (a LightningModule's)" in lines
+    assert "dptrain: the optimizer is model.configure_optimizers()'s (a LightningModule's), called once the " \
+           "training data is loaded" in lines
     assert not any("no optimizer given" in line for line in lines)
     assert [r["lr"] for r in result["history"]] == [0.01, 0.005]
     # batch_idx: each batch's index in its epoch, training and evaluation; validation_step was

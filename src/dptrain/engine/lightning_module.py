@@ -28,15 +28,7 @@ from ..core.signatures import takes
 from ..parallel.given_model import unwrapped
 from .kept_outputs import KeptOutputs, outputs_kept
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
-from .lightning_trainer import LateConfigure, TrainerStandIn, attach
-
-
-def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
-    """Lightning's "... is not attached to a `Trainer`." raised in ``model.<method>``: add why
-    (dptrain makes no Trainer) and ``fix`` to the message; other errors are left as they are."""
-    if "attached to a `Trainer`" in str(e) and e.args:
-        e.args = (f"{e.args[0]} (dptrain called model.{method}, a LightningModule's, and it reads the Trainer, "
-                  f"which dptrain does not make: {fix})",) + e.args[1:]
+from .lightning_trainer import LateConfigure, TrainerStandIn, attach, explain_trainer
 
 
 #: Lightning's hooks of an epoch's end, which read what the steps kept (``kept_outputs.py``).
@@ -235,13 +227,14 @@ def predict_step_of(model: nn.Module) -> Optional[Callable[[nn.Module, Any, int]
     return call
 
 
-def adopt(model: nn.Module, what: Dict[str, Any], stand_in: Optional[TrainerStandIn] = None) -> List[str]:
+def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> List[str]:
     """Fill ``what`` (``fit``'s task keywords) from a ``LightningModule``'s methods where it
     does not say; return a line for each taken. ``stand_in``: its trainer for the run, if it
-    has none (``lightning_trainer.py``; ``detach`` after the run)."""
+    has none (``lightning_trainer.py``; ``detach`` after the run), which calls its
+    ``configure_optimizers`` once the training data is loaded (``LateConfigure``)."""
     model = unwrapped(model)                # (a DDP script's wrapper: the module inside trains)
     notes, steps = [], steps_of(model, what)
-    if steps is not None and stand_in is not None and attach(model, stand_in):
+    if steps is not None and attach(model, stand_in):
         steps.clock = stand_in
     if steps is not None:
         if getattr(model, "automatic_optimization", True) is False:
@@ -257,18 +250,7 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: Optional[TrainerStan
                      "gives self.log is each epoch's figures over its batches (train_acc)")
     configure = getattr(model, "configure_optimizers", None)
     if "optimizer" not in what and callable(configure) and takes(configure, 0):
-        try:
-            optimizer = configure()
-        except Exception as e:
-            if isinstance(e, RuntimeError):
-                explain_trainer(e, "configure_optimizers()", "give fit optimizer= and scheduler= yourself")
-            if not (stand_in is not None and stand_in.updates_asked):
-                raise
-        if stand_in is not None and stand_in.updates_asked:     # (even where it fell back: getattr(..., 1000))
-            what["optimizer"] = LateConfigure(configure, stand_in)
-            notes.append("the optimizer is model.configure_optimizers()'s (a LightningModule's), called once the "
-                         "training data is loaded: it reads self.trainer.estimated_stepping_batches")
-        elif optimizer is not None:
-            what["optimizer"] = optimizer
-            notes.append("the optimizer is model.configure_optimizers()'s (a LightningModule's)")
+        what["optimizer"] = LateConfigure(configure, stand_in)      # (it may read the run's updates)
+        notes.append("the optimizer is model.configure_optimizers()'s (a LightningModule's), called once the "
+                     "training data is loaded")
     return notes

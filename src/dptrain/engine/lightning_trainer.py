@@ -15,8 +15,8 @@ prints on rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over t
 ``optimizers`` and ``lr_scheduler_configs`` (the run's: ``self.optimizers()`` and
 ``self.lr_schedulers()`` read them; ``lend``), and ``estimated_stepping_batches``: the updates of the run (epochs x an
 epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if fewer), counted once the
-training data is loaded. A ``configure_optimizers`` that reads it (``OneCycleLR(total_steps=...)``) is called
-then (``LateConfigure``, resolved by the run: ``Task.configure_later``), not when fit starts.
+training data is loaded. ``configure_optimizers`` is called then, once (``LateConfigure``,
+resolved by the run: ``Task.configure_later``), so that it may read it (``OneCycleLR(total_steps=...)``).
 Anything else of Lightning's ``Trainer`` (its loops, callbacks) is an ``AttributeError`` naming
 the fix. Every device's copy of the module shares it (``LightningSteps`` sets it on the copy it
 calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
@@ -55,7 +55,7 @@ class TrainerStandIn:
         self.max_epochs, self.max_steps = max_epochs, max_steps if max_steps is not None else -1
         self.world_size, self.global_rank, self.local_rank = env.world_size, env.rank, env.local_rank
         self.is_global_zero = env.rank == 0
-        self.updates_asked = False      # estimated_stepping_batches was read before it was counted
+        self._count: Optional[Callable[[], int]] = None     # counts estimated_stepping_batches, when asked
         self.devices_here, self.thread = 1, threading.get_ident()       # (this process's devices; fit's thread)
 
     def at(self, epoch: int, step: int) -> None:
@@ -84,9 +84,11 @@ class TrainerStandIn:
         if name.startswith("__"):
             raise AttributeError(name)
         if name == UPDATES:
-            self.updates_asked = True
-            raise AttributeError(f"model.trainer.{UPDATES} is counted once the training data is loaded: read it in "
-                                 f"configure_optimizers (called then) or a training step, not before fit")
+            if self._count is None:
+                raise AttributeError(f"model.trainer.{UPDATES} is counted once the training data is loaded: read it "
+                                     f"in configure_optimizers (called then) or a training step, not before fit")
+            self.estimated_stepping_batches = value = self._count()
+            return value
         raise AttributeError(f"model.trainer.{name}: while fit trains a LightningModule, its trainer is dptrain's "
                              f"stand-in, which holds current_epoch, global_step, max_epochs, max_steps, world_size, "
                              f"global_rank, local_rank, is_global_zero, accumulate_grad_batches, datamodule and "
@@ -160,19 +162,34 @@ class StrategyStandIn:
         return collective.scatter_object([obj] * collective.world_size if collective.rank == src else None, src)
 
 
+def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
+    """Lightning's "... is not attached to a `Trainer`." raised in ``model.<method>``: add why
+    (dptrain makes no Trainer) and ``fix`` to the message; other errors are left as they are."""
+    if "attached to a `Trainer`" in str(e) and e.args:
+        e.args = (f"{e.args[0]} (dptrain called model.{method}, a LightningModule's, and it reads the Trainer, "
+                  f"which dptrain does not make: {fix})",) + e.args[1:]
+
+
 class LateConfigure:
-    """A module's ``configure_optimizers`` that reads ``estimated_stepping_batches``, as fit's
-    optimizer: called with the run's updates once they are counted."""
+    """A module's ``configure_optimizers`` as fit's optimizer: called once, when the run has
+    loaded its training data, with ``count`` giving ``estimated_stepping_batches`` if it reads it
+    (counted then, on the loader the run makes)."""
 
     def __init__(self, configure: Callable[[], Any], stand_in: TrainerStandIn):
         self.configure, self.stand_in = configure, stand_in
 
-    def __call__(self, updates: int) -> Any:
-        self.stand_in.estimated_stepping_batches = updates
-        return self.configure()
+    def __call__(self, count: Callable[[], int]) -> Any:
+        self.stand_in._count = count
+        try:
+            return self.configure()
+        except RuntimeError as e:
+            explain_trainer(e, "configure_optimizers()", "give fit optimizer= and scheduler= yourself")
+            raise
+        finally:
+            self.stand_in._count = None
 
     def __repr__(self) -> str:
-        return "model.configure_optimizers (once the updates are counted)"
+        return "model.configure_optimizers (called once the training data is loaded)"
 
 
 def attach(model: nn.Module, stand_in: TrainerStandIn) -> bool:

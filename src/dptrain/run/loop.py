@@ -71,9 +71,9 @@ class Run(RunView):
             self.log(counted)
         self.collective = get_collective()
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
-        if task.configured_later:       # (a LightningModule's, reading estimated_stepping_batches)
+        if task.configured_later:       # (a LightningModule's: it may read estimated_stepping_batches)
             with stage("calling the model's configure_optimizers"):
-                task.configure_later(planned_updates(task, config, env, devices, self.batch_size, self.epochs))
+                task.configure_later(lambda: planned_updates(task, config, env, devices, self.batch_size, self.epochs))
         train_mode(task.model, self.log)
         say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
         # devices auto on a CPU: virtual devices only if they pay
