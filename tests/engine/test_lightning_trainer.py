@@ -121,7 +121,9 @@ def test_what_the_stand_in_does_not_hold_names_the_way():
         def training_step(self, batch, batch_idx):
             return self.trainer.fit_loop
     with pytest.raises(AttributeError, match=r"model.trainer.fit_loop: while fit trains a LightningModule, its trainer "
-                                             r"is dptrain's stand-in, .* and estimated_stepping_batches, not fit_loop: "
+                                             r"is dptrain's stand-in, .* strategy \(all_gather, reduce, barrier, "
+                                             r"broadcast\), optimizers, lr_scheduler_configs and "
+                                             r"estimated_stepping_batches, not fit_loop: "
                                              r"read what you need from the run in a dptrain.Callback"):
         dptrain.fit(Loops(), data(), epochs=1, devices=1, log=None)
 

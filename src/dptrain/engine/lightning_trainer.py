@@ -13,10 +13,11 @@ an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size`
 (the one given to fit, else None), ``logger`` and ``progress_bar_callback`` None (``self.print``
 prints on rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over the processes),
 ``optimizers`` and ``lr_scheduler_configs`` (the run's: ``self.optimizers()`` and
-``self.lr_schedulers()`` read them; ``lend``), and ``estimated_stepping_batches``: the updates of the run (epochs x an
-epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if fewer), counted once the
-training data is loaded. ``configure_optimizers`` is called then, once (``LateConfigure``,
-resolved by the run: ``Task.configure_later``), so that it may read it (``OneCycleLR(total_steps=...)``).
+``self.lr_schedulers()`` read them; ``lend``), and ``estimated_stepping_batches``: the updates
+of the run (epochs x an epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if
+fewer), counted when read, once the training data is loaded. ``configure_optimizers`` is called
+then, once (``LateConfigure``, resolved by the run: ``Task.configure_later``), so that it may
+read it (``OneCycleLR(total_steps=...)``).
 Anything else of Lightning's ``Trainer`` (its loops, callbacks) is an ``AttributeError`` naming
 the fix. Every device's copy of the module shares it (``LightningSteps`` sets it on the copy it
 calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
@@ -91,10 +92,10 @@ class TrainerStandIn:
             return value
         raise AttributeError(f"model.trainer.{name}: while fit trains a LightningModule, its trainer is dptrain's "
                              f"stand-in, which holds current_epoch, global_step, max_epochs, max_steps, world_size, "
-                             f"global_rank, local_rank, is_global_zero, accumulate_grad_batches, datamodule and "
-                             f"{UPDATES}, not {name}: read what you need "
-                             f"from the run in a dptrain.Callback (run.epoch, run.step...) and set it on run.model, "
-                             f"which every device's copy then has")
+                             f"global_rank, local_rank, is_global_zero, accumulate_grad_batches, datamodule, "
+                             f"strategy (all_gather, reduce, barrier, broadcast), optimizers, lr_scheduler_configs "
+                             f"and {UPDATES}, not {name}: read what you need from the run in a dptrain.Callback "
+                             f"(run.epoch, run.step...) and set it on run.model, which every device's copy then has")
 
 
 @dataclasses.dataclass
