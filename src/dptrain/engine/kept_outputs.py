@@ -23,14 +23,13 @@ steps (a trial, a loss for an evaluation) leaves the lists and the metric object
 """
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Sequence, Set, Tuple
 
 import torch
 from torch import nn
 
-from .stateful_metrics import _to, is_stateful
+from .stateful_metrics import is_stateful, merge_into
 
 
 def metric_objects(module: nn.Module) -> List[Tuple[str, nn.Module]]:
@@ -146,9 +145,9 @@ class KeptOutputs:
         for path, metric in metric_objects(self.replicas[0]):
             if path in logged:
                 continue
-            for replica in self.replicas[1:]:
-                other = replica.get_submodule(path)
-                metric.merge_state(_to(copy.deepcopy(other), self.device))
+            others = [replica.get_submodule(path) for replica in self.replicas[1:]]
+            merge_into(metric, others, self.device)
+            for other in others:
                 other.reset()
             if hasattr(metric, "_computed"):
                 metric._computed = None

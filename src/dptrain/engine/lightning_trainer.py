@@ -68,7 +68,6 @@ class TrainerStandIn:
         before the run makes them (the trial call), those the module's ``configure_optimizers`` gave."""
         self.optimizers = list(optimizer.values()) if isinstance(optimizer, dict) else \
             [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else []     # (a factory: none yet)
-        self.strategy._lightning_optimizers = self.optimizers
         each = [] if scheduler is None else list(getattr(scheduler, "schedulers", {"": scheduler}).values())
         self.lr_scheduler_configs = [SchedulerConfig(s, interval, monitor) for s in each]
 
@@ -136,6 +135,11 @@ class StrategyStandIn:
         if self._collective is None:
             self._collective = get_collective()
         return self._collective
+
+    @property
+    def _lightning_optimizers(self) -> Any:
+        """What Lightning's ``self.optimizers()`` reads: the run's optimizers (``lend``)."""
+        return self.trainer.optimizers
 
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
         if sync_grads:

@@ -77,8 +77,7 @@ class StatefulMetrics:
 
     def _merged(self, copies: List[Any]) -> Any:
         merged = copy.deepcopy(copies[0])
-        for other in copies[1:]:
-            merged.merge_state(_to(copy.deepcopy(other), self.devices[0]))
+        merge_into(merged, copies[1:], self.devices[0])
         return merged
 
     def states(self) -> Dict[str, Dict[str, Any]]:
@@ -135,6 +134,13 @@ def _members(metrics: Mapping[str, Any]) -> List[Tuple[str, Any]]:
                 continue
         out.append((name, metric))
     return out
+
+
+def merge_into(metric: Any, others: Sequence[Any], device: torch.device) -> None:
+    """Add the states of ``others`` (copies of ``metric`` on other devices, left as they are) to
+    ``metric``'s, on ``device``."""
+    for other in others:
+        metric.merge_state(_to(copy.deepcopy(other), device))
 
 
 def _to(metric: Any, device: torch.device) -> Any:
