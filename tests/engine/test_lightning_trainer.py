@@ -2,6 +2,8 @@
 the updates on every device's copy, ``estimated_stepping_batches`` counted from the training
 data, and a ``configure_optimizers`` that reads it called then."""
 import copy
+import math
+import os
 
 import pytest
 import torch
@@ -84,20 +86,32 @@ def test_configure_optimizers_reading_the_runs_updates_trains_as_the_plain_loop(
     assert model._trainer is None
 
 
-@pytest.mark.parametrize("settings, updates", [
-    (dict(epochs=3, accumulate_grad_batches=4), 6),     # 6 batches an epoch: 2 updates (the last of 2 batches)
-    (dict(epochs=3, max_steps=5), 5),                   # the limit, when fewer
-    (dict(max_steps=8), 8),                             # epochs as many as it needs
-    (dict(epochs=2, max_batches=4), 8),                 # Lightning's limit_train_batches
-    (dict(epochs=2, drop_last=True, batch_size=20), 8),  # 96 samples: 4 full batches of 20
-    (dict(epochs=1, validation_split=0.5), 3),          # 48 samples left to train: 3 batches
+class Counting(Cycled):
+    """... which also reads an epoch's batches, in configure_optimizers and in its steps."""
+
+    def training_step(self, batch, batch_idx):
+        Cycled.counted.append(self.trainer.num_training_batches)
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        Cycled.counted.append(("batches", self.trainer.num_training_batches))
+        return super().configure_optimizers()
+
+
+@pytest.mark.parametrize("settings, updates, batches", [
+    (dict(epochs=3, accumulate_grad_batches=4), 6, 6),     # 6 batches an epoch: 2 updates (the last of 2 batches)
+    (dict(epochs=3, max_steps=5), 5, 6),                # the limit, when fewer
+    (dict(max_steps=8), 8, 6),                          # epochs as many as it needs
+    (dict(epochs=2, max_batches=4), 8, 4),              # Lightning's limit_train_batches
+    (dict(epochs=2, drop_last=True, batch_size=20), 8, 4),  # 96 samples: 4 full batches of 20
+    (dict(epochs=1, validation_split=0.5), 3, 3),       # 48 samples left to train: 3 batches
 ])
-def test_the_estimate_is_the_runs_updates(settings, updates):
+def test_the_estimate_is_the_runs_updates_and_an_epochs_batches(settings, updates, batches):
     Cycled.counted.clear()
-    model = Cycled(fallback=True)       # (getattr's default: never taken, configure_optimizers called once)
+    model = Counting(fallback=True)     # (getattr's default: never taken, configure_optimizers called once)
     dptrain.fit(model, data(), **{"batch_size": 16, "devices": 1, "log": None, "progress": False, **settings})
-    assert Cycled.counted[0] == ("configured", updates)
-    assert set(Cycled.counted[1:]) == {updates}
+    assert Cycled.counted[:2] == [("batches", batches), ("configured", updates)]
+    assert set(Cycled.counted[2::2]) == {batches} and set(Cycled.counted[3::2]) == {updates}    # (every step)
 
 
 class Endless(IterableDataset):
@@ -112,8 +126,29 @@ def test_a_stream_without_a_length_needs_max_steps():
                                          r"known: give max_steps=N"):
         dptrain.fit(Cycled(), Endless(), epochs=1, batch_size=16, devices=1, log=None)
     Cycled.counted.clear()
-    dptrain.fit(Cycled(), Endless(), max_steps=4, batch_size=16, devices=1, log=None, progress=False)
-    assert Cycled.counted[0] == ("configured", 4)
+    dptrain.fit(Counting(), Endless(), max_steps=4, batch_size=16, devices=1, log=None, progress=False)
+    assert Cycled.counted[:3] == [("batches", math.inf), ("configured", 4), math.inf]     # (an epoch: read to its end)
+
+
+def test_the_runs_directory_is_the_checkpoint_directory_else_the_working_one(tmp_path, monkeypatch):
+    class Saves(Cycled):
+        def on_train_end(self):
+            torch.save(self.state_dict(), os.path.join(self.trainer.log_dir, "last.pt"))
+            assert self.trainer.default_root_dir == self.trainer.log_dir
+    dptrain.fit(Saves(), data(), epochs=1, batch_size=32, devices=1, log=None, checkpoint_dir=str(tmp_path / "run"))
+    monkeypatch.chdir(tmp_path)
+    dptrain.fit(Saves(), data(), epochs=1, batch_size=32, devices=1, log=None)
+    assert os.path.exists(tmp_path / "run" / "last.pt") and os.path.exists(tmp_path / "last.pt")
+
+
+def test_a_device_count_read_names_what_to_read_instead():
+    class Scaled(Cycled):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1 * self.trainer.num_devices)
+    with pytest.raises(AttributeError, match=r"model.trainer.num_devices: fit's batch_size is the global batch "
+                                             r"\(every device's and process's samples\), so counting steps needs "
+                                             r"no device count: an epoch is self.trainer.num_training_batches steps"):
+        dptrain.fit(Scaled(), data(), epochs=1, devices=1, log=None)
 
 
 def test_what_the_stand_in_does_not_hold_names_the_way():
@@ -122,7 +157,8 @@ def test_what_the_stand_in_does_not_hold_names_the_way():
             return self.trainer.fit_loop
     with pytest.raises(AttributeError, match=r"model.trainer.fit_loop: while fit trains a LightningModule, its trainer "
                                              r"is dptrain's stand-in, .* strategy \(all_gather, reduce, barrier, "
-                                             r"broadcast\), optimizers, lr_scheduler_configs and "
+                                             r"broadcast\), optimizers, lr_scheduler_configs, "
+                                             r"callback_metrics, log_dir, num_training_batches and "
                                              r"estimated_stepping_batches, not fit_loop: "
                                              r"read what you need from the run in a dptrain.Callback"):
         dptrain.fit(Loops(), data(), epochs=1, devices=1, log=None)
@@ -356,6 +392,7 @@ class Gathering(EpochEnds):
         self.log("val_seen", strategy.reduce(torch.tensor(len(torch.cat(self.hits))), reduce_op="sum"))
         self.log("val_said", strategy.broadcast(float(self.trainer.global_rank) + 7))     # (rank 0's: 7)
         self.hits.clear()
+        self.ran_by = self.trainer                              # (its callback_metrics, read after the run)
 
 
 @pytest.mark.parametrize("devices", [1, 2])

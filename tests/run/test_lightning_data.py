@@ -176,8 +176,10 @@ def _prepared_once_per_machine(rank, world_size, folder):
     except (ValueError, FailedElsewhere) as e:
         error = f"{type(e).__name__}: {e}"
     torch.manual_seed(0)
-    ends = dptrain.fit(Gathering(), data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=2,
+    gathering = Gathering()
+    ends = dptrain.fit(gathering, data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=2,
                        progress=False, log=None)["history"]      # (2 devices a process: each process's put together)
+    ends[0]["callback_metrics"] = {k: float(v) for k, v in gathering.ran_by.callback_metrics.items()}
     return dm.calls, failing.calls, error, result["history"], [p.detach().tolist() for p in model.parameters()], ends
 
 
@@ -204,6 +206,9 @@ def test_prepare_data_runs_in_one_process_of_the_machine_while_the_other_waits_a
         assert {k: ends[0][k] for k in ("test_rate", "train_step_loss")} == pytest.approx(
             {k: alone[0][k] for k in ("test_rate", "train_step_loss")}, rel=1e-5)
         assert (ends[0]["test_seen"], ends[0]["test_said"]) == (32, 7)    # (the strategy's sum; rank 0's value)
+        assert ends[0]["callback_metrics"] == pytest.approx(     # (as the row: what the hook logged, the mean)
+            {"val_rate": ends[0]["test_rate"], "val_seen": 32, "val_said": 7,
+             "train_step_loss": ends[0]["train_step_loss"]})
     assert error0 == "ValueError: the mirror answered 404"
     assert error1 == ("FailedElsewhere: DM.prepare_data() failed in the process of rank 0, which this one waited "
                       "for: ValueError: the mirror answered 404")

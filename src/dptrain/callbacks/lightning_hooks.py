@@ -23,10 +23,13 @@ names as ``test_``, the others as ``train_``; several processes: the mean of the
 its own part, as Lightning's DDP with ``sync_dist=True``). Those hooks read what the steps kept,
 which each device's copy keeps apart: on several devices of a process it is put together in the
 module first (``engine/kept_outputs.py``), so they see what one device's module would hold.
+Before each, the module's trainer (a stand-in) has in ``callback_metrics`` what the steps logged
+that it may read, by the logged names: the evaluation's figures before ``on_validation_epoch_end``,
+the training's before ``on_train_epoch_end`` (as Lightning's ``Trainer``), then what it logged.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -45,16 +48,21 @@ CALLED = {"on_fit_start": ("on_fit_start", "on_train_start"), "on_epoch_start": 
           "on_fit_end": ("on_train_end", "on_fit_end")}
 #: How a name each epoch-end hook logs begins (``val_f1`` in on_validation_epoch_end: ``test_f1``).
 ROW_NAMES = {"on_validation_epoch_end": ("test_", PREFIXES), "on_train_epoch_end": ("train_", TRAIN_PREFIXES)}
+#: Whose logged figures each epoch-end hook reads in ``callback_metrics`` (``LightningSteps``' step logs).
+READS = {"on_validation_epoch_end": "validated", "on_train_epoch_end": "trained"}
 
 
 def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> None:
     """Put first in ``what``'s callbacks (``fit``'s keywords) the caller of the hooks of the
-    run's course the model overrides, when it was taken as a LightningModule (its step is ours):
+    run's course the model overrides, when it was taken as a LightningModule (its step is ours;
+    with its trainer a stand-in, whatever it overrides: the caller fills ``callback_metrics``):
     first, so that what its epoch-end hooks log is in the row the other callbacks see."""
     steps = what.get("step")
     model = unwrapped(model)
-    hooks = overridden(model, COURSE_HOOKS) if isinstance(steps, LightningSteps) else []
-    if hooks:
+    if not isinstance(steps, LightningSteps):
+        return
+    hooks = overridden(model, COURSE_HOOKS)
+    if hooks or steps.clock is not None:        # (the stand-in's callback_metrics, filled at the epoch's end)
         given = what.get("callbacks") or []
         listed: List[Any] = list(given) if isinstance(given, (list, tuple)) else [given]
         what["callbacks"] = [ModuleHooks(model, hooks, steps)] + listed
@@ -65,17 +73,22 @@ class ModuleHooks(Callback):
     points; ``steps``: its ``LightningSteps``, whose ``clock`` (the module's stand-in trainer;
     None: it has its own) is set to the epoch first. What an epoch-end hook logs joins the
     epoch's row (over the processes, the mean); on several devices, what the steps kept is put
-    together first (``KeptOutputs``)."""
+    together first (``KeptOutputs``). The stand-in's ``callback_metrics`` is filled as they are
+    called (``_metrics``), whether the module overrides them or not."""
 
     def __init__(self, module: nn.Module, hooks: Sequence[str], steps: LightningSteps):
         self.module, self.hooks, self.steps, self.clock = module, tuple(hooks), steps, steps.clock
         self.ends = any(hook in self.hooks for hook in EPOCH_END_HOOKS)
+        self.hook_names: Dict[str, str] = {}    # the row's names of what the epoch-end hooks logged, by logged name
 
-    def _call(self, event: str, run: Any, epochs_done: int) -> Dict[str, float]:
+    def _call(self, event: str, run: Any, epochs_done: int, row: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
         if self.clock is not None:
             self.clock.at(epochs_done, run.step)
         logged: Dict[str, float] = {}
         for hook in CALLED[event]:
+            if row is not None and hook in ROW_NAMES:       # what the hook reads in callback_metrics, first
+                logs = getattr(self.steps, READS[hook]).logged_as()
+                self._metrics(row, {name: ROW_NAMES[hook][0] + figure for name, figure in logs.items()})
             if hook not in self.hooks or (hook == "on_validation_epoch_end" and not run.evaluated_epoch):
                 continue
             if hook not in ROW_NAMES:
@@ -87,7 +100,16 @@ class ModuleHooks(Callback):
             for name, metric in recording.objects.items():
                 recording.figures[name] = (metric.compute().detach().float(), 1)
             logged.update({start + name: float(value) for name, (value, _) in recording.figures.items()})
+            self.hook_names.update({name: start + figure for name, figure in recording.names.items()})
+            self._metrics(logged, self.hook_names)
         return logged
+
+    def _metrics(self, figures: Dict[str, Any], names: Dict[str, str]) -> None:
+        """Put in the stand-in's ``callback_metrics`` each of ``figures`` that ``names`` (the
+        module's logged names, by figure) names, as Lightning's: a tensor, by the logged name."""
+        if self.clock is not None:
+            self.clock.callback_metrics.update({name: torch.tensor(float(figures[key])) for name, key in names.items()
+                                                if key in figures})
 
     def on_fit_start(self, run: Any) -> None:
         if self.ends and len(run.devices) > 1:
@@ -107,11 +129,12 @@ class ModuleHooks(Callback):
     def on_epoch_end(self, run: Any, epoch: int, row: Dict[str, Any]) -> None:
         if self.steps.kept is not None:
             self.steps.kept.gather({*self.steps.validated.paths.values(), *self.steps.trained.paths.values()})
-        logged = self._call("on_epoch_end", run, epoch - 1)
+        logged = self._call("on_epoch_end", run, epoch - 1, row)
         if run.world_size > 1 and self.ends:    # (every row alike)
             each = run.collective.all_gather_object(logged)
             names = sorted({name for one in each for name in one})
             logged = {k: sum(one[k] for one in each if k in one) / sum(k in one for one in each) for k in names}
+            self._metrics(logged, self.hook_names)
         row.update(logged)
 
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:

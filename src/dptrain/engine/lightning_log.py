@@ -153,6 +153,10 @@ class StepLogs:
         self._names: Dict[str, str] = {}        # figure names by logged name
         self._known: Set[str] = set()           # the figures (and objects) the first call logged
 
+    def logged_as(self) -> Dict[str, str]:
+        """The figure each name the step logged is (``val_acc``: ``acc``)."""
+        return dict(self._names)
+
     def recording(self, model: nn.Module, batch: Any) -> Recording:
         return Recording(model, batch, self.where, self.prefixes, self._names)
 

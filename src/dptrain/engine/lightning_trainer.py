@@ -13,11 +13,17 @@ an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size`
 (the one given to fit, else None), ``logger`` and ``progress_bar_callback`` None (``self.print``
 prints on rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over the processes),
 ``optimizers`` and ``lr_scheduler_configs`` (the run's: ``self.optimizers()`` and
-``self.lr_schedulers()`` read them; ``lend``), and ``estimated_stepping_batches``: the updates
+``self.lr_schedulers()`` read them; ``lend``), ``estimated_stepping_batches``: the updates
 of the run (epochs x an epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if
-fewer), counted when read, once the training data is loaded. ``configure_optimizers`` is called
-then, once (``LateConfigure``, resolved by the run: ``Task.configure_later``), so that it may
-read it (``OneCycleLR(total_steps=...)``).
+fewer) and ``num_training_batches`` (an epoch's batches; inf: a stream's, read to its end),
+counted when read, once the training data is loaded. ``configure_optimizers`` is called then,
+once (``LateConfigure``, resolved by the run: ``Task.configure_later``), so that it may read
+them (``OneCycleLR(total_steps=...)``). ``callback_metrics`` (and ``logged_metrics``, the same)
+holds what the module logged, by the names it logged, each the latest epoch's figure as a
+tensor, as Lightning's (``ModuleHooks`` fills it at the epoch's end: the evaluation's figures
+before ``on_validation_epoch_end``, the training's before ``on_train_epoch_end``, and what each
+hook logs). ``default_root_dir`` and ``log_dir``: the run's ``checkpoint_dir``, else the
+working directory (Lightning's without a logger).
 Anything else of Lightning's ``Trainer`` (its loops, callbacks) is an ``AttributeError`` naming
 the fix. Every device's copy of the module shares it (``LightningSteps`` sets it on the copy it
 calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
@@ -25,8 +31,9 @@ calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import nn
@@ -34,8 +41,10 @@ from torch import nn
 from ..distributed.collective import Collective, get_collective
 from ..distributed.env import DistEnv
 
-#: What the stand-in counts once the training data is loaded.
-UPDATES = "estimated_stepping_batches"
+#: What the stand-in counts once the training data is loaded: the run's updates, an epoch's batches.
+UPDATES, BATCHES = "estimated_stepping_batches", "num_training_batches"
+#: What a module reads to count with devices, and what it reads in dptrain instead (its batch is global).
+DEVICE_COUNTS = {"num_devices": "device count", "num_nodes": "machine count", "train_dataloader": "loader"}
 
 
 class TrainerStandIn:
@@ -49,14 +58,17 @@ class TrainerStandIn:
     barebones = True
 
     def __init__(self, max_epochs: int, max_steps: Optional[int], accumulate_grad_batches: int = 1,
-                 datamodule: Any = None):
+                 datamodule: Any = None, root: Optional[str] = None):
         env = DistEnv.current()
+        self.default_root_dir = self.log_dir = root if root is not None else os.getcwd()
+        self.callback_metrics: Dict[str, torch.Tensor] = {}     # the latest epoch's, by logged name
+        self.logged_metrics = self.callback_metrics
         self.accumulate_grad_batches, self.datamodule = accumulate_grad_batches, datamodule
         self.current_epoch, self.global_step = 0, 0
         self.max_epochs, self.max_steps = max_epochs, max_steps if max_steps is not None else -1
         self.world_size, self.global_rank, self.local_rank = env.world_size, env.rank, env.local_rank
         self.is_global_zero = env.rank == 0
-        self._count: Optional[Callable[[], int]] = None     # counts estimated_stepping_batches, when asked
+        self._count: Optional[Callable[[str], float]] = None    # counts UPDATES or BATCHES, when asked
         self.devices_here, self.thread = 1, threading.get_ident()       # (this process's devices; fit's thread)
 
     def at(self, epoch: int, step: int) -> None:
@@ -83,18 +95,25 @@ class TrainerStandIn:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        if name == UPDATES:
+        if name in (UPDATES, BATCHES):
             if self._count is None:
-                raise AttributeError(f"model.trainer.{UPDATES} is counted once the training data is loaded: read it "
+                raise AttributeError(f"model.trainer.{name} is counted once the training data is loaded: read it "
                                      f"in configure_optimizers (called then) or a training step, not before fit")
-            self.estimated_stepping_batches = value = self._count()
+            value = self._count(name)
+            setattr(self, name, value)
             return value
+        if name in DEVICE_COUNTS:
+            raise AttributeError(f"model.trainer.{name}: fit's batch_size is the global batch (every device's and "
+                                 f"process's samples), so counting steps needs no {DEVICE_COUNTS[name]}: an epoch "
+                                 f"is self.trainer.{BATCHES} steps, the run self.trainer.{UPDATES} updates; "
+                                 f"world_size is the process count")
         raise AttributeError(f"model.trainer.{name}: while fit trains a LightningModule, its trainer is dptrain's "
                              f"stand-in, which holds current_epoch, global_step, max_epochs, max_steps, world_size, "
                              f"global_rank, local_rank, is_global_zero, accumulate_grad_batches, datamodule, "
-                             f"strategy (all_gather, reduce, barrier, broadcast), optimizers, lr_scheduler_configs "
-                             f"and {UPDATES}, not {name}: read what you need from the run in a dptrain.Callback "
-                             f"(run.epoch, run.step...) and set it on run.model, which every device's copy then has")
+                             f"strategy (all_gather, reduce, barrier, broadcast), optimizers, lr_scheduler_configs, "
+                             f"callback_metrics, log_dir, {BATCHES} and {UPDATES}, not {name}: read what you "
+                             f"need from the run in a dptrain.Callback (run.epoch, run.step...) and set it on "
+                             f"run.model, which every device's copy then has")
 
 
 @dataclasses.dataclass
@@ -177,13 +196,13 @@ def explain_trainer(e: RuntimeError, method: str, fix: str) -> None:
 
 class LateConfigure:
     """A module's ``configure_optimizers`` as fit's optimizer: called once, when the run has
-    loaded its training data, with ``count`` giving ``estimated_stepping_batches`` if it reads it
-    (counted then, on the loader the run makes)."""
+    loaded its training data, with ``count(name)`` giving ``estimated_stepping_batches`` or
+    ``num_training_batches`` if it reads them (counted then, on the loader the run makes)."""
 
     def __init__(self, configure: Callable[[], Any], stand_in: TrainerStandIn):
         self.configure, self.stand_in = configure, stand_in
 
-    def __call__(self, count: Callable[[], int]) -> Any:
+    def __call__(self, count: Callable[[str], float]) -> Any:
         self.stand_in._count = count
         try:
             return self.configure()

@@ -192,9 +192,9 @@ class Task:
         the run's updates are counted (it reads ``self.trainer.estimated_stepping_batches``)."""
         return isinstance(self.optimizer, LateConfigure)
 
-    def configure_later(self, count: Callable[[], int]) -> None:
-        """Call it now (``count()``: the run's updates, counted if it reads them) and take what it
-        gives (None: fit's default optimizer)."""
+    def configure_later(self, count: Callable[[str], float]) -> None:
+        """Call it now (``count(name)``: the run's updates or an epoch's batches, counted if it reads
+        them) and take what it gives (None: fit's default optimizer)."""
         made = self.optimizer(count)
         self.optimizer = "sgd" if made is None else made
         self._take_optimizer()

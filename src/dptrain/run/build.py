@@ -3,6 +3,7 @@ balancer, and the built-in output callbacks the config asks for."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -18,6 +19,7 @@ from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
 from ..engine.balance import Balancer
 from ..engine.lightning_module import LightningSteps
+from ..engine.lightning_trainer import BATCHES, UPDATES
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
 from .agreement import check_agreement, describe_data, describe_settings
@@ -104,28 +106,31 @@ def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dic
                        sharded=config.sharded_stream, drop_last=config.drop_last, **shard), eval_data
 
 
-def planned_updates(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
-                    epochs: Optional[int]) -> int:
-    """The updates a run makes from its start (Lightning's ``estimated_stepping_batches``):
-    epochs x an epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if fewer;
-    counted on the training loader the run makes, before it is made."""
+def planned_count(name: str, task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
+                  batch_size: int, epochs: Optional[int]) -> float:
+    """What a LightningModule's ``configure_optimizers`` reads of the run before it starts (``name``
+    one of ``trainer_counts``'), counted on the training loader the run makes, before it is made."""
     loader, _ = training_loader(task, config, batch_size, shard_of(task, config, env, devices))
-    updates = run_updates(loader, config, epochs)
+    value = trainer_counts(loader, config, epochs)[name]
     if hasattr(loader, "close"):
         loader.close()
-    if updates is None:
-        raise ValueError(f"the model's configure_optimizers reads self.trainer.estimated_stepping_batches, but the "
-                         f"training data ({type(loader.dataset).__name__}) has no length, so the run's updates are "
-                         f"not known: give max_steps=N (the run's updates) or steps_per_epoch=N (an epoch's)")
-    return updates
+    if name == UPDATES and value == math.inf:
+        raise ValueError(f"the model's configure_optimizers reads self.trainer.{UPDATES}, but the training data "
+                         f"({type(loader.dataset).__name__}) has no length, so the run's updates are not known: "
+                         f"give max_steps=N (the run's updates) or steps_per_epoch=N (an epoch's)")
+    return value
 
 
-def run_updates(loader: Any, config: TrainConfig, epochs: Optional[int]) -> Optional[int]:
-    """The updates a run of ``loader`` makes from its start (None: an open-ended stream's,
-    without ``max_steps``)."""
-    batches = None if getattr(loader, "open_ended", False) else -(-len(loader) // config.accumulate_grad_batches)
-    epochs = epochs or epochs_for(config.max_steps, batches)
-    return StepLimit(config.max_steps).left(0, 1, epochs, batches)[0]
+def trainer_counts(loader: Any, config: TrainConfig, epochs: Optional[int]) -> Dict[str, float]:
+    """Lightning's ``num_training_batches`` (an epoch's batches) and ``estimated_stepping_batches``
+    (the updates a run of ``loader`` makes from its start: epochs x an epoch's batches over
+    ``accumulate_grad_batches``, or ``max_steps`` if fewer); inf where an open-ended stream's
+    are not known."""
+    batches = None if getattr(loader, "open_ended", False) else len(loader)
+    updates_each = None if batches is None else -(-batches // config.accumulate_grad_batches)
+    epochs = epochs or epochs_for(config.max_steps, updates_each)
+    updates = StepLimit(config.max_steps).left(0, 1, epochs, updates_each)[0]
+    return {BATCHES: math.inf if batches is None else batches, UPDATES: math.inf if updates is None else updates}
 
 
 def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device], batch_size: int,
@@ -185,8 +190,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     check_agreement(collective, env.rank, describe_data(train_loader, eval_loader, others))
     keep_on_device(devices[0], train_loader, *loaders.values())
     if isinstance(task.step, LightningSteps) and task.step.clock is not None:     # (its trainer's; open-ended: inf)
-        updates = run_updates(train_loader, config, epochs)
-        task.step.clock.estimated_stepping_batches = float("inf") if updates is None else updates
+        vars(task.step.clock).update(trainer_counts(train_loader, config, epochs))
         task.step.clock.devices_here = len(devices)
         task.step.clock.lend(task.optimizer, getattr(task.scheduler, "scheduler", None), task.scheduler_interval,
                              task.scheduler_monitor)      # (the module's own, for the trial call; the run's later)
