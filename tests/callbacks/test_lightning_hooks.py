@@ -1,12 +1,16 @@
 """What a LightningModule's hooks read of its trainer at the epoch's end: ``callback_metrics``
 (and ``logged_metrics``), what the module logged, by its names, as Lightning's ``Trainer``
 fills it (checked against Lightning 2.6 by hand: the same dicts at the same points)."""
+import importlib.util
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import dptrain
+from dptrain.engine.lightning_logger import BoardLogger
 from tests.engine.test_lightning_module import LightningLike, data
 
 
@@ -80,3 +84,38 @@ def test_without_epoch_end_hooks_a_step_reads_the_previous_epochs_figures():
     first = result["history"][0]
     assert Logging.seen == [("step", 0, {}), ("step", 1, pytest.approx(
         {"val_acc": first["test_acc"], "val/ce": first["test_ce"], "train_acc": first["train_acc"]}, rel=1e-6))]
+
+
+class Drawing(Logging):
+    """Lightning's habit with a TensorBoard logger: an image and a figure of its own written to
+    the logger's experiment at each epoch's end, and a file saved in its log_dir."""
+
+    def on_validation_epoch_end(self):
+        if self.logger is None:
+            return
+        self.logger.experiment.add_image("weights", self.net.weight.detach().unsqueeze(0), self.current_epoch)
+        self.logger.log_metrics({"weight_norm": self.net.weight.norm()}, step=self.current_epoch)
+        self.logger.log_hyperparams({"lr": 0.3})
+        torch.save(self.state_dict(), os.path.join(self.trainer.log_dir, f"epoch{self.current_epoch}.pt"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs tensorboard")
+def test_the_module_writes_to_the_runs_tensorboard_through_its_logger(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    model = Drawing()
+    result = dptrain.fit(model, data(), data(40, 1), epochs=2, batch_size=16, devices=2, log=None, progress=False,
+                         tensorboard=str(tmp_path / "tb"))
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0, "scalars": 0}).Reload()
+    assert [e.step for e in events.Images("weights")] == [0, 1]
+    assert [e.value for e in events.Scalars("weight_norm")][-1] == pytest.approx(model.net.weight.norm().item())
+    assert [e.value for e in events.Scalars("test_acc")] == pytest.approx([r["test_acc"] for r in result["history"]])
+    assert events.Tags()["tensors"] == ["hparams/text_summary"]         # (log_hyperparams: a text)
+    assert sorted(os.listdir(tmp_path / "tb"))[:2] == ["epoch0.pt", "epoch1.pt"]
+    assert dptrain.fit(Drawing(), data(), epochs=1, batch_size=16, devices=1, log=None)["history"]   # (no logger)
+
+
+def test_a_process_other_than_rank_0s_writes_nothing():
+    logger = BoardLogger(None, "runs/tb")
+    assert logger.experiment.add_image("x", torch.zeros(1, 2, 2), 0) is logger.experiment
+    logger.log_metrics({"a": torch.tensor(1.0)}, step=3)
+    assert (logger.log_dir, logger.save_dir) == ("runs/tb", "runs/tb")

@@ -124,7 +124,7 @@ def sparse_grads(rank, world):
     F.cross_entropy(ours(X), y, reduction="sum").backward()
     used, total = reducer.finish()
     reducer.scatter(0, used, 1.0 / total)
-    got, want = ours[0].weight.grad, theirs[0].weight.grad
+    got = ours[0].weight.grad
     rows = sorted(got.coalesce().indices()[0].tolist())
     return got.is_sparse, rows, [(a.grad.to_dense() - b.grad.to_dense()).abs().max().item()
                                  for a, b in zip(ours.parameters(), theirs.parameters())], sorted(used)

@@ -59,6 +59,10 @@ class LightningLike(nn.Module):
     def global_step(self):
         return self.trainer.global_step if self._trainer else 0
 
+    @property
+    def logger(self):
+        return self._trainer.logger if self._trainer is not None else None
+
     def optimizers(self, use_pl_optimizer=True):
         opts = self.trainer.strategy._lightning_optimizers if use_pl_optimizer else self.trainer.optimizers
         return opts[0] if isinstance(opts, list) and len(opts) == 1 else opts

@@ -36,9 +36,11 @@ from torch import nn
 
 from ..engine.kept_outputs import KeptOutputs
 from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, Recording
+from ..engine.lightning_logger import BoardLogger
 from ..engine.lightning_module import COURSE_HOOKS, EPOCH_END_HOOKS, LightningSteps, overridden
 from ..parallel.given_model import unwrapped
 from .base import Callback
+from .outputs import TensorBoard
 
 ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of one sample)
 
@@ -112,6 +114,10 @@ class ModuleHooks(Callback):
                                                 if key in figures})
 
     def on_fit_start(self, run: Any) -> None:
+        board = next((cb for cb in run.callbacks.callbacks if isinstance(cb, TensorBoard)), None)
+        if board is not None and self.clock is not None:        # (self.logger.experiment: its writer)
+            self.clock.lend_logger(BoardLogger(board.board.writer if board.board is not None else None,
+                                               board.directory))
         if self.ends and len(run.devices) > 1:
             self.steps.kept = KeptOutputs(run.engine.replicas, run.devices[0])
         self._call("on_fit_start", run, run.epoch - 1)

@@ -155,6 +155,7 @@ class TensorBoard(Callback):
     def __init__(self, directory: str, fresh: bool = False, rank: int = 0) -> None:
         # Opened now, so a missing tensorboard package is said before any training.
         self.board = TensorBoardLog(directory, fresh=fresh) if rank == 0 else None
+        self.directory = directory
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
         if self.board is not None:

@@ -23,7 +23,9 @@ holds what the module logged, by the names it logged, each the latest epoch's fi
 tensor, as Lightning's (``ModuleHooks`` fills it at the epoch's end: the evaluation's figures
 before ``on_validation_epoch_end``, the training's before ``on_train_epoch_end``, and what each
 hook logs). ``default_root_dir`` and ``log_dir``: the run's ``checkpoint_dir``, else the
-working directory (Lightning's without a logger).
+working directory (Lightning's without a logger); ``logger`` None, or with ``tensorboard=DIR``
+the run's TensorBoard as Lightning's ``TensorBoardLogger`` (``lend_logger``: its
+``experiment`` the run's ``SummaryWriter``), and ``log_dir`` then DIR.
 Anything else of Lightning's ``Trainer`` (its loops, callbacks) is an ``AttributeError`` naming
 the fix. Every device's copy of the module shares it (``LightningSteps`` sets it on the copy it
 calls: Lightning's ``__getstate__`` leaves a copy's trainer out).
@@ -73,6 +75,11 @@ class TrainerStandIn:
 
     def at(self, epoch: int, step: int) -> None:
         self.current_epoch, self.global_step = epoch, step
+
+    def lend_logger(self, logger: Any) -> None:
+        """The run's TensorBoard as Lightning's logger (``BoardLogger``): ``self.logger`` reads it,
+        and ``log_dir`` is its directory (Lightning's, with a logger)."""
+        self.logger, self.loggers, self.log_dir = logger, [logger], logger.log_dir
 
     def lend(self, optimizer: Any, scheduler: Any, interval: str, monitor: Optional[str]) -> None:
         """The run's optimizer (several: a dict) and scheduler, which the module's ``self.optimizers()``
