@@ -12,6 +12,7 @@ from torch import nn
 import dptrain
 from dptrain.engine.lightning_logger import BoardLogger
 from tests.engine.test_lightning_module import LightningLike, data
+from tests.engine.test_lightning_trainer import EpochEnds
 
 
 class Logging(LightningLike):
@@ -119,3 +120,30 @@ def test_a_process_other_than_rank_0s_writes_nothing():
     assert logger.experiment.add_image("x", torch.zeros(1, 2, 2), 0) is logger.experiment
     logger.log_metrics({"a": torch.tensor(1.0)}, step=3)
     assert (logger.log_dir, logger.save_dir) == ("runs/tb", "runs/tb")
+
+
+class EveryFourSteps(EpochEnds):
+    """Lightning's val_check_interval habit: validation_step keeps its hits, on_validation_epoch_end
+    logs their rate and clears them (each validation's own), on_validation_epoch_start counts."""
+    starts = []
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.log("val_acc", self.hits[-1].mean())       # (over the set: its accuracy, as the hook's rate)
+
+    def on_validation_epoch_start(self):
+        EveryFourSteps.starts.append(self.global_step)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_an_evaluation_every_n_steps_calls_the_validation_hooks_around_it(devices):
+    EveryFourSteps.starts.clear()
+    result = dptrain.fit(EveryFourSteps(), data(), data(40, 1), epochs=2, batch_size=16, devices=devices, log=None,
+                         progress=False, eval_every_n_steps=4)
+    steps = [row for row in result["step_history"] if "test_acc" in row]
+    assert [row["step"] for row in steps] == [4, 8, 12]
+    for row in steps + result["history"]:         # (each evaluation's rate over its own hits: its accuracy)
+        assert row["test_rate"] == pytest.approx(row["test_acc"], rel=1e-6)
+    assert EveryFourSteps.starts == [4, 6, 8, 12, 12]       # (the epochs' ends too: step 12's evaluated again)
+    for row in result["history"]:                          # (every training batch's loss, once)
+        assert row["train_step_loss"] == pytest.approx(row["train_loss"], rel=1e-5)

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import dptrain
 from dptrain.distributed.once import FailedElsewhere
 from tests.distributed.helpers import run_workers
+from tests.callbacks.test_lightning_hooks import EveryFourSteps
 from tests.engine.test_lightning_module import Lit, TrainLogging, data
 from tests.engine.test_lightning_trainer import EpochEnds, Gathering
 
@@ -180,6 +181,8 @@ def _prepared_once_per_machine(rank, world_size, folder):
     ends = dptrain.fit(gathering, data(), data(32, 1), epochs=1, batch_size=16, shuffle=False, devices=2,
                        progress=False, log=None)["history"]      # (2 devices a process: each process's put together)
     ends[0]["callback_metrics"] = {k: float(v) for k, v in gathering.ran_by.callback_metrics.items()}
+    ends[0]["step_rows"] = dptrain.fit(EveryFourSteps(), data(), data(40, 1), epochs=1, batch_size=16, devices=1,
+                                       progress=False, log=None, eval_every_n_steps=4)["step_history"]
     return dm.calls, failing.calls, error, result["history"], [p.detach().tolist() for p in model.parameters()], ends
 
 
@@ -206,6 +209,8 @@ def test_prepare_data_runs_in_one_process_of_the_machine_while_the_other_waits_a
         assert {k: ends[0][k] for k in ("test_rate", "train_step_loss")} == pytest.approx(
             {k: alone[0][k] for k in ("test_rate", "train_step_loss")}, rel=1e-5)
         assert (ends[0]["test_seen"], ends[0]["test_said"]) == (32, 7)    # (the strategy's sum; rank 0's value)
+        step_row, = ends[0]["step_rows"]        # (an evaluation every 4 steps: its hook's rate, the processes' mean)
+        assert step_row["test_rate"] == pytest.approx(step_row["test_acc"], rel=1e-6) and step_row["step"] == 4
         assert ends[0]["callback_metrics"] == pytest.approx(     # (as the row: what the hook logged, the mean)
             {"val_rate": ends[0]["test_rate"], "val_seen": 32, "val_said": 7,
              "train_step_loss": ends[0]["train_step_loss"]})

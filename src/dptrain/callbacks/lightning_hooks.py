@@ -47,7 +47,9 @@ ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of o
 #: The module's hooks called, by the callback event that calls them (in Lightning's order).
 CALLED = {"on_fit_start": ("on_fit_start", "on_train_start"), "on_epoch_start": ("on_train_epoch_start",),
           "on_evaluate_start": ("on_validation_epoch_start",), "on_epoch_end": EPOCH_END_HOOKS,
-          "on_fit_end": ("on_train_end", "on_fit_end")}
+          "on_train_log": ("on_validation_epoch_end",), "on_fit_end": ("on_train_end", "on_fit_end")}
+#: The hooks around an evaluation, which an evaluation every N steps calls too.
+VALIDATION_HOOKS = ("on_validation_epoch_start", "on_validation_epoch_end")
 #: How a name each epoch-end hook logs begins (``val_f1`` in on_validation_epoch_end: ``test_f1``).
 ROW_NAMES = {"on_validation_epoch_end": ("test_", PREFIXES), "on_train_epoch_end": ("train_", TRAIN_PREFIXES)}
 #: Whose logged figures each epoch-end hook reads in ``callback_metrics`` (``LightningSteps``' step logs).
@@ -82,6 +84,7 @@ class ModuleHooks(Callback):
         self.module, self.hooks, self.steps, self.clock = module, tuple(hooks), steps, steps.clock
         self.ends = any(hook in self.hooks for hook in EPOCH_END_HOOKS)
         self.hook_names: Dict[str, str] = {}    # the row's names of what the epoch-end hooks logged, by logged name
+        self.step_evaluated = False             # an evaluation every N steps started, its row not yet logged
 
     def _call(self, event: str, run: Any, epochs_done: int, row: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
         if self.clock is not None:
@@ -91,7 +94,8 @@ class ModuleHooks(Callback):
             if row is not None and hook in ROW_NAMES:       # what the hook reads in callback_metrics, first
                 logs = getattr(self.steps, READS[hook]).logged_as()
                 self._metrics(row, {name: ROW_NAMES[hook][0] + figure for name, figure in logs.items()})
-            if hook not in self.hooks or (hook == "on_validation_epoch_end" and not run.evaluated_epoch):
+            if hook not in self.hooks or (event == "on_epoch_end" and hook == "on_validation_epoch_end"
+                                          and not run.evaluated_epoch):
                 continue
             if hook not in ROW_NAMES:
                 getattr(self.module, hook)()
@@ -120,7 +124,28 @@ class ModuleHooks(Callback):
                                                board.directory))
         if self.ends and len(run.devices) > 1:
             self.steps.kept = KeptOutputs(run.engine.replicas, run.devices[0])
+        if run.config.eval_every_n_steps and any(hook in self.hooks for hook in VALIDATION_HOOKS):
+            run.step_evaluation_starts.append(self._step_evaluation)
+            run.reuse_step_evaluation = False       # (the epoch's evaluation runs its validation_step again)
         self._call("on_fit_start", run, run.epoch - 1)
+
+    def _step_evaluation(self, run: Any) -> None:
+        """An evaluation every N steps starts (Lightning's validation every ``val_check_interval``)."""
+        self.on_evaluate_start(run, run.epoch)
+        self.step_evaluated = True
+
+    def on_train_log(self, run: Any, row: Dict[str, Any]) -> None:
+        """After an evaluation every N steps: its ``on_validation_epoch_end`` over what its
+        validation_step kept (gathered first; the training's items kept so far too), what it logs
+        in the step's row."""
+        if not self.step_evaluated:
+            return
+        self.step_evaluated = False
+        if self.steps.kept is not None:
+            self._gather()
+        row.update(self._over_processes(run, self._call("on_train_log", run, run.epoch - 1, row)))
+        if self.steps.kept is not None:     # (after the hook, as at an epoch's start: a list it clears is empty)
+            self.steps.kept.start()         # (the training's items after it: a new part)
 
     def on_epoch_start(self, run: Any, epoch: int) -> None:
         self._call("on_epoch_start", run, epoch - 1)
@@ -134,14 +159,20 @@ class ModuleHooks(Callback):
 
     def on_epoch_end(self, run: Any, epoch: int, row: Dict[str, Any]) -> None:
         if self.steps.kept is not None:
-            self.steps.kept.gather({*self.steps.validated.paths.values(), *self.steps.trained.paths.values()})
-        logged = self._call("on_epoch_end", run, epoch - 1, row)
-        if run.world_size > 1 and self.ends:    # (every row alike)
+            self._gather()
+        row.update(self._over_processes(run, self._call("on_epoch_end", run, epoch - 1, row)))
+
+    def _gather(self) -> None:
+        self.steps.kept.gather({*self.steps.validated.paths.values(), *self.steps.trained.paths.values()})
+
+    def _over_processes(self, run: Any, logged: Dict[str, float]) -> Dict[str, float]:
+        """What the hooks ``logged`` in each process, the mean of the processes' (every row alike)."""
+        if run.world_size > 1 and self.ends:
             each = run.collective.all_gather_object(logged)
             names = sorted({name for one in each for name in one})
             logged = {k: sum(one[k] for one in each if k in one) / sum(k in one for one in each) for k in names}
             self._metrics(logged, self.hook_names)
-        row.update(logged)
+        return logged
 
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
         self.steps.kept = None

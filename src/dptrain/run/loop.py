@@ -117,6 +117,10 @@ class Run(RunView):
         self._loaded = self._evaluated = None        # see load_weights
         # eval_every_n_steps: (step, this process's sums, the other sets' figures) of the latest
         self._step_evals: Optional[Tuple[int, Any, Dict[str, Any]]] = None
+        # ... called before each (on_fit_start may add), and whether the epoch's evaluation of the same weights
+        # reuses it (not where a LightningModule's validation hooks keep what validation_step gives: they run again)
+        self.step_evaluation_starts: List[Callable[[Any], None]] = []
+        self.reuse_step_evaluation = True
         self.evaluated_epoch = False                 # whether the latest epoch was evaluated (eval_every)
         self.run_ahead = run_ahead(devices)
         figures = self.engine.train_figures       # train_metrics: the sums behind train_acc...
@@ -199,7 +203,7 @@ class Run(RunView):
                 edited = self.edits.after("in on_evaluate_start", always=True)
                 self._evaluated = self._loaded
                 same = (self._loaded is None and not edited and self._step_evals is not None
-                        and self._step_evals[0] == self.step)
+                        and self._step_evals[0] == self.step and self.reuse_step_evaluation)
                 evals = self._step_evals[1] if same else self.engine.evaluate(self.eval_loader)
                 others = self._step_evals[2] if same else report.other_sets(self.engine, self.other_evals,
                                                                              self.collective)
