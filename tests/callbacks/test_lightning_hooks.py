@@ -147,3 +147,37 @@ def test_an_evaluation_every_n_steps_calls_the_validation_hooks_around_it(device
     assert EveryFourSteps.starts == [4, 6, 8, 12, 12]       # (the epochs' ends too: step 12's evaluated again)
     for row in result["history"]:                          # (every training batch's loss, once)
         assert row["train_step_loss"] == pytest.approx(row["train_loss"], rel=1e-5)
+
+
+class Stopping(Logging):
+    """Lightning's way for a module to end the run: ``self.trainer.should_stop = True`` (here in
+    the step of update ``at``, or in on_validation_epoch_end once val_acc reaches ``enough``)."""
+    trained = set()                                 # (the updates whose steps ran)
+
+    def __init__(self, at=None, enough=None):
+        super().__init__()
+        self.at, self.enough = at, enough
+
+    def training_step(self, batch, batch_idx):
+        if self.training and torch.is_grad_enabled():
+            Stopping.trained.add(self.global_step)
+            if self.global_step == self.at:
+                self.trainer.should_stop = True
+        return super().training_step(batch, batch_idx)
+
+    def on_validation_epoch_end(self):
+        if self.enough is not None and self.trainer.callback_metrics["val_acc"] >= self.enough:
+            self.trainer.should_stop = True
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_should_stop_set_by_the_module_ends_the_run(devices):
+    lines = []
+    Stopping.trained.clear()
+    result = dptrain.fit(Stopping(at=7), data(), data(40, 1), epochs=5, batch_size=16, devices=devices,
+                         log=lines.append, progress=False)
+    assert [row["epoch"] for row in result["history"]] == [1, 2] and "test_acc" in result["history"][-1]
+    assert Stopping.trained == set(range(8)) and any("the model set self.trainer.should_stop" in line for line in lines)
+    result = dptrain.fit(Stopping(enough=0.0), data(), data(40, 1), epochs=5, batch_size=16, devices=devices,
+                         log=None, progress=False)
+    assert [row["epoch"] for row in result["history"]] == [1]       # (after the epoch whose hook set it)

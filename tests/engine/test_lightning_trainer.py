@@ -158,7 +158,7 @@ def test_what_the_stand_in_does_not_hold_names_the_way():
     with pytest.raises(AttributeError, match=r"model.trainer.fit_loop: while fit trains a LightningModule, its trainer "
                                              r"is dptrain's stand-in, .* strategy \(all_gather, reduce, barrier, "
                                              r"broadcast\), optimizers, lr_scheduler_configs, "
-                                             r"callback_metrics, log_dir, num_training_batches and "
+                                             r"callback_metrics, should_stop, log_dir, num_training_batches and "
                                              r"estimated_stepping_batches, not fit_loop: "
                                              r"read what you need from the run in a dptrain.Callback"):
         dptrain.fit(Loops(), data(), epochs=1, devices=1, log=None)

@@ -118,6 +118,8 @@ class ModuleHooks(Callback):
                                                 if key in figures})
 
     def on_fit_start(self, run: Any) -> None:
+        if self.clock is not None:      # (self.trainer.should_stop = True: the run stops)
+            self.clock.lend_stop(lambda: run.stop("the model set self.trainer.should_stop"))
         board = next((cb for cb in run.callbacks.callbacks if isinstance(cb, TensorBoard)), None)
         if board is not None and self.clock is not None:        # (self.logger.experiment: its writer)
             self.clock.lend_logger(BoardLogger(board.board.writer if board.board is not None else None,

@@ -23,7 +23,8 @@ holds what the module logged, by the names it logged, each the latest epoch's fi
 tensor, as Lightning's (``ModuleHooks`` fills it at the epoch's end: the evaluation's figures
 before ``on_validation_epoch_end``, the training's before ``on_train_epoch_end``, and what each
 hook logs). ``default_root_dir`` and ``log_dir``: the run's ``checkpoint_dir``, else the
-working directory (Lightning's without a logger); ``logger`` None, or with ``tensorboard=DIR``
+working directory (Lightning's without a logger); ``should_stop`` (set True: the run stops, in
+step on every process, as ``run.stop`` stops it); ``logger`` None, or with ``tensorboard=DIR``
 the run's TensorBoard as Lightning's ``TensorBoardLogger`` (``lend_logger``: its
 ``experiment`` the run's ``SummaryWriter``), and ``log_dir`` then DIR.
 Anything else of Lightning's ``Trainer`` (its loops, callbacks) is an ``AttributeError`` naming
@@ -72,9 +73,28 @@ class TrainerStandIn:
         self.is_global_zero = env.rank == 0
         self._count: Optional[Callable[[str], float]] = None    # counts UPDATES or BATCHES, when asked
         self.devices_here, self.thread = 1, threading.get_ident()       # (this process's devices; fit's thread)
+        self._should_stop, self._stop = False, None     # (lend_stop: the run's stop)
 
     def at(self, epoch: int, step: int) -> None:
         self.current_epoch, self.global_step = epoch, step
+
+    @property
+    def should_stop(self) -> bool:
+        return self._should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        """Lightning's way for a module to end the run (``self.trainer.should_stop = True``): the
+        run's ``stop``, in step on every process (after the batch, whose epoch is evaluated)."""
+        self._should_stop = bool(value)
+        if self._should_stop and self._stop is not None:
+            self._stop()
+
+    def lend_stop(self, stop: Callable[[], None]) -> None:
+        """The run's ``stop``, which ``should_stop = True`` calls (at once, if it was set before)."""
+        self._stop = stop
+        if self._should_stop:
+            stop()
 
     def lend_logger(self, logger: Any) -> None:
         """The run's TensorBoard as Lightning's logger (``BoardLogger``): ``self.logger`` reads it,
@@ -118,9 +138,9 @@ class TrainerStandIn:
                              f"stand-in, which holds current_epoch, global_step, max_epochs, max_steps, world_size, "
                              f"global_rank, local_rank, is_global_zero, accumulate_grad_batches, datamodule, "
                              f"strategy (all_gather, reduce, barrier, broadcast), optimizers, lr_scheduler_configs, "
-                             f"callback_metrics, log_dir, {BATCHES} and {UPDATES}, not {name}: read what you "
-                             f"need from the run in a dptrain.Callback (run.epoch, run.step...) and set it on "
-                             f"run.model, which every device's copy then has")
+                             f"callback_metrics, should_stop, log_dir, {BATCHES} and {UPDATES}, not {name}: read "
+                             f"what you need from the run in a dptrain.Callback (run.epoch, run.step...) and set it "
+                             f"on run.model, which every device's copy then has")
 
 
 @dataclasses.dataclass
