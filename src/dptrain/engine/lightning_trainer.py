@@ -10,8 +10,8 @@ read 0 without one, silently).
 It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before the batch; after
 an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
 ``global_rank``, ``local_rank``, ``is_global_zero``, ``accumulate_grad_batches``, ``datamodule``
-(the one given to fit, else None), ``logger`` and ``progress_bar_callback`` None (``self.print``
-prints on rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over the processes),
+(the one given to fit, else None), ``progress_bar_callback`` None (``self.print`` prints on
+rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over the processes),
 ``optimizers`` and ``lr_scheduler_configs`` (the run's: ``self.optimizers()`` and
 ``self.lr_schedulers()`` read them; ``lend``), ``estimated_stepping_batches``: the updates
 of the run (epochs x an epoch's batches over ``accumulate_grad_batches``, or ``max_steps`` if
@@ -46,7 +46,7 @@ from ..distributed.env import DistEnv
 
 #: What the stand-in counts once the training data is loaded: the run's updates, an epoch's batches.
 UPDATES, BATCHES = "estimated_stepping_batches", "num_training_batches"
-#: What a module reads to count with devices, and what it reads in dptrain instead (its batch is global).
+#: What a module reads to count its steps with devices (dptrain's batch is global), by what it counts.
 DEVICE_COUNTS = {"num_devices": "device count", "num_nodes": "machine count", "train_dataloader": "loader"}
 
 
