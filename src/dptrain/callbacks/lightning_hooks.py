@@ -47,7 +47,7 @@ ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of o
 #: The module's hooks called, by the callback event that calls them (in Lightning's order).
 CALLED = {"on_fit_start": ("on_fit_start", "on_train_start"), "on_epoch_start": ("on_train_epoch_start",),
           "on_evaluate_start": ("on_validation_epoch_start",), "on_epoch_end": EPOCH_END_HOOKS,
-          "on_train_log": ("on_validation_epoch_end",), "on_fit_end": ("on_train_end", "on_fit_end")}
+          "step_evaluation": ("on_validation_epoch_end",), "on_fit_end": ("on_train_end", "on_fit_end")}
 #: The hooks around an evaluation, which an evaluation every N steps calls too.
 VALIDATION_HOOKS = ("on_validation_epoch_start", "on_validation_epoch_end")
 #: How a name each epoch-end hook logs begins (``val_f1`` in on_validation_epoch_end: ``test_f1``).
@@ -84,7 +84,6 @@ class ModuleHooks(Callback):
         self.module, self.hooks, self.steps, self.clock = module, tuple(hooks), steps, steps.clock
         self.ends = any(hook in self.hooks for hook in EPOCH_END_HOOKS)
         self.hook_names: Dict[str, str] = {}    # the row's names of what the epoch-end hooks logged, by logged name
-        self.step_evaluated = False             # an evaluation every N steps started, its row not yet logged
 
     def _call(self, event: str, run: Any, epochs_done: int, row: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
         if self.clock is not None:
@@ -127,25 +126,21 @@ class ModuleHooks(Callback):
         if self.ends and len(run.devices) > 1:
             self.steps.kept = KeptOutputs(run.engine.replicas, run.devices[0])
         if run.config.eval_every_n_steps and any(hook in self.hooks for hook in VALIDATION_HOOKS):
-            run.step_evaluation_starts.append(self._step_evaluation)
+            run.step_evaluation_hooks.append(self)
             run.reuse_step_evaluation = False       # (the epoch's evaluation runs its validation_step again)
         self._call("on_fit_start", run, run.epoch - 1)
 
-    def _step_evaluation(self, run: Any) -> None:
+    def before_step_evaluation(self, run: Any) -> None:
         """An evaluation every N steps starts (Lightning's validation every ``val_check_interval``)."""
         self.on_evaluate_start(run, run.epoch)
-        self.step_evaluated = True
 
-    def on_train_log(self, run: Any, row: Dict[str, Any]) -> None:
-        """After an evaluation every N steps: its ``on_validation_epoch_end`` over what its
-        validation_step kept (gathered first; the training's items kept so far too), what it logs
-        in the step's row."""
-        if not self.step_evaluated:
-            return
-        self.step_evaluated = False
+    def after_step_evaluation(self, run: Any, figures: Dict[str, Any]) -> None:
+        """... and ended, its ``figures`` (``test_*``) made: its ``on_validation_epoch_end`` over what
+        its validation_step kept (gathered first; the training's items kept so far too), what it
+        logs in ``figures``."""
         if self.steps.kept is not None:
             self._gather()
-        row.update(self._over_processes(run, self._call("on_train_log", run, run.epoch - 1, row)))
+        figures.update(self._over_processes(run, self._call("step_evaluation", run, run.epoch - 1, figures)))
         if self.steps.kept is not None:     # (after the hook, as at an epoch's start: a list it clears is empty)
             self.steps.kept.start()         # (the training's items after it: a new part)
 

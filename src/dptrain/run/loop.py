@@ -117,9 +117,9 @@ class Run(RunView):
         self._loaded = self._evaluated = None        # see load_weights
         # eval_every_n_steps: (step, this process's sums, the other sets' figures) of the latest
         self._step_evals: Optional[Tuple[int, Any, Dict[str, Any]]] = None
-        # ... called before each (on_fit_start may add), and whether the epoch's evaluation of the same weights
+        # ... told of each (on_fit_start may add: step_log.py), and whether the epoch's evaluation of the same weights
         # reuses it (not where a LightningModule's validation hooks keep what validation_step gives: they run again)
-        self.step_evaluation_starts: List[Callable[[Any], None]] = []
+        self.step_evaluation_hooks: List[Any] = []
         self.reuse_step_evaluation = True
         self.evaluated_epoch = False                 # whether the latest epoch was evaluated (eval_every)
         self.run_ahead = run_ahead(devices)

@@ -2,9 +2,9 @@
 than an epoch (Lightning's ``log_every_n_steps``, Hugging Face's ``logging_steps``); and
 ``eval_every_n_steps=M``: an evaluation every M updates, mid-epoch too (Hugging Face's
 ``eval_steps``, Lightning's ``val_check_interval``), its ``test_*`` figures in that step's row.
-Before each such evaluation ``run.step_evaluation_starts`` are called (a LightningModule's
-``on_validation_epoch_start``, as Lightning calls it before each validation; its
-``on_validation_epoch_end`` is called in ``on_train_log``, its figures in the row).
+Each of ``run.step_evaluation_hooks`` is told before and after each such evaluation (a
+LightningModule's ``on_validation_epoch_start`` and ``on_validation_epoch_end``, as Lightning
+calls them around each validation: what the latter logs joins the row's figures).
 
 A row is ``{step, epoch, batch, steps, train_loss, lr}`` (and ``grad_norm``, with
 ``log_grad_norm``: the update's before it, as Hugging Face logs it; with
@@ -125,13 +125,15 @@ def log_step(run: Any, tally: Any, epoch: int, batch: int, result: Any = None) -
     figures = None
     if tested:
         run._loaded = run._evaluated = None          # (run.evaluated_weights: the model's own)
-        for start in run.step_evaluation_starts:     # (a LightningModule's on_validation_epoch_start)
-            start(run)
+        for hooks in run.step_evaluation_hooks:      # (a LightningModule's on_validation_epoch_start)
+            hooks.before_step_evaluation(run)
         evals = run.engine.evaluate(run.eval_loader)
         figures = figures_over(run.engine, run.eval_loader, run.collective, evals)
         others = other_sets(run.engine, run.other_evals, run.collective)
         run._step_evals = (run.step, evals, others)
         figures.update(others)
+        for hooks in run.step_evaluation_hooks:      # (... its on_validation_epoch_end: what it logs, in the row)
+            hooks.after_step_evaluation(run, figures)
     row = run.step_log.row(run.step_log.read(tally) if logged else None, run.step, epoch, batch,
                            lr_figures(run.engine.trainer), figures)
     if logged and run.config.log_grad_norm and result is not None and result.stepped \
