@@ -8,9 +8,11 @@ and dptrain read the samples through a DataLoader-free path of their own; Lightn
 DataLoader (its way). Set-up and the evaluation are outside the epochs' clocks. With
 ``--log-train`` its training_step also logs train_loss and train_acc (on_epoch=True), as most
 Lightning programs do (the plain loop calls LightningModule.log, which does nothing there
-without a Trainer; dptrain records them, each epoch's train_acc).
+without a Trainer; dptrain records them, each epoch's train_acc). With ``--batch-hook`` the
+module also keeps a target copy of its MLP, which its ``on_train_batch_end`` moves towards the
+trained one after each update (a momentum encoder's habit; the plain loop calls the hook).
 
-    python benchmarks/bench_lightning.py --rounds 5 --epochs 4 [--log-train]
+    python benchmarks/bench_lightning.py --rounds 5 --epochs 4 [--log-train] [--batch-hook]
 """
 import os
 import statistics
@@ -31,6 +33,8 @@ BATCH = 128
 
 #: Whether training_step logs its loss and accuracy (--log-train), as most Lightning programs do.
 LOG_TRAIN = "--log-train" in sys.argv
+#: Whether the module has an on_train_batch_end (--batch-hook): a momentum update of a target copy.
+BATCH_HOOK = "--batch-hook" in sys.argv
 
 
 def _module_class():
@@ -47,6 +51,8 @@ def _module_class():
         def __init__(self):
             super().__init__()
             self.net = everyday.tiny_mlp()
+            if BATCH_HOOK:
+                self.target = everyday.tiny_mlp().requires_grad_(False)
 
         def forward(self, x):
             return self.net(x)
@@ -67,7 +73,13 @@ def _module_class():
             self.log("val_acc", (logits.argmax(1) == y).float().mean())
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
+            return torch.optim.SGD(self.net.parameters(), lr=0.05)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        with torch.no_grad():
+            torch._foreach_lerp_(list(self.target.parameters()), list(self.net.parameters()), 0.01)
+    if BATCH_HOOK:
+        Lit.on_train_batch_end = on_train_batch_end
     return Lit
 
 
@@ -93,6 +105,8 @@ def run_plain(samples, epochs, gate=None):
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if BATCH_HOOK:
+                model.on_train_batch_end({"loss": loss.detach()}, (X[idx], y[idx]), i)
         times.append(time.perf_counter() - t)
     return {"epochs": times}
 
@@ -155,6 +169,8 @@ def main():
     parser = rounds_parser(__doc__, samples=25_600)
     parser.add_argument("--log-train", action="store_true",
                         help="training_step logs train_loss and train_acc (on_epoch=True)")
+    parser.add_argument("--batch-hook", action="store_true",
+                        help="the module's on_train_batch_end moves a target copy towards the trained MLP")
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.epochs, args.samples = 1, 2, 1_024

@@ -1,6 +1,7 @@
 """What a LightningModule's hooks read of its trainer at the epoch's end: ``callback_metrics``
 (and ``logged_metrics``), what the module logged, by its names, as Lightning's ``Trainer``
 fills it (checked against Lightning 2.6 by hand: the same dicts at the same points)."""
+import copy
 import importlib.util
 import os
 
@@ -181,3 +182,81 @@ def test_should_stop_set_by_the_module_ends_the_run(devices):
     result = dptrain.fit(Stopping(enough=0.0), data(), data(40, 1), epochs=5, batch_size=16, devices=devices,
                          log=None, progress=False)
     assert [row["epoch"] for row in result["history"]] == [1]       # (after the epoch whose hook set it)
+
+
+class Momentum(LightningLike):
+    """BYOL's and MoCo's habit: a target network following the online one after each update
+    (``on_train_batch_end``), read by the loss; ``on_train_batch_start`` records what it is given."""
+    given = []
+
+    def __init__(self):
+        super().__init__()
+        self.online, self.target = nn.Linear(6, 3), nn.Linear(6, 3)
+        self.target.load_state_dict(self.online.state_dict())
+        self.target.requires_grad_(False)
+
+    def forward(self, x):
+        return self.online(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self(x)
+        return F.cross_entropy(out, y) + F.mse_loss(out, self.target(x))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.online.parameters(), lr=0.3)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        Momentum.given.append((batch_idx, len(batch[0]), self.global_step))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        Momentum.given.append(("end", batch_idx, self.global_step, round(float(outputs["loss"]), 5)))
+        with torch.no_grad():
+            for t, o in zip(self.target.parameters(), self.online.parameters()):
+                t.mul_(0.5).add_(o, alpha=0.5)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_batch_hooks_are_called_around_each_batch_as_lightning_calls_them(devices):
+    torch.manual_seed(0)
+    model = Momentum()
+    expected = copy.deepcopy(model)
+    opt = torch.optim.SGD(expected.online.parameters(), lr=0.3)
+    X, y = data()
+    losses = []
+    for epoch in range(2):                      # (Lightning's automatic optimization, by hand)
+        for i in range(0, len(X), 16):
+            loss = expected.training_step((X[i:i + 16], y[i:i + 16]), i // 16)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            expected.on_train_batch_end({"loss": loss.detach()}, None, i // 16)
+    Momentum.given.clear()
+    dptrain.fit(model, data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=None, progress=False)
+    for a, b in zip(model.state_dict().values(), expected.state_dict().values()):
+        torch.testing.assert_close(a, b)                # (the target followed on every device's copy)
+    steps = [(e * 6 + i) for e in range(2) for i in range(6)]
+    assert [g for g in Momentum.given if g[0] != "end"] == [(s % 6, 16, s) for s in steps]
+    ends = [g for g in Momentum.given if g[0] == "end"]
+    assert [g[1:3] for g in ends] == [(s % 6, s + 1) for s in steps]
+    assert [g[3] for g in ends] == pytest.approx(losses, abs=2e-5)
+
+
+def test_what_the_batch_hooks_cannot_have_is_an_error_naming_the_way():
+    class Skipping(Momentum):
+        def on_train_batch_start(self, batch, batch_idx):
+            return -1
+
+    class ReadsPredictions(Momentum):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            outputs["preds"]
+    with pytest.raises(ValueError, match=r"on_train_batch_start returned -1 \(Lightning: skip the epoch's other "
+                                         r"batches\), which fit does not do: give fit max_batches=N"):
+        dptrain.fit(Skipping(), data(), epochs=1, batch_size=16, devices=1, log=None)
+    with pytest.raises(KeyError, match=r"outputs\['preds'\]: in on_train_batch_end, dptrain's outputs hold the "
+                                       r"batch's loss alone"):
+        dptrain.fit(ReadsPredictions(), data(), epochs=1, batch_size=16, devices=1, log=None)
+    with pytest.raises(ValueError, match=r"on_train_batch_start and on_train_batch_end with accumulate_grad_batches=2"
+                                         r": Lightning calls them on every micro-batch"):
+        dptrain.fit(Momentum(), data(), epochs=1, batch_size=16, devices=1, log=None, accumulate_grad_batches=2)

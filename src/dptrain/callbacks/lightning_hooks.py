@@ -37,9 +37,10 @@ from torch import nn
 from ..engine.kept_outputs import KeptOutputs
 from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, Recording
 from ..engine.lightning_logger import BoardLogger
-from ..engine.lightning_module import COURSE_HOOKS, EPOCH_END_HOOKS, LightningSteps, overridden
+from ..engine.lightning_module import BATCH_HOOKS, COURSE_HOOKS, EPOCH_END_HOOKS, LightningSteps, overridden
 from ..parallel.given_model import unwrapped
 from .base import Callback
+from .lightning_batch_hooks import ModuleBatchHooks
 from .outputs import TensorBoard
 
 ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of one sample)
@@ -60,16 +61,18 @@ def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> None:
     """Put first in ``what``'s callbacks (``fit``'s keywords) the caller of the hooks of the
     run's course the model overrides, when it was taken as a LightningModule (its step is ours;
     with its trainer a stand-in, whatever it overrides: the caller fills ``callback_metrics``):
-    first, so that what its epoch-end hooks log is in the row the other callbacks see."""
+    first, so that what its epoch-end hooks log is in the row the other callbacks see; then the
+    caller of its batch hooks, if it overrides them (``ModuleBatchHooks``)."""
     steps = what.get("step")
     model = unwrapped(model)
     if not isinstance(steps, LightningSteps):
         return
-    hooks = overridden(model, COURSE_HOOKS)
-    if hooks or steps.clock is not None:        # (the stand-in's callback_metrics, filled at the epoch's end)
+    hooks, batch_hooks = overridden(model, COURSE_HOOKS), overridden(model, BATCH_HOOKS)
+    if hooks or batch_hooks or steps.clock is not None:     # (the stand-in's callback_metrics: filled at epochs' ends)
         given = what.get("callbacks") or []
         listed: List[Any] = list(given) if isinstance(given, (list, tuple)) else [given]
-        what["callbacks"] = [ModuleHooks(model, hooks, steps)] + listed
+        what["callbacks"] = [ModuleHooks(model, hooks, steps)] + \
+            ([ModuleBatchHooks(model, batch_hooks, steps)] if batch_hooks else []) + listed     # (apart: see there)
 
 
 class ModuleHooks(Callback):

@@ -54,7 +54,7 @@ class LightningSteps:
     in its epoch (or evaluation), which the loop and the evaluation set with ``at``."""
 
     def __init__(self, model: nn.Module, evaluation: str = "validation_step", trial: bool = True):
-        self.index = 0
+        self.index, self.batch = 0, None
         self.evaluation, self.trial = evaluation, trial       # (evaluate: test_step, where the module has one)
         self.takes_index = {name: takes(getattr(model, name, None), 2) for name in ("training_step", evaluation)}
         # (None: not yet called; False: none of the module's own, LightningModule's only warns)
@@ -68,10 +68,11 @@ class LightningSteps:
         self.clock: Optional[TrainerStandIn] = None        # the module's trainer while fit trains it
         self.kept: Optional[KeptOutputs] = None            # its devices' copies' kept outputs (several devices)
 
-    def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None) -> None:
+    def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
         """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the
-        updates done, which the module's trainer (``clock``) then says."""
-        self.index = index
+        updates done, which the module's trainer (``clock``) then says, and this process's batch
+        (which the module's ``on_train_batch_start`` and ``on_train_batch_end`` are given)."""
+        self.index, self.batch = index, batch
         if self.clock is not None and epoch is not None:
             self.clock.at(epoch, step)
 
@@ -151,8 +152,10 @@ STEP_HOOKS = ("optimizer_step", "backward", "lr_scheduler_step", "configure_grad
 #: Lightning's hooks of the run's course that fit calls (``callbacks/lightning_hooks.py``).
 COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
                 *EPOCH_END_HOOKS, "on_train_end", "on_fit_end")
+#: ... and around each training batch (``callbacks/lightning_batch_hooks.py``).
+BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
-OTHER_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end",
+OTHER_HOOKS = ("on_validation_start", "on_validation_end",
                "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
                "on_validation_model_train", "configure_callbacks", "on_save_checkpoint",
                "on_load_checkpoint", "transfer_batch_to_device", "on_before_batch_transfer",
@@ -188,7 +191,7 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
         notes.append(f"the module's {', '.join(others)} (Lightning hooks) are not called: give their work to a "
                      f"dptrain.Callback (on_fit_start, on_epoch_end, on_evaluate_end...; run.model is the module; "
                      f"a gradient's, to p.register_hook)")
-    called = overridden(model, COURSE_HOOKS)
+    called = overridden(model, COURSE_HOOKS + BATCH_HOOKS)
     if called:
         notes.append(f"the module's {', '.join(called)} (Lightning hooks) are called where Lightning's Trainer calls "
                      f"them, once a process, on the module (what they change, every device's copy gets; what they "

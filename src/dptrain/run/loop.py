@@ -296,7 +296,7 @@ class Run(RunView):
             for b, batch in enumerate(ahead or stream, start=at.batch + 1):
                 self.step, self.batch = first_step + b - 1, b
                 if lightning is not None:
-                    lightning(b - 1, epoch - 1, self.step)      # (a LightningModule's batch_idx, its trainer's)
+                    lightning(b - 1, epoch - 1, self.step, batch)   # (a LightningModule's batch_idx, its trainer's)
                 if ask:
                     self.callbacks.on_batch_start(self, epoch, b)
                     if watch:
