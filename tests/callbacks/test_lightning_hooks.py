@@ -210,14 +210,14 @@ class Momentum(LightningLike):
         Momentum.given.append((batch_idx, len(batch[0]), self.global_step))
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        Momentum.given.append(("end", batch_idx, self.global_step, round(float(outputs["loss"]), 5)))
+        Momentum.given.append(("end", batch_idx, self.global_step, round(float(outputs["loss"]), 5), len(batch[0])))
         with torch.no_grad():
             for t, o in zip(self.target.parameters(), self.online.parameters()):
                 t.mul_(0.5).add_(o, alpha=0.5)
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-def test_the_batch_hooks_are_called_around_each_batch_as_lightning_calls_them(devices):
+@pytest.mark.parametrize("devices, settings", [(1, {}), (2, {}), (2, {"eval_every_n_steps": 4})])
+def test_the_batch_hooks_are_called_around_each_batch_as_lightning_calls_them(devices, settings):
     torch.manual_seed(0)
     model = Momentum()
     expected = copy.deepcopy(model)
@@ -231,16 +231,17 @@ def test_the_batch_hooks_are_called_around_each_batch_as_lightning_calls_them(de
             loss.backward()
             opt.step()
             losses.append(loss.item())
-            expected.on_train_batch_end({"loss": loss.detach()}, None, i // 16)
+            expected.on_train_batch_end({"loss": loss.detach()}, (X[i:i + 16], y[i:i + 16]), i // 16)
     Momentum.given.clear()
-    dptrain.fit(model, data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=None, progress=False)
+    dptrain.fit(model, data(), data(40, 1), epochs=2, batch_size=16, shuffle=False, devices=devices, log=None,
+                progress=False, **settings)     # (an evaluation every 4 steps: between the hooks of its batch)
     for a, b in zip(model.state_dict().values(), expected.state_dict().values()):
         torch.testing.assert_close(a, b)                # (the target followed on every device's copy)
     steps = [(e * 6 + i) for e in range(2) for i in range(6)]
     assert [g for g in Momentum.given if g[0] != "end"] == [(s % 6, 16, s) for s in steps]
     ends = [g for g in Momentum.given if g[0] == "end"]
     assert [g[1:3] for g in ends] == [(s % 6, s + 1) for s in steps]
-    assert [g[3] for g in ends] == pytest.approx(losses, abs=2e-5)
+    assert [g[3] for g in ends] == pytest.approx(losses, abs=2e-5) and {g[4] for g in ends} == {16}
 
 
 def test_what_the_batch_hooks_cannot_have_is_an_error_naming_the_way():

@@ -71,8 +71,11 @@ class LightningSteps:
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
         """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the
         updates done, which the module's trainer (``clock``) then says, and this process's batch
-        (which the module's ``on_train_batch_start`` and ``on_train_batch_end`` are given)."""
-        self.index, self.batch = index, batch
+        (which the module's ``on_train_batch_start`` and ``on_train_batch_end`` are given; an
+        evaluation, every N steps between the two, leaves it)."""
+        self.index = index
+        if batch is not None:
+            self.batch = batch
         if self.clock is not None and epoch is not None:
             self.clock.at(epoch, step)
 
