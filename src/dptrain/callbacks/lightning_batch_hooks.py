@@ -34,11 +34,15 @@ from .base import BatchEnd, Callback
 class ModuleBatchHooks(Callback):
     """Calls ``hooks`` (those of ``BATCH_HOOKS`` the module overrides) of ``module`` around each
     training batch; ``steps``: its ``LightningSteps``, which holds the batch (``at``) and the
-    module's stand-in trainer (``clock``)."""
+    module's stand-in trainer (``clock``). Only the callback events of the hooks overridden are
+    set (on the instance): a run calls an event, and watches for edits after it, only where set."""
 
     def __init__(self, module: nn.Module, hooks: Sequence[str], steps: LightningSteps):
         self.module, self.hooks, self.steps = module, tuple(hooks), steps
-        self.starts, self.ends = "on_train_batch_start" in self.hooks, "on_train_batch_end" in self.hooks
+        if "on_train_batch_start" in self.hooks:
+            self.on_batch_start = self._batch_start
+        if "on_train_batch_end" in self.hooks:
+            self.on_batch_end = self._batch_end
 
     def on_fit_start(self, run: Any) -> None:
         if run.config.accumulate_grad_batches > 1:
@@ -47,17 +51,16 @@ class ModuleBatchHooks(Callback):
                              f"steps a group of them at once; give their work to a dptrain.Callback's "
                              f"on_batch_start or on_batch_end (once an update; run.model is the module)")
 
-    def on_batch_start(self, run: Any, epoch: int, batch: int) -> None:
-        if self.starts and self.module.on_train_batch_start(self.steps.batch, batch - 1) == -1:
+    def _batch_start(self, run: Any, epoch: int, batch: int) -> None:
+        if self.module.on_train_batch_start(self.steps.batch, batch - 1) == -1:
             raise ValueError("the module's on_train_batch_start returned -1 (Lightning: skip the epoch's other "
                              "batches), which fit does not do: give fit max_batches=N to cut every epoch, or set "
                              "self.trainer.should_stop = True to end the run")
 
-    def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
-        if self.ends:
-            if self.steps.clock is not None:
-                self.steps.clock.at(batch.epoch - 1, batch.step)        # (Lightning's: the update done)
-            self.module.on_train_batch_end(BatchOutputs(batch), self.steps.batch, batch.batch - 1)
+    def _batch_end(self, run: Any, batch: BatchEnd) -> None:
+        if self.steps.clock is not None:
+            self.steps.clock.at(batch.epoch - 1, batch.step)        # (Lightning's: the update done)
+        self.module.on_train_batch_end(BatchOutputs(batch), self.steps.batch, batch.batch - 1)
 
 
 class BatchOutputs(Mapping):
