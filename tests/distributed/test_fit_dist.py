@@ -927,3 +927,47 @@ def test_a_detection_model_and_torchs_sync_batchnorm_on_two_processes_train_as_t
     for detection, predicted, batchnorm, _ in ranks:
         assert detection < 1e-6 and predicted == 14 and batchnorm < 1e-5
     assert ranks[0][3]          # said, by rank 0 (which alone prints)
+
+
+def whole_batch_losses(rank, world, devices):
+    """CLIP's loss over the whole global batch (``dptrain.whole_batch``): 37 pairs in batches
+    of 12, the last of one pair (a process without a sample), evaluated on 11."""
+    from tests.engine.test_whole_batch import train
+    model, history = train(devices if world > 1 else 1)
+    return [p.detach().tolist() for p in model.parameters()], [(h["train_loss"], h["test_loss"]) for h in history]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_whole_batch_loss_on_two_processes_trains_as_one_device(devices):
+    want, want_losses = whole_batch_losses(0, 1, 1)
+    ranks = run_workers(whole_batch_losses, devices)
+    for params, losses in ranks:
+        for p, q in zip(params, want):
+            torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-4, atol=1e-5)
+        train_losses = [t for t, _ in losses]
+        assert train_losses == pytest.approx([t for t, _ in want_losses], rel=1e-5)
+    assert ranks[0] == ranks[1]
+
+
+def last_batch_of_one(rank, world, variant):
+    """37 samples in batches of 12: the last batch's one sample leaves a process without any."""
+    torch.manual_seed(0)
+    X = torch.randn(37, 3)
+    y = X.sum(1, keepdim=True)
+    losses = {"forward, mean": nn.MSELoss(), "forward, sum": nn.MSELoss(reduction="sum"),
+              "(sum, count)": lambda output, target, batch: (((output - target) ** 2).sum(), target.numel())}
+    model = nn.Linear(3, 1)
+    result = dptrain.fit(model, (X, y), eval_data=None, loss=losses[variant], forward=lambda m, b: (m(b[0]), b[1]),
+                         optimizer="sgd", lr=0.01, epochs=2, batch_size=12, shuffle=False, log=None, devices=1)
+    return [p.detach().tolist() for p in model.parameters()], result["history"][-1]["train_loss"]
+
+
+@pytest.mark.parametrize("variant", ["forward, mean", "forward, sum", "(sum, count)"])
+def test_a_process_without_a_sample_of_a_batch_counted_after_the_forward_sends_what_the_others_send(variant):
+    """Once a hang (a collective mismatch): the empty process's count rode with its gradients
+    while the others' came after the forward."""
+    want, want_loss = last_batch_of_one(0, 1, variant)
+    for params, loss in run_workers(last_batch_of_one, variant, timeout=60):
+        for p, q in zip(params, want):
+            torch.testing.assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+        assert loss == pytest.approx(want_loss, rel=1e-5)

@@ -59,8 +59,12 @@ def evaluate(engine, batches) -> Totals:
     totals: List[Dict[str, Any]] = [{} for _ in engine.devices]
     moves: List[Optional[bool]] = [None] * len(engine.devices)
 
+    gathering = engine.evaluation_gathering      # a whole_batch loss's, over this process's devices
+
     def shard_totals(i: int, shard: Batch) -> None:
         if shard is None:
+            if gathering is not None:
+                gathering.idle(i)
             return
         net, out, device = engine._net(i), totals[i], engine.devices[i]
         move = moves[i]
@@ -93,11 +97,15 @@ def evaluate(engine, batches) -> Totals:
                 output, target = forward(net, shard)
         output = output_for(adapter, output)
         if adapter is not None:
-            value = adapter(output, target, shard)
+            if gathering is None:
+                value = adapter(output, target, shard)
+            else:
+                with gathering.part(i):
+                    value = adapter(output, target, shard)
             if type(value) is tuple:        # (a loss returning (sum, count) gave its own count)
                 value, count = value
             else:
-                count = adapter.lazy_count(target)
+                count = adapter.lazy_count(target, output)
             accumulate(out, "loss", value)
             accumulate(out, "count", batch_size(shard) if count is None else count)
             hits = adapter.correct(output, target)

@@ -4,9 +4,12 @@ targets it cannot fit, an elementwise loss broadcasting two shapes, a loss whose
 not the one it is taken to have. ``LossAdapter`` (``losses.py``) runs them."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
+
+from ..data.batch import batch_size, split_structure, tensors_of
 
 
 def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> None:
@@ -53,20 +56,24 @@ def check_same_shape(output: torch.Tensor, target: torch.Tensor, loss: Callable)
 
 
 def check_reduction(loss: Callable, reduction: str, declared: bool, output: Any, target: Any,
-                    value: torch.Tensor) -> None:
+                    value: torch.Tensor, parts: int = 1) -> None:
     """A loss taken as a mean that returns a sum (or the reverse) would train differently on
     1, 2 and 4 devices. Once, on the first shard: the loss of the whole against the losses of
-    its two halves tells which it is (a mean: their weighted mean; a sum: their sum)."""
-    if not isinstance(output, torch.Tensor) or not isinstance(target, torch.Tensor) or target.dim() == 0:
+    its two halves tells which it is (a mean: their weighted mean; a sum: their sum). One that
+    is neither couples the samples (in-batch negatives): on ``parts`` > 1 (devices times
+    processes) each part alone would see fewer, unless its reduction is declared."""
+    try:
+        n = batch_size((output, target)) if isinstance(output, (torch.Tensor, tuple, list, Mapping)) else 0
+    except (TypeError, ValueError):
         return
-    n = target.shape[0]
-    if n < 2:
+    if n < 2 or not any(isinstance(t, torch.Tensor) and t.dim() for t in tensors_of(output)):
         return
     h = n // 2
     with torch.no_grad():
         try:
-            a = float(loss(output[:h], target[:h]))
-            b = float(loss(output[h:], target[h:]))
+            (out_a, out_b), (tgt_a, tgt_b) = split_structure(output, [h, n - h]), split_structure(target, [h, n - h])
+            a = float(loss(out_a, tgt_a))
+            b = float(loss(out_b, tgt_b))
         except Exception:       # a loss that cannot take a part (pairs, a fixed shape...): not told
             return
     whole = float(value.detach())
@@ -74,11 +81,19 @@ def check_reduction(loss: Callable, reduction: str, declared: bool, output: Any,
 
     def near(x: float, y: float) -> bool:
         return abs(x - y) <= 1e-4 * max(abs(x), abs(y), 1e-12)
+    name = getattr(loss, "__name__", type(loss).__name__)
+    if not near(whole, as_mean) and not near(whole, as_sum) and parts > 1 and not declared:
+        raise ValueError(f"the loss {name} couples the samples of a batch (its value on a batch, {whole:.6g}, is "
+                         f"neither the mean nor the sum of its values on the two halves, {a:.6g} and {b:.6g}: "
+                         f"in-batch negatives, say), and the batch is cut into {parts} parts (devices and "
+                         f"processes), each of which would see only its own samples: pass "
+                         f"loss=dptrain.whole_batch({name}) to compute it on the whole batch on every device "
+                         f"(the training one device gives), or reduction='mean' to train each part on its own "
+                         f"samples (as DistributedDataParallel does)")
     if near(as_mean, as_sum) or (near(whole, as_mean) == near(whole, as_sum)):
         return                  # cannot tell (zero loss, or neither): nothing to say
     found = "sum" if near(whole, as_sum) else "mean"
     if found != reduction:
-        name = getattr(loss, "__name__", type(loss).__name__)
         said = f"reduction={reduction!r}" if declared else "a mean (the default without reduction=)"
         raise ValueError(f"the loss {name} returns a {found} over the samples (its value on a batch is the {found} "
                          f"of its values on the two halves), but is taken as {said}: pass "

@@ -31,6 +31,7 @@ from ..data.batch import batch_size, map_tensors
 from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import check_classification, check_reduction, check_same_shape
 from .loss_placement import LossCopies, summed_twin
+from .whole_batch import WholeBatch
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
 REDUCTIONS = ("mean", "sum")
@@ -45,7 +46,11 @@ _FUNCTIONS = {F.cross_entropy: nn.CrossEntropyLoss, F.nll_loss: nn.NLLLoss, F.ms
               F.binary_cross_entropy_with_logits: nn.BCEWithLogitsLoss}
 
 
-def samples_of(target: Any) -> int:
+def samples_of(target: Any, output: Any = None) -> int:
+    """The samples a loss's mean is over: the target's, or the output's where it has none
+    (a contrastive loss's ``(views, None)``)."""
+    if target is None and output is not None:
+        return batch_size(output)
     if isinstance(target, torch.Tensor):
         return target.shape[0] if target.dim() else 1
     if isinstance(target, (tuple, list, Mapping)):        # (y, weight), {"y": ..., "w": ...}
@@ -171,6 +176,11 @@ class LossAdapter:
         self._placed = LossCopies(loss, getattr(self, "_sum", None)) if LossCopies.needed(loss) else None
         self._kept: Optional[KeptTargets] = None
         self.takes_batch = not self.known and takes_batch(loss)
+        #: ``whole_batch(fn)``: its value on the whole batch, as ``(sum, count)`` (``whole_batch.py``).
+        self.whole_batch = isinstance(loss, WholeBatch)
+        #: The parts a batch is cut into (devices times processes; ``ModelEngine`` sets it): a loss
+        #: coupling samples on several is an error naming ``whole_batch`` (``check_reduction``).
+        self.parts = 1
         #: Whether the loss returns ``(sum, count)`` (None: not known before its first call).
         self.pairs: Optional[bool] = False if self.known else None
 
@@ -182,7 +192,7 @@ class LossAdapter:
         value = self(output, target, batch)
         if isinstance(value, tuple):
             return value
-        return value, self.count(target) if count else None
+        return value, self.count(target, output) if count else None
 
     def __call__(self, output: torch.Tensor, target: Any, batch: Any = None) -> Any:
         """The shard's sum (the loss itself with a sum reduction); ``(sum, count)`` from a
@@ -193,7 +203,7 @@ class LossAdapter:
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
             return value
-        return value * samples_of(target) if self.reduction == "mean" else value
+        return value * samples_of(target, output) if self.reduction == "mean" else value
 
     def whole(self, output: Any, target: Any, batch: Any = None) -> Tuple[torch.Tensor, Count]:
         """The loss as one device on the whole batch computes it (the plain loop's value, to
@@ -208,7 +218,7 @@ class LossAdapter:
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
             return value[0] / value[1], value[1]
-        return value, samples_of(target) if self.reduction == "mean" else None
+        return value, samples_of(target, output) if self.reduction == "mean" else None
 
     def _check(self, output: torch.Tensor, target: Any) -> None:
         if self.classification and not self._checked:
@@ -224,30 +234,34 @@ class LossAdapter:
         if isinstance(value, (tuple, list)) and len(value) == 2:      # (sum, count): exact by itself
             self.pairs = True
             return value[0].reshape(()), value[1]
-        self.pairs = False
+        self.pairs = self.whole_batch       # (a whole_batch loss alone: its count is its samples)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise ValueError(f"the loss returned {shape}, not one number: reduce it with 'mean' or 'sum', or "
                              f"return (sum, count)")
         value = value.reshape(())
+        if self.whole_batch:
+            n = batch_size((output, target))
+            return value * n, n
         if not self._reduction_checked and not self.takes_batch:
             self._reduction_checked = True
-            check_reduction(self.loss, self.reduction, self.declared, output, target, value)
+            check_reduction(self.loss, self.reduction, self.declared, output, target, value, self.parts)
         return value
 
-    def lazy_count(self, target: Any) -> Any:
+    def lazy_count(self, target: Any, output: Any = None) -> Any:
         """``count``, as a ``LazyCount`` (computed later, for many batches at once) where it
         takes tensor operations: cross-entropy's mean over integer targets."""
         if self.known and self.classification and self.reduction == "mean" and not target.is_floating_point():
             return LazyCount(target, self.loss)
-        return self.count(target)
+        return self.count(target, output)
 
-    def count(self, target: Any) -> Count:
-        """The denominator of a batch of ``target``s (a shard or a process's whole batch)."""
+    def count(self, target: Any, output: Any = None) -> Count:
+        """The denominator of a batch of ``target``s (a shard or a process's whole batch;
+        ``output``: its samples where the target is None)."""
         if self.reduction == "sum":
             return None
         if not self.known or self.reduction == "batchmean":
-            return samples_of(target)
+            return samples_of(target, output)
         if self.classification and not target.is_floating_point():
             return class_count(target, self.loss)
         if self.classification:                   # class probabilities: a mean over positions

@@ -18,6 +18,7 @@ from ..core.parts import even_parts
 from ..core.modes import evaluating
 from ..data.accumulate import MicroBatches, micro_batches
 from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
+from ..distributed.collective import get_collective
 from ..distributed.env import rank
 from ..parallel.replicas import replicate
 from ..parallel.sync.base import Extras
@@ -38,6 +39,7 @@ from .step_plan import StepPlan, StepResult
 from .task import Task
 from .train_figures import TrainFigures, with_logged
 from .updates import several_step
+from .whole_batch import Gathering
 
 _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
 
@@ -118,8 +120,26 @@ class ModelEngine:
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
         if task.several:
             self.train_figures = TrainFigures(self, score=False)       # each update's loss
-        # Dropout on several CPU devices: each device's stream, or the forwards in turn.
-        self.random = RandomDraws(self.devices, training, sync_batchnorm, rank())
+        # A whole_batch loss: the devices' (and processes') parts exchanged in each step's loss,
+        # and in evaluation the process's devices' (whole_batch.py).
+        self.gathering, self.evaluation_gathering = self._gatherings(training)
+        # Dropout on several CPU devices: each device's stream, or the forwards in turn (not
+        # where the forwards wait for each other: synchronised BatchNorm, a whole_batch loss).
+        self.random = RandomDraws(self.devices, training, sync_batchnorm or self.gathering is not None, rank())
+
+    def _gatherings(self, training: bool) -> Tuple[Optional[Gathering], Optional[Gathering]]:
+        """A whole_batch loss's exchanges: in training, over every device of every process; in
+        evaluation, over this process's (None: nothing to exchange)."""
+        if self.adapter is None:
+            return None, None
+        world = self.trainer.world_size if self.trainer is not None else 1
+        self.adapter.parts = len(self.devices) * world
+        if not self.adapter.whole_batch:
+            return None, None
+        local = Gathering(self.devices) if len(self.devices) > 1 else None
+        if world == 1:
+            return local if training else None, local
+        return Gathering(self.devices, get_collective(new_group=True)), local
 
     def close(self) -> None:
         """Give the model back as it was: no hook or wrapper of ours left on it."""
@@ -295,8 +315,19 @@ class ModelEngine:
         used = [s for s in sizes if s]
         parts = split_structure(batch, used) if len(used) > 1 else [batch] * len(used)
         shards: List[Optional[Batch]] = [parts.pop(0) if s else None for s in sizes]
-        known, denominator = self._known_count(batch, step) if n else (True, 0)
-        return StepPlan(self, shards, n, known, denominator, step)
+        # Counted as the other processes count (with the gradients, or after the forward): a process
+        # without samples sends what they send (its count 0; none for a sum).
+        known, denominator = self._known_count(batch, step)
+        plan = StepPlan(self, shards, n, known, denominator, step)
+        if not n and not known and self._counts_numbers(step):
+            plan.counts = [0] * len(self.devices)
+        return plan
+
+    def _counts_numbers(self, step: Optional[Callable]) -> bool:
+        """Whether a batch's denominator counted after the forward is a number (not None: a sum)."""
+        if self.adapter is not None:
+            return self.adapter.pairs is not False or self.adapter.reduction != "sum"
+        return self.steps.counts_numbers(step)
 
     def _idle(self, i: int) -> torch.Tensor:
         for p in self.replicas[i].parameters():

@@ -75,3 +75,7 @@ class StepFunctions:
         if pairs is False:
             return True, (None if self.reduction == "sum" else batch_size(batch))
         return False, None
+
+    def counts_numbers(self, step: Optional[Step] = None) -> bool:
+        """Whether ``step``'s denominator counted after the forward is a number (None: a sum)."""
+        return self._pairs.get(step or self.default) is not False or self.reduction != "sum"

@@ -8,6 +8,7 @@ thread and sums the gradients.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from ..data.batch import Batch, to_device
 from ..parallel.syncbn import synchronized
 from ..parallel.sync.base import Extras
 from .losses import Count, add_counts, host_number
+
+_ALONE = contextlib.nullcontext()       # (shared: a step makes no new object)
 
 
 @dataclass
@@ -104,6 +107,7 @@ class StepPlan:
         """``compute(i)``: forward and backward of shard ``i`` on device ``i``; its loss sum."""
         engine = self.engine
         scale = engine.loss_factor      # float16: what the loss sums are scaled by (loss_scale.py)
+        gathering = engine.gathering    # a whole_batch loss's exchange of parts (whole_batch.py), or None
 
         def compute(i: int) -> torch.Tensor:
             shard = self.shards[i]
@@ -112,13 +116,16 @@ class StepPlan:
                 if turns is not None:
                     turns.wait(i)
                     turns.pass_on(i)
+                if gathering is not None:
+                    gathering.idle(i)
                 return engine._idle(i)
             device = engine.devices[i]
             start = time.perf_counter()
             if turns is not None:
                 turns.wait(i)
             try:
-                with trace.span("forward", i), torch.enable_grad(), synchronized():   # BatchNorm across devices
+                with trace.span("forward", i), torch.enable_grad(), synchronized(), \
+                        (_ALONE if gathering is None else gathering.part(i)):       # BatchNorm, loss across devices
                     value, self.counts[i] = engine._loss(engine._net(i), to_device(shard, device,
                                                                                    engine.memory_format),
                                                          device, count=not self.known, scored=i, step=self.step)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from ..distributed.env import DEFAULT_TIMEOUT_S
 
 
 _state = threading.local()
+LATE_BATCHNORM = ("sync_batchnorm: not every device reached this BatchNorm layer in time; run forward and backward "
+                  "of all shards together with replicas.forward_backward(Xs, ys), not loss.backward() one shard "
+                  "after another")
 
 
 @contextmanager
@@ -39,37 +42,53 @@ def _in_step() -> bool:
 
 
 class ThreadGroup:
-    """Sum tensors across the N device threads of one process: a barrier and shared slots."""
+    """Exchange values across the N device threads of one process: a barrier and shared slots.
+    ``late``: the error's words when a device does not come in time (what to run instead)."""
 
-    def __init__(self, size: int, timeout: float = DEFAULT_TIMEOUT_S, collective: Optional[Collective] = None):
-        self.size = size
+    def __init__(self, size: int, timeout: float = DEFAULT_TIMEOUT_S, collective: Optional[Collective] = None,
+                 late: str = LATE_BATCHNORM):
+        self.size, self.late = size, late
         self.collective = collective or Collective()
         self._barrier = threading.Barrier(size, timeout=timeout)
-        self._slots: List[Optional[torch.Tensor]] = [None] * size
-        self._shared: List[torch.Tensor] = []
+        self._slots: List[Any] = [None] * size
+        self._shared: List[Any] = []
 
     @property
     def total_size(self) -> int:
         """Devices in the group over all processes."""
         return self.size * self.collective.world_size
 
+    def share(self, rank: int, value: Any, across: Optional[Callable[[List[Any]], List[Any]]] = None) -> List[Any]:
+        """Every device's ``value``, in device order. ``across``: what thread 0 makes of this
+        process's list, once every device has given its value (the list over every process's
+        devices, exchanged on a process group of the caller's), which every thread then gets."""
+        self._slots[rank] = value
+        self._wait()
+        if across is not None:
+            if rank == 0:
+                try:
+                    self._shared = across(list(self._slots))
+                except Exception as e:      # (every thread raises it, none waits for thread 0)
+                    self._shared = [e]
+            self._wait()
+            out = self._shared
+        else:
+            out = list(self._slots)
+        self._wait()        # nobody refills a slot before every rank has read them all
+        if across is not None and len(out) == 1 and isinstance(out[0], Exception):
+            raise out[0]
+        return out
+
     def all_gather(self, rank: int, tensor: torch.Tensor) -> List[torch.Tensor]:
         """Return every device's ``tensor`` (of every process, in order) on this rank's device.
 
         Thread 0 of each process exchanges its process's tensors with the other processes
         (on a process group of its own, so it never interleaves with the gradients')."""
-        self._slots[rank] = tensor
-        self._wait()
-        if self.collective.world_size > 1:
-            if rank == 0:
-                local = torch.stack([t.to(tensor.device) for t in self._slots])
-                self._shared = [row for block in self.collective.all_gather(local) for row in block.unbind(0)]
-            self._wait()
-            out = [t.to(tensor.device) for t in self._shared]
-        else:
-            out = [t.to(tensor.device) for t in self._slots]
-        self._wait()        # nobody refills a slot before every rank has read them all
-        return out
+        def across(local: List[torch.Tensor]) -> List[torch.Tensor]:
+            stacked = torch.stack([t.to(tensor.device) for t in local])
+            return [row for block in self.collective.all_gather(stacked) for row in block.unbind(0)]
+        shared = self.share(rank, tensor, across if self.collective.world_size > 1 else None)
+        return [t.to(tensor.device) for t in shared]
 
     def all_reduce(self, rank: int, tensor: torch.Tensor) -> torch.Tensor:
         """Return the sum over ranks of ``tensor`` (every rank adds in the same order)."""
@@ -80,10 +99,7 @@ class ThreadGroup:
             self._barrier.wait()
         except threading.BrokenBarrierError:
             self._barrier.reset()
-            raise RuntimeError(
-                "sync_batchnorm: not every device reached this BatchNorm layer in time; run forward "
-                "and backward of all shards together with replicas.forward_backward(Xs, ys), not "
-                "loss.backward() one shard after another") from None
+            raise RuntimeError(self.late) from None
 
 
 class _SyncBatchNormFn(torch.autograd.Function):
