@@ -931,10 +931,14 @@ def test_a_detection_model_and_torchs_sync_batchnorm_on_two_processes_train_as_t
 
 def whole_batch_losses(rank, world, devices):
     """CLIP's loss over the whole global batch (``dptrain.whole_batch``): 37 pairs in batches
-    of 12, the last of one pair (a process without a sample), evaluated on 11."""
-    from tests.engine.test_whole_batch import train
-    model, history = train(devices if world > 1 else 1)
-    return [p.detach().tolist() for p in model.parameters()], [(h["train_loss"], h["test_loss"]) for h in history]
+    of 12, the last of one pair (a process without a sample), evaluated on 11; and a supervised
+    contrastive loss (integer targets and float outputs in one message)."""
+    from tests.engine.test_whole_batch import labelled, train
+    devices = devices if world > 1 else 1
+    model, history = train(devices)
+    labels = labelled(devices)
+    return ([p.detach().tolist() for p in [*model.parameters(), *labels.parameters()]],
+            [(h["train_loss"], h["test_loss"]) for h in history])
 
 
 @pytest.mark.parametrize("devices", [1, 2])

@@ -84,16 +84,19 @@ def test_several_devices_train_as_one_device_on_the_whole_batch(devices):
     assert_same(model, want, history, want_history)
 
 
-def test_uneven_parts_accumulation_and_targets_of_the_whole_batch():
+def labelled(devices, **kw):
+    """The supervised contrastive loss on 40 labelled samples in batches of 10 (integer
+    targets of the whole batch, beside float outputs)."""
     g = torch.Generator().manual_seed(3)
     data = (torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g))
-    forward = None
+    model = net()
+    dptrain.fit(model, data, eval_data=None, loss=dptrain.whole_batch(supervised_contrastive), optimizer="sgd",
+                lr=0.5, epochs=2, batch_size=10, devices=devices, log=None, shuffle=False, **kw)
+    return model
 
-    def run(devices, **kw):
-        model = net()
-        dptrain.fit(model, data, eval_data=None, loss=dptrain.whole_batch(supervised_contrastive), forward=forward,
-                    optimizer="sgd", lr=0.5, epochs=2, batch_size=10, devices=devices, log=None, shuffle=False, **kw)
-        return model
+
+def test_uneven_parts_accumulation_and_targets_of_the_whole_batch():
+    run = labelled
     want = run(1)
     assert_same(run(3), want)                             # parts of 4, 3, 3
     assert_same(run(2, balance=[0.7, 0.3]), want)         # parts of 7 and 3

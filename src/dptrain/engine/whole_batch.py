@@ -13,6 +13,7 @@ gradient (``Gathering.shard``). One device of one process calls ``fn`` as it is.
 """
 from __future__ import annotations
 
+import math
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
@@ -106,15 +107,17 @@ class Gathering:
         return self.group.collective.rank * self.group.size + i if self.processes else i
 
     def _across(self, local: List[Any]) -> List[Any]:
-        """Thread 0: this process's parts -> every process's, in order (a header of each
-        device's samples and this process's tensors, then each tensor, padded to the most
-        rows). A process with no sample of the batch takes the others' structure, empty."""
+        """Thread 0: this process's parts -> every process's, in order: a header (each device's
+        samples, this process's tensors and bytes a sample), then one message of their bytes,
+        padded to the most samples. A process with no sample of the batch takes the others'
+        structure, empty."""
         collective, k = self.group.collective, len(local)
-        given = [p for p in local if p is not None]
+        first = self.devices[0]
+        given = [map_tensors(lambda t: t.to(first), p) for p in local if p is not None]   # (several GPUs)
         joined = join_structure(given) if given else None
         leaves = tensors_of(joined) if given else []
         sizes = [batch_size(p) if p is not None else 0 for p in local]
-        shape = [len(leaves), sum(t[0].numel() for t in leaves)] if given else [-1, -1]
+        shape = [len(leaves), sum(map(_row_bytes, leaves))] if given else [-1, -1]
         headers = [h.tolist() for h in collective.all_gather(torch.tensor(sizes + shape, dtype=torch.int64))]
         if len({tuple(h[k:]) for h in headers if h[k] >= 0}) > 1:
             raise ValueError("whole_batch: the processes' outputs or targets differ in shape beyond the batch axis "
@@ -124,25 +127,41 @@ class Gathering:
         if any(h[k] < 0 for h in headers):      # (rare: a last batch smaller than the processes)
             empty = collective.all_gather_object(None if joined is None else map_tensors(lambda t: t[:0].cpu(), joined))
             if joined is None:
-                device = self.devices[0]
-                joined = map_tensors(lambda t: t.to(device), next(e for e in empty if e is not None))
+                joined = map_tensors(lambda t: t.to(first), next(e for e in empty if e is not None))
                 leaves = tensors_of(joined)
         rows = [sum(h[:k]) for h in headers]
-        gathered = [self._gather(t, max(rows)) for t in leaves]
+        gathered = collective.all_gather(_packed(leaves, max(rows)))
         out: List[Any] = []
         for r, h in enumerate(headers):
             if r == collective.rank:
                 out += local
                 continue
-            taken = iter([g[r][:rows[r]] for g in gathered])
+            taken = iter(_unpacked(gathered[r][:rows[r]], leaves))
             theirs = map_tensors(lambda t: next(taken), joined)
             used = [n for n in h[:k] if n]
             pieces = iter(split_structure(theirs, used) if len(used) > 1 else [theirs] * len(used))
             out += [next(pieces) if n else None for n in h[:k]]
         return out
 
-    def _gather(self, tensor: torch.Tensor, rows: int) -> List[torch.Tensor]:
-        padded = tensor
-        if tensor.shape[0] < rows:
-            padded = torch.cat([tensor, tensor.new_zeros((rows - tensor.shape[0],) + tuple(tensor.shape[1:]))])
-        return self.group.collective.all_gather(padded)
+
+def _packed(leaves: List[torch.Tensor], rows: int) -> torch.Tensor:
+    """The tensors' bytes side by side, a row a sample (``rows``: zeros after theirs)."""
+    data = torch.cat([t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous().view(torch.uint8)
+                      for t in leaves], dim=1)
+    if data.shape[0] < rows:
+        data = torch.cat([data, data.new_zeros((rows - data.shape[0], data.shape[1]))])
+    return data
+
+
+def _unpacked(data: torch.Tensor, like: List[torch.Tensor]) -> List[torch.Tensor]:
+    """``_packed``'s tensors back, each of ``like``'s dtype and shape beyond the batch axis."""
+    out, start = [], 0
+    for t in like:
+        width = _row_bytes(t)
+        out.append(data[:, start:start + width].contiguous().view(t.dtype).reshape((data.shape[0],) + t.shape[1:]))
+        start += width
+    return out
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    return math.prod(t.shape[1:]) * t.element_size()
