@@ -407,6 +407,8 @@ def test_the_strategy_gathers_over_the_processes_and_is_the_identity_in_one(devi
     assert (row["test_seen"], row["test_said"]) == (32, 7)      # (every sample; rank 0's value)
     with pytest.raises(ValueError, match=r"reduce\(reduce_op='max'\): fit's takes 'sum' or 'mean'"):
         StrategyStandIn(TrainerStandIn(1, None)).reduce(torch.ones(1), reduce_op="max")
+    with pytest.raises(ValueError, match=r"sync_grads=True.*loss=dptrain.whole_batch\(fn\)"):
+        StrategyStandIn(TrainerStandIn(1, None)).all_gather(torch.ones(1), sync_grads=True)
 
 
 class GatheringInTheStep(EpochEnds):

@@ -149,3 +149,15 @@ def test_the_users_loss_object_is_left_as_given():
     dptrain.fit(model, pairs(12), eval_data=None, loss=wrapped, forward=two_views, optimizer="sgd", epochs=1,
                 batch_size=12, devices=2, log=None)
     assert wrapped.__dict__ == before
+
+
+def test_evaluate_scores_each_batch_whole_on_any_device_count():
+    """23 pairs in batches of 8: each batch's loss, weighted by its samples, on 1-3 devices."""
+    model, data = net(), pairs(23)
+    with torch.no_grad():
+        want = sum(info_nce(two_views(model, {k: v[i:i + 8] for k, v in data.items()})[0], None).item()
+                   * min(8, 23 - i) for i in range(0, 23, 8)) / 23
+    for devices in (1, 2, 3):
+        figures = dptrain.evaluate(model, data, loss=dptrain.whole_batch(info_nce), forward=two_views, batch_size=8,
+                                   devices=devices)
+        assert figures["test_loss"] == pytest.approx(want, rel=1e-6)

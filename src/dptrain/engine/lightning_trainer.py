@@ -190,7 +190,9 @@ class StrategyStandIn:
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
         if sync_grads:
             raise ValueError("all_gather(sync_grads=True) (gradients through the gather, a contrastive loss over "
-                             "every process's batch) is not done by fit: give each process's loss over its own part")
+                             "every process's batch) is not done inside a training_step: give fit "
+                             "forward=fn(model, batch) -> (output, target) and loss=dptrain.whole_batch(fn), which "
+                             "computes fn(output, target) on the whole global batch on every device and process")
         collective = self._ready("all_gather")
         return tensor if collective.world_size == 1 else torch.stack(collective.all_gather(tensor))
 
