@@ -44,3 +44,25 @@ def test_a_loss_that_sums_without_saying_so_is_found_on_the_first_shard():
     assert float(value) == 8.0 and count == 8
     with pytest.raises(ValueError, match=r"returns a mean over the samples \(.*\), but is taken as reduction=.sum."):
         LossAdapter(MeanModule(), reduction="sum").measure(torch.randn(8, 2), torch.randn(8, 2))
+
+
+def test_a_loss_coupling_samples_is_an_error_on_several_parts_alone():
+    """A weighted mean (a ratio of the batch's sums) and a loss over pairs of a tuple output
+    are neither a mean nor a sum of their halves: split, each part would train otherwise."""
+    def weighted(output, target):
+        return (target[:, 1:] * (output - target[:, :1]) ** 2).sum() / target[:, 1:].sum()
+
+    def pairs(output, target):
+        return (output[0] @ output[1].T).logsumexp(1).mean()
+    g = torch.Generator().manual_seed(0)
+    cases = [(weighted, torch.randn(8, 1, generator=g), torch.rand(8, 2, generator=g)),
+             (pairs, (torch.randn(8, 3, generator=g), torch.randn(8, 3, generator=g)), None)]
+    for loss, output, target in cases:
+        adapter = LossAdapter(loss)
+        adapter.parts = 2
+        with pytest.raises(ValueError, match=r"couples the samples of a batch.*whole_batch.*\(sum, count\)"):
+            adapter.measure(output, target)
+        LossAdapter(loss).measure(output, target)                 # one part: the loss as it is
+        declared = LossAdapter(loss, reduction="mean")
+        declared.parts = 2
+        declared.measure(output, target)                          # declared: each part on its own

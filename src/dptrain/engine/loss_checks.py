@@ -88,8 +88,9 @@ def check_reduction(loss: Callable, reduction: str, declared: bool, output: Any,
                          f"in-batch negatives, say), and the batch is cut into {parts} parts (devices and "
                          f"processes), each of which would see only its own samples: pass "
                          f"loss=dptrain.whole_batch({name}) to compute it on the whole batch on every device "
-                         f"(the training one device gives), or reduction='mean' to train each part on its own "
-                         f"samples (as DistributedDataParallel does)")
+                         f"(the training one device gives); a weighted mean returns (sum, count) instead, exact "
+                         f"however the batch is split; or reduction='mean' trains each part on its own samples (as "
+                         f"DistributedDataParallel does)")
     if near(as_mean, as_sum) or (near(whole, as_mean) == near(whole, as_sum)):
         return                  # cannot tell (zero loss, or neither): nothing to say
     found = "sum" if near(whole, as_sum) else "mean"
