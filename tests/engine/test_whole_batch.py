@@ -161,3 +161,18 @@ def test_evaluate_scores_each_batch_whole_on_any_device_count():
         figures = dptrain.evaluate(model, data, loss=dptrain.whole_batch(info_nce), forward=two_views, batch_size=8,
                                    devices=devices)
         assert figures["test_loss"] == pytest.approx(want, rel=1e-6)
+
+
+def test_a_device_failing_before_the_exchange_raises_its_own_error():
+    """The others stop waiting for its part at once (not after the exchange's timeout, with
+    a timeout's error instead of the user's)."""
+    def failing(model, batch):
+        if int(batch["i"][0]) == 6:             # the second device's part of the first batch
+            raise KeyError("the user's own bug")
+        return two_views(model, batch)
+    with pytest.raises(KeyError, match="the user's own bug"):
+        dptrain.fit(net(), pairs(12), eval_data=None, loss=dptrain.whole_batch(info_nce), forward=failing,
+                    optimizer="sgd", epochs=1, batch_size=12, devices=2, log=None, shuffle=False)
+    with pytest.raises(KeyError, match="the user's own bug"):
+        dptrain.evaluate(net(), pairs(12), loss=dptrain.whole_batch(info_nce), forward=failing, batch_size=12,
+                         devices=2)

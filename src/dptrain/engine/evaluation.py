@@ -142,7 +142,8 @@ def evaluate(engine, batches) -> Totals:
                 for i, shard in enumerate(shards):
                     shard_totals(i, shard)
                 continue
-            engine.runner.map(shard_totals, shards + [None] * (len(engine.devices) - k))
+            engine.runner.map(shard_totals if gathering is None else gathering.guarded(shard_totals),
+                              shards + [None] * (len(engine.devices) - k))
     totals = over_devices(totals, engine.devices)
     if stateful:        # over the whole set: merged over devices, gathered over processes
         totals[COMPUTED] = stateful.compute()

@@ -129,6 +129,10 @@ class StepPlan:
                     value, self.counts[i] = engine._loss(engine._net(i), to_device(shard, device,
                                                                                    engine.memory_format),
                                                          device, count=not self.known, scored=i, step=self.step)
+            except BaseException:
+                if gathering is not None:       # (the others wait for this device's part)
+                    gathering.group.abort()
+                raise
             finally:
                 if turns is not None:
                     turns.pass_on(i)

@@ -78,6 +78,21 @@ class Gathering:
         finally:
             _state.gathering = None
 
+    def guarded(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn(i, ...)`` on device ``i``'s thread, which ends the exchange if it fails (the
+        others stop waiting for its part and return; its error is the one raised)."""
+        def run(i: int, *args: Any) -> Any:
+            try:
+                return fn(i, *args)
+            except threading.BrokenBarrierError:
+                if self.group.aborted:
+                    return None
+                raise
+            except BaseException:
+                self.group.abort()
+                raise
+        return run
+
     def idle(self, i: int) -> None:
         """Device ``i`` has no part of this batch: it gives none (the others wait for it)."""
         self.group.share(i, None, self._across if self.processes else None)

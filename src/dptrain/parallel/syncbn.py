@@ -52,6 +52,7 @@ class ThreadGroup:
         self._barrier = threading.Barrier(size, timeout=timeout)
         self._slots: List[Any] = [None] * size
         self._shared: List[Any] = []
+        self.aborted = False
 
     @property
     def total_size(self) -> int:
@@ -94,10 +95,18 @@ class ThreadGroup:
         """Return the sum over ranks of ``tensor`` (every rank adds in the same order)."""
         return torch.stack(self.all_gather(rank, tensor)).sum(0)
 
+    def abort(self) -> None:
+        """A device failed before its exchange: the others stop waiting for it at once, with
+        a ``BrokenBarrierError`` (the device runner raises the failed device's error, not theirs)."""
+        self.aborted = True
+        self._barrier.abort()
+
     def _wait(self) -> None:
         try:
             self._barrier.wait()
         except threading.BrokenBarrierError:
+            if self.aborted:
+                raise
             self._barrier.reset()
             raise RuntimeError(self.late) from None
 
