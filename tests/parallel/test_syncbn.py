@@ -99,3 +99,27 @@ def test_replicas_close_puts_the_batchnorm_layers_back():
     net.eval()
     replicas.close()
     assert net[1] is bn and not bn.training
+
+
+class FailsOnAMark(nn.Module):
+    """Linear, BatchNorm, Linear; a sample marked 100 in its first feature is the user's bug."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn, self.b = nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        if bool((x[:, 0] == 100.0).any()):
+            raise KeyError("the user's own bug")
+        return self.b(self.bn(h))
+
+
+def test_a_device_failing_before_its_batchnorm_raises_its_own_error():
+    """The other device stops waiting in its BatchNorm layer at once (it waited for the
+    exchange's timeout, and raised the timeout's error instead of the user's)."""
+    X = torch.randn(24, 4)
+    X[12, 0] = 100.0                    # the second device's part
+    with pytest.raises(KeyError, match="the user's own bug"):
+        dptrain.fit(FailsOnAMark(), (X, torch.randint(0, 2, (24,))), eval_data=None, epochs=1, batch_size=24,
+                    devices=2, sync_batchnorm=True, log=None, shuffle=False, optimizer="sgd")

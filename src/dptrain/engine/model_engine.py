@@ -329,6 +329,13 @@ class ModelEngine:
             return self.adapter.pairs is not False or self.adapter.reduction != "sum"
         return self.steps.counts_numbers(step)
 
+    def abort_exchanges(self) -> None:
+        """A device failed mid-step: the devices waiting for it in an exchange (a whole_batch
+        loss's, synchronised BatchNorm's) stop at once, and its error is the one raised."""
+        for group in (self.gathering and self.gathering.group, self.replicas.sync_group):
+            if group is not None:
+                group.abort()
+
     def _idle(self, i: int) -> torch.Tensor:
         for p in self.replicas[i].parameters():
             if p.requires_grad and p.grad is None:      # a gradient summed so far is kept

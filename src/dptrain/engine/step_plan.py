@@ -130,14 +130,17 @@ class StepPlan:
                                                                                    engine.memory_format),
                                                          device, count=not self.known, scored=i, step=self.step)
             except BaseException:
-                if gathering is not None:       # (the others wait for this device's part)
-                    gathering.group.abort()
+                engine.abort_exchanges()        # (the others may wait for this device's part)
                 raise
             finally:
                 if turns is not None:
                     turns.pass_on(i)
             with trace.span("backward", i):
-                (value if scale is None else value * scale).backward()
+                try:
+                    (value if scale is None else value * scale).backward()
+                except BaseException:
+                    engine.abort_exchanges()
+                    raise
             if timed:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)

@@ -18,7 +18,7 @@ from ..core.devices import DeviceLike, check_devices, format_device, format_devi
 from ..core.modes import evaluating
 from ..core.runner import get_runner
 from ..distributed.collective import get_collective
-from .syncbn import convert_sync_batchnorm, restore_batchnorm, synchronized
+from .syncbn import ThreadGroup, convert_sync_batchnorm, restore_batchnorm, synchronized
 
 Init = Callable[[nn.Module], None]
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -154,6 +154,8 @@ class Replicas(Sequence[nn.Module]):
         self.devices = check_devices(devices)
         self.runner = get_runner(self.devices)
         self._net, self._init, self.sync_batchnorm = net, init, sync_batchnorm
+        #: The synchronised BatchNorm layers' exchange (``syncbn.ThreadGroup``), once made.
+        self.sync_group: Optional[ThreadGroup] = None
         self._modules: List[nn.Module] = []
         if not _is_lazy(net):
             self._materialize()
@@ -176,7 +178,7 @@ class Replicas(Sequence[nn.Module]):
         for copy_ in self._modules[1:]:
             copy_parameter_extras(net, copy_)
         if self.sync_batchnorm:
-            convert_sync_batchnorm(self._modules, get_collective(new_group=True))
+            self.sync_group = convert_sync_batchnorm(self._modules, get_collective(new_group=True))
 
     def __getitem__(self, i):
         if not self.initialized:
