@@ -40,7 +40,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the product
-    "fit", "evaluate", "predict", "load_weights", "whole_batch", "Task", "Callback", "BatchEnd", "Trainer", "CombinedOptimizer",
+    "fit", "evaluate", "predict", "load_weights", "whole_batch", "Task", "Callback", "BatchEnd", "Trainer",
+    "CombinedOptimizer",
     "Replicas", "replicate", "NotInitializedError",
     "ArrayLoader", "DatasetLoader", "TensorLoader", "load_dataset", "rank",
     # devices

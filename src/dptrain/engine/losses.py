@@ -268,6 +268,10 @@ class LossAdapter:
             return target.numel() // target.shape[1]
         return target.numel()
 
+    def counts_numbers(self) -> bool:
+        """Whether a batch's denominator counted after the forward is a number (None: a sum)."""
+        return self.pairs is not False or self.reduction != "sum"
+
     def per_sample(self, target: Any) -> float:
         """What the mean counts per sample of ``target``: its elements for a torch element-wise
         mean (``MSELoss``, ``KLDivLoss``), else 1 (samples; cross-entropy's weighted or kept

@@ -18,7 +18,6 @@ from ..core.parts import even_parts
 from ..core.modes import evaluating
 from ..data.accumulate import MicroBatches, micro_batches
 from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
-from ..distributed.collective import get_collective
 from ..distributed.env import rank
 from ..parallel.replicas import replicate
 from ..parallel.sync.base import Extras
@@ -39,7 +38,7 @@ from .step_plan import StepPlan, StepResult
 from .task import Task
 from .train_figures import TrainFigures, with_logged
 from .updates import several_step
-from .whole_batch import Gathering
+from .whole_batch import gatherings
 
 _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
 
@@ -122,24 +121,13 @@ class ModelEngine:
             self.train_figures = TrainFigures(self, score=False)       # each update's loss
         # A whole_batch loss: the devices' (and processes') parts exchanged in each step's loss,
         # and in evaluation the process's devices' (whole_batch.py).
-        self.gathering, self.evaluation_gathering = self._gatherings(training)
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if self.adapter is not None:
+            self.adapter.parts = len(self.devices) * world         # (a loss coupling samples: its check)
+        self.gathering, self.evaluation_gathering = gatherings(self.adapter, self.devices, world, training)
         # Dropout on several CPU devices: each device's stream, or the forwards in turn (not
         # where the forwards wait for each other: synchronised BatchNorm, a whole_batch loss).
         self.random = RandomDraws(self.devices, training, sync_batchnorm or self.gathering is not None, rank())
-
-    def _gatherings(self, training: bool) -> Tuple[Optional[Gathering], Optional[Gathering]]:
-        """A whole_batch loss's exchanges: in training, over every device of every process; in
-        evaluation, over this process's (None: nothing to exchange)."""
-        if self.adapter is None:
-            return None, None
-        world = self.trainer.world_size if self.trainer is not None else 1
-        self.adapter.parts = len(self.devices) * world
-        if not self.adapter.whole_batch:
-            return None, None
-        local = Gathering(self.devices) if len(self.devices) > 1 else None
-        if world == 1:
-            return local if training else None, local
-        return Gathering(self.devices, get_collective(new_group=True)), local
 
     def close(self) -> None:
         """Give the model back as it was: no hook or wrapper of ours left on it."""
@@ -319,15 +307,10 @@ class ModelEngine:
         # without samples sends what they send (its count 0; none for a sum).
         known, denominator = self._known_count(batch, step)
         plan = StepPlan(self, shards, n, known, denominator, step)
-        if not n and not known and self._counts_numbers(step):
+        if not n and not known and (self.adapter.counts_numbers() if self.adapter is not None
+                                    else self.steps.counts_numbers(step)):
             plan.counts = [0] * len(self.devices)
         return plan
-
-    def _counts_numbers(self, step: Optional[Callable]) -> bool:
-        """Whether a batch's denominator counted after the forward is a number (not None: a sum)."""
-        if self.adapter is not None:
-            return self.adapter.pairs is not False or self.adapter.reduction != "sum"
-        return self.steps.counts_numbers(step)
 
     def abort_exchanges(self) -> None:
         """A device failed mid-step: the devices waiting for it in an exchange (a whole_batch

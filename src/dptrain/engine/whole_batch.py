@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from ..data.batch import batch_size, join_structure, map_tensors, split_structure, tensors_of
-from ..distributed.collective import Collective
+from ..distributed.collective import Collective, get_collective
 from ..parallel.syncbn import ThreadGroup
 
 _state = threading.local()
@@ -157,6 +157,19 @@ class Gathering:
             pieces = iter(split_structure(theirs, used) if len(used) > 1 else [theirs] * len(used))
             out += [next(pieces) if n else None for n in h[:k]]
         return out
+
+
+def gatherings(adapter: Any, devices: Sequence[torch.device], processes: int,
+               training: bool) -> Tuple[Optional[Gathering], Optional[Gathering]]:
+    """An engine's exchanges for a ``whole_batch`` loss (``adapter``: its ``LossAdapter``, or
+    None): in training over every device of every process (``processes``), in evaluation over
+    this process's; None where there is nothing to exchange."""
+    if adapter is None or not adapter.whole_batch:
+        return None, None
+    local = Gathering(devices) if len(devices) > 1 else None
+    if processes == 1:
+        return local if training else None, local
+    return Gathering(devices, get_collective(new_group=True)), local
 
 
 def _packed(leaves: List[torch.Tensor], rows: int) -> torch.Tensor:
