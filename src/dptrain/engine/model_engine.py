@@ -121,10 +121,11 @@ class ModelEngine:
             self.train_figures = TrainFigures(self, score=False)       # each update's loss
         # A whole_batch loss: the devices' (and processes') parts exchanged in each step's loss,
         # and in evaluation the process's devices' (whole_batch.py).
-        world = self.trainer.world_size if self.trainer is not None else 1
-        if self.adapter is not None:
+        self.gathering = self.evaluation_gathering = None
+        if self.adapter is not None:        # (a loss of the task's: not several optimizers' Trainers)
+            world = self.trainer.world_size if self.trainer is not None else 1
             self.adapter.parts = len(self.devices) * world         # (a loss coupling samples: its check)
-        self.gathering, self.evaluation_gathering = gatherings(self.adapter, self.devices, world, training)
+            self.gathering, self.evaluation_gathering = gatherings(self.adapter, self.devices, world, training)
         # Dropout on several CPU devices: each device's stream, or the forwards in turn (not
         # where the forwards wait for each other: synchronised BatchNorm, a whole_batch loss).
         self.random = RandomDraws(self.devices, training, sync_batchnorm or self.gathering is not None, rank())
