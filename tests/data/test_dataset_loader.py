@@ -137,6 +137,27 @@ def test_make_loader_picks_the_loader():
         make_loader((X, y), 4, num_workers=2)
 
 
+def test_a_list_of_samples_is_a_dataset_as_a_dataloader_takes_it_and_tensors_stay_columns():
+    X, y = torch.randn(10, 2), torch.arange(10)
+    lists = {"pairs": [(X[k], int(y[k])) for k in range(10)],
+             "dicts": [{"x": X[k], "y": y[k]} for k in range(10)],          # (was: "no batch axis")
+             "sample tensors": [X[k] for k in range(10)],                   # (was: 10 columns of 2 samples)
+             "0-d tensors": list(y)}
+    for name, samples in lists.items():
+        loader = make_loader(samples, 4, shuffle=False)
+        assert isinstance(loader, DatasetLoader), name
+        batches = list(loader)
+        assert len(batches) == 3 and len(loader) == 3, name
+        first = batches[0]
+        got = first["x"] if name == "dicts" else first[0] if name == "pairs" else first
+        assert torch.equal(got, X[:4] if name != "0-d tensors" else y[:4]), name
+    lengths = [torch.ones(k) for k in (3, 5, 2)]            # sequences of their own lengths: samples too
+    assert isinstance(make_loader(lengths, 2, collate_fn=lambda s: len(s)), DatasetLoader)
+    for columns in ((X, y), [X, y], (X.numpy(), y.numpy())):   # tensors of every sample: one batch a slice
+        loader = make_loader(columns, 4, shuffle=False)
+        assert isinstance(loader, TensorLoader) and len(loader) == 3
+
+
 def test_numpy_arrays_give_batches_of_the_right_shape():
     X, y = np.arange(10, dtype=np.float32).reshape(5, 2), np.arange(5)
     batches = list(make_loader((X, y), 2))

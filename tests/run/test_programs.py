@@ -58,6 +58,32 @@ def test_a_hugging_face_style_model_trains_alike_on_one_and_two_devices_with_acc
     assert r2["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-5)
 
 
+def rows(columns):
+    """A dict of tensors as a list of samples, one dict each (a tokenized dataset's rows)."""
+    return [{k: v[i] for k, v in columns.items()} for i in range(len(columns["labels"]))]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_list_of_dict_samples_trains_evaluates_and_predicts_as_the_same_data_in_tensors(devices):
+    """A list of samples is a Dataset, as a DataLoader takes it (it was read as tensors and failed)."""
+    results = []
+    for data in (text(), rows(text())):
+        torch.manual_seed(0)
+        model = HuggingFaceStyle()
+        result = dptrain.fit(model, data, validation_split=0.25, epochs=2, batch_size=16, devices=devices,
+                             forward=lambda m, b: (m(b["input_ids"], b["attention_mask"])["logits"], b["labels"]),
+                             optimizer=torch.optim.AdamW, lr=0.01, log=None)
+        out = dptrain.predict(model, data, devices=devices, batch_size=32,
+                              forward=lambda m, b: m(b["input_ids"], b["attention_mask"])["logits"])
+        results.append((model, result, out))
+    (one, r1, out1), (two, r2, out2) = results
+    for p, q in zip(one.parameters(), two.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert r2["test_loss"] == pytest.approx(r1["test_loss"], rel=1e-5) and r2["test_acc"] == r1["test_acc"]
+    assert out2.shape == (120, 3)
+    torch.testing.assert_close(out1, out2, rtol=1e-5, atol=1e-6)
+
+
 def weighted_huber(output, target, batch):
     """A per-sample-weighted Huber loss, exact as (sum, count): the mean over the weights."""
     w = batch["weight"]

@@ -222,13 +222,26 @@ class DatasetLoader(EpochPlan):
         return self._empty
 
 
+def samples_listed(data: Any) -> bool:
+    """Whether ``data``, a list or tuple, holds samples (as a ``DataLoader`` takes a list), not
+    tensors of every sample (``(X, y)``): items that are not all arrays (dicts, ``(x, y)``
+    pairs), or arrays that cannot be columns (0-d, rows that differ, more arrays than rows)."""
+    if not isinstance(data, (list, tuple)) or not data or hasattr(data, "_fields"):
+        return False
+    if not all(isinstance(t, (torch.Tensor, np.ndarray)) for t in data):
+        return True
+    rows = {t.shape[0] if t.ndim else None for t in data}
+    return None in rows or len(rows) > 1 or len(data) > rows.pop()
+
+
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
                 pin_memory: bool = False, worker_timeout: float = 0.0, lower_priority: bool = False,
                 steps_per_epoch: Optional[int] = None, optional_workers: bool = False, dispatch: bool = False,
                 sharded: bool = False, to_the_end: bool = False, drop_last: Optional[bool] = False,
                 **plan: Any) -> EpochPlan:
     """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
-    ``TensorDataset`` (gathered in memory), a map-style ``Dataset``, an ``IterableDataset``
+    ``TensorDataset`` (gathered in memory), a map-style ``Dataset`` or list of samples
+    (``samples_listed``), an ``IterableDataset``
     (``StreamLoader``; ``steps_per_epoch``: batches an epoch), or a ``DataLoader`` (its dataset,
     collate function and workers are used, and its sampler or batch sampler if it picks the
     samples or makes the batches: see ``samplers.py``; else the order and batch size are ours).
@@ -261,6 +274,8 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         drop_last = data.drop_last if drop_last is None else drop_last
         data = data.dataset
         listed = isinstance(data, (list, tuple))    # a DataLoader over a list of samples reads them one by one
+    else:
+        listed = samples_listed(data)
     plan["drop_last"] = bool(drop_last)
     if drop_last and batch_sampler is not None:
         raise ValueError(f"drop_last drops a short last batch of batch_size samples, but the batch sampler "
