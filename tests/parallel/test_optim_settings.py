@@ -56,6 +56,15 @@ def test_an_optimizer_that_needs_an_argument_to_be_rebuilt_is_refused_with_the_f
                     devices="cpu:0", optimizer=Needs(model.parameters(), "cosine"))
 
 
+def test_a_factory_written_for_the_model_is_told_it_gets_the_parameters_and_how_to_give_groups():
+    model = make()
+    factory = lambda m: torch.optim.AdamW([{"params": [p for n, p in m.named_parameters() if "0." in n]}])  # noqa: E731
+    with pytest.raises(TypeError, match=r"given the list of parameters.*build the optimizer on the model") as e:
+        dptrain.fit(model, (torch.randn(8, 6), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None,
+                    devices="cpu:0", optimizer=factory)
+    assert isinstance(e.value.__cause__, AttributeError)        # the user's own frames, chained
+
+
 @pytest.mark.parametrize("given", ["object", "class", "trainer"])
 def test_an_optimizer_whose_step_needs_a_closure_is_refused_before_training(given):
     model = make()

@@ -123,7 +123,14 @@ class OptimizerPlan:
             if optimizer_params:
                 raise ValueError("optimizer_params go with an optimizer name such as 'sgd'; for a torch.optim "
                                  "class pass its arguments with functools.partial(torch.optim.SGD, lr=0.1)")
-            optimizer = spec(list(params))
+            try:
+                optimizer = spec(list(params))
+            except AttributeError as e:         # a factory of the model: lambda model: AdamW(model.parameters())
+                if "'list' object has no attribute" not in str(e):
+                    raise
+                raise TypeError(f"the optimizer factory was given the list of parameters, as a torch.optim class "
+                                f"is, and failed ({e}): for parameter groups or names, build the optimizer on the "
+                                f"model and pass it (optimizer=torch.optim.AdamW([{{'params': ...}}, ...]))") from e
             if not isinstance(optimizer, torch.optim.Optimizer):
                 raise TypeError(f"the optimizer factory returned {type(optimizer).__name__}, not a "
                                 f"torch.optim.Optimizer")
