@@ -25,6 +25,7 @@ from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
 from .config import AMP_DTYPES
 from .build import evaluation_sets
+from .float64_data import float64_named
 from .report import figures_over, other_sets
 from .lightning_data import stage_data
 from .session import ALL_CALL, inference_job
@@ -61,7 +62,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
-    with stage_data(data, "test", local) as data:      # a LightningDataModule's (Lightning's trainer.test)
+    with float64_named(model, data), stage_data(data, "test", local) as data:      # a LightningDataModule's (Lightning's trainer.test)
         # A LightningModule's own steps: its test_step evaluates (Lightning's trainer.test), else validation_step.
         step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
         task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,

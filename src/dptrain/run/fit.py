@@ -34,6 +34,7 @@ from ..engine.task import DEFAULT_EPOCHS, Task
 from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
 from .config import TrainConfig
+from .float64_data import float64_named
 from .lightning_data import data_of
 from .session import Log, run_task
 
@@ -155,7 +156,8 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
             train_data, eval_data, notes = lightning.take(config)
         notes += lightning_module.adopt(model, what, stand_in)
         with_module_hooks(model, what)
-        return _fit(model, train_data, eval_data, what, config, settings, notes, plot, log)
+        with float64_named(model, train_data, eval_data):
+            return _fit(model, train_data, eval_data, what, config, settings, notes, plot, log)
     finally:
         detach(unwrapped(model))
         if lightning is not None:

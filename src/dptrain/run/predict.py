@@ -27,6 +27,7 @@ from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_module import predict_step_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
+from .float64_data import float64_named
 from .lightning_data import stage_data
 from .session import ALL_CALL, inference_job
 
@@ -81,7 +82,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     torch.Size([1000, 10])
     """
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
-    with stage_data(data, "predict", local) as data:     # a LightningDataModule's (trainer.predict)
+    with float64_named(model, data), stage_data(data, "predict", local) as data:     # a LightningDataModule's (trainer.predict)
         loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                              world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
                              to_the_end=True)
