@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import dptrain
 from dptrain.run.float64_data import float64_arrays
@@ -63,3 +63,16 @@ def test_the_float64_arrays_are_named_where_they_are_given():
     assert float64_arrays([{"x": X, "w": t, "y": y}]) == ["'x'", "'w'"]
     assert float64_arrays([DataLoader(TensorDataset(t.float(), t), batch_size=4)]) == ["y"]
     assert float64_arrays([(X.astype(np.float32), y), None]) == []
+
+    class Rows(Dataset):            # a Dataset of one's own over NumPy's arrays
+        def __init__(self):
+            self.X, self.y, self._cache = X, y, X
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return self.X[i], self.y[i]
+    assert float64_arrays([Rows()]) == ["Rows.X"]
+    with pytest.raises(TypeError, match=r"the data's Rows.X is float64"):
+        dptrain.fit(net(), Rows(), epochs=1, batch_size=16, devices=1, log=None)

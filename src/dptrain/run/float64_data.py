@@ -2,12 +2,11 @@
 
 NumPy's arrays (and pandas' ``.values``) are float64; a model's parameters are float32. Keras
 casts its inputs to the layer's dtype; torch refuses to mix them deep in the first forward
-("mat1 and mat2 must have the same dtype, but got Double and Float"), and a loss mixing a
-float32 output with a float64 target fails in backward. dptrain casts nothing (a model may read
-float64 inputs on purpose, timestamps say, and cast them itself), but when such an error leaves
-``fit``, ``evaluate`` or ``predict`` while the data given holds float64 arrays and the model
-float32 parameters, it is raised again as a ``TypeError`` naming both fixes, the user's own
-error chained (its frames kept)::
+("mat1 and mat2 must have the same dtype, but got Double and Float"). dptrain casts nothing (a
+model may read float64 inputs on purpose, timestamps say, and cast them itself), but when such
+an error leaves ``fit``, ``evaluate`` or ``predict`` while the data given holds float64 arrays
+(or is a Dataset holding some) and the model float32 parameters, it is raised again as a
+``TypeError`` naming the arrays and both fixes, the user's own error chained (its frames kept)::
 
     with float64_named(model, train_data, eval_data):
         ...
@@ -20,7 +19,7 @@ from typing import Any, Iterator, List
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 # the words of torch's errors for two dtypes meeting (matmul, conv, the losses' backward)
 _WORDS = ("double", "float64")
@@ -42,7 +41,8 @@ def float64_named(model: nn.Module, *data: Any) -> Iterator[None]:
 
 def float64_arrays(data: Any) -> List[str]:
     """Names of the float64 arrays given as ``data`` (tensors, NumPy arrays, tuples, dicts
-    of them, a ``TensorDataset``, a ``DataLoader`` over one), several data sets too."""
+    of them, a ``TensorDataset``, a ``Dataset``'s attributes, a ``DataLoader`` over one), several
+    data sets too."""
     found: List[str] = []
 
     def visit(x: Any, name: str, depth: int) -> None:
@@ -55,6 +55,10 @@ def float64_arrays(data: Any) -> List[str]:
             visit(x.dataset, name, depth + 1)
         elif isinstance(x, TensorDataset):
             visit(tuple(x.tensors), name, depth + 1)
+        elif isinstance(x, Dataset):        # one of the user's own: the arrays it holds (self.X = X)
+            for k, v in vars(x).items():
+                if not k.startswith("_"):
+                    visit(v, f"{type(x).__name__}.{k}", depth + 1)
         elif isinstance(x, dict):
             for k, v in x.items():
                 visit(v, f"{name}[{k!r}]" if name else repr(k), depth + 1)
