@@ -153,7 +153,7 @@ def test_a_list_of_samples_is_a_dataset_as_a_dataloader_takes_it_and_tensors_sta
         assert torch.equal(got, X[:4] if name != "0-d tensors" else y[:4]), name
     lengths = [torch.ones(k) for k in (3, 5, 2)]            # sequences of their own lengths: samples too
     assert isinstance(make_loader(lengths, 2, collate_fn=lambda s: len(s)), DatasetLoader)
-    for columns in ((X, y), [X, y], (X.numpy(), y.numpy())):   # tensors of every sample: one batch a slice
+    for columns in ((X, y), [X, y], (X.numpy(), y.numpy()), ((X, X), y), (X, {"a": X, "b": (y, y)})):
         loader = make_loader(columns, 4, shuffle=False)
         assert isinstance(loader, TensorLoader) and len(loader) == 3
 

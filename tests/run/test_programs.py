@@ -379,3 +379,38 @@ def test_torchs_sync_batchnorm_in_the_model_is_synchronised_by_fit(devices):
     for p, q in zip(plain.state_dict().values(), model.state_dict().values()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert any("holds torch's SyncBatchNorm" in line for line in lines) == (devices > 1)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self, tupled=False):
+        super().__init__()
+        self.tupled, self.a, self.b, self.out = tupled, nn.Linear(3, 4), nn.Linear(5, 4), nn.Linear(4, 2)
+
+    def forward(self, x1, x2=None):
+        if self.tupled:                 # forward(self, inputs): the pair as one argument
+            x1, x2 = x1
+        return self.out(torch.relu(self.a(x1) + self.b(x2)))
+
+
+def test_two_inputs_nested_in_the_data_reach_a_model_taking_them_whole_or_name_the_fix():
+    g = torch.Generator().manual_seed(0)
+    X1, X2 = torch.randn(40, 3, generator=g), torch.randn(40, 5, generator=g)
+    y = torch.randint(0, 2, (40,), generator=g)
+    fits = {}
+    for name, model, data in (("flat", TwoInputs(), (X1, X2, y)), ("nested", TwoInputs(tupled=True), ((X1, X2), y))):
+        torch.manual_seed(0)
+        model.load_state_dict(TwoInputs().state_dict())
+        fits[name] = dptrain.fit(model, data, epochs=1, batch_size=8, devices=2, log=None)
+        fits[name + " predicted"] = dptrain.predict(model, data, devices=2)
+    assert fits["flat"]["train_loss"] == pytest.approx(fits["nested"]["train_loss"], rel=1e-6)
+    torch.testing.assert_close(fits["flat predicted"], fits["nested predicted"])
+
+    class Strict(TwoInputs):
+        def forward(self, x1, x2):
+            return super().forward(x1, x2)
+    fix = r"takes its inputs one by one .*fit\(model, \(x1, x2, y\)\)"
+    with pytest.raises(TypeError, match=fix) as e:
+        dptrain.fit(Strict(), ((X1, X2), y), epochs=1, batch_size=8, devices=2, log=None)
+    assert "required positional argument" in str(e.value.__cause__)
+    with pytest.raises(TypeError, match=fix):
+        dptrain.predict(Strict(), ((X1, X2), y), devices=2)

@@ -286,3 +286,19 @@ def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
         return (tuple(batch[:-1]), {}), batch[-1]
     raise ValueError(f"a batch of one {type(batch).__name__} has no target: give (input, target) pairs, or pass "
                      f"step=fn(model, batch) -> loss")
+
+
+def call_inputs(model: Callable, args: tuple) -> Any:
+    """``model(*args)``; an input that is itself a tuple or list of several, ``((x1, x2), y)``
+    (Keras's ``fit([x1, x2], y)``), given to a forward taking them one by one, is a TypeError
+    naming the fix (it was Python's "missing 1 required positional argument")."""
+    try:
+        return model(*args)
+    except TypeError as e:
+        one = args[0] if len(args) == 1 else None
+        if not isinstance(one, (tuple, list)) or len(one) < 2 or "required positional argument" not in str(e):
+            raise
+        raise TypeError(f"{type(model).__name__}.forward takes its inputs one by one ({e}), but each batch's input is "
+                        f"one {type(one).__name__} of {len(one)}: give the data as (x1, x2, ..., y) for model(x1, x2, "
+                        f"...) (Keras's fit([x1, x2], y) is fit(model, (x1, x2, y))), or pass forward=lambda model, "
+                        f"batch: (model(*batch[0]), batch[1])") from e

@@ -224,14 +224,22 @@ class DatasetLoader(EpochPlan):
 
 def samples_listed(data: Any) -> bool:
     """Whether ``data``, a list or tuple, holds samples (as a ``DataLoader`` takes a list), not
-    tensors of every sample (``(X, y)``): items that are not all arrays (dicts, ``(x, y)``
-    pairs), or arrays that cannot be columns (0-d, rows that differ, more arrays than rows)."""
+    tensors of every sample (``(X, y)``, ``((X1, X2), y)``, ``(X, {"a": A})``): columns are
+    arrays only, nested or not, all of the same number of rows, more rows than items; anything
+    else (dicts of a sample, ``(x, y)`` pairs, 0-d tensors, rows that differ) is samples."""
     if not isinstance(data, (list, tuple)) or not data or hasattr(data, "_fields"):
         return False
-    if not all(isinstance(t, (torch.Tensor, np.ndarray)) for t in data):
-        return True
-    rows = {t.shape[0] if t.ndim else None for t in data}
-    return None in rows or len(rows) > 1 or len(data) > rows.pop()
+    rows: set = set()
+
+    def columns(x: Any) -> bool:        # (stops at the first leaf that cannot be a column)
+        if isinstance(x, (torch.Tensor, np.ndarray)):
+            rows.add(x.shape[0] if x.ndim else None)
+            return None not in rows and len(rows) == 1
+        if isinstance(x, dict):
+            return bool(x) and all(columns(v) for v in x.values())
+        return isinstance(x, (tuple, list)) and bool(x) and all(columns(v) for v in x)
+
+    return not columns(data) or len(data) > rows.pop()
 
 
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,

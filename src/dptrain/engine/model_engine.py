@@ -17,7 +17,7 @@ from torch import nn
 from ..core.parts import even_parts
 from ..core.modes import evaluating
 from ..data.accumulate import MicroBatches, micro_batches
-from ..data.batch import Batch, batch_size, input_and_target, split_structure, to_device
+from ..data.batch import Batch, batch_size, call_inputs, input_and_target, split_structure, to_device
 from ..distributed.env import rank
 from ..parallel.replicas import replicate
 from ..parallel.sync.base import Extras
@@ -47,7 +47,7 @@ def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
     """``(x, y)`` -> ``(model(x), y)``; see ``batch.input_and_target`` for the other shapes."""
     (args, kwargs), target = input_and_target(batch)
     if not kwargs:
-        return model(*args), target
+        return call_inputs(model, args), target
     try:
         return model(**kwargs), target
     except TypeError as e:

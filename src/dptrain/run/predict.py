@@ -20,8 +20,8 @@ from ..core.modes import evaluating
 from ..core.parts import even_parts
 from ..core.stage import stage
 from ..core.runner import get_runner
-from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, join_structure, map_tensors, split_structure,
-                          to_device)
+from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, call_inputs, join_structure, map_tensors,
+                          split_structure, to_device)
 from ..data.dataset_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_module import predict_step_of
@@ -39,7 +39,7 @@ def model_input(model: nn.Module, batch: Batch) -> Any:
     if isinstance(batch, torch.Tensor):
         return model(batch)
     if isinstance(batch, (tuple, list)):
-        return model(*(batch[:-1] if len(batch) > 1 else batch))
+        return call_inputs(model, tuple(batch[:-1] if len(batch) > 1 else batch))
     if isinstance(batch, Mapping):          # (a UserDict too: Hugging Face's BatchEncoding)
         return model(**{k: v for k, v in batch.items() if k not in TARGET_KEYS})
     raise TypeError(f"predict cannot feed a batch of {type(batch).__name__} to the model: pass "
