@@ -239,7 +239,10 @@ def samples_listed(data: Any) -> bool:
             return bool(x) and all(columns(v) for v in x.values())
         return isinstance(x, (tuple, list)) and bool(x) and all(columns(v) for v in x)
 
-    return not columns(data) or len(data) > rows.pop()
+    for i, item in enumerate(data):     # a long list of samples is told from its first rows' count
+        if not columns(item) or i >= next(iter(rows)):
+            return True
+    return False
 
 
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
