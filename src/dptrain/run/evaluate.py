@@ -26,11 +26,13 @@ from ..engine.task import Task
 from .config import AMP_DTYPES
 from .build import evaluation_sets
 from .float64_data import float64_named
+from .keywords import EVALUATE_PEERS, keywords_checked
 from .report import figures_over, other_sets
 from .lightning_data import stage_data
 from .session import ALL_CALL, inference_job
 
 
+@keywords_checked(EVALUATE_PEERS)
 def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, reduction: Optional[str] = None,
              forward: Optional[Callable] = None, step: Union[None, Callable, Dict[str, Callable]] = None,
              metrics: Optional[Mapping[str, Any]] = None, batch_size: int = 256,

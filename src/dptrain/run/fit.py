@@ -16,7 +16,6 @@ Runbook (the same script everywhere):
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 from dataclasses import MISSING, fields
 from typing import Any, Dict, List, Optional
@@ -35,6 +34,7 @@ from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
 from .config import TrainConfig
 from .float64_data import float64_named
+from .keywords import unexpected_keyword
 from .lightning_data import data_of
 from .session import Log, run_task
 
@@ -128,14 +128,8 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
             settings[new] = settings.pop(old)
     known = TASK_KEYWORDS + CONFIG_KEYWORDS
     for key in settings:
-        if key in PEER_KEYWORDS:
-            hint = PEER_KEYWORDS[key]
-            hint = f"dptrain has none: {hint[6:]}" if hint.startswith("none: ") else f"dptrain's is {hint}"
-            raise TypeError(f"fit() got an unexpected keyword argument {key!r}; {hint}")
-        if key not in known:
-            near = difflib.get_close_matches(key, known, n=1)
-            raise TypeError(f"fit() got an unexpected keyword argument {key!r}"
-                            + (f"; did you mean {near[0]!r}?" if near else f"; it takes {', '.join(known)}"))
+        if key in PEER_KEYWORDS or key not in known:
+            raise unexpected_keyword("fit", key, known, PEER_KEYWORDS)
     metrics = settings.get("metrics")
     if metrics is not None and not isinstance(metrics, dict):
         keras = isinstance(metrics, (list, tuple)) and all(isinstance(m, str) for m in metrics)
