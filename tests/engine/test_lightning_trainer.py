@@ -106,11 +106,15 @@ class Counting(Cycled):
     (dict(epochs=2, drop_last=True, batch_size=20), 8, 4),  # 96 samples: 4 full batches of 20
     (dict(epochs=1, validation_split=0.5), 3, 3),       # 48 samples left to train: 3 batches
 ])
-def test_the_estimate_is_the_runs_updates_and_an_epochs_batches(settings, updates, batches):
+def test_the_estimate_is_the_runs_updates_and_an_epochs_batches(settings, updates, batches, monkeypatch):
     Cycled.counted.clear()
     model = Counting(fallback=True)     # (getattr's default: never taken, configure_optimizers called once)
+    built = []
+    loader = dptrain.run.build.training_loader
+    monkeypatch.setattr(dptrain.run.build, "training_loader", lambda *a, **k: built.append(1) or loader(*a, **k))
     dptrain.fit(model, data(), **{"batch_size": 16, "devices": 1, "log": None, "progress": False, **settings})
     assert Cycled.counted[:2] == [("batches", batches), ("configured", updates)]
+    assert len(built) == 2      # the counts' loader, read for both (it was made for each), and the run's
     assert set(Cycled.counted[2::2]) == {batches} and set(Cycled.counted[3::2]) == {updates}    # (every step)
 
 

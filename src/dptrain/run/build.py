@@ -106,19 +106,27 @@ def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dic
                        sharded=config.sharded_stream, drop_last=config.drop_last, **shard), eval_data
 
 
-def planned_count(name: str, task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
-                  batch_size: int, epochs: Optional[int]) -> float:
-    """What a LightningModule's ``configure_optimizers`` reads of the run before it starts (``name``
-    one of ``trainer_counts``'), counted on the training loader the run makes, before it is made."""
-    loader, _ = training_loader(task, config, batch_size, shard_of(task, config, env, devices))
-    value = trainer_counts(loader, config, epochs)[name]
-    if hasattr(loader, "close"):
-        loader.close()
-    if name == UPDATES and value == math.inf:
-        raise ValueError(f"the model's configure_optimizers reads self.trainer.{UPDATES}, but the training data "
-                         f"({type(loader.dataset).__name__}) has no length, so the run's updates are not known: "
-                         f"give max_steps=N (the run's updates) or steps_per_epoch=N (an epoch's)")
-    return value
+def planned_counts(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
+                   batch_size: int, epochs: Optional[int]) -> Callable[[str], float]:
+    """What a LightningModule's ``configure_optimizers`` reads of the run before it starts: a
+    reader of ``trainer_counts``' figures by name, counted once, on the first read, on the
+    training loader the run makes, before it is made (and closed)."""
+    counts: Dict[str, float] = {}
+    data = []
+
+    def count(name: str) -> float:
+        if not counts:
+            loader, _ = training_loader(task, config, batch_size, shard_of(task, config, env, devices))
+            counts.update(trainer_counts(loader, config, epochs))
+            data.append(type(getattr(loader, "dataset", loader)).__name__)
+            if hasattr(loader, "close"):
+                loader.close()
+        if name == UPDATES and counts[name] == math.inf:
+            raise ValueError(f"the model's configure_optimizers reads self.trainer.{UPDATES}, but the training "
+                             f"data ({data[0]}) has no length, so the run's updates are not known: give "
+                             f"max_steps=N (the run's updates) or steps_per_epoch=N (an epoch's)")
+        return counts[name]
+    return count
 
 
 def trainer_counts(loader: Any, config: TrainConfig, epochs: Optional[int]) -> Dict[str, float]:

@@ -33,7 +33,7 @@ from ..engine.task import Task
 from ..parallel.model_edits import ModelEdits
 from . import auto_devices, report, resume
 from .agreement import what_it_trains
-from .build import (build_balancer, build_engine, builtin_callbacks, planned_count, renormalised_in_forward,
+from .build import (build_balancer, build_engine, builtin_callbacks, planned_counts, renormalised_in_forward,
                     run_ahead, torch_sync_batchnorm, train_mode)
 from .config import TrainConfig, hyperparameters
 from .resume import Position
@@ -73,8 +73,7 @@ class Run(RunView):
         self.epochs, self.batch_size, self.lr = hyperparameters(task, config, len(devices))
         if task.configured_later:       # (a LightningModule's: it may read estimated_stepping_batches)
             with stage("calling the model's configure_optimizers"):
-                task.configure_later(lambda name: planned_count(name, task, config, env, devices, self.batch_size,
-                                                                 self.epochs))
+                task.configure_later(planned_counts(task, config, env, devices, self.batch_size, self.epochs))
         train_mode(task.model, self.log)
         say = (lambda line: print(line, file=sys.stderr, flush=True)) if log is not None else self.log
         # devices auto on a CPU: virtual devices only if they pay
