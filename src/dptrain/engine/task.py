@@ -21,6 +21,7 @@ from torch import nn
 from . import lightning_config
 from .lightning_module import LightningSteps
 from .lightning_trainer import LateConfigure
+from .loss_names import loss_named
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
@@ -76,7 +77,7 @@ class Task:
     model: nn.Module
     train_data: Any
     eval_data: Any = None
-    loss: Optional[Callable] = None
+    loss: Union[None, str, Callable] = None
     reduction: Optional[str] = None
     forward: Optional[Callable[[nn.Module, Any], Tuple[Any, Any]]] = None
     step: Union[None, Callable[[nn.Module, Any], Any], Dict[str, Callable[[nn.Module, Any], Any]]] = None
@@ -109,6 +110,8 @@ class Task:
                              "computes the loss itself")
         if not isinstance(self.optimizer, LateConfigure):       # (else: configure_later, once updates are counted)
             self._take_optimizer()
+        if isinstance(self.loss, str):
+            self.loss = loss_named(self.loss)
         for name in ("loss", "forward", "step", "init", "collate_fn"):
             value = getattr(self, name)
             if name == "step" and isinstance(value, dict):

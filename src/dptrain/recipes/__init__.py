@@ -13,11 +13,12 @@ import torch
 
 from ..core.imports import load_object
 from ..core.stage import stage
+from ..engine.loss_names import LOSSES
 from ..engine.task import Task
 from ..run.config import TrainConfig, is_import_spec
 from ..run.session import Log, run_task
 from .builtin import RECIPES, Recipe, init_xavier
-from .user import LOSSES, call_factory, user_task
+from .user import call_factory, user_task
 
 __all__ = ["LOSSES", "RECIPES", "Recipe", "init_xavier", "task_for", "train"]
 

@@ -2,20 +2,14 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
-from torch import nn
 
 from ..core.imports import load_object
+from ..engine.loss_names import loss_named
 from ..engine.task import Task
 from ..run.config import TrainConfig, is_import_spec
-
-
-#: Loss names for ``--loss`` (a ``pkg.module:name`` works too).
-LOSSES: Dict[str, Callable[[], nn.Module]] = {
-    "cross-entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss, "l1": nn.L1Loss, "huber": nn.HuberLoss,
-    "bce": nn.BCEWithLogitsLoss, "nll": nn.NLLLoss}
 
 
 def call_factory(factory: Callable, config: TrainConfig, what: str) -> Any:
@@ -39,12 +33,9 @@ def user_task(config: TrainConfig) -> Task:
         train, test = data, None
     loss: Optional[Any] = None
     if config.loss is not None:
-        if config.loss in LOSSES:
-            loss = LOSSES[config.loss]()
-        elif is_import_spec(config.loss):
+        if is_import_spec(config.loss):
             loss = load_object(config.loss, "--loss")
             loss = loss() if isinstance(loss, type) else loss
         else:
-            raise ValueError(f"unknown --loss {config.loss!r}; choose one of {', '.join(LOSSES)}, or give "
-                             f"pkg.module:name")
+            loss = loss_named(config.loss, "--loss", "pkg.module:name")
     return Task(model, train, test, loss=loss, name=config.model)
