@@ -64,7 +64,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, re
     if amp not in AMP_DTYPES:
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
-    with float64_named(model, data), stage_data(data, "test", local) as data:      # a LightningDataModule's (Lightning's trainer.test)
+    # A LightningDataModule's data (Lightning's trainer.test); float64 arrays named in a dtype error.
+    with float64_named(model, data), stage_data(data, "test", local) as data:
         # A LightningModule's own steps: its test_step evaluates (Lightning's trainer.test), else validation_step.
         step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
         task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,

@@ -84,7 +84,8 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     torch.Size([1000, 10])
     """
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
-    with float64_named(model, data), stage_data(data, "predict", local) as data:     # a LightningDataModule's (trainer.predict)
+    # A LightningDataModule's data (trainer.predict); float64 arrays named in a dtype error.
+    with float64_named(model, data), stage_data(data, "predict", local) as data:
         loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                              world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
                              to_the_end=True)
