@@ -74,5 +74,16 @@ def test_the_float64_arrays_are_named_where_they_are_given():
         def __getitem__(self, i):
             return self.X[i], self.y[i]
     assert float64_arrays([Rows()]) == ["Rows.X"]
+
+    class Converts(Rows):           # ... or converting its rows as it reads them
+        def __init__(self):
+            self.rows = [list(map(float, x)) for x in X]
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            return torch.tensor(self.rows[i], dtype=torch.float64), 1
+    assert float64_arrays([Converts()]) == ["Converts[0][0]"]
     with pytest.raises(TypeError, match=r"the data's Rows.X is float64"):
         dptrain.fit(net(), Rows(), epochs=1, batch_size=16, devices=1, log=None)

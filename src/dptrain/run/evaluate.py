@@ -33,7 +33,7 @@ from .session import ALL_CALL, inference_job
 
 
 @keywords_checked(EVALUATE_PEERS)
-def evaluate(model: nn.Module, data: Any, *, loss: Optional[Callable] = None, reduction: Optional[str] = None,
+def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = None, reduction: Optional[str] = None,
              forward: Optional[Callable] = None, step: Union[None, Callable, Dict[str, Callable]] = None,
              metrics: Optional[Mapping[str, Any]] = None, batch_size: int = 256,
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,

@@ -5,7 +5,7 @@ casts its inputs to the layer's dtype; torch refuses to mix them deep in the fir
 ("mat1 and mat2 must have the same dtype, but got Double and Float"). dptrain casts nothing (a
 model may read float64 inputs on purpose, timestamps say, and cast them itself), but when such
 an error leaves ``fit``, ``evaluate`` or ``predict`` while the data given holds float64 arrays
-(or is a Dataset holding some) and the model float32 parameters, it is raised again as a
+(or is a Dataset holding some, or whose first sample has some) and the model float32 parameters, it is raised again as a
 ``TypeError`` naming the arrays and both fixes, the user's own error chained (its frames kept)::
 
     with float64_named(model, train_data, eval_data):
@@ -19,7 +19,7 @@ from typing import Any, Iterator, List
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 # the words of torch's errors for two dtypes meeting (matmul, conv, the losses' backward)
 _WORDS = ("double", "float64")
@@ -56,9 +56,16 @@ def float64_arrays(data: Any) -> List[str]:
         elif isinstance(x, TensorDataset):
             visit(tuple(x.tensors), name, depth + 1)
         elif isinstance(x, Dataset):        # one of the user's own: the arrays it holds (self.X = X)
+            before = len(found)
             for k, v in vars(x).items():
                 if not k.startswith("_"):
                     visit(v, f"{type(x).__name__}.{k}", depth + 1)
+            if len(found) == before and not isinstance(x, IterableDataset):
+                try:                        # else its first sample (read once, the run having failed)
+                    sample = x[0]
+                except Exception:
+                    return
+                visit(sample, f"{type(x).__name__}[0]", depth + 1)
         elif isinstance(x, dict):
             for k, v in x.items():
                 visit(v, f"{name}[{k!r}]" if name else repr(k), depth + 1)
