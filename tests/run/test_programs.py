@@ -414,3 +414,28 @@ def test_two_inputs_nested_in_the_data_reach_a_model_taking_them_whole_or_name_t
     assert "required positional argument" in str(e.value.__cause__)
     with pytest.raises(TypeError, match=fix):
         dptrain.predict(Strict(), ((X1, X2), y), devices=2)
+
+
+def test_a_list_of_text_label_pairs_with_a_tokenizing_collate_fn_trains_alike_on_one_and_two_devices():
+    """Raw strings read by a collate_fn that tokenizes and pads (it failed: the list was taken for tensors)."""
+    words = "the a movie was good bad great awful fine plot".split()
+    g = torch.Generator().manual_seed(0)
+    pairs = [(" ".join(words[int(j)] for j in torch.randint(0, 10, (3 + i % 5,), generator=g)), i % 2)
+             for i in range(64)]
+
+    def collate(samples):
+        ids = [torch.tensor([words.index(w) + 1 for w in text.split()]) for text, _ in samples]
+        return nn.utils.rnn.pad_sequence(ids, batch_first=True), torch.tensor([label for _, label in samples])
+
+    runs = []
+    for devices in (1, 2):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.EmbeddingBag(11, 8, padding_idx=0), nn.Linear(8, 2))
+        result = dptrain.fit(model, pairs, pairs[:16], collate_fn=collate, epochs=2, batch_size=16, devices=devices,
+                             optimizer="adam", lr=0.01, log=None)
+        runs.append((model, result, dptrain.predict(model, pairs, collate_fn=collate, devices=devices)))
+    (one, r1, p1), (two, r2, p2) = runs
+    for p, q in zip(one.parameters(), two.parameters()):
+        torch.testing.assert_close(p, q)
+    assert r1["test_acc"] == r2["test_acc"] and p1.shape == (64, 2)
+    torch.testing.assert_close(p1, p2)
