@@ -22,6 +22,28 @@ def test_float_labels_with_cross_entropy_say_to_use_integers():
         LossAdapter(nn.CrossEntropyLoss()).measure(torch.randn(4, 3), torch.tensor([0.0, 1.0, 2.0, 1.0]))
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("make, error, message", [
+    (lambda y: y[:, None], ValueError, r"labels of shape \(\d+, 1\) for outputs of shape \(\d+, 2\): it takes one label "
+                                       r"per sample, shape \(\d+,\); give y.squeeze\(-1\) \(NumPy: y.ravel\(\)"),
+    (lambda y: y.float(), ValueError, r"float targets of shape \(16,\): give class indices as integers"),
+    (lambda y: y.int(), TypeError, r"needs labels of dtype int64, got torch.int32: give y.long\(\) \(NumPy: "
+                                   r"y.astype\(np.int64\)\)")])
+def test_keras_style_labels_with_the_default_cross_entropy_name_the_fix_on_any_devices(make, error, message, devices):
+    """Labels of shape (N, 1), float labels, int32 labels: torch's own errors before (float labels on
+    2 devices: an IndexError in the count taken before the forward)."""
+    import dptrain
+    X = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(error, match=message):
+        dptrain.fit(nn.Linear(4, 2), (X, make((X[:, 0] > 0).long())), epochs=1, batch_size=16, devices=devices,
+                    log=None)
+
+
+def test_a_segmentations_labels_one_per_position_pass_the_shape_check():
+    value, count = LossAdapter().measure(torch.randn(2, 3, 4, 4), torch.randint(0, 3, (2, 4, 4)))
+    assert value.shape == () and int(count) == 32
+
+
 @pytest.mark.parametrize("loss", [nn.MSELoss(), nn.L1Loss(), nn.HuberLoss()])
 def test_an_elementwise_loss_on_two_shapes_is_an_error_not_a_broadcast(loss):
     with pytest.raises(ValueError, match=r"outputs of shape \(8, 1\) and targets of shape \(8,\): PyTorch would "

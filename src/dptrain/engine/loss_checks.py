@@ -12,15 +12,37 @@ import torch
 from ..data.batch import batch_size, split_structure, tensors_of
 
 
-def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> None:
-    """A classification loss on targets it cannot fit is a clear error, not a silent 0."""
+def check_class_targets(target: Any, loss: Callable) -> None:
+    """What a classification loss's targets must be, seen before the forward (their count is
+    taken then): tensors; integer labels as int64 (Keras's and NumPy's int32 are not taken);
+    float targets as class probabilities, a row per sample."""
     name = type(loss).__name__
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"{name} needs tensor targets, got {type(target).__name__}")
+    if not target.is_floating_point() and target.dtype not in (torch.int64, torch.uint8):
+        raise TypeError(f"{name} needs labels of dtype int64, got {target.dtype}: give y.long() (NumPy: "
+                        f"y.astype(np.int64))")
+    if target.is_floating_point() and target.dim() < 2:
+        raise ValueError(f"{name} got float targets of shape {tuple(target.shape)}: give class indices as integers "
+                         f"(e.g. y.long()), or class probabilities, a row per sample; for regression use "
+                         f"loss=nn.MSELoss()")
+
+
+def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> None:
+    """A classification loss on targets it cannot fit is a clear error, not a silent 0."""
+    name = type(loss).__name__
+    check_class_targets(target, loss)
     if output.dim() < 2 or output.shape[1] < 2:
         raise ValueError(f"{name} needs one score per class in dimension 1 (at least 2 classes); the model gave "
                          f"shape {tuple(output.shape)}, for which the loss is always 0. For regression use "
                          f"loss=nn.MSELoss()")
+    labels = (output.shape[0], *output.shape[2:])      # one label per sample (and position)
+    if not target.is_floating_point() and tuple(target.shape) != labels:
+        squeezed = target.dim() == len(labels) + 1 and target.shape[-1] == 1
+        raise ValueError(f"{name} got labels of shape {tuple(target.shape)} for outputs of shape "
+                         f"{tuple(output.shape)}: it takes one label per sample, shape {labels}"
+                         + ("; give y.squeeze(-1) (NumPy: y.ravel(); Keras's labels of shape (N, 1))" if squeezed
+                            else ""))
     if not target.is_floating_point():
         ignore = getattr(loss, "ignore_index", -100)
         kept = target[target != ignore]

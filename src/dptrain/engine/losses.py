@@ -29,7 +29,7 @@ from torch import nn
 
 from ..data.batch import batch_size, map_tensors
 from .class_counts import KeptTargets, LazyCount, class_count
-from .loss_checks import check_classification, check_reduction, check_same_shape
+from .loss_checks import check_class_targets, check_classification, check_reduction, check_same_shape
 from .loss_placement import LossCopies, summed_twin
 from .whole_batch import WholeBatch
 
@@ -251,6 +251,8 @@ class LossAdapter:
     def lazy_count(self, target: Any, output: Any = None) -> Any:
         """``count``, as a ``LazyCount`` (computed later, for many batches at once) where it
         takes tensor operations: cross-entropy's mean over integer targets."""
+        if self.classification and not self._checked:
+            check_class_targets(target, self.loss)      # (before the forward: its count is taken now)
         if self.known and self.classification and self.reduction == "mean" and not target.is_floating_point():
             return LazyCount(target, self.loss)
         return self.count(target, output)
@@ -262,6 +264,8 @@ class LossAdapter:
             return None
         if not self.known or self.reduction == "batchmean":
             return samples_of(target, output)
+        if self.classification and not self._checked:
+            check_class_targets(target, self.loss)
         if self.classification and not target.is_floating_point():
             return class_count(target, self.loss)
         if self.classification:                   # class probabilities: a mean over positions
