@@ -24,8 +24,9 @@ def test_float_labels_with_cross_entropy_say_to_use_integers():
 
 @pytest.mark.parametrize("devices", [1, 2])
 @pytest.mark.parametrize("make, error, message", [
-    (lambda y: y[:, None], ValueError, r"labels of shape \(\d+, 1\) for outputs of shape \(\d+, 2\): it takes one label "
-                                       r"per sample, shape \(\d+,\); give y.squeeze\(-1\) \(NumPy: y.ravel\(\)"),
+    (lambda y: y[:, None], ValueError, r"labels of shape \(\d+, 1\) for outputs of shape \(\d+, 2\): it takes "
+                                       r"one label per sample, shape \(\d+,\); give y.squeeze\(-1\) \(NumPy: "
+                                       r"y.ravel\(\)"),
     (lambda y: y.float(), ValueError, r"float targets of shape \(16,\): give class indices as integers"),
     (lambda y: y.int(), TypeError, r"needs labels of dtype int64, got torch.int32: give y.long\(\) \(NumPy: "
                                    r"y.astype\(np.int64\)\)")])
