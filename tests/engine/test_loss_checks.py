@@ -40,6 +40,19 @@ def test_keras_style_labels_with_the_default_cross_entropy_name_the_fix_on_any_d
                     log=None)
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_integer_targets_to_a_loss_that_takes_floats_only_name_the_fix_and_others_train(devices):
+    import dptrain
+    X = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    y = (X[:, :1] > 0).long()
+    for loss in ("bce", nn.HuberLoss()):            # torch: "result type Float can't be cast ... Long"
+        with pytest.raises(TypeError, match=r"needs float targets, got torch.int64: give y.float\(\)"):
+            dptrain.fit(nn.Linear(4, 1), (X, y), loss=loss, epochs=1, batch_size=16, devices=devices, log=None)
+    for loss in ("mse", "l1"):                      # torch takes integers there: so does dptrain
+        assert dptrain.fit(nn.Linear(4, 1), (X, y), loss=loss, epochs=1, batch_size=16, devices=devices,
+                           log=None)["history"]
+
+
 def test_a_segmentations_labels_one_per_position_pass_the_shape_check():
     value, count = LossAdapter().measure(torch.randn(2, 3, 4, 4), torch.randint(0, 3, (2, 4, 4)))
     assert value.shape == () and int(count) == 32

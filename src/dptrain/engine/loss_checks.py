@@ -62,6 +62,15 @@ def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> N
                              f"summing to 1): for regression use loss=nn.MSELoss(); for labels use integers")
 
 
+def check_float_targets(target: torch.Tensor, loss: Callable) -> None:
+    """A loss torch computes on float targets only (``BCEWithLogitsLoss``, ``BCELoss``,
+    ``HuberLoss``) given integer ones: torch's error ("result type Float can't be cast to the
+    desired output type Long") names neither; this one names the fix."""
+    name = type(loss).__name__
+    raise TypeError(f"{name} needs float targets, got {target.dtype}: give y.float() (NumPy: "
+                    f"y.astype(np.float32)){'; 0. or 1. per output for a binary classifier' if 'BCE' in name else ''}")
+
+
 def check_same_shape(output: torch.Tensor, target: torch.Tensor, loss: Callable) -> None:
     """An elementwise loss on tensors of two shapes broadcasts them: its mean (and what each
     device's part means) then depends on the split. An error, with the fix."""

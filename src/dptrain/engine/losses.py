@@ -29,7 +29,8 @@ from torch import nn
 
 from ..data.batch import batch_size, map_tensors
 from .class_counts import KeptTargets, LazyCount, class_count
-from .loss_checks import check_class_targets, check_classification, check_reduction, check_same_shape
+from .loss_checks import (check_class_targets, check_classification, check_float_targets, check_reduction,
+                          check_same_shape)
 from .loss_placement import LossCopies, summed_twin
 from .whole_batch import WholeBatch
 
@@ -39,6 +40,8 @@ REDUCTIONS = ("mean", "sum")
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss,
                 nn.SoftMarginLoss)
 _CLASSIFICATION = (nn.CrossEntropyLoss, nn.NLLLoss)
+#: Elementwise losses torch computes on float targets only (MSE, L1... take integers too).
+_FLOAT_TARGETS = (nn.BCELoss, nn.BCEWithLogitsLoss, nn.HuberLoss)
 #: Functional losses with the module that means the same, for their default arguments.
 _FUNCTIONS = {F.cross_entropy: nn.CrossEntropyLoss, F.nll_loss: nn.NLLLoss, F.mse_loss: nn.MSELoss,
               F.l1_loss: nn.L1Loss, F.smooth_l1_loss: nn.SmoothL1Loss, F.huber_loss: nn.HuberLoss,
@@ -167,6 +170,7 @@ class LossAdapter:
         self.loss = loss
         self.classification = isinstance(loss, _CLASSIFICATION)
         self.elementwise = isinstance(loss, _ELEMENTWISE)
+        self.float_targets = isinstance(loss, _FLOAT_TARGETS)
         self.known = isinstance(loss, _CLASSIFICATION + _ELEMENTWISE + (nn.KLDivLoss,))
         if self.known:      # the same loss, reduced by summation: exact shard sums
             self._sum = summed_twin(loss)
@@ -224,8 +228,11 @@ class LossAdapter:
         if self.classification and not self._checked:
             check_classification(output, target, self.loss)
             self._checked = True
-        if self.elementwise and isinstance(target, torch.Tensor) and output.shape != target.shape:
-            check_same_shape(output, target, self.loss)
+        if self.elementwise and isinstance(target, torch.Tensor):
+            if output.shape != target.shape:
+                check_same_shape(output, target, self.loss)
+            if self.float_targets and not target.is_floating_point():
+                check_float_targets(target, self.loss)
 
     def _own(self, output: Any, target: Any, batch: Any) -> Any:
         """A loss dptrain does not know: its value (one number), or its ``(sum, count)``."""
