@@ -5,10 +5,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from dptrain.data import DatasetLoader, TensorLoader, make_loader
-from dptrain.data.stream_loader import StreamLoader
 
 
 class Indexed(Dataset):
@@ -113,56 +112,6 @@ def test_a_process_with_no_sample_gets_an_empty_batch_of_the_same_structure():
     batches = epoch(loader, 0)
     assert [len(b["y"]) for b in batches] == [1, 0]
     assert batches[1]["x"].shape == (0, 3)
-
-
-def test_make_loader_picks_the_loader():
-    X, y = torch.randn(10, 2), torch.arange(10)
-    assert isinstance(make_loader(TensorDataset(X, y), 4), TensorLoader)
-    assert isinstance(make_loader((X.numpy(), y.numpy()), 4), TensorLoader)
-    assert isinstance(make_loader(Indexed(3), 4), DatasetLoader)
-    wrapped = make_loader(DataLoader(Indexed(6), batch_size=99, collate_fn=lambda s: len(s)), 4)
-    assert isinstance(wrapped, DatasetLoader) and list(wrapped) == [4, 2]     # its collate, our batch size
-    samples = [(X[k], int(y[k])) for k in range(10)]        # a DataLoader over a list of samples: read one by one
-    listed = make_loader(DataLoader(samples, batch_size=4), 4, shuffle=False)    # (was: tensors, and failed)
-    assert isinstance(listed, DatasetLoader)
-    assert [b[1].tolist() for b in listed] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-
-    class Stream(IterableDataset):
-        def __iter__(self):
-            yield 1
-    assert isinstance(make_loader(Stream(), 4), StreamLoader)          # read in its order (test_stream_loader.py)
-    with pytest.raises(TypeError, match="not a map-style Dataset"):
-        DatasetLoader(Stream(), 4)
-    with pytest.raises(ValueError, match="num_workers applies to a Dataset"):
-        make_loader((X, y), 4, num_workers=2)
-
-
-def test_a_list_of_samples_is_a_dataset_as_a_dataloader_takes_it_and_tensors_stay_columns():
-    X, y = torch.randn(10, 2), torch.arange(10)
-    lists = {"pairs": [(X[k], int(y[k])) for k in range(10)],
-             "dicts": [{"x": X[k], "y": y[k]} for k in range(10)],          # (was: "no batch axis")
-             "sample tensors": [X[k] for k in range(10)],                   # (was: 10 columns of 2 samples)
-             "0-d tensors": list(y)}
-    for name, samples in lists.items():
-        loader = make_loader(samples, 4, shuffle=False)
-        assert isinstance(loader, DatasetLoader), name
-        batches = list(loader)
-        assert len(batches) == 3 and len(loader) == 3, name
-        first = batches[0]
-        got = first["x"] if name == "dicts" else first[0] if name == "pairs" else first
-        assert torch.equal(got, X[:4] if name != "0-d tensors" else y[:4]), name
-    lengths = [torch.ones(k) for k in (3, 5, 2)]            # sequences of their own lengths: samples too
-    assert isinstance(make_loader(lengths, 2, collate_fn=lambda s: len(s)), DatasetLoader)
-    for columns in ((X, y), [X, y], (X.numpy(), y.numpy()), ((X, X), y), (X, {"a": X, "b": (y, y)})):
-        loader = make_loader(columns, 4, shuffle=False)
-        assert isinstance(loader, TensorLoader) and len(loader) == 3
-
-
-def test_numpy_arrays_give_batches_of_the_right_shape():
-    X, y = np.arange(10, dtype=np.float32).reshape(5, 2), np.arange(5)
-    batches = list(make_loader((X, y), 2))
-    assert [tuple(b[0].shape) for b in batches] == [(2, 2), (2, 2), (1, 2)]
-    assert isinstance(batches[-1][1], torch.Tensor)
 
 
 def test_a_sampler_that_picks_samples_gives_each_epoch_its_indices_seeded_by_epoch():

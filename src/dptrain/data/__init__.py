@@ -2,7 +2,8 @@
 from .batch import Samples, collate_samples
 from .datasets import FASHION_LABELS, Dataset, load_dataset
 from .idx import IDXError, parse_idx, read_idx
-from .dataset_loader import DatasetLoader, make_loader
+from .choose_loader import make_loader
+from .dataset_loader import DatasetLoader
 from .loader import ArrayLoader, EpochPlan, TensorLoader
 from .sources import DataNotFoundError, locate
 

@@ -8,9 +8,7 @@ read under seeds that depend only on ``(seed, epoch, position in the epoch)`` (s
 and an epoch resumed part-way sees what an unbroken one saw; torch's random numbers (what
 torchvision's transforms use) do not depend on the number of processes either.
 
-``make_loader`` picks the loader for what the user gave: tensors (or a ``TensorDataset``)
-are gathered in memory; a ``Dataset`` (or the dataset of a ``DataLoader``) goes through
-``DatasetLoader``.
+``choose_loader.make_loader`` picks it, or another loader, for what the user gave.
 """
 from __future__ import annotations
 
@@ -18,17 +16,15 @@ import os
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from ..core.errors import DataStalled
 from .batch import Batch, map_tensors
-from .loader import EpochPlan, TensorLoader
-from .samplers import Drawn, picks_of
+from .loader import EpochPlan
+from .samplers import Drawn
 from .seeded_reads import _Part, _Seeded
-from .stream_loader import StreamLoader
 
 
 def _yield_to_training(worker_id: int) -> None:
@@ -220,102 +216,3 @@ class DatasetLoader(EpochPlan):
         if self._empty is None:
             self._empty = map_tensors(lambda t: t[:0], self.example())
         return self._empty
-
-
-def samples_listed(data: Any) -> bool:
-    """Whether ``data``, a list or tuple, holds samples (as a ``DataLoader`` takes a list), not
-    tensors of every sample (``(X, y)``, ``((X1, X2), y)``, ``(X, {"a": A})``): columns are
-    arrays only, nested or not, all of the same number of rows, more rows than items; anything
-    else (dicts of a sample, ``(x, y)`` pairs, 0-d tensors, rows that differ) is samples."""
-    if not isinstance(data, (list, tuple)) or not data or hasattr(data, "_fields"):
-        return False
-    rows: set = set()
-
-    def columns(x: Any) -> bool:        # (stops at the first leaf that cannot be a column)
-        if isinstance(x, (torch.Tensor, np.ndarray)):
-            rows.add(x.shape[0] if x.ndim else None)
-            return None not in rows and len(rows) == 1
-        if isinstance(x, dict):
-            return bool(x) and all(columns(v) for v in x.values())
-        return isinstance(x, (tuple, list)) and bool(x) and all(columns(v) for v in x)
-
-    for i, item in enumerate(data):     # a long list of samples is told from its first rows' count
-        if not columns(item) or i >= next(iter(rows)):
-            return True
-    return False
-
-
-def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
-                pin_memory: bool = False, worker_timeout: float = 0.0, lower_priority: bool = False,
-                steps_per_epoch: Optional[int] = None, optional_workers: bool = False, dispatch: bool = False,
-                sharded: bool = False, to_the_end: bool = False, drop_last: Optional[bool] = False,
-                **plan: Any) -> EpochPlan:
-    """The loader for ``data``: tensors, a tuple/dict of tensors, NumPy arrays, a
-    ``TensorDataset`` (gathered in memory), a map-style ``Dataset`` or list of samples
-    (``samples_listed``), an ``IterableDataset``
-    (``StreamLoader``; ``steps_per_epoch``: batches an epoch), or a ``DataLoader`` (its dataset,
-    collate function and workers are used, and its sampler or batch sampler if it picks the
-    samples or makes the batches: see ``samplers.py``; else the order and batch size are ours).
-    ``lower_priority``: the reading workers run below the training threads (``_yield_to_training``);
-    ``optional_workers``: tensors ignore ``num_workers`` (an evaluation set beside a Dataset)
-    instead of refusing it; ``dispatch``: a stream is read by rank 0 alone, which sends the
-    others their parts, or ``sharded``: each process's stream is its share (``dispatch.py``;
-    ``to_the_end``: an evaluation's, each share read to its end; other data: each process
-    reads its own part anyway). ``drop_last``: drop each epoch's last batch when it is short
-    (None: a ``DataLoader``'s ``drop_last``, else keep it)."""
-    if callable(getattr(data, "train_dataloader", None)) and not isinstance(data, (Dataset, DataLoader)):
-        raise TypeError(f"the data is a {type(data).__name__} (a LightningDataModule), which fit takes as its "
-                        f"training data (fit(model, dm)), and evaluate and predict as theirs: as an evaluation set, "
-                        f"give one of its loaders (dm.setup('fit'); fit(model, dm, eval_data=dm.val_dataloader()))")
-    sampler = batch_sampler = worker_init_fn = None
-    listed = False
-    worker_options: Dict[str, Any] = {}
-    if isinstance(data, DataLoader):
-        if not isinstance(data.dataset, IterableDataset):
-            sampler, batch_sampler = picks_of(data)
-        elif data.batch_size is None:
-            raise ValueError("the DataLoader's batch_size is None: its IterableDataset makes the batches itself, but "
-                             "dptrain cuts the global batches and their parts itself: make it yield samples, and give "
-                             "batch_size= to fit")
-        collate_fn = collate_fn or data.collate_fn
-        num_workers = num_workers or data.num_workers
-        worker_init_fn = data.worker_init_fn
-        worker_options = {k: getattr(data, k) for k in ("prefetch_factor", "multiprocessing_context")
-                          if getattr(data, k, None) is not None}
-        drop_last = data.drop_last if drop_last is None else drop_last
-        data = data.dataset
-        listed = isinstance(data, (list, tuple))    # a DataLoader over a list of samples reads them one by one
-    else:
-        listed = samples_listed(data)
-    plan["drop_last"] = bool(drop_last)
-    if drop_last and batch_sampler is not None:
-        raise ValueError(f"drop_last drops a short last batch of batch_size samples, but the batch sampler "
-                         f"{type(batch_sampler).__name__} makes the batches: drop short ones in it, and leave "
-                         f"drop_last unset")
-    if isinstance(data, IterableDataset):
-        return StreamLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
-                            worker_timeout=worker_timeout, steps_per_epoch=steps_per_epoch,
-                            worker_init_fn=worker_start(lower_priority, worker_init_fn),
-                            worker_options=worker_options, dispatch=dispatch,
-                            sharded=sharded, to_the_end=to_the_end, **plan)
-    if sharded and not to_the_end:
-        raise ValueError("sharded_stream applies to a training stream (an IterableDataset, each process's its own "
-                         "share); a Dataset or tensors are split between the processes by dptrain")
-    if steps_per_epoch is not None:
-        raise ValueError("steps_per_epoch counts the epochs of a stream (an IterableDataset); an epoch of a Dataset "
-                         "or of tensors is one pass over them (max_batches= cuts each short)")
-    picked = sampler is not None or batch_sampler is not None
-    if picked:
-        plan.pop("shuffle", None)           # the sampler's order
-    elif isinstance(data, TensorDataset) and collate_fn is None:
-        data = tuple(data.tensors) if len(data.tensors) > 1 else data.tensors[0]
-    if picked or listed or isinstance(data, Dataset) or (
-            hasattr(data, "__getitem__") and hasattr(data, "__len__")
-            and not isinstance(data, (torch.Tensor, np.ndarray, tuple, list, dict))):
-        return DatasetLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, sampler=sampler,
-                             batch_sampler=batch_sampler, pin_memory=pin_memory, worker_timeout=worker_timeout,
-                             lower_priority=lower_priority, worker_init_fn=worker_init_fn,
-                             worker_options=worker_options, **plan)
-    if num_workers and not optional_workers:
-        raise ValueError("num_workers applies to a Dataset; tensors in memory are gathered without workers")
-    return TensorLoader(data, batch_size, **plan)

@@ -32,7 +32,7 @@ import torch
 
 from ..core.devices import format_device
 from ..core.stage import stage
-from ..data.dataset_loader import make_loader
+from ..data.choose_loader import make_loader
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
 from ..engine.task import Task

@@ -13,7 +13,7 @@ import torch
 from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, TensorBoard, Trace
 from ..core.stage import stage
 from ..data.accumulate import Accumulating
-from ..data.dataset_loader import make_loader
+from ..data.choose_loader import make_loader
 from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective

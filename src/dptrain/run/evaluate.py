@@ -18,7 +18,7 @@ from torch import nn
 
 from ..core.modes import evaluating
 from ..core.stage import stage
-from ..data.dataset_loader import make_loader
+from ..data.choose_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_module import LightningSteps, steps_of
 from ..engine.model_engine import ModelEngine

@@ -22,7 +22,7 @@ from ..core.stage import stage
 from ..core.runner import get_runner
 from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, call_inputs, join_structure, map_tensors,
                           split_structure, to_device)
-from ..data.dataset_loader import make_loader
+from ..data.choose_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_module import predict_step_of
 from ..parallel.given_model import unwrapped
