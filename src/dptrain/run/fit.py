@@ -36,7 +36,7 @@ from ..engine.loss_names import loss_named
 from ..engine.losses import scores_accuracy
 from .config import TrainConfig
 from .float64_data import float64_named
-from .keywords import unexpected_keyword
+from .keywords import COMMON_PEERS, unexpected_keyword
 from .lightning_data import data_of
 from .session import Log, run_task
 
@@ -51,6 +51,7 @@ RENAMED = {"bucket_mb": "bucket_cap_mb"}
 #: Keras's, Lightning's and Accelerate's names for what ``fit`` takes: the error names ours (or,
 #: "none: ...", what to do instead).
 PEER_KEYWORDS = {
+    **COMMON_PEERS,
     "validation_data": "eval_data (fit's third argument: fit(model, (X, y), (X_val, y_val)))",
     "val_dataloaders": "eval_data (fit's third argument)", "train_dataloaders": "train_data (fit's second argument)",
     "datamodule": "train_data (fit(model, dm): a LightningDataModule's loaders are taken)",
@@ -61,8 +62,6 @@ PEER_KEYWORDS = {
     "gradient_accumulation_steps": "accumulate_grad_batches", "mixed_precision": "amp ('bf16' or 'fp16')",
     "precision": "amp ('bf16' or 'fp16')", "default_root_dir": "checkpoint_dir",
     "limit_train_batches": "max_batches", "lr_scheduler": "scheduler", "callback": "callbacks",
-    "sample_weight": "a loss of three arguments, loss(output, target, batch), reading the weights from the "
-                     "batch (see the README's Loss)",
     "class_weight": "loss=torch.nn.CrossEntropyLoss(weight=class_weights)",
     "min_epochs": "callbacks=[EarlyStopping(..., start_from_epoch=N)] (no epoch up to N is watched, so none "
                   "stops the run)",
@@ -83,7 +82,6 @@ PEER_KEYWORDS = {
                 "(or torchrun)",
     "num_nodes": "none: dptrain launch --nnodes N (or torchrun) starts the processes of several machines",
     "gradient_clip_algorithm": "clip_grad_norm=X or clip_grad_value=X",
-    "workers": "num_workers", "use_multiprocessing": "num_workers (worker processes load the data)",
     "profiler": "trace (a Chrome/Perfetto timeline of a few steps)"}
 
 

@@ -20,15 +20,18 @@ from typing import Any, Callable, Dict, Sequence, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_SHARED = {"sample_weight": "a loss of three arguments, loss(output, target, batch), reading the weights from the "
-                            "batch (see the README's Loss)",
+#: Peers' names every entry point answers alike (fit's ``PEER_KEYWORDS`` takes them too).
+COMMON_PEERS = {"sample_weight": "a loss of three arguments, loss(output, target, batch), reading the weights from "
+                                 "the batch (see the README's Loss)",
+                "workers": "num_workers", "use_multiprocessing": "num_workers (worker processes load the data)"}
+
+_SHARED = {**COMMON_PEERS,
            "x": "data (the second argument: {name}(model, (x, y)))", "y": "data ({name}(model, (x, y)))",
            "dataloaders": "data (the second argument: a DataLoader, a Dataset or tensors)",
            "datamodule": "data ({name}(model, dm): a LightningDataModule's loaders are taken)",
            "steps": "none: every sample of the data (a DataLoader's sampler, or data[:N], for fewer)",
-           "callbacks": "none: a callback's work goes around the call", "workers": "num_workers",
-           "ckpt_path": "none: dptrain.load_weights(model, path) first", "accelerator": "devices",
-           "use_multiprocessing": "num_workers (worker processes load the data)"}
+           "callbacks": "none: a callback's work goes around the call",
+           "ckpt_path": "none: dptrain.load_weights(model, path) first", "accelerator": "devices"}
 
 #: Keras's ``evaluate`` and Lightning's ``trainer.test``/``validate`` keywords.
 EVALUATE_PEERS = {**_SHARED, "verbose": "none: evaluate prints nothing", "return_dict": "none: the figures are a dict",
