@@ -1,6 +1,9 @@
 """Everyday training programs as users write them: a Hugging Face-style model (dict batches,
 a dict output with ``loss`` and ``logits``), a loss that needs the rest of the batch (per-sample
 weights); the same training on 1, 2 and 3 devices as the plain loop on one."""
+import dataclasses
+from typing import Optional
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,9 +39,9 @@ def accuracy(output, y):
     return (output.argmax(1) == y).sum(), y.numel()
 
 
-def fit_text(devices, batch_size=16, **kw):
+def fit_text(devices, batch_size=16, model=HuggingFaceStyle, **kw):
     torch.manual_seed(0)
-    model = HuggingFaceStyle()
+    model = model()
     result = dptrain.fit(model, text(), text(37, seed=1), epochs=2, batch_size=batch_size, devices=devices,
                          optimizer=torch.optim.AdamW, lr=0.01, metrics={"accuracy": accuracy}, log=None, **kw)
     return model, result
@@ -56,6 +59,47 @@ def test_a_hugging_face_style_model_trains_alike_on_one_and_two_devices_with_acc
             torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
     assert r1["test_accuracy"] == r2["test_accuracy"] == r0["test_accuracy"]
     assert r2["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-5)
+
+
+@dataclasses.dataclass
+class Output:
+    """A model's own output object (not a dict): its ``loss`` and ``logits`` as attributes."""
+    loss: Optional[torch.Tensor]
+    logits: torch.Tensor
+
+
+class DataclassOutput(HuggingFaceStyle):
+    def forward(self, input_ids, attention_mask, labels=None):
+        return Output(**super().forward(input_ids, attention_mask, labels))
+
+
+@pytest.mark.parametrize("how", [{}, {"step": lambda model, batch: model(**batch)}])
+def test_an_output_object_with_loss_and_logits_trains_and_predicts_as_the_dict_output(how):
+    """Its ``.logits`` against the labels, or its ``.loss`` from a step (the loss checks read
+    ``.dim()`` of it and failed on an AttributeError; the step refused it)."""
+    ours, r1 = fit_text(2, model=DataclassOutput, **how)
+    dicts, r2 = fit_text(2, **how)
+    for p, q in zip(ours.parameters(), dicts.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert r1["test_accuracy"] == r2["test_accuracy"] and r1["train_loss"] == r2["train_loss"]
+    out = dptrain.predict(ours, text(37, seed=1), devices=2, batch_size=8)
+    assert isinstance(out, Output) and out.logits.shape == (37, 3)
+
+
+def test_an_output_object_without_logits_names_the_fix():
+    with pytest.raises(TypeError, match=r"returned a Hidden, not a tensor.*model\(x\)\.FIELD"):
+        dptrain.fit(nn.Sequential(nn.Linear(4, 3), Wrap()), (torch.randn(8, 4), torch.randint(0, 3, (8,))),
+                    devices=1, log=None)
+
+
+@dataclasses.dataclass
+class Hidden:
+    scores: torch.Tensor
+
+
+class Wrap(nn.Module):
+    def forward(self, x):
+        return Hidden(x)
 
 
 def rows(columns):

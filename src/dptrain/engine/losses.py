@@ -63,7 +63,8 @@ def samples_of(target: Any, output: Any = None) -> int:
 
 def loss_input(output: Any, whole: bool = False) -> Any:
     """What the loss compares with the target: the output itself, or the ``logits`` of a
-    dict-like output (a Hugging Face ``ModelOutput``). Any other dict, and a tuple, go
+    dict-like output (a Hugging Face ``ModelOutput``) or of an object (a dataclass of one's own,
+    as ``.logits``). Any other dict, and a tuple, go
     ``whole`` to a loss of the user's own (a multi-task model's heads, ``(logits, aux)``);
     a torch loss needs a tensor, and the error names the fix. bf16/fp16 outputs (autocast)
     are widened to float32: the loss sums stay exact."""
@@ -85,6 +86,12 @@ def loss_input(output: Any, whole: bool = False) -> Any:
         raise TypeError(f"the model returned a {type(output).__name__} of {len(output)}, not a tensor: pass "
                         f"forward=lambda model, batch: (model(x)[0], y) to say which output the loss compares, "
                         f"or a loss of your own (it gets the whole {type(output).__name__}: loss=fn(output, target))")
+    if isinstance(getattr(output, "logits", None), torch.Tensor):     # an output object (a dataclass)
+        return loss_input(output.logits)
+    if not whole and output is not None:
+        raise TypeError(f"the model returned a {type(output).__name__}, not a tensor, and no tensor 'logits' to "
+                        f"compare with the target: pass forward=lambda model, batch: (model(x).FIELD, y), or a loss "
+                        f"of your own (it gets the whole output: loss=fn(output, target))")
     return output
 
 
@@ -108,8 +115,13 @@ def scores_accuracy(loss: Any) -> bool:
 def read_step(out: Any) -> Tuple[Any, Any]:
     """What a step function returned: ``(loss or (sum, count), output or None)``. A dict (a
     Hugging Face ``ModelOutput``: ``step=lambda model, batch: model(**batch)``) gives its
-    ``loss`` (with its ``count``, if it has one) and its ``logits`` (or ``output``) for metrics."""
-    if type(out) is torch.Tensor or not isinstance(out, Mapping):     # (the usual: no ABC check)
+    ``loss`` (with its ``count``, if it has one) and its ``logits`` (or ``output``) for metrics;
+    an object with a tensor ``loss`` attribute (a dataclass of one's own) its ``.loss`` and ``.logits``."""
+    if type(out) is torch.Tensor:       # (the usual: no ABC check)
+        return out, None
+    if not isinstance(out, Mapping):
+        if isinstance(getattr(out, "loss", None), torch.Tensor):      # an output object (a dataclass)
+            return out.loss, getattr(out, "logits", None)
         return out, None
     if out.get("loss") is None:
         raise ValueError(f"step returned a dict with keys {', '.join(map(str, out))} and no 'loss': return the loss, "
