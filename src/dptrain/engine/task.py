@@ -22,6 +22,7 @@ from . import lightning_config
 from .lightning_module import LightningSteps
 from .lightning_trainer import LateConfigure
 from .loss_names import loss_named
+from .metric_names import metrics_named
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
@@ -63,7 +64,8 @@ class Task:
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
       ``eval_data`` and summed over devices and processes (accuracy is added for
       classification losses); or ``{name: metric object}`` (a ``torchmetrics.Metric``:
-      macro-F1, AUC, a confusion matrix...), computed over the whole set.
+      macro-F1, AUC, a confusion matrix...), computed over the whole set; or Keras's names,
+      ``["accuracy", "mae"]`` (``metric_names.py``).
     - ``init(module)``: runs once before the model is copied to the devices.
     - ``epochs``, ``batch_size`` (global), ``kvstore``: defaults for ``TrainConfig``
       (``epochs`` None: 10, or with ``max_steps`` as many as its updates need);
@@ -87,7 +89,7 @@ class Task:
     scheduler: Union[None, Callable[[Any], Any], Dict[str, Callable[[Any], Any]]] = None
     scheduler_interval: Optional[str] = None     # "epoch" (unless a Lightning config says)
     scheduler_monitor: Optional[str] = None
-    metrics: Dict[str, Metric] = field(default_factory=dict)
+    metrics: Union[Dict[str, Metric], Sequence[str]] = field(default_factory=dict)
     init: Optional[Callable[[nn.Module], None]] = None
     epochs: Optional[int] = None
     batch_size: int = 256
@@ -112,6 +114,8 @@ class Task:
             self._take_optimizer()
         if isinstance(self.loss, str):
             self.loss = loss_named(self.loss)
+        if isinstance(self.metrics, (list, tuple)):     # Keras's metrics=["accuracy", "mae"]
+            self.metrics = metrics_named(self.metrics, self.loss, self.step)
         for name in ("loss", "forward", "step", "init", "collate_fn"):
             value = getattr(self, name)
             if name == "step" and isinstance(value, dict):

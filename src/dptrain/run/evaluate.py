@@ -35,7 +35,7 @@ from .session import ALL_CALL, inference_job
 @keywords_checked(EVALUATE_PEERS)
 def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = None, reduction: Optional[str] = None,
              forward: Optional[Callable] = None, step: Union[None, Callable, Dict[str, Callable]] = None,
-             metrics: Optional[Mapping[str, Any]] = None, batch_size: int = 256,
+             metrics: Union[None, Mapping[str, Any], Sequence[str]] = None, batch_size: int = 256,
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
              num_workers: int = 0, amp: Optional[str] = None, dispatch_batches: bool = False,
              sharded_stream: bool = False, local: bool = False,
@@ -70,7 +70,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
         step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
         task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                     optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
-                    metrics=dict(metrics or {}), collate_fn=collate_fn, name="evaluate")
+                    metrics=metrics if isinstance(metrics, (list, tuple)) else dict(metrics or {}),
+                    collate_fn=collate_fn, name="evaluate")
         sets = evaluation_sets(data, task.metrics)
         loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                                      world_size=env.world_size, optional_workers=len(sets) > 1,   # (workers: for some)

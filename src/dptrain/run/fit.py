@@ -32,8 +32,6 @@ from ..parallel.given_model import unwrapped
 from ..engine.task import DEFAULT_EPOCHS, Task
 from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
-from ..engine.loss_names import loss_named
-from ..engine.losses import scores_accuracy
 from .config import TrainConfig
 from .float64_data import float64_named
 from .keywords import COMMON_PEERS, unexpected_keyword
@@ -130,12 +128,6 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
     for key in settings:
         if key in PEER_KEYWORDS or key not in known:
             raise unexpected_keyword("fit", key, known, PEER_KEYWORDS)
-    metrics = settings.get("metrics")
-    if metrics is not None and not isinstance(metrics, dict):
-        keras = isinstance(metrics, (list, tuple)) and all(isinstance(m, str) for m in metrics)
-        raise TypeError(f"metrics must be a dict {{name: fn(output, target) -> (sum, count)}} or {{name: "
-                        f"torchmetrics object}}, got {type(metrics).__name__}"
-                        + (keras_accuracy(settings.get("loss"), settings.get("step")) if keras else ""))
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
     config = TrainConfig(**settings)
     lightning = data_of(model, train_data, eval_data, what)     # (a data module, the module's own data)
@@ -168,7 +160,8 @@ def _fit(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any]
     if log is not None and rank() == 0:
         for line in notes:
             log(f"dptrain: {line}")
-    what["metrics"] = dict(what.get("metrics") or {})
+    metrics = what.get("metrics") or {}
+    what["metrics"] = list(metrics) if isinstance(metrics, (list, tuple)) else dict(metrics)     # (Keras's names)
     what["callbacks"] = what.get("callbacks") or ()
     torch.manual_seed(settings.get("seed", 0))
     task = Task(model, train_data, eval_data, **what)
@@ -182,19 +175,6 @@ def _fit(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any]
         except ValueError as e:         # the training is done: say so, and return it all the same
             (log or print)(f"dptrain: could not draw the plot: {e}")
     return result
-
-
-def keras_accuracy(loss: Any, step: Any) -> str:
-    """What to write for Keras's ``metrics=["accuracy"]``: nothing with a classification loss
-    (``test_acc`` is there); a metric of one's own with any other, a binary one's shown."""
-    loss = loss_named(loss) if isinstance(loss, str) else loss
-    if step is None and scores_accuracy(loss):
-        return ("; Keras's metrics=['accuracy'] needs nothing here: a classification's accuracy is test_acc already "
-                "(and train_acc with train_metrics=True)")
-    what = "a step function" if step is not None else f"the loss {type(loss).__name__}"
-    return (f"; Keras's metrics=['accuracy']: with {what} dptrain counts no accuracy (it does with a cross-entropy "
-            f"loss): give your own, a binary classifier's logits as metrics={{'acc': lambda output, target: "
-            f"(((output > 0) == (target > 0.5)).sum(), target.numel())}} (output > 0.5 for probabilities)")
 
 
 def defaults_said(what: Dict[str, Any], train_data: Any) -> List[str]:
