@@ -1,5 +1,7 @@
 """The loss's first-batch checks (``engine/loss_checks.py``), through ``LossAdapter`` as the
 engine runs them: each wrong pairing of loss and targets is an error naming the fix."""
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -56,6 +58,32 @@ def test_integer_targets_to_a_loss_that_takes_floats_only_name_the_fix_and_other
 def test_a_segmentations_labels_one_per_position_pass_the_shape_check():
     value, count = LossAdapter().measure(torch.randn(2, 3, 4, 4), torch.randint(0, 3, (2, 4, 4)))
     assert value.shape == () and int(count) == 32
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_token_classifiers_scores_in_the_last_dimension_name_movedim_and_train_so(devices):
+    """``(N, T, C)`` scores for ``(N, T)`` labels: the error said one label per sample, shape
+    ``(N, C)``; it names the move that torch's cross-entropy needs, which then trains as the
+    plain loop on the flattened positions."""
+    import dptrain
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 20, (16, 6), generator=g)
+    labels = ids % 3
+    labels[:, 4:] = -100                            # padding
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(20, 8), nn.Linear(8, 3))
+    with pytest.raises(ValueError, match=r"labels of shape \(\d+, 6\) for outputs of shape \(\d+, 6, 3\): the model "
+                                         r"gives the class scores in its last dimension.*movedim\(-1, 1\)"):
+        dptrain.fit(model, (ids, labels), epochs=1, batch_size=16, devices=devices, log=None)
+    plain = copy.deepcopy(model)
+    dptrain.fit(model, (ids, labels), forward=lambda m, batch: (m(batch[0]).movedim(-1, 1), batch[1]),
+                optimizer=torch.optim.SGD, lr=0.5, epochs=1, batch_size=16, shuffle=False, devices=devices, log=None)
+    nn.functional.cross_entropy(plain(ids).flatten(0, 1), labels.flatten()).backward()
+    with torch.no_grad():
+        for p in plain.parameters():
+            p -= 0.5 * p.grad
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("loss", [nn.MSELoss(), nn.L1Loss(), nn.HuberLoss()])

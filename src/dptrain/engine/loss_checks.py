@@ -38,6 +38,13 @@ def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> N
                          f"loss=nn.MSELoss()")
     labels = (output.shape[0], *output.shape[2:])      # one label per sample (and position)
     if not target.is_floating_point() and tuple(target.shape) != labels:
+        if output.dim() > 2 and tuple(target.shape) == tuple(output.shape[:-1]):     # (N, T, C) for (N, T)
+            raise ValueError(f"{name} got labels of shape {tuple(target.shape)} for outputs of shape "
+                             f"{tuple(output.shape)}: the model gives the class scores in its last dimension, where "
+                             f"torch's cross-entropy takes them in dimension 1: pass forward=lambda model, batch: "
+                             f"(model(batch[0]).movedim(-1, 1), batch[1]) (a token classifier's (N, T, C) as "
+                             f"(N, C, T)), or flatten them, (model(x).flatten(0, -2), y.flatten()), as Hugging "
+                             f"Face's do")
         squeezed = target.dim() == len(labels) + 1 and target.shape[-1] == 1
         raise ValueError(f"{name} got labels of shape {tuple(target.shape)} for outputs of shape "
                          f"{tuple(output.shape)}: it takes one label per sample, shape {labels}"
