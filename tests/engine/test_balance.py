@@ -136,7 +136,7 @@ def test_the_trace_starts_at_the_step_asked(tmp_path, trace_from, said, traced):
     assert any(line.startswith(f"trace of {said} written to {path}") for line in lines), lines
     spans = json.loads(path.read_text())["traceEvents"]
     assert sum(e["name"] == "forward" and e["tid"] == 0 for e in spans) == traced
-    with pytest.raises(ValueError, match="trace-from must be a whole number >= 1, got 0"):
+    with pytest.raises(ValueError, match="trace_from must be a whole number >= 1, got 0"):
         fit(2, "even", trace=str(path), trace_from=0)
 
 

@@ -53,7 +53,7 @@ def test_what_compile_does_not_take():
     assert check_mode(None) is None and check_mode(True) == "default"
     with pytest.raises(ValueError, match="unknown compile mode 'fast'"):
         check_mode("fast")
-    with pytest.raises(ValueError, match="--compile and --sync-bn do not go together"):
+    with pytest.raises(ValueError, match="compile and sync_batchnorm=True do not go together"):
         train(True, sync_batchnorm=True)
 
 

@@ -38,7 +38,7 @@ def test_a_csv_file_holds_the_same_records_as_the_json_lines(tmp_path):
         header = next(csv.reader(f))
     assert header[:3] == ["epoch", "sec", "train_loss"] and {"test_acc", "weight_norm", "devices"} <= set(header)
     assert table[0]["devices"] == ["cpu:0", "cpu:1"]                # (a list: a JSON cell)
-    with pytest.raises(ValueError, match="already holds 3 record.s. of another run: pass --resume"):
+    with pytest.raises(ValueError, match="already holds 3 record.s. of another run: pass resume=True"):
         run(tmp_path / "m.csv")
 
 

@@ -52,7 +52,7 @@ def test_every_third_epoch_and_the_last_are_evaluated_with_the_figures_of_a_full
             assert (row["test_loss"], row["test_acc"]) == (want["test_loss"], want["test_acc"])
         else:
             assert not [k for k in row if k.startswith("test_")], row
-    with pytest.raises(ValueError, match="eval-every must be a whole number >= 1, got 0"):
+    with pytest.raises(ValueError, match="eval_every must be a whole number >= 1, got 0"):
         fit(every=0)
 
 

@@ -134,7 +134,7 @@ def test_a_run_resumed_with_the_same_max_steps_has_nothing_left_to_do(tmp_path):
 
 
 def test_bad_max_steps_is_an_error_naming_it():
-    with pytest.raises(ValueError, match="max-steps must be a whole number >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_steps must be a whole number >= 1, got 0"):
         train(max_steps=0)
 
 

@@ -88,7 +88,7 @@ def test_log_grad_norm_gives_each_row_its_updates_norm_before_clipping_and_chang
     without = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     again = train(devices, clip_grad_norm=clip)
     assert [r["train_loss"] for r in again["step_history"]] == [r["train_loss"] for r in result["step_history"]]
-    with pytest.raises(ValueError, match="--log-grad-norm goes with --log-every-n-steps"):
+    with pytest.raises(ValueError, match="log_grad_norm goes with log_every_n_steps=N"):
         dptrain.fit(without, data(), log_grad_norm=True, epochs=1, log=None)
 
 
@@ -130,7 +130,7 @@ def test_a_frozen_layer_has_no_norm_and_an_unfrozen_one_gets_its_own():
 
 
 def test_a_bad_log_grad_norm_names_the_choices():
-    with pytest.raises(ValueError, match="unknown --log-grad-norm 'layers'; choose one of False, True, parameters"):
+    with pytest.raises(ValueError, match="unknown log_grad_norm 'layers'; choose one of False, True, parameters"):
         dptrain.fit(nn.Linear(8, 3), data(), log_every_n_steps=2, log_grad_norm="layers", log=None)
 
 

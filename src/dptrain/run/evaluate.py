@@ -26,12 +26,14 @@ from ..engine.task import Task
 from .config import AMP_DTYPES
 from .build import evaluation_sets
 from .float64_data import float64_named
+from .flag_words import keyword_errors
 from .keywords import EVALUATE_PEERS, keywords_checked
 from .report import figures_over, other_sets
 from .lightning_data import stage_data
 from .session import ALL_CALL, inference_job
 
 
+@keyword_errors
 @keywords_checked(EVALUATE_PEERS)
 def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = None, reduction: Optional[str] = None,
              forward: Optional[Callable] = None, step: Union[None, Callable, Dict[str, Callable]] = None,

@@ -33,6 +33,7 @@ from ..engine.task import DEFAULT_EPOCHS, Task
 from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
 from .config import TrainConfig
+from .flag_words import keyword_errors
 from .float64_data import float64_named
 from .keywords import COMMON_PEERS, unexpected_keyword
 from .lightning_data import data_of
@@ -83,6 +84,7 @@ PEER_KEYWORDS = {
     "profiler": "trace (a Chrome/Perfetto timeline of a few steps)"}
 
 
+@keyword_errors
 def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot: Optional[str] = None,
         log: Optional[Log] = print, **settings: Any) -> Dict[str, Any]:
     """Train ``model`` on ``train_data`` data-parallel; return the result with its ``history``.

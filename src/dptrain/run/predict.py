@@ -28,6 +28,7 @@ from ..engine.lightning_module import predict_step_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
 from .float64_data import float64_named
+from .flag_words import keyword_errors
 from .keywords import PREDICT_PEERS, keywords_checked
 from .lightning_data import stage_data
 from .session import ALL_CALL, inference_job
@@ -57,6 +58,7 @@ def concatenate(parts: List[Any]) -> Any:
                         f"-> tensor") from None
 
 
+@keyword_errors
 @keywords_checked(PREDICT_PEERS)
 @torch.no_grad()
 def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
