@@ -133,10 +133,10 @@ class CallbackList:
                                 f"ReduceLROnPlateau is a callback): pass it as scheduler= (made on the optimizer "
                                 f"given to fit, or scheduler=lambda optimizer: ...), with scheduler_monitor='val_loss' "
                                 f"for a plateau's figure")
+            check_hooks(cb, overrides)      # (first: a peer's callback, with none of our hooks, is named so)
             if not any(callable(getattr(cb, h, None)) for h in HOOKS):
                 raise TypeError(f"callbacks must have at least one of the hooks {', '.join(HOOKS)} (subclass "
                                 f"dptrain.Callback); got {type(cb).__name__}")
-            check_hooks(cb, overrides)
         self._bound = {h: [getattr(cb, h) for cb in self.callbacks if overrides(cb, h)] for h in HOOKS}
         for hook, bound in self._bound.items():     # callers made once: a step makes no closure
             setattr(self, hook, _caller(bound))

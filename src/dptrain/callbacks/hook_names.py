@@ -31,7 +31,8 @@ PEER_NAMES: Dict[str, str] = {
     "on_validation_epoch_end": "on_evaluate_end", "on_save_checkpoint": "state_dict",
     "on_load_checkpoint": "load_state_dict"}
 
-# the frameworks whose callback classes cannot run here (their hooks take their trainer)
+# the frameworks whose callback classes cannot run here (their hooks take their trainer;
+# peer_callbacks.py takes their EarlyStopping as ours and names what does the others' work)
 FRAMEWORKS = ("lightning", "pytorch_lightning", "keras", "tensorflow", "transformers", "accelerate")
 
 # Lightning's hooks around backward and the optimizer step: no callback hook here

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
 from ..callbacks.lightning_hooks import with_module_hooks
+from ..callbacks.peer_callbacks import adopt
 from ..distributed.env import rank
 from ..engine import lightning_module
 from ..engine.lightning_trainer import TrainerStandIn, detach
@@ -142,6 +143,8 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         if lightning is not None:
             train_data, eval_data, notes = lightning.take(config)
         notes += lightning_module.adopt(model, what, stand_in)
+        what["callbacks"], said = adopt(what.get("callbacks") or ())    # (Keras's, Lightning's EarlyStopping)
+        notes += said
         with_module_hooks(model, what)
         with float64_named(model, train_data, eval_data):
             return _fit(model, train_data, eval_data, what, config, settings, notes, plot, log)

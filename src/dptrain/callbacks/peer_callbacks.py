@@ -1,0 +1,122 @@
+"""The peers' stock callbacks given to ``fit`` as a Keras or Lightning program gives them.
+
+Their hooks take their framework's trainer, so none can run here as it is. Their
+``EarlyStopping`` (Lightning's and Keras's) has the same settings as dptrain's, which has
+their names: it is taken as dptrain's, with every setting carried over, and ``fit`` says so
+in one line. For the others, the error names what does their work here, their settings
+written in::
+
+    lightning ModelCheckpoint(dirpath="ck", monitor="val_acc", mode="max")
+        -> callbacks=[BestCheckpoint('ck/best-{epoch}.pt', monitor='val_acc', mode='max')]
+    keras CSVLogger("log.csv")  -> metrics_file='log.csv'
+    lightning LearningRateMonitor() -> nothing: every row has the lr
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .hook_names import FRAMEWORKS
+from .training import EarlyStopping
+
+def framework_class(cb: Any) -> Optional[type]:
+    """The class of a peer framework in ``cb``'s ancestry (its own, or what it extends)."""
+    return next((k for k in type(cb).__mro__ if k.__module__.split(".")[0] in FRAMEWORKS), None)
+
+
+def _keras(cls: type) -> bool:
+    return cls.__module__.split(".")[0] in ("keras", "tensorflow")
+
+
+def _early_stopping(cb: Any, cls: type) -> Dict[str, Any]:
+    """The settings of dptrain's ``EarlyStopping`` that does what ``cb`` does. Lightning keeps
+    ``min_delta`` signed by its mode, Keras as given; Keras's ``patience=0`` (its default)
+    stops at the first epoch without a best, as ``patience=1`` does here."""
+    settings: Dict[str, Any] = {"monitor": cb.monitor, "patience": max(1, int(cb.patience)),
+                                "min_delta": abs(float(cb.min_delta)), "mode": cb.mode}
+    if _keras(cls):
+        settings.update(restore_best_weights=bool(cb.restore_best_weights), baseline=cb.baseline,
+                        start_from_epoch=int(getattr(cb, "start_from_epoch", 0)))
+    else:
+        settings.update(check_finite=bool(cb.check_finite), stopping_threshold=cb.stopping_threshold,
+                        divergence_threshold=cb.divergence_threshold)
+    settings["verbose"] = bool(getattr(cb, "verbose", False))
+    return settings
+
+
+_DEFAULTS = {p.name: p.default for p in inspect.signature(EarlyStopping).parameters.values()}
+
+
+def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
+    """``callbacks`` (a list, or one) with each peer's ``EarlyStopping`` as dptrain's, and a
+    line saying so for each; a ``TypeError`` naming what to give instead for a peer callback
+    whose work dptrain does otherwise (``INSTEAD``). Other callbacks are taken as they are
+    (``CallbackList`` checks them)."""
+    one = not isinstance(callbacks, (list, tuple)) and any(n.startswith("on_") for n in dir(callbacks))
+    taken, notes = [], []
+    for cb in [callbacks] if one else list(callbacks):
+        cls = framework_class(cb)
+        if cls is not None and cls.__name__ == "EarlyStopping":
+            settings = _early_stopping(cb, cls)
+            shown = {k: v for k, v in settings.items() if k == "monitor" or v != _DEFAULTS[k]}
+            notes.append(f"{cls.__module__.split('.')[0]}'s EarlyStopping runs as dptrain.callbacks.EarlyStopping("
+                         f"{', '.join(f'{k}={v!r}' for k, v in shown.items())})")
+            cb = EarlyStopping(**settings)
+        elif cls is not None and instead(cb) is not None:
+            raise TypeError(f"callback {type(cb).__name__} is a {cls.__module__}.{cls.__qualname__}, whose hooks take "
+                            f"that framework's trainer; here give fit {instead(cb)}")
+        taken.append(cb)
+    return taken, notes
+
+
+def _model_checkpoint(cb: Any) -> str:
+    if _keras(type(cb)):
+        path, best = str(cb.filepath), bool(getattr(cb, "save_best_only", False))
+    else:
+        name = cb.filename or "best-{epoch}"
+        path, best = os.path.join(str(cb.dirpath or "checkpoints"), f"{name}.pt"), cb.monitor is not None
+    if not best:
+        folder = os.path.dirname(path) or "."
+        return (f"checkpoint_dir={folder!r} (the run's state saved every epoch, and on Ctrl-C; resume=True goes on "
+                f"from it)")
+    top_k = getattr(cb, "save_top_k", 1)
+    return (f"callbacks=[dptrain.callbacks.BestCheckpoint({path!r}, monitor={cb.monitor!r}, mode={cb.mode!r}"
+            + (f", save_top_k={top_k}" if top_k != 1 else "") + ")] (the best epochs' weights)")
+
+
+#: What does the work of each peer callback here (by class name), its settings written in.
+INSTEAD: Dict[str, Callable[[Any], str]] = {
+    "ModelCheckpoint": _model_checkpoint,
+    "LearningRateMonitor": lambda cb: "nothing: every row has the lr (each N steps' with log_every_n_steps=N)",
+    "CSVLogger": lambda cb: f"metrics_file={str(getattr(cb, 'filename', 'metrics.csv'))!r} (a row per epoch)",
+    "TensorBoard": lambda cb: f"tensorboard={str(getattr(cb, 'log_dir', 'logs'))!r}",
+    "ReduceLROnPlateau": lambda cb: (f"scheduler=lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau("
+                                     f"optimizer, factor={cb.factor}, patience={cb.patience}), "
+                                     f"scheduler_monitor={cb.monitor!r}"),
+    "LearningRateScheduler": lambda cb: ("scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, "
+                                         "lambda epoch: FACTOR) (a factor of the optimizer's lr, where Keras's "
+                                         "schedule returns the lr)"),
+    "TerminateOnNaN": lambda cb: "nothing: on_nan='stop' is the default",
+    "BackupAndRestore": lambda cb: (f"checkpoint_dir={str(getattr(cb, 'backup_dir', 'backup'))!r} with "
+                                    f"resume=True to go on after a stop"),
+    "GradientAccumulationScheduler": lambda cb: "accumulate_grad_batches=N",
+    "Timer": lambda cb: "max_time= (seconds, a timedelta, or 'DD:HH:MM:SS')",
+    "TQDMProgressBar": lambda cb: "progress=True (the default)",
+    "RichProgressBar": lambda cb: "progress=True (the default)",
+    "ProgbarLogger": lambda cb: "progress=True (the default)",
+    "ModelSummary": lambda cb: "nothing (print(model) shows it)",
+    "RichModelSummary": lambda cb: "nothing (print(model) shows it)",
+}
+
+
+def instead(cb: Any) -> Optional[str]:
+    """What to give ``fit`` in place of the peer callback ``cb``; None if nothing is known."""
+    cls = framework_class(cb)
+    said = INSTEAD.get(cls.__name__) if cls is not None else None
+    if said is None:
+        return None
+    try:
+        return said(cb)
+    except AttributeError:      # (a version of the peer with other attribute names)
+        return None
