@@ -75,7 +75,7 @@ def test_a_peers_early_stopping_stops_as_ours_with_its_settings(theirs, ours, sa
           monitor="val_acc", mode="max", save_top_k=2),
      "callbacks=[dptrain.callbacks.BestCheckpoint('DIR/best-{epoch}.pt', monitor='val_acc', mode='max', "
      "save_top_k=2)]"),
-    (peer("keras.src.callbacks.model_checkpoint", "ModelCheckpoint", filepath="DIR/w.{epoch:02d}.pt",
+    (peer("keras.src.callbacks.model_checkpoint", "ModelCheckpoint", filepath="DIR/w.{epoch:02d}.weights.h5",
           monitor="val_loss", mode="auto", save_best_only=True),
      "callbacks=[dptrain.callbacks.BestCheckpoint('DIR/w.{epoch:02d}.pt', monitor='val_loss', mode='auto')]"),
     (peer("lightning.pytorch.callbacks.model_checkpoint", "ModelCheckpoint", dirpath="DIR", filename=None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .hook_names import FRAMEWORKS
@@ -71,8 +72,8 @@ def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
 
 
 def _model_checkpoint(cb: Any) -> str:
-    if _keras(type(cb)):
-        path, best = str(cb.filepath), bool(getattr(cb, "save_best_only", False))
+    if _keras(type(cb)):        # (its .keras and .weights.h5 files are torch's .pt here)
+        path, best = re.sub(r"(\.weights)?\.(keras|h5)$", ".pt", str(cb.filepath)), bool(cb.save_best_only)
     else:
         name = cb.filename or "best-{epoch}"
         path, best = os.path.join(str(cb.dirpath or "checkpoints"), f"{name}.pt"), cb.monitor is not None
