@@ -255,7 +255,7 @@ def test_ctrl_c_in_a_launched_script_ends_in_one_line_with_code_130():
     out = run(["launch", "--processes", "2", "tests/tasks/interrupted_fit.py"])
     assert out.returncode == 130, out.stderr
     assert "Traceback" not in out.stderr and "not reached" not in out.stdout
-    assert "dptrain: stopped by SIGINT at epoch 1, batch 3 (no --checkpoint-dir: nothing saved)" in out.stderr, \
+    assert "dptrain: stopped by SIGINT at epoch 1, batch 3 (no checkpoint_dir: nothing saved)" in out.stderr, \
         out.stderr
 
 

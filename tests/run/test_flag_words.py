@@ -45,3 +45,24 @@ def test_the_command_line_keeps_its_flags(capsys):
     from dptrain.cli.main import main
     assert main(["train", "--recipe", "tests.tasks.gan:make_task", "--resume"]) == 2
     assert "--resume needs --checkpoint-dir DIR" in capsys.readouterr().err
+
+
+def test_fits_lines_name_its_keywords_too():
+    from dptrain.run.flag_words import keyword_log
+    lines = []
+    keyword_log(lines.append)("compiled in 3.1 sec (--compile default); --no-shuffle")
+    assert lines == ["compiled in 3.1 sec (compile default); shuffle=False"] and keyword_log(None) is None
+
+
+def test_a_resumed_fit_with_another_lr_takes_it_and_says_so(tmp_path):
+    """The CLI's --lr was honoured on a resume; fit's lr= was silently the checkpoint's."""
+    seen, lines = [], []
+
+    class LearningRate(dptrain.Callback):
+        def on_epoch_start(self, run, epoch):
+            seen.append(run.engine.trainer.learning_rate)
+    for lr, resume in ((0.05, False), (0.1, True)):
+        dptrain.fit(nn.Linear(2, 2), DATA, epochs=1 + 2 * resume, lr=lr, checkpoint_dir=tmp_path, resume=resume,
+                    devices=1, log=lines.append, progress=False, callbacks=[LearningRate()])
+    assert seen == [0.05, 0.1, 0.1]
+    assert "resuming with lr 0.1 (the checkpoint's run had 0.05)" in lines

@@ -54,7 +54,8 @@ def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
     line saying so for each; a ``TypeError`` naming what to give instead for a peer callback
     whose work dptrain does otherwise (``INSTEAD``). Other callbacks are taken as they are
     (``CallbackList`` checks them)."""
-    one = not isinstance(callbacks, (list, tuple)) and any(n.startswith("on_") for n in dir(callbacks))
+    one = not isinstance(callbacks, (list, tuple)) and (not hasattr(callbacks, "__iter__") or any(
+        n.startswith("on_") for n in dir(callbacks)))       # (as Task takes them: a list, or one)
     taken, notes = [], []
     for cb in [callbacks] if one else list(callbacks):
         cls = framework_class(cb)

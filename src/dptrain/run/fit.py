@@ -34,7 +34,7 @@ from ..engine.task import DEFAULT_EPOCHS, Task
 from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
 from .config import TrainConfig
-from .flag_words import keyword_errors
+from .flag_words import keyword_errors, keyword_log
 from .float64_data import float64_named
 from .keywords import COMMON_PEERS, unexpected_keyword
 from .lightning_data import data_of
@@ -132,6 +132,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         if key in PEER_KEYWORDS or key not in known:
             raise unexpected_keyword("fit", key, known, PEER_KEYWORDS)
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
+    log = keyword_log(log)      # (its lines name the keywords, as its errors do: flag_words.py)
     config = TrainConfig(**settings)
     lightning = data_of(model, train_data, eval_data, what)     # (a data module, the module's own data)
     # A LightningModule's trainer for the run: a stand-in (engine/lightning_trainer.py).

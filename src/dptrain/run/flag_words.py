@@ -3,7 +3,7 @@
 A setting is declared once (``options.py``), so its checks, in ``TrainConfig`` and in the
 run's preflight, name it once too: by its flag, as the command line's user writes it. A
 caller of ``fit`` writes ``resume=True``, not ``--resume``; ``keyword_errors`` rewrites the
-flags of an error dptrain raised into the keywords::
+flags of an error dptrain raised into the keywords, and ``keyword_log`` those of its lines::
 
     --resume needs --checkpoint-dir DIR       ->  resume=True needs checkpoint_dir=DIR
     unknown --on-nan 'x'; choose one of ...   ->  unknown on_nan 'x'; choose one of ...
@@ -17,7 +17,7 @@ import functools
 import os
 import re
 from dataclasses import fields
-from typing import Any, Callable, Dict, TypeVar
+from typing import Any, Callable, Dict, Optional, TypeVar
 
 from ..engine.task import Task
 from .config import TrainConfig
@@ -83,3 +83,13 @@ def keyword_errors(function: F) -> F:
                 e.args = (as_keywords(e.args[0]),) + e.args[1:]
             raise
     return called  # type: ignore[return-value]
+
+
+def keyword_log(log: Optional[Callable[[str], Any]]) -> Optional[Callable[[str], Any]]:
+    """``fit``'s ``log`` with the flags in dptrain's lines written as keywords (None: quiet)."""
+    if log is None:
+        return None
+
+    def said(line: str, *args: Any, **kwargs: Any) -> Any:
+        return log(as_keywords(line) if isinstance(line, str) else line, *args, **kwargs)
+    return said

@@ -193,9 +193,10 @@ def resume(run: Any) -> Tuple[Dict[str, Any], Position]:
 
 def _say_what_changed(run: Any, saved: Dict[str, Any], ours: Dict[str, Any]) -> None:
     """One line per setting a resumed run changes; what it changes is honoured."""
-    if run.config.lr is not None and saved.get("lr") != run.config.lr:
-        run.engine.trainer.set_learning_rate(run.config.lr)
-        run.log(f"resuming with --lr {run.config.lr:g} (the checkpoint's run had {saved.get('lr')!r})")
+    given = run.config.lr is not None or run.task.lr is not None       # (--lr, or fit's lr=)
+    if given and run.lr is not None and saved.get("lr") is not None and saved["lr"] != run.lr:
+        run.engine.trainer.set_learning_rate(run.lr)
+        run.log(f"resuming with --lr {run.lr:g} (the checkpoint's run had {saved['lr']!r})")
     else:
         run.lr = saved.get("lr", run.lr)
     if saved.get("kvstore") != ours["kvstore"]:
