@@ -12,6 +12,7 @@ from ..engine.evaluation import sum_keys
 from ..engine.stateful_metrics import COMPUTED, pair_metric_names
 from ..engine.train_figures import logged_figures
 from ..outputs.progress import seconds
+from .history import History
 
 Row = Dict[str, Any]
 
@@ -143,7 +144,7 @@ def run_result(history: List[Row], samples_per_epoch: int, **facts: Any) -> Dict
             **({k: v for k, v in history[-1].items() if k.startswith(("test_", "train_"))} if history else {}),
             "sec_per_epoch": seconds / epochs if epochs else 0.0,
             "images_per_sec": samples / seconds if seconds else 0.0,
-            "history": history}
+            "history": History(history)}        # (a list; history["val_loss"]: a figure over the epochs)
 
 
 def result_of(run: Any) -> Dict[str, Any]:
