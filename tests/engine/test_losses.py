@@ -91,7 +91,7 @@ def test_unsplittable_reductions_are_refused():
 
 
 def test_a_dict_output_gives_its_logits_and_other_outputs_name_the_fix():
-    from dptrain.engine.losses import loss_input
+    from dptrain.engine.model_outputs import loss_input
     logits = torch.randn(4, 3)
     assert loss_input({"loss": None, "logits": logits}) is logits
     with pytest.raises(TypeError, match=r"keys out, hidden.*forward=lambda model, batch"):
@@ -104,7 +104,7 @@ def test_a_dict_output_gives_its_logits_and_other_outputs_name_the_fix():
 
 
 def test_a_step_may_return_a_hugging_face_style_dict():
-    from dptrain.engine.losses import read_step
+    from dptrain.engine.model_outputs import read_step
     loss, logits = torch.tensor(0.5), torch.randn(4, 3)
     assert read_step({"loss": loss, "logits": logits}) == (loss, logits)
     assert read_step({"loss": loss, "count": 7}) == ((loss, 7), None)

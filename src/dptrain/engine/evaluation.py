@@ -18,7 +18,7 @@ from ..core.modes import evaluating
 from ..data.batch import Batch, batch_size, needs_move, split_structure, target_of, to_device
 from .class_counts import LazyCount, class_count_total
 from .lightning_module import LightningSteps
-from .losses import output_for
+from .model_outputs import output_for
 from .stateful_metrics import COMPUTED, pair_metric_names
 
 Totals = Dict[str, torch.Tensor]

@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.batch import batch_size, map_tensors
+from ..data.batch import batch_size
 from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import (check_class_targets, check_classification, check_float_targets, check_reduction,
                           check_same_shape)
 from .loss_placement import LossCopies, summed_twin
+from .model_outputs import output_for
 from .whole_batch import WholeBatch
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
@@ -61,46 +62,6 @@ def samples_of(target: Any, output: Any = None) -> int:
     return len(target)
 
 
-def loss_input(output: Any, whole: bool = False) -> Any:
-    """What the loss compares with the target: the output itself, or the ``logits`` of a
-    dict-like output (a Hugging Face ``ModelOutput``) or of an object (a dataclass of one's own,
-    as ``.logits``). Any other dict, and a tuple, go
-    ``whole`` to a loss of the user's own (a multi-task model's heads, ``(logits, aux)``);
-    a torch loss needs a tensor, and the error names the fix. bf16/fp16 outputs (autocast)
-    are widened to float32: the loss sums stay exact."""
-    if isinstance(output, torch.Tensor):
-        return output.float() if output.dtype in (torch.bfloat16, torch.float16) else output
-    if isinstance(output, Mapping):
-        if output.get("logits") is not None:
-            return loss_input(output["logits"])
-        if whole:
-            return map_tensors(loss_input, output)
-        raise TypeError(f"the model returned a dict with keys {', '.join(map(str, output))}, not a tensor, and no "
-                        f"'logits' to compare with the target: pass forward=lambda model, batch: "
-                        f"(model(...)[KEY], target), a loss of your own (it gets the whole dict: "
-                        f"loss=fn(output, target)), or step=lambda model, batch: model(**batch)['loss'] when the "
-                        f"model computes its own loss")
-    if isinstance(output, (tuple, list)):
-        if whole:
-            return map_tensors(loss_input, output)
-        raise TypeError(f"the model returned a {type(output).__name__} of {len(output)}, not a tensor: pass "
-                        f"forward=lambda model, batch: (model(x)[0], y) to say which output the loss compares, "
-                        f"or a loss of your own (it gets the whole {type(output).__name__}: loss=fn(output, target))")
-    if isinstance(getattr(output, "logits", None), torch.Tensor):     # an output object (a dataclass)
-        return loss_input(output.logits)
-    if not whole and output is not None:
-        raise TypeError(f"the model returned a {type(output).__name__}, not a tensor, and no tensor 'logits' to "
-                        f"compare with the target: pass forward=lambda model, batch: (model(x).FIELD, y), or a loss "
-                        f"of your own (it gets the whole output: loss=fn(output, target))")
-    return output
-
-
-def output_for(adapter: Optional["LossAdapter"], output: Any) -> Any:
-    """``loss_input`` for ``adapter``'s loss: the output whole for a loss of the user's own,
-    or for none (a step function's output, for the metrics)."""
-    return loss_input(output, adapter is None or not adapter.known)
-
-
 def scores_accuracy(loss: Any) -> bool:
     """Whether ``fit`` counts correct predictions (``test_acc``) with ``loss`` (and no step
     function): a classification loss, the default cross-entropy included."""
@@ -110,38 +71,6 @@ def scores_accuracy(loss: Any) -> bool:
         return _FUNCTIONS.get(loss) in _CLASSIFICATION
     except TypeError:       # (an object that cannot be hashed: a loss of the user's own)
         return False
-
-
-def read_step(out: Any) -> Tuple[Any, Any]:
-    """What a step function returned: ``(loss or (sum, count), output or None)``. A dict (a
-    Hugging Face ``ModelOutput``: ``step=lambda model, batch: model(**batch)``) gives its
-    ``loss`` (with its ``count``, if it has one) and its ``logits`` (or ``output``) for metrics;
-    an object with a tensor ``loss`` attribute (a dataclass of one's own) its ``.loss`` and ``.logits``."""
-    if type(out) is torch.Tensor:       # (the usual: no ABC check)
-        return out, None
-    if not isinstance(out, Mapping):
-        if isinstance(getattr(out, "loss", None), torch.Tensor):      # an output object (a dataclass)
-            return out.loss, getattr(out, "logits", None)
-        return out, None
-    if out.get("loss") is None:
-        raise ValueError(f"step returned a dict with keys {', '.join(map(str, out))} and no 'loss': return the loss, "
-                         f"(sum, count), or a dict with 'loss' (and 'logits' for metrics); a Hugging Face model "
-                         f"computes its loss when the batch holds its 'labels'")
-    loss = (out["loss"], out["count"]) if out.get("count") is not None else out["loss"]
-    return loss, out.get("logits", out.get("output"))
-
-
-def explain_no_grad(e: RuntimeError) -> None:
-    """A step function that takes gradients for its loss (a gradient penalty's
-    ``torch.autograd.grad``) fails under evaluation's ``torch.no_grad()`` with torch's words
-    only: add to the message why, and the fix, as the plain loop's own evaluation would not
-    have called that code. Nothing changes for other errors, or when gradients are on."""
-    if torch.is_grad_enabled() or "does not require grad" not in str(e) or not e.args:
-        return
-    e.args = (f"{e.args[0]} (dptrain runs step= under torch.no_grad() when it evaluates, and when it tries the "
-              f"model on an evaluation batch before training: take the gradients your loss needs only while "
-              f"training, under `if model.training:`, or run that part, its forward too, under "
-              f"`with torch.enable_grad():`)",) + e.args[1:]
 
 
 def takes_batch(loss: Callable) -> bool:

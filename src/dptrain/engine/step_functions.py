@@ -4,7 +4,7 @@ what each returns, read as the engine needs it.
 A step returns its loss as a mean over the shard's samples (the usual), a sum (with
 ``reduction="sum"``), or ``(sum, count)`` (a weighted or masked loss counting its own
 denominator), and may return a dict or a Hugging Face output holding the loss and its
-``logits`` (``losses.read_step``). Which form a function returns is remembered once it has run:
+``logits`` (``model_outputs.read_step``). Which form a function returns is remembered once it has run:
 then the batch alone tells the denominator before any forward (``known_count``), and with
 several processes it rides in the last gradient bucket, not in a message of its own (each
 GAN update's did: 0.9x DDP's speed, benchmarks/RESULTS.md session 28).
@@ -21,9 +21,23 @@ import torch
 from torch import nn
 
 from ..data.batch import Batch, batch_size
-from .losses import Count, explain_no_grad, read_step
+from .losses import Count
+from .model_outputs import read_step
 
 Step = Callable[[nn.Module, Any], Any]
+
+
+def explain_no_grad(e: RuntimeError) -> None:
+    """A step function that takes gradients for its loss (a gradient penalty's
+    ``torch.autograd.grad``) fails under evaluation's ``torch.no_grad()`` with torch's words
+    only: add to the message why, and the fix, as the plain loop's own evaluation would not
+    have called that code. Nothing changes for other errors, or when gradients are on."""
+    if torch.is_grad_enabled() or "does not require grad" not in str(e) or not e.args:
+        return
+    e.args = (f"{e.args[0]} (dptrain runs step= under torch.no_grad() when it evaluates, and when it tries the "
+              f"model on an evaluation batch before training: take the gradients your loss needs only while "
+              f"training, under `if model.training:`, or run that part, its forward too, under "
+              f"`with torch.enable_grad():`)",) + e.args[1:]
 
 
 class StepFunctions:

@@ -33,7 +33,7 @@ from ..data.batch import Batch, map_tensors, target_of
 from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values, update_keys
 from .lightning_log import StepLogs
 from .lightning_module import LightningSteps
-from .losses import output_for
+from .model_outputs import output_for
 from .stateful_metrics import StatefulMetrics, pair_metric_names
 
 
