@@ -105,3 +105,13 @@ def test_lightnings_lr_monitor_needs_nothing_and_an_unknown_peer_callback_names_
         run([peer("lightning.pytorch.callbacks.lr_monitor", "LearningRateMonitor")])
     with pytest.raises(TypeError, match=r"StochasticWeightAveraging.*write it as a dptrain.Callback"):
         run([peer("lightning.pytorch.callbacks.stochastic_weight_avg", "StochasticWeightAveraging")])
+
+
+def test_a_subclass_of_a_peers_early_stopping_is_not_taken_for_it():
+    """Its own hooks would be dropped: it is refused as any callback of that framework."""
+    theirs = lightning_early_stopping("val_loss")
+    mine = type("MyStopping", (type(theirs),), {"__module__": "my_callbacks"})()
+    mine.__dict__.update(theirs.__dict__)
+    with pytest.raises(TypeError, match=r"MyStopping is a lightning.pytorch.callbacks.early_stopping.EarlyStopping"
+                                        r".*write it as a dptrain.Callback"):
+        run([mine])

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .hook_names import FRAMEWORKS
 from .training import EarlyStopping
 
+
 def framework_class(cb: Any) -> Optional[type]:
     """The class of a peer framework in ``cb``'s ancestry (its own, or what it extends)."""
     return next((k for k in type(cb).__mro__ if k.__module__.split(".")[0] in FRAMEWORKS), None)
@@ -59,7 +60,7 @@ def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
     taken, notes = [], []
     for cb in [callbacks] if one else list(callbacks):
         cls = framework_class(cb)
-        if cls is not None and cls.__name__ == "EarlyStopping":
+        if cls is type(cb) and cls.__name__ == "EarlyStopping":    # (a subclass of one's own: its hooks are its)
             settings = _early_stopping(cb, cls)
             shown = {k: v for k, v in settings.items() if k == "monitor" or v != _DEFAULTS[k]}
             notes.append(f"{cls.__module__.split('.')[0]}'s EarlyStopping runs as dptrain.callbacks.EarlyStopping("
