@@ -106,7 +106,8 @@ class StopRequests:
             self.signum = signum
             if self.announce is not None:
                 name = signal.Signals(signum).name
-                where = f" and saving to {self.saving}" if self.saving else " (no checkpoint directory: nothing is saved)"
+                where = f" and saving to {self.saving}" if self.saving else \
+                    " (no checkpoint directory: nothing is saved)"
                 again = "Ctrl-C" if signum == signal.SIGINT else name
                 self.announce(f"dptrain: {name}: stopping after this batch{where}; {again} again to stop now "
                               f"without saving")
