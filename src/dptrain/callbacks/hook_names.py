@@ -39,11 +39,16 @@ FRAMEWORKS = ("lightning", "pytorch_lightning", "keras", "tensorflow", "transfor
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 
 
+def framework_class(cb: Any) -> Optional[type]:
+    """The class of a peer framework in ``cb``'s ancestry (its own, or what it extends)."""
+    return next((k for k in type(cb).__mro__ if k.__module__.split(".")[0] in FRAMEWORKS), None)
+
+
 def check_hooks(cb: Any, overrides: Callable[[Any, str], bool]) -> None:
     """A ``TypeError`` if ``cb`` has a method that the run would never call by the name it has,
     or a hook it ``overrides`` (not the base class's no-op) that cannot take the run's arguments."""
     owner = type(cb).__name__
-    foreign = next((k for k in type(cb).__mro__ if k.__module__.split(".")[0] in FRAMEWORKS), None)
+    foreign = framework_class(cb)
     if foreign is not None:
         raise TypeError(f"callback {owner} is a {foreign.__module__}.{foreign.__qualname__}, whose hooks take that "
                         f"framework's trainer: write it as a dptrain.Callback (its hooks: "

@@ -18,13 +18,8 @@ import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .hook_names import FRAMEWORKS
+from .hook_names import framework_class
 from .training import EarlyStopping
-
-
-def framework_class(cb: Any) -> Optional[type]:
-    """The class of a peer framework in ``cb``'s ancestry (its own, or what it extends)."""
-    return next((k for k in type(cb).__mro__ if k.__module__.split(".")[0] in FRAMEWORKS), None)
 
 
 def _keras(cls: type) -> bool:
@@ -66,9 +61,9 @@ def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
             notes.append(f"{cls.__module__.split('.')[0]}'s EarlyStopping runs as dptrain.callbacks.EarlyStopping("
                          f"{', '.join(f'{k}={v!r}' for k, v in shown.items())})")
             cb = EarlyStopping(**settings)
-        elif cls is not None and instead(cb) is not None:
+        elif cls is not None and (line := instead(cb)) is not None:
             raise TypeError(f"callback {type(cb).__name__} is a {cls.__module__}.{cls.__qualname__}, whose hooks take "
-                            f"that framework's trainer; here give fit {instead(cb)}")
+                            f"that framework's trainer; here give fit {line}")
         taken.append(cb)
     return taken, notes
 
