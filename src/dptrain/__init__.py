@@ -25,6 +25,7 @@ from .data import ArrayLoader, DatasetLoader, TensorLoader, load_dataset
 from .distributed.env import rank
 from .engine.task import Task
 from .engine.whole_batch import whole_batch
+from .engine.whole_set import whole_set
 from .parallel.combined import CombinedOptimizer
 from .parallel.replicas import NotInitializedError, Replicas, replicate
 from .parallel.trainer import Trainer
@@ -40,8 +41,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the product
-    "fit", "evaluate", "predict", "load_weights", "whole_batch", "Task", "Callback", "BatchEnd", "Trainer",
-    "CombinedOptimizer",
+    "fit", "evaluate", "predict", "load_weights", "whole_batch", "whole_set", "Task", "Callback", "BatchEnd",
+    "Trainer", "CombinedOptimizer",
     "Replicas", "replicate", "NotInitializedError",
     "ArrayLoader", "DatasetLoader", "TensorLoader", "load_dataset", "rank",
     # devices

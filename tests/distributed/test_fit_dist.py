@@ -358,6 +358,7 @@ def test_torchmetrics_on_two_processes_equal_one_device_over_the_whole_set():
     for got in run_workers(whole_set_metrics):
         assert got["cm"] == want["cm"]
         assert abs(got["f1"] - want["f1"]) < 1e-6 and abs(got["auc"] - want["auc"]) < 1e-6
+        assert abs(got["whole_auc"] - want["auc"]) < 1e-6 and got["whole_n"] == 101    # (dptrain.whole_set)
 
 
 def disagreeing(rank, world, what):
@@ -561,14 +562,17 @@ def resumed_metric_objects(rank, world, directory):
     X, y = classes()
     y = y.clamp(max=1)
     kw = dict(loss=nn.CrossEntropyLoss(), epochs=2, batch_size=32, devices=1, train_metrics=True, log=None)
-    f1 = lambda: {"f1": tm.classification.MulticlassF1Score(3, average="macro")}     # noqa: E731
+    f1 = lambda: {"f1": tm.classification.MulticlassF1Score(3, average="macro"),     # noqa: E731
+                  "f1_of_all": dptrain.whole_set(lambda out, y: tm.functional.classification.multiclass_f1_score(
+                      out, y, 3, average="macro"))}    # (the same F1, as a function of the whole set)
     whole = [r["train_f1"] for r in dptrain.fit(net(), (X, y), metrics=f1(), **kw)["history"]]
     try:
         dptrain.fit(net(), (X, y), metrics=f1(), checkpoint_dir=directory, callbacks=[CtrlC(1, 3)], **kw)
     except Interrupted:
         pass
-    resumed = [r["train_f1"] for r in dptrain.fit(net(), (X, y), metrics=f1(), checkpoint_dir=directory,
-                                                   resume=True, **kw)["history"]]
+    rows = dptrain.fit(net(), (X, y), metrics=f1(), checkpoint_dir=directory, resume=True, **kw)["history"]
+    resumed = [r["train_f1"] for r in rows]
+    assert [r["train_f1_of_all"] for r in rows] == pytest.approx(resumed, abs=1e-6)
     return whole, resumed
 
 

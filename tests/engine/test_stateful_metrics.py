@@ -19,7 +19,9 @@ def sets():
 
 def metrics():
     return {"f1": MulticlassF1Score(3, average="macro"), "auc": MulticlassAUROC(3),
-            "cm": MulticlassConfusionMatrix(3), "mae": lambda out, y: ((out.argmax(1) - y).abs().sum(), y.numel())}
+            "cm": MulticlassConfusionMatrix(3), "mae": lambda out, y: ((out.argmax(1) - y).abs().sum(), y.numel()),
+            # (a function of the whole set, beside them: the same AUC)
+            "whole": dptrain.whole_set(lambda out, y: {"auc": MulticlassAUROC(3)(out, y), "n": len(y)})}
 
 
 def fit_with_metrics(devices):
@@ -33,6 +35,7 @@ def fit_with_metrics(devices):
         out = model(Xe)
     want = {"f1": MulticlassF1Score(3, average="macro")(out, ye).item(), "auc": MulticlassAUROC(3)(out, ye).item(),
             "cm": MulticlassConfusionMatrix(3)(out, ye).tolist()}
+    want.update(whole_auc=want["auc"], whole_n=101)
     return {k: result[f"test_{k}"] for k in want}, want, result["history"]
 
 
@@ -41,6 +44,7 @@ def test_macro_f1_auc_and_a_confusion_matrix_equal_one_device_over_the_whole_set
     got, want, history = fit_with_metrics(devices)
     assert got["cm"] == want["cm"] and sum(map(sum, got["cm"])) == 101       # every sample once
     assert got["f1"] == pytest.approx(want["f1"], abs=1e-6) and got["auc"] == pytest.approx(want["auc"], abs=1e-6)
+    assert got["whole_auc"] == pytest.approx(want["auc"], abs=1e-6) and got["whole_n"] == 101
     assert [set(h) >= {"test_f1", "test_auc", "test_cm", "test_mae"} for h in history] == [True, True]
 
 

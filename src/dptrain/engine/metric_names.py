@@ -118,3 +118,12 @@ def metrics_named(names: Sequence[Any], loss: Any, step: Any) -> Dict[str, Calla
                          f"{{name: fn(output, target) -> (sum, count)}} or {{name: torchmetrics object}}, e.g. "
                          f"metrics={{'auc': torchmetrics.AUROC(task='binary')}}")
     return metrics
+
+
+def metrics_copied(metrics: Any) -> Any:
+    """``fit``'s and ``evaluate``'s ``metrics`` as ``Task`` takes them, the caller's own left as
+    they are: a dict (of a mapping; None: none), a list (Keras's names), or one metric object
+    (``whole_set(compute_metrics)``, whose keys name the figures) as it is."""
+    if isinstance(metrics, (list, tuple)):
+        return list(metrics)
+    return dict(metrics or {}) if metrics is None or hasattr(metrics, "keys") else metrics

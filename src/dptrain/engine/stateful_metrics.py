@@ -109,10 +109,10 @@ class StatefulMetrics:
                 merged.sync_on_compute = merged._to_sync = False
                 merged.distributed_available_fn = lambda: False
             value = merged.compute()
-            if isinstance(value, Mapping):
-                out.update({f"{name}_{k}": _plain(v) for k, v in value.items()})
+            if isinstance(value, Mapping):      # (named "": a metric given alone, its keys the names)
+                out.update({f"{name}_{k}" if name else k: _plain(v) for k, v in value.items()})
             else:
-                out[name] = _plain(value)
+                out[name or getattr(merged, "name", "metric")] = _plain(value)
         return out
 
 

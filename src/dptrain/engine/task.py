@@ -23,9 +23,11 @@ from .lightning_module import LightningSteps
 from .lightning_trainer import LateConfigure
 from .loss_names import loss_named
 from .metric_names import metrics_named
+from .stateful_metrics import is_stateful
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
+from .whole_set import WholeSet
 from ..parallel.optim import OptimizerSpec, check_learning_rate
 from ..parallel.given_model import unwrapped
 
@@ -64,8 +66,10 @@ class Task:
     - ``metrics``: ``{name: fn(output, target) -> (sum, count)}``, evaluated on
       ``eval_data`` and summed over devices and processes (accuracy is added for
       classification losses); or ``{name: metric object}`` (a ``torchmetrics.Metric``:
-      macro-F1, AUC, a confusion matrix...), computed over the whole set; or Keras's names,
-      ``["accuracy", "mae"]`` (``metric_names.py``).
+      macro-F1, AUC, a confusion matrix...), computed over the whole set; ``{name:
+      whole_set(fn)}``, a function of every output and target at once (a Hugging Face
+      ``compute_metrics`` alone, ``whole_set(compute_metrics)``: ``whole_set.py``); or Keras's
+      names, ``["accuracy", "mae"]`` (``metric_names.py``).
     - ``init(module)``: runs once before the model is copied to the devices.
     - ``epochs``, ``batch_size`` (global), ``kvstore``: defaults for ``TrainConfig``
       (``epochs`` None: 10, or with ``max_steps`` as many as its updates need);
@@ -116,6 +120,8 @@ class Task:
             self.loss = loss_named(self.loss)
         if isinstance(self.metrics, (list, tuple)):     # Keras's metrics=["accuracy", "mae"]
             self.metrics = metrics_named(self.metrics, self.loss, self.step)
+        elif isinstance(self.metrics, WholeSet):        # a Trainer's compute_metrics: its keys name the figures
+            self.metrics = {"": self.metrics}
         for name in ("loss", "forward", "step", "init", "collate_fn"):
             value = getattr(self, name)
             if name == "step" and isinstance(value, dict):
@@ -130,9 +136,10 @@ class Task:
             raise ValueError(f"unknown reduction {self.reduction!r}; choose mean or sum")
         if self.lr is not None:
             check_learning_rate(self.lr, "lr")
-        if not isinstance(self.metrics, dict) or not all(callable(f) for f in self.metrics.values()):
-            raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)} or "
-                            "{name: torchmetrics object}")
+        if not isinstance(self.metrics, dict) or not all(callable(f) or is_stateful(f) for f in self.metrics.values()):
+            raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)}, {name: torchmetrics "
+                            "object} or {name: dptrain.whole_set(fn)}, a list of Keras's names, or one "
+                            "dptrain.whole_set(compute_metrics)")
         # (no accuracy of dptrain's with a step function or a loss not a classifier's: "acc" is free;
         # several optimizers' each update's loss is not)
         accuracy = self.step is None and scores_accuracy(self.loss)

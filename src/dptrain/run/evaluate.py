@@ -21,6 +21,7 @@ from ..core.stage import stage
 from ..data.choose_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_module import LightningSteps, steps_of
+from ..engine.metric_names import metrics_copied
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task
 from .config import AMP_DTYPES
@@ -72,7 +73,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
         step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
         task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                     optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
-                    metrics=metrics if isinstance(metrics, (list, tuple)) else dict(metrics or {}),
+                    metrics=metrics_copied(metrics),
                     collate_fn=collate_fn, name="evaluate")
         sets = evaluation_sets(data, task.metrics)
         loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,

@@ -33,7 +33,7 @@ def epoch_row(epoch: int, sec: float, loss: float, count: float, evals: Dict[str
                                  [f"{name}_loss" for name in updates]))
     if updates:
         row["train_loss"] = sum(row[f"train_{name}_loss"] for name in updates)
-    row.update({f"train_{name}": value for name, value in trained_computed.items()})
+    _put_computed(row, "train", trained_computed)
     if split is not None:            # each device's part of a full batch, now (--balance)
         row["split"] = split
     row.update(test_figures(evals, metric_names, computed, updates))
@@ -52,9 +52,20 @@ def test_figures(evals: Dict[str, float], metric_names: Sequence[str],
         row.update(named_figures("test", evals, list(metric_names) + [f"{name}_loss" for name in updates]))
         if updates:
             row["test_loss"] = sum(row[f"test_{name}_loss"] for name in updates)
-    for name, value in computed.items():        # metric objects, over the whole set
-        row[f"test_{name}"] = value
+    _put_computed(row, "test", computed)        # metric objects, over the whole set
     return row
+
+
+def _put_computed(row: Row, prefix: str, computed: Mapping[str, Any]) -> None:
+    """The metric objects' figures into ``row`` as ``<prefix>_<name>``; a name that is one of
+    dptrain's own figures (a ``compute_metrics`` returning ``"loss"``) is an error, not a
+    figure replaced."""
+    for name, value in computed.items():
+        key = f"{prefix}_{name}"
+        if key in row:
+            raise ValueError(f"a metric gives a figure named {name!r}, which would replace dptrain's own {key}: "
+                             f"name it otherwise in what the metric returns (e.g. {('my_' + name)!r})")
+        row[key] = value
 
 
 def named_figures(prefix: str, sums: Dict[str, float], metric_names: Sequence[str]) -> Row:
