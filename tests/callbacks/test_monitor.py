@@ -27,6 +27,10 @@ def test_monitor_modes_and_a_figure_that_is_not_there():
         assert (m.mode, m.news(), m.value(row), m.monitor) == (mode, None, row[ours], ours)
         assert m.news() == f"{peer} (Keras's and Lightning's name) is watched as {ours}, the eval_data's figure here"
         assert m.news() is None                                     # said once
+    m = Monitor("eval_loss")                                        # Hugging Face's
+    assert (m.mode, m.value(row), m.news()) == ("min", 1.0, "eval_loss (Hugging Face's name) is watched as test_loss, "
+                                                                  "the eval_data's figure here")
+    assert Monitor("eval_accuracy").value({**row, "test_accuracy": 0.25}) == 0.25   # (its compute_metrics' key)
     m = Monitor("val_loss")                                         # a callback of the user's gives val_loss itself
     assert m.value({**row, "val_loss": 2.0}) == 2.0 and m.monitor == "val_loss" and m.news() is None
     with pytest.raises(ValueError, match="monitor 'val_f1' is not in the epoch's figures .train_loss, test_loss"):

@@ -1,4 +1,4 @@
-"""Keras's and Lightning's stock callbacks given to ``fit`` as their programs give them: their
+"""Keras's, Lightning's and Hugging Face's stock callbacks given to ``fit`` as their programs give them: their
 ``EarlyStopping`` runs as dptrain's with the same settings; the others are an error naming,
 settings written in, what does their work here (a line that runs as it is).
 
@@ -81,6 +81,10 @@ def test_a_peers_early_stopping_stops_as_ours_with_its_settings(theirs, ours, sa
     (peer("lightning.pytorch.callbacks.model_checkpoint", "ModelCheckpoint", dirpath="DIR", filename=None,
           monitor=None, mode="min", save_top_k=1), "checkpoint_dir='DIR'"),
     (peer("keras.src.callbacks.csv_logger", "CSVLogger", filename="DIR/log.csv"), "metrics_file='DIR/log.csv'"),
+    (peer("transformers.trainer_callback", "EarlyStoppingCallback", early_stopping_patience=2,
+          early_stopping_threshold=0.0),
+     "callbacks=[dptrain.callbacks.EarlyStopping('eval_loss', patience=2, restore_best_weights=True)] (the monitor: "
+     "your metric_for_best_model, 'eval_' and its name)"),
     (peer("keras.src.callbacks.reduce_lr_on_plateau", "ReduceLROnPlateau", monitor="val_loss", factor=0.5,
           patience=1),
      "scheduler=lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=1), "

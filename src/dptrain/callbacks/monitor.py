@@ -44,16 +44,25 @@ SPELLED_OUT = {"val_accuracy": "test_acc"}
 def peer_figure(monitor: str) -> str:
     """Our name for Keras's and Lightning's name of an evaluation figure: ``val_loss`` ->
     ``test_loss``, ``val_accuracy`` and ``val_acc`` -> ``test_acc``, ``val_f1`` -> ``test_f1``
-    (the figures of ``eval_data``, the first set's, are ``test_*`` here); other names as they are."""
+    (the figures of ``eval_data``, the first set's, are ``test_*`` here); Hugging Face's,
+    ``eval_loss`` -> ``test_loss``, ``eval_accuracy`` -> ``test_accuracy`` (its
+    ``compute_metrics``' ``"accuracy"``); other names as they are."""
+    if monitor.startswith("eval_"):
+        return "test_" + monitor[len("eval_"):]
     if not monitor.startswith("val_"):
         return monitor
     return SPELLED_OUT.get(monitor, "test_" + monitor[len("val_"):])
 
 
+def _whose(monitor: str) -> str:
+    return "Hugging Face's name" if monitor.startswith("eval_") else "Keras's and Lightning's name"
+
+
 def peer_names(figures: Row) -> Dict[str, str]:
-    """Keras's and Lightning's names of the evaluation figures among ``figures``, each with ours
-    (``{"val_loss": "test_loss", "val_accuracy": "test_acc", "val_acc": "test_acc"}``)."""
-    names = {"val_" + k[len("test_"):]: k for k in figures if k.startswith("test_")}
+    """Keras's, Lightning's and Hugging Face's names of the evaluation figures among ``figures``,
+    each with ours (``{"val_loss": "test_loss", "val_accuracy": "test_acc", "val_acc": "test_acc",
+    "eval_loss": "test_loss"...}``)."""
+    names = {f"{peer}_{k[len('test_'):]}": k for k in figures if k.startswith("test_") for peer in ("val", "eval")}
     return {**names, **{peer: ours for peer, ours in SPELLED_OUT.items() if ours in figures}}
 
 
@@ -114,7 +123,7 @@ class Monitor:
         if self.monitor == self.asked or self._told:
             return None
         self._told = True
-        return f"{self.asked} (Keras's and Lightning's name) is watched as {self.monitor}, the eval_data's figure here"
+        return f"{self.asked} ({_whose(self.asked)}) is watched as {self.monitor}, the eval_data's figure here"
 
     def check_start(self, run: Any, owner: str) -> None:
         """At the run's start, an evaluation figure with no evaluation set: see ``check_evaluated``."""

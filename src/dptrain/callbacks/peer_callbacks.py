@@ -10,6 +10,7 @@ written in::
         -> callbacks=[BestCheckpoint('ck/best-{epoch}.pt', monitor='val_acc', mode='max')]
     keras CSVLogger("log.csv")  -> metrics_file='log.csv'
     lightning LearningRateMonitor() -> nothing: every row has the lr
+    transformers EarlyStoppingCallback(3) -> callbacks=[EarlyStopping('eval_loss', patience=3, ...)]
 """
 from __future__ import annotations
 
@@ -103,6 +104,10 @@ INSTEAD: Dict[str, Callable[[Any], str]] = {
     "TQDMProgressBar": lambda cb: "progress=True (the default)",
     "RichProgressBar": lambda cb: "progress=True (the default)",
     "ProgbarLogger": lambda cb: "progress=True (the default)",
+    "EarlyStoppingCallback": lambda cb: (       # (Hugging Face's: its monitor is TrainingArguments')
+        f"callbacks=[dptrain.callbacks.EarlyStopping('eval_loss', patience={cb.early_stopping_patience}"
+        + (f", min_delta={cb.early_stopping_threshold}" if cb.early_stopping_threshold else "")
+        + ", restore_best_weights=True)] (the monitor: your metric_for_best_model, 'eval_' and its name)"),
     "ModelSummary": lambda cb: "nothing (print(model) shows it)",
     "RichModelSummary": lambda cb: "nothing (print(model) shows it)",
 }

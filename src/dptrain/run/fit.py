@@ -29,6 +29,7 @@ from ..callbacks.peer_callbacks import adopt
 from ..distributed.env import rank
 from ..engine import lightning_module
 from ..engine.lightning_trainer import TrainerStandIn, detach
+from ..engine.metric_names import metrics_copied
 from ..parallel.given_model import unwrapped
 from ..engine.task import DEFAULT_EPOCHS, Task
 from ..parallel.optim import DEFAULT_LRS
@@ -82,7 +83,25 @@ PEER_KEYWORDS = {
                 "(or torchrun)",
     "num_nodes": "none: dptrain launch --nnodes N (or torchrun) starts the processes of several machines",
     "gradient_clip_algorithm": "clip_grad_norm=X or clip_grad_value=X",
-    "profiler": "trace (a Chrome/Perfetto timeline of a few steps)"}
+    "profiler": "trace (a Chrome/Perfetto timeline of a few steps)",
+    # Hugging Face's Trainer and TrainingArguments
+    "compute_metrics": "metrics=dptrain.whole_set(compute_metrics) (called once on the whole evaluation set's "
+                       "(predictions, label_ids); its keys name the test_* figures)",
+    "args": "none: fit takes each of TrainingArguments' settings as a keyword of its own (num_train_epochs -> "
+            "epochs, per_device_train_batch_size -> batch_size, learning_rate -> lr...)",
+    "num_train_epochs": "epochs", "learning_rate": "lr", "max_grad_norm": "clip_grad_norm",
+    "per_device_train_batch_size": "batch_size (the global batch: the size per device times the devices and processes)",
+    "logging_steps": "log_every_n_steps", "eval_steps": "eval_every_n_steps",
+    "eval_strategy": "eval_every=N (epochs) or eval_every_n_steps=N (steps)",
+    "output_dir": "checkpoint_dir", "data_collator": "collate_fn",
+    "train_dataset": "train_data (fit's second argument)",
+    "eval_dataset": "eval_data (fit's third argument)", "dataloader_num_workers": "num_workers",
+    "resume_from_checkpoint": "resume=True with checkpoint_dir", "fp16": "amp='fp16'", "bf16": "amp='bf16'",
+    "weight_decay": "optimizer=functools.partial(torch.optim.AdamW, weight_decay=0.01)",
+    "load_best_model_at_end": "callbacks=[dptrain.callbacks.EarlyStopping('eval_loss', patience=N, "
+                              "restore_best_weights=True)] (the best epoch's weights restored at the end)",
+    "metric_for_best_model": "none: it is the monitor of an EarlyStopping or BestCheckpoint callback "
+                             "('eval_loss', 'eval_accuracy': the eval_data's figures)"}
 
 
 @keyword_errors
@@ -166,8 +185,7 @@ def _fit(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any]
     if log is not None and rank() == 0:
         for line in notes:
             log(f"dptrain: {line}")
-    metrics = what.get("metrics") or {}
-    what["metrics"] = list(metrics) if isinstance(metrics, (list, tuple)) else dict(metrics)     # (Keras's names)
+    what["metrics"] = metrics_copied(what.get("metrics"))
     what["callbacks"] = what.get("callbacks") or ()
     torch.manual_seed(settings.get("seed", 0))
     task = Task(model, train_data, eval_data, **what)
