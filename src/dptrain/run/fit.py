@@ -101,7 +101,21 @@ PEER_KEYWORDS = {
     "load_best_model_at_end": "callbacks=[dptrain.callbacks.EarlyStopping('eval_loss', patience=N, "
                               "restore_best_weights=True)] (the best epoch's weights restored at the end)",
     "metric_for_best_model": "none: it is the monitor of an EarlyStopping or BestCheckpoint callback "
-                             "('eval_loss', 'eval_accuracy': the eval_data's figures)"}
+                             "('eval_loss', 'eval_accuracy': the eval_data's figures)",
+    **dict.fromkeys(("warmup_steps", "warmup_ratio", "lr_scheduler_type", "lr_scheduler_kwargs"),
+                    "scheduler=lambda optimizer: transformers.get_linear_schedule_with_warmup(optimizer, WARMUP, "
+                    "TOTAL) with scheduler_interval='batch' (any torch scheduler, as a function of the optimizer)"),
+    "evaluation_strategy": "eval_every=N (epochs) or eval_every_n_steps=N (steps)",
+    "save_steps": "checkpoint_every (N batches, with checkpoint_dir)",
+    "save_strategy": "checkpoint_dir (a checkpoint every epoch; checkpoint_every=N also every N batches)",
+    "save_total_limit": "none: checkpoint_dir keeps the latest checkpoint; BestCheckpoint(path, save_top_k=N) "
+                        "keeps the N best epochs' weights",
+    "per_device_eval_batch_size": "none: the evaluation's batches are batch_size's, split over the devices",
+    "gradient_checkpointing": "none: call model.gradient_checkpointing_enable() (or torch.utils.checkpoint in "
+                              "forward) before fit",
+    "label_smoothing_factor": "loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1)",
+    "report_to": "tensorboard (a folder) or metrics_file", "logging_dir": "tensorboard (a folder)",
+    "disable_tqdm": "progress (progress=False)"}
 
 
 @keyword_errors
