@@ -121,3 +121,56 @@ def test_half_precision_outputs_reach_a_numpy_function_as_float32_and_copies_sha
     ws.merge_state(other)
     ws.merge_state({k: list(v) for k, v in other.metric_state.items()})      # (a checkpoint's state)
     assert ws.compute() == 1.0 and seen == [np.float32] and sum(len(t) for t in ws.targets) == 2 + 3 + 3
+
+
+class Tagger(nn.Module):
+    """A Hugging Face-style token classifier: (N, T) tokens -> (N, T, 3) logits, one per token,
+    and their loss given the labels."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(20, 8), nn.Linear(8, 3)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.embed(input_ids))
+        loss = None if labels is None else nn.functional.cross_entropy(logits.movedim(-1, 1), labels)
+        return {"loss": loss, "logits": logits}
+
+
+def sentences():
+    g = torch.Generator().manual_seed(2)
+    lengths = torch.randint(2, 12, (45,), generator=g).tolist()
+    return [(torch.randint(1, 20, (n,), generator=g), torch.randint(0, 3, (n,), generator=g)) for n in lengths]
+
+
+def pad_batch(items):
+    """Each batch padded to its own longest sentence; padded labels -100 (ignored)."""
+    longest = max(len(x) for x, _ in items)
+    ids = torch.zeros(len(items), longest, dtype=torch.long)
+    labels = torch.full((len(items), longest), -100)
+    for i, (x, y) in enumerate(items):
+        ids[i, :len(x)], labels[i, :len(y)] = x, y
+    return {"input_ids": ids, "labels": labels}
+
+
+def token_accuracy(eval_pred):
+    """A token classifier's compute_metrics: the padded positions (-100) left out."""
+    predictions, labels = eval_pred
+    real = labels != -100
+    return {"token_accuracy": (np.argmax(predictions, axis=-1)[real] == labels[real]).mean(), "tokens": int(real.sum())}
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_token_classifiers_batches_of_other_lengths_are_padded_as_the_trainer_pads_them(devices):
+    """Batches padded each to its own longest sentence (2-11 tokens): put together padded to the
+    longest with -100, so a Trainer's compute_metrics leaves the padding out."""
+    data = sentences()
+    torch.manual_seed(0)
+    model = Tagger()
+    result = dptrain.fit(model, data[:30], data[30:], collate_fn=pad_batch, batch_size=4, epochs=1, devices=devices,
+                         step=lambda model, batch: model(**batch),     # (its own loss, its logits as it gives them)
+                         metrics=dptrain.whole_set(token_accuracy), log=None)
+    with torch.no_grad():
+        right = [(model(x[None])["logits"][0].argmax(-1) == y) for x, y in data[30:]]
+    assert result["test_tokens"] == sum(len(r) for r in right) == sum(len(y) for _, y in data[30:])
+    assert result["test_token_accuracy"] == pytest.approx(torch.cat(right).double().mean().item(), abs=1e-12)

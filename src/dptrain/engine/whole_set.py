@@ -14,7 +14,8 @@ metric does not, is the one device's, up to float rounding)::
     fit(model, train, test, metrics={"auc": whole_set(lambda out, y: roc_auc_score(y, out[:, 1]))})
     fit(model, train, test, metrics=whole_set(compute_metrics))     # a Trainer's: {"f1": ...} -> test_f1
 
-``fn(outputs, targets)`` gets two CPU tensors; ``fn(eval_pred)`` (one parameter, the
+``fn(outputs, targets)`` gets two CPU tensors (batches of sequences, each padded to its own
+longest, padded to the longest with -100, as the Trainer does); ``fn(eval_pred)`` (one parameter, the
 Trainer's) gets ``(predictions, label_ids)`` as NumPy arrays, with those names. It returns a
 number (``test_<name>``) or a dict (``test_<name>_<key>``, or ``test_<key>`` given alone). It
 holds every output until the evaluation's end, as the Trainer does: for a language model's
@@ -96,8 +97,8 @@ class WholeSet:
         self.targets += list(state["targets"])
 
     def _whole(self) -> List[torch.Tensor]:
-        parts = [(torch.cat([t.cpu() for t in self.outputs]) if self.outputs else None,
-                  torch.cat([t.cpu() for t in self.targets]) if self.targets else None)]
+        parts = [(_cat([t.cpu() for t in self.outputs]) if self.outputs else None,
+                  _cat([t.cpu() for t in self.targets]) if self.targets else None)]
         if self.distributed_available_fn() and dist.get_world_size() > 1:
             gathered: List[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, parts[0])
@@ -105,7 +106,7 @@ class WholeSet:
         parts = [p for p in parts if p[0] is not None]
         if not parts:
             raise ValueError(f"whole_set({self.name}) saw no sample: the evaluation set is empty")
-        return [torch.cat([p[i] for p in parts]) for i in (0, 1)]
+        return [_cat([p[i] for p in parts]) for i in (0, 1)]
 
     def compute(self) -> Any:
         outputs, targets = self._whole()
@@ -114,6 +115,25 @@ class WholeSet:
         if isinstance(value, dict):
             return {k: _number(v, f"{self.name}'s {k!r}") for k, v in value.items()}
         return _number(value, self.name)
+
+
+#: What fills the positions a shorter batch lacks (Hugging Face's ``padding_index``, the label
+#: cross-entropy ignores): a token classifier's batches are padded each to its own longest.
+PAD = -100
+
+
+def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
+    """``parts`` one after the other along the first axis; parts longer in another axis than
+    others (batches of sequences padded each to its own length) are padded to the longest
+    with ``PAD``, as the Trainer pads them."""
+    if len({t.shape[1:] for t in parts}) > 1:
+        if len({t.dim() for t in parts}) > 1:
+            raise ValueError(f"whole_set: the outputs or targets of the batches have shapes "
+                             f"{sorted({tuple(t.shape) for t in parts})}: give each sample's alike")
+        longest = [max(t.shape[d] for t in parts) for d in range(1, parts[0].dim())]
+        parts = [torch.nn.functional.pad(t, [x for d in reversed(range(1, t.dim()))
+                                             for x in (0, longest[d - 1] - t.shape[d])], value=PAD) for t in parts]
+    return torch.cat(parts)
 
 
 def _number(value: Any, what: str) -> Any:
