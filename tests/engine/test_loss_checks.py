@@ -86,6 +86,39 @@ def test_a_token_classifiers_scores_in_the_last_dimension_name_movedim_and_train
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_hugging_face_token_classifiers_logits_train_classes_last_as_its_own_loss(devices):
+    """A model output's ``(N, T, C)`` logits for ``(N, T)`` labels (Hugging Face's token
+    classifiers, whose loss flattens them) are the loss's and the accuracy's classes-last, as
+    that loss takes them: the plain loop's step on its own loss, the padding (-100) left out;
+    the metrics get the logits as the model gives them."""
+    import dptrain
+    from tests.engine.test_whole_set import Tagger
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 20, (16, 6), generator=g)
+    labels = ids % 3
+    labels[:, 4:] = -100                            # padding
+    data = {"input_ids": ids, "labels": labels}
+    torch.manual_seed(0)
+    model = Tagger()
+    plain = copy.deepcopy(model)
+    shapes = []
+    result = dptrain.fit(model, data, data, optimizer=torch.optim.SGD, lr=0.5, epochs=1, batch_size=16, shuffle=False,
+                         devices=devices, log=None, metrics={"seen": lambda out, y: shapes.append(out.shape) or (0, 1)})
+    plain(**data)["loss"].backward()                # (its own: cross-entropy over the flattened tokens)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p -= 0.5 * p.grad
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        out = plain(**data)
+    right = out["logits"].argmax(-1)[:, :4] == labels[:, :4]
+    assert result["test_acc"] == pytest.approx(right.double().mean().item(), abs=1e-12)
+    assert result["test_loss"] == pytest.approx(out["loss"].item(), rel=1e-5)
+    assert {s[1:] for s in shapes} == {(6, 3)}      # classes last, as the model gave them
+
+
 @pytest.mark.parametrize("loss", [nn.MSELoss(), nn.L1Loss(), nn.HuberLoss()])
 def test_an_elementwise_loss_on_two_shapes_is_an_error_not_a_broadcast(loss):
     with pytest.raises(ValueError, match=r"outputs of shape \(8, 1\) and targets of shape \(8,\): PyTorch would "

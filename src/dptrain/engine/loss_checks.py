@@ -28,6 +28,15 @@ def check_class_targets(target: Any, loss: Callable) -> None:
                          f"loss=nn.MSELoss()")
 
 
+def classes_last(output: torch.Tensor, target: Any) -> bool:
+    """Whether ``output`` holds the class scores in its last dimension for ``target``'s labels,
+    and could not hold them in dimension 1: ``(N, T, C)`` for ``(N, T)`` labels (a token
+    classifier's logits, as Hugging Face's models give them), not ``(N, C, T)``."""
+    return (isinstance(target, torch.Tensor) and not target.is_floating_point() and output.dim() > 2
+            and tuple(target.shape) == tuple(output.shape[:-1])
+            and tuple(target.shape) != (output.shape[0], *output.shape[2:]))
+
+
 def check_classification(output: torch.Tensor, target: Any, loss: Callable) -> None:
     """A classification loss on targets it cannot fit is a clear error, not a silent 0."""
     name = type(loss).__name__

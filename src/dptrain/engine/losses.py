@@ -29,7 +29,7 @@ from torch import nn
 
 from ..data.batch import batch_size
 from .class_counts import KeptTargets, LazyCount, class_count
-from .loss_checks import (check_class_targets, check_classification, check_float_targets, check_reduction,
+from .loss_checks import (check_class_targets, check_classification, classes_last, check_float_targets, check_reduction,
                           check_same_shape)
 from .loss_placement import LossCopies, summed_twin
 from .model_outputs import output_for
@@ -128,6 +128,12 @@ class LossAdapter:
         self.parts = 1
         #: Whether the loss returns ``(sum, count)`` (None: not known before its first call).
         self.pairs: Optional[bool] = False if self.known else None
+        #: A classification loss fed a model output's logits (``output_for`` sets it), and whether
+        #: they hold the classes last, ``(N, T, C)`` for ``(N, T)`` labels, as Hugging Face's token
+        #: classifiers give them: moved to dimension 1 for the loss and the accuracy (set at the
+        #: first check); the metrics get them as the model gave them.
+        self.from_model_output = False
+        self.classes_last = False
 
     # -- per shard ---------------------------------------------------------------------
     def measure(self, output: Any, target: Any, batch: Any = None, count: bool = True) -> Tuple[torch.Tensor, Count]:
@@ -143,7 +149,7 @@ class LossAdapter:
         """The shard's sum (the loss itself with a sum reduction); ``(sum, count)`` from a
         loss that returns them."""
         if self.known:
-            self._check(output, target)
+            output = self._check(output, target)
             return (self._sum if self._placed is None else self._placed.on(output)[1])(output, target)
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
@@ -157,7 +163,7 @@ class LossAdapter:
         multiplications: what one device of one process runs (``direct_step.py``)."""
         output = output_for(self, output)
         if self.known:
-            self._check(output, target)
+            output = self._check(output, target)
             loss = self.loss if self._placed is None else self._placed.on(output)[0]
             return loss(output, target), self.lazy_count(target)
         value = self._own(output, target, batch)
@@ -165,15 +171,21 @@ class LossAdapter:
             return value[0] / value[1], value[1]
         return value, samples_of(target, output) if self.reduction == "mean" else None
 
-    def _check(self, output: torch.Tensor, target: Any) -> None:
+    def _check(self, output: torch.Tensor, target: Any) -> torch.Tensor:
+        """``output`` checked against ``target`` (a classification's at the first batch), as the
+        loss takes it: a model output's classes-last logits moved to dimension 1."""
         if self.classification and not self._checked:
-            check_classification(output, target, self.loss)
+            self.classes_last = self.from_model_output and classes_last(output, target)
+            check_classification(output.movedim(-1, 1) if self.classes_last else output, target, self.loss)
             self._checked = True
+        if self.classes_last:
+            return output.movedim(-1, 1)
         if self.elementwise and isinstance(target, torch.Tensor):
             if output.shape != target.shape:
                 check_same_shape(output, target, self.loss)
             if self.float_targets and not target.is_floating_point():
                 check_float_targets(target, self.loss)
+        return output
 
     def _own(self, output: Any, target: Any, batch: Any) -> Any:
         """A loss dptrain does not know: its value (one number), or its ``(sum, count)``."""
@@ -238,6 +250,8 @@ class LossAdapter:
         the arg-max class of probability targets, as Keras's categorical accuracy)."""
         if not self.classification:
             return None
+        if self.classes_last:       # (set by the loss's check, which runs first)
+            output = output.movedim(-1, 1)
         if target.is_floating_point():
             hits = output.argmax(dim=1) == target.argmax(dim=1)
             return hits.sum(), hits.numel()

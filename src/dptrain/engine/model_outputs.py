@@ -55,7 +55,10 @@ def loss_input(output: Any, whole: bool = False) -> Any:
 
 def output_for(adapter: Optional["LossAdapter"], output: Any) -> Any:
     """``loss_input`` for ``adapter``'s loss: the output whole for a loss of the user's own,
-    or for none (a step function's output, for the metrics)."""
+    or for none (a step function's output, for the metrics). A classification loss given a
+    model output's logits is told so (``LossAdapter.classes_last``)."""
+    if adapter is not None and adapter.classification and not isinstance(output, torch.Tensor):
+        adapter.from_model_output = True
     return loss_input(output, adapter is None or not adapter.known)
 
 
