@@ -107,6 +107,10 @@ def test_what_it_takes_and_gives_is_checked_with_the_fix():
         ws.compute()
     with pytest.raises(TypeError, match="whole_set takes a function"):
         dptrain.whole_set("auc")
+    with pytest.raises(TypeError, match="whole_set takes preprocess=fn"):
+        dptrain.whole_set(len, preprocess=3)
+    with pytest.raises(TypeError, match=r"preprocess returned a list: return a tensor"):
+        WholeSet(len, preprocess=lambda out, y: out.tolist()).update(torch.zeros(2, 3), torch.zeros(2))
     with pytest.raises(ValueError, match="saw no sample"):
         WholeSet(len).compute()
 
@@ -174,3 +178,19 @@ def test_a_token_classifiers_batches_of_other_lengths_are_padded_as_the_trainer_
         right = [(model(x[None])["logits"][0].argmax(-1) == y) for x, y in data[30:]]
     assert result["test_tokens"] == sum(len(r) for r in right) == sum(len(y) for _, y in data[30:])
     assert result["test_token_accuracy"] == pytest.approx(torch.cat(right).double().mean().item(), abs=1e-12)
+
+
+def test_preprocess_keeps_what_it_returns_of_each_batch_as_the_trainers_preprocess_logits_for_metrics():
+    """A language model's logits over a vocabulary, kept as their arg-max batch by batch: the
+    function gets the (N, T) predictions, the labels as they were."""
+    kept = []
+    def compute(eval_pred):
+        kept.append(eval_pred.predictions.shape)
+        real = eval_pred.label_ids != -100
+        return {"token_accuracy": (eval_pred.predictions[real] == eval_pred.label_ids[real]).mean()}
+    data = sentences()
+    torch.manual_seed(0)
+    model = Tagger()
+    result = dptrain.fit(model, data[:30], data[30:], collate_fn=pad_batch, batch_size=4, epochs=1, devices=2,
+                         log=None, metrics=dptrain.whole_set(compute, preprocess=lambda logits, y: logits.argmax(-1)))
+    assert kept[-1] == (15, 11) and result["test_token_accuracy"] == pytest.approx(result["test_acc"], abs=1e-12)

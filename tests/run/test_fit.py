@@ -151,7 +151,8 @@ def test_keywords_of_keras_lightning_and_accelerate_and_typos_are_answered_with_
                       ("per_device_train_batch_size", "batch_size (the global batch"),
                       ("learning_rate", "lr"), ("load_best_model_at_end", "restore_best_weights=True"),
                       ("warmup_steps", "scheduler=lambda optimizer: transformers.get_linear_schedule_with_warmup"),
-                      ("save_steps", "checkpoint_every")]:
+                      ("save_steps", "checkpoint_every"),
+                      ("preprocess_logits_for_metrics", "preprocess=preprocess_logits_for_metrics")]:
         with pytest.raises(TypeError, match=rf"unexpected keyword argument '{key}'; dptrain's is .*{re.escape(ours)}"):
             dptrain.fit(nn.Linear(2, 2), (X, y), log=None, **{key: 1})
     with pytest.raises(TypeError, match="'strategy'; dptrain has none: training is data-parallel; several processes "
@@ -167,7 +168,7 @@ def test_keywords_of_keras_lightning_and_accelerate_and_typos_are_answered_with_
     for key, hint in PEER_KEYWORDS.items():         # every name a hint gives as ours is one of fit's
         named = re.findall(r"(?<![\w.])([a-z_]+)(?==)", hint) + [w for w in re.findall(r"^([a-z_]+)\b", hint)]
         assert all(n in known | {"none", "a", "train_data", "eval_data", "log", "weight", "start_from_epoch",
-                                 "patience", "restore_best_weights", "weight_decay", "label_smoothing", "save_top_k"}
+                                 "patience", "restore_best_weights", "weight_decay", "label_smoothing", "save_top_k", "preprocess"}
                    for n in named), (key, hint)
     with pytest.raises(TypeError, match="callbacks must have at least one of the hooks .*; got int"):
         dptrain.fit(nn.Linear(2, 2), (X, y), log=None, callbacks=1)

@@ -18,13 +18,16 @@ metric does not, is the one device's, up to float rounding)::
 longest, padded to the longest with -100, as the Trainer does); ``fn(eval_pred)`` (one parameter, the
 Trainer's) gets ``(predictions, label_ids)`` as NumPy arrays, with those names. It returns a
 number (``test_<name>``) or a dict (``test_<name>_<key>``, or ``test_<key>`` given alone). It
-holds every output until the evaluation's end, as the Trainer does: for a language model's
-logits, reduce them in the model's ``forward`` (or a ``forward=`` function) first.
+holds every output until the evaluation's end, as the Trainer does: a language model's logits
+over its vocabulary are reduced batch by batch with ``preprocess(output, target)``, the Trainer's
+``preprocess_logits_for_metrics``::
+
+    whole_set(compute_metrics, preprocess=lambda logits, labels: logits.argmax(-1))
 """
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, List, NamedTuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -54,11 +57,14 @@ class WholeSet:
     """``fn`` over the whole set: a metric object (``update``/``compute``/``reset``/
     ``merge_state``) as ``stateful_metrics.StatefulMetrics`` runs torchmetrics' objects."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, preprocess: Optional[Callable] = None):
         if not callable(fn):
             raise TypeError(f"whole_set takes a function fn(outputs, targets) -> number or dict, "
                             f"got {type(fn).__name__}")
-        self.fn = fn
+        if preprocess is not None and not callable(preprocess):
+            raise TypeError(f"whole_set takes preprocess=fn(output, target) -> what to keep of a batch's output, "
+                            f"got {type(preprocess).__name__}")
+        self.fn, self.preprocess = fn, preprocess
         self.name = getattr(fn, "__name__", "metric")
         self.name = self.name if self.name.isidentifier() else "metric"     # (a lambda)
         self.hugging_face = _one_parameter(fn)
@@ -84,6 +90,11 @@ class WholeSet:
                 raise TypeError(f"whole_set({self.name}) takes tensors, got a {type(value).__name__} {what}: let a "
                                 f"step (or a LightningModule's validation_step) return {{'loss': ..., 'logits': "
                                 f"...}}, or give fit forward=fn(model, batch) -> (output tensor, target tensor)")
+        if self.preprocess is not None:
+            output = self.preprocess(output.detach(), target.detach())
+            if not isinstance(output, torch.Tensor):
+                raise TypeError(f"whole_set({self.name})'s preprocess returned a {type(output).__name__}: return a "
+                                f"tensor (one row per sample: logits.argmax(-1))")
         self.outputs.append(output.detach())
         self.targets.append(target.detach())
 
@@ -148,7 +159,8 @@ def _number(value: Any, what: str) -> Any:
     raise TypeError(f"whole_set: {what} gave a {type(value).__name__}: return a number, or a dict of numbers")
 
 
-def whole_set(fn: Callable) -> WholeSet:
+def whole_set(fn: Callable, preprocess: Optional[Callable] = None) -> WholeSet:
     """``fn`` as a metric over the whole evaluation set (see the module): ``metrics={"auc":
-    whole_set(fn)}``, or a Hugging Face ``compute_metrics`` alone, ``metrics=whole_set(fn)``."""
-    return WholeSet(fn)
+    whole_set(fn)}``, or a Hugging Face ``compute_metrics`` alone, ``metrics=whole_set(fn)``;
+    ``preprocess(output, target)``: what to keep of each batch's output (its arg-max)."""
+    return WholeSet(fn, preprocess)

@@ -87,6 +87,8 @@ PEER_KEYWORDS = {
     # Hugging Face's Trainer and TrainingArguments
     "compute_metrics": "metrics=dptrain.whole_set(compute_metrics) (called once on the whole evaluation set's "
                        "(predictions, label_ids); its keys name the test_* figures)",
+    "preprocess_logits_for_metrics": "metrics=dptrain.whole_set(compute_metrics, "
+                                     "preprocess=preprocess_logits_for_metrics)",
     "args": "none: fit takes each of TrainingArguments' settings as a keyword of its own (num_train_epochs -> "
             "epochs, per_device_train_batch_size -> batch_size, learning_rate -> lr...)",
     "num_train_epochs": "epochs", "learning_rate": "lr", "max_grad_norm": "clip_grad_norm",
