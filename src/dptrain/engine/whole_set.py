@@ -26,27 +26,19 @@ over its vocabulary are reduced batch by batch with ``preprocess(output, target)
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..core.signatures import takes
+
 
 class EvalPrediction(NamedTuple):
     """What a Hugging Face ``compute_metrics(eval_pred)`` unpacks: the outputs and the labels."""
     predictions: np.ndarray
     label_ids: np.ndarray
-
-
-def _one_parameter(fn: Callable) -> bool:
-    try:
-        parameters = [p for p in inspect.signature(fn).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-    except (TypeError, ValueError):
-        return False
-    return len(parameters) == 1
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -67,7 +59,7 @@ class WholeSet:
         self.fn, self.preprocess = fn, preprocess
         self.name = getattr(fn, "__name__", "metric")
         self.name = self.name if self.name.isidentifier() else "metric"     # (a lambda)
-        self.hugging_face = _one_parameter(fn)
+        self.hugging_face = takes(fn, 1) and not takes(fn, 2)      # (a Trainer's compute_metrics(eval_pred))
         #: As torchmetrics': whether ``compute`` gathers the other processes' parts.
         self.distributed_available_fn = lambda: dist.is_available() and dist.is_initialized()
         self.outputs: List[torch.Tensor] = []
