@@ -364,3 +364,18 @@ def test_a_batchnorm_model_trains_a_batch_too_small_for_every_device_as_the_plai
     assert ModelEngine(Task(mlp(), ()), [dptrain.cpu(0), dptrain.cpu(1)]).least_part == 1
     # synchronised, BatchNorm takes the whole batch's statistics: every part comes, one sample too
     assert ModelEngine(Task(bn_mlp(), ()), [dptrain.cpu(0), dptrain.cpu(1)], sync_batchnorm=True).least_part == 1
+
+
+def test_a_dict_batch_with_a_key_forward_does_not_take_names_it_and_the_ways_out():
+    """A Hugging Face dataset's extra column (the Trainer drops it): the error names the key."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.linear(x)
+    data = {"x": torch.randn(8, 3), "idx": torch.arange(8), "labels": torch.randint(0, 2, (8,))}
+    with pytest.raises(TypeError, match=r"its keys must be the arguments of Net.forward .*'idx'.*; rename them, leave "
+                                        r"the others out in collate_fn .*or pass forward="):
+        dptrain.fit(Net(), data, epochs=1, batch_size=4, devices=1, log=None)

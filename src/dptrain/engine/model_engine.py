@@ -54,8 +54,9 @@ def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
         if "keyword argument" not in str(e):
             raise
         raise TypeError(f"a dict batch goes to model(**batch) without its target, so its keys must be the "
-                        f"arguments of {type(model).__name__}.forward ({e}); rename them, or pass "
-                        f"forward=fn(model, batch) -> (output, target)") from None
+                        f"arguments of {type(model).__name__}.forward ({e}); rename them, leave the others out "
+                        f"in collate_fn (Hugging Face's Trainer drops the columns forward does not take), or "
+                        f"pass forward=fn(model, batch) -> (output, target)") from None
 
 
 def nothing_counted(denominator: Count) -> bool:
