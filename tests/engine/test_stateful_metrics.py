@@ -91,3 +91,27 @@ def test_a_metric_collection_gives_each_member_over_the_whole_set(devices):
     assert set(want) == {"val_f1", "val_acc"}
     for key, value in want.items():
         assert result[f"test_cls_{key}"] == pytest.approx(value.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_metric_objects_given_alone_or_in_a_list_are_named_by_their_class(devices):
+    """``metrics=F1Score(...)`` and ``metrics=[F1Score(...), "accuracy"]``, as Keras takes metric
+    objects in its list, named as a MetricCollection of them names them (both were TypeErrors)."""
+    from torchmetrics.classification import MulticlassAUROC
+    train, (Xe, ye) = sets()
+    figures = {}
+    for metrics in (MulticlassF1Score(3, average="macro"), [MulticlassAUROC(3), "accuracy", MulticlassF1Score(3)]):
+        torch.manual_seed(0)
+        model = nn.Linear(8, 3)
+        result = dptrain.fit(model, train, (Xe, ye), epochs=1, batch_size=32, devices=devices, log=False,
+                             metrics=metrics)
+        figures.update({k: v for k, v in result.items() if k.startswith("test_")})
+    with torch.no_grad():
+        out = model(Xe)
+    assert set(figures) == {"test_loss", "test_acc", "test_MulticlassF1Score", "test_MulticlassAUROC"}
+    assert figures["test_MulticlassAUROC"] == pytest.approx(MulticlassAUROC(3)(out, ye).item(), abs=1e-6)
+    assert figures["test_MulticlassF1Score"] == pytest.approx(MulticlassF1Score(3)(out, ye).item(), abs=1e-6)
+    with pytest.raises(ValueError, match=r"two metrics named 'MulticlassF1Score'.*give a dict naming each"):
+        dptrain.evaluate(model, (Xe, ye), metrics=[MulticlassF1Score(3), MulticlassF1Score(3, average="micro")])
+    with pytest.raises(TypeError, match=r"Keras's names .* and metric objects .*got function"):
+        dptrain.evaluate(model, (Xe, ye), metrics=[lambda out, y: (out.sum(), len(y))])

@@ -504,3 +504,13 @@ def test_a_dataloaders_drop_last_trains_as_the_plain_loop_on_it(devices):
     with torch.no_grad():
         want = float(nn.functional.cross_entropy(plain(data.tensors[0]), data.tensors[1]))
     assert result["history"][-1]["test_loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_log_takes_true_and_false_as_progress_does_and_names_the_fix_for_other_values(capsys):
+    """``log=False`` (as ``progress=False``) failed at the first line with "'bool' object is not callable"."""
+    X, y = torch.randn(16, 2), torch.randint(0, 2, (16,))
+    for log, lines in [(False, 0), (None, 0), (True, 3)]:
+        dptrain.fit(nn.Linear(2, 2), (X, y), (X, y), epochs=3, batch_size=8, devices=1, progress=False, log=log)
+        assert len(re.findall(r"^epoch \d", capsys.readouterr().out, re.M)) == lines
+    with pytest.raises(TypeError, match=r"log='quiet' is not a function of a line.*log=None \(or False\)"):
+        dptrain.fit(nn.Linear(2, 2), (X, y), epochs=1, log="quiet")

@@ -12,8 +12,10 @@ devices and processes (a sum and a count, added up):
 - ``"mae"``, ``"mse"`` (and Keras's long names): the mean absolute and squared error per
   element, as ``test_mae``, ``test_mse``.
 
-Any other name is an error naming these, and the dict form (a torchmetrics object: AUC,
-precision, recall...)::
+A metric object in the list (torchmetrics' ``F1Score(...)``; or given alone, ``metrics=AUROC(...)``)
+is named by its class, as torchmetrics' ``MetricCollection([...])`` names it (``test_BinaryAUROC``);
+a ``whole_set(fn)`` by its keys. Any other name is an error naming these, and the dict form
+(``{name: fn(output, target) -> (sum, count)}`` or ``{name: metric object}``)::
 
     metrics_named(["accuracy", "mae"], nn.BCEWithLogitsLoss(), None)   # {"acc": ..., "mae": ...}
 """
@@ -28,6 +30,8 @@ from torch import nn
 
 from .loss_names import loss_named
 from .losses import scores_accuracy
+from .stateful_metrics import is_stateful
+from .whole_set import WholeSet
 
 #: Keras's names of an accuracy (``test_acc`` here).
 ACCURACY = ("accuracy", "acc", "binary_accuracy", "sparse_categorical_accuracy", "categorical_accuracy")
@@ -96,10 +100,13 @@ def metrics_named(names: Sequence[Any], loss: Any, step: Any) -> Dict[str, Calla
     loss = loss_named(loss) if isinstance(loss, str) else loss
     metrics: Dict[str, Callable] = {}
     for name in names:
+        if is_stateful(name):
+            _put_object(metrics, name)
+            continue
         if not isinstance(name, str):
-            raise TypeError(f"metrics as a list takes Keras's names ('accuracy', 'mae', 'mse'), got "
-                            f"{type(name).__name__}: give a dict {{name: fn(output, target) -> (sum, count)}} or "
-                            f"{{name: torchmetrics object}}")
+            raise TypeError(f"metrics as a list takes Keras's names ('accuracy', 'mae', 'mse') and metric objects "
+                            f"(torchmetrics'), got {type(name).__name__}: give a dict {{name: fn(output, target) -> "
+                            f"(sum, count)}} for a function")
         if name in ACCURACY:
             if step is None and scores_accuracy(loss):
                 continue        # (a classification's accuracy: test_acc, counted already)
@@ -118,6 +125,17 @@ def metrics_named(names: Sequence[Any], loss: Any, step: Any) -> Dict[str, Calla
                          f"{{name: fn(output, target) -> (sum, count)}} or {{name: torchmetrics object}}, e.g. "
                          f"metrics={{'auc': torchmetrics.AUROC(task='binary')}}")
     return metrics
+
+
+def _put_object(metrics: Dict[str, Any], metric: Any) -> None:
+    """A metric object given without a name, named as torchmetrics' ``MetricCollection([...])``
+    names it, by its class (``MulticlassF1Score``); ``whole_set(fn)``'s keys name its figures."""
+    name = "" if isinstance(metric, WholeSet) else type(metric).__name__
+    if name in metrics:
+        what = "two dptrain.whole_set metrics" if not name else f"two metrics named {name!r} (by their class)"
+        raise ValueError(f"metrics: {what} in the list; give a dict naming each, e.g. metrics={{'f1_macro': ..., "
+                         f"'f1_micro': ...}}")
+    metrics[name] = metric
 
 
 def metrics_copied(metrics: Any) -> Any:

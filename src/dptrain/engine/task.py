@@ -27,7 +27,6 @@ from .stateful_metrics import is_stateful
 from .losses import REDUCTIONS, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
-from .whole_set import WholeSet
 from ..parallel.optim import OptimizerSpec, check_learning_rate
 from ..parallel.given_model import unwrapped
 
@@ -118,10 +117,11 @@ class Task:
             self._take_optimizer()
         if isinstance(self.loss, str):
             self.loss = loss_named(self.loss)
-        if isinstance(self.metrics, (list, tuple)):     # Keras's metrics=["accuracy", "mae"]
-            self.metrics = metrics_named(self.metrics, self.loss, self.step)
-        elif isinstance(self.metrics, WholeSet):        # a Trainer's compute_metrics: its keys name the figures
-            self.metrics = {"": self.metrics}
+        if isinstance(self.metrics, (list, tuple)) or is_stateful(self.metrics):
+            # Keras's metrics=["accuracy", "mae"], metric objects named by their class, or one alone
+            # (a Trainer's compute_metrics as whole_set: its keys name the figures)
+            many = isinstance(self.metrics, (list, tuple))
+            self.metrics = metrics_named(self.metrics if many else [self.metrics], self.loss, self.step)
         for name in ("loss", "forward", "step", "init", "collate_fn"):
             value = getattr(self, name)
             if name == "step" and isinstance(value, dict):
@@ -138,8 +138,8 @@ class Task:
             check_learning_rate(self.lr, "lr")
         if not isinstance(self.metrics, dict) or not all(callable(f) or is_stateful(f) for f in self.metrics.values()):
             raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)}, {name: torchmetrics "
-                            "object} or {name: dptrain.whole_set(fn)}, a list of Keras's names, or one "
-                            "dptrain.whole_set(compute_metrics)")
+                            "object} or {name: dptrain.whole_set(fn)}, a list of Keras's names and metric objects, or one "
+                            "metric object (dptrain.whole_set(compute_metrics))")
         # (no accuracy of dptrain's with a step function or a loss not a classifier's: "acc" is free;
         # several optimizers' each update's loss is not)
         accuracy = self.step is None and scores_accuracy(self.loss)

@@ -85,10 +85,16 @@ def keyword_errors(function: F) -> F:
     return called  # type: ignore[return-value]
 
 
-def keyword_log(log: Optional[Callable[[str], Any]]) -> Optional[Callable[[str], Any]]:
-    """``fit``'s ``log`` with the flags in dptrain's lines written as keywords (None: quiet)."""
-    if log is None:
+def keyword_log(log: Any) -> Optional[Callable[[str], Any]]:
+    """``fit``'s ``log`` with the flags in dptrain's lines written as keywords (None or False: quiet,
+    True: ``print``, as ``progress=`` takes them)."""
+    if log is None or log is False:
         return None
+    if log is True:
+        log = print
+    if not callable(log):
+        raise TypeError(f"log={log!r} is not a function of a line: give log=print (the default), "
+                        "log=logging.getLogger(__name__).info, or log=None (or False) to print nothing")
 
     def said(line: str, *args: Any, **kwargs: Any) -> Any:
         return log(as_keywords(line) if isinstance(line, str) else line, *args, **kwargs)
