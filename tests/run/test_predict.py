@@ -50,6 +50,24 @@ def test_what_predict_cannot_join_is_said():
 
 
 @pytest.mark.parametrize("devices", [1, 2])
+def test_an_output_beside_a_number_for_the_part_is_said_with_the_fix(devices):
+    """A mixture of experts' ``(logits, aux_loss)`` failed in torch.cat ("zero-dimensional tensor
+    cannot be concatenated"); the fix the error gives works."""
+    class WithAux(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(2, 3)
+
+        def forward(self, x):
+            return self.inner(x), self.inner.weight.sum()
+    model, X = WithAux(), torch.randn(5, 2)
+    with pytest.raises(TypeError, match=r"cannot join 0-dim tensors.*auxiliary loss.*lambda model, x: model\(x\)\[0\]"):
+        dptrain.predict(model, X, batch_size=4, devices=devices)
+    got = dptrain.predict(model, X, batch_size=4, devices=devices, forward=lambda model, x: model(x)[0])
+    torch.testing.assert_close(got, model(X)[0].detach())
+
+
+@pytest.mark.parametrize("devices", [1, 2])
 def test_a_namedtuple_output_and_a_hugging_face_style_loss_of_none_are_joined(devices):
     """A model returning ``Out(logits, embedding)`` (a namedtuple) failed in its constructor;
     one returning ``{"loss": None, "logits": ...}`` without labels (a Hugging Face model's

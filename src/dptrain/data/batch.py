@@ -191,9 +191,13 @@ def join_structure(parts: Sequence[Batch]) -> Batch:
     ``split_structure`` (a model's outputs, part by part). None stays None (a Hugging Face
     output's ``loss`` without labels); lists of per-sample items (strings, a dict per sample
     as a detection model gives, or lists whose lengths differ) are joined; another value the
-    parts share is kept; a ``TypeError`` names one that differs (a number per part)."""
+    parts share is kept; a ``TypeError`` names one that differs (a number per part) and a 0-dim
+    tensor (a loss of the part)."""
     first = parts[0]
     if isinstance(first, torch.Tensor):
+        if first.dim() == 0:
+            raise TypeError("cannot join 0-dim tensors sample by sample (one number for a whole part of the batch, "
+                            "such as an auxiliary loss beside the outputs)")
         return torch.cat(list(parts))
     if first is None:
         return None

@@ -55,7 +55,7 @@ def concatenate(parts: List[Any]) -> Any:
         return join_structure(parts)
     except TypeError as e:
         raise TypeError(f"predict joins the model's outputs part by part: {e}; pass forward=fn(model, batch) "
-                        f"-> tensor") from None
+                        f"-> the outputs of the batch's samples, e.g. forward=lambda model, x: model(x)[0]") from None
 
 
 @keyword_errors
