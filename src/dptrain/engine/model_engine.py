@@ -27,6 +27,7 @@ from ..parallel.trainers import Trainers
 from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
+from .dict_inputs import call_with_dict
 from .evaluation import Totals, evaluate
 from .kept_outputs import outputs_kept
 from .lightning_module import LightningSteps
@@ -44,19 +45,12 @@ _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
 
 
 def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
-    """``(x, y)`` -> ``(model(x), y)``; see ``batch.input_and_target`` for the other shapes."""
+    """``(x, y)`` -> ``(model(x), y)``; see ``batch.input_and_target`` for the other shapes, and
+    ``dict_inputs`` for a dict's."""
     (args, kwargs), target = input_and_target(batch)
     if not kwargs:
         return call_inputs(model, args), target
-    try:
-        return model(**kwargs), target
-    except TypeError as e:
-        if "keyword argument" not in str(e):
-            raise
-        raise TypeError(f"a dict batch goes to model(**batch) without its target, so its keys must be the "
-                        f"arguments of {type(model).__name__}.forward ({e}); rename them, leave the others out "
-                        f"in collate_fn (Hugging Face's Trainer drops the columns forward does not take), or "
-                        f"pass forward=fn(model, batch) -> (output, target)") from None
+    return call_with_dict(model, batch, kwargs), target
 
 
 def nothing_counted(denominator: Count) -> bool:

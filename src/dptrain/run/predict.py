@@ -10,6 +10,7 @@ samples' order, every sample once, whatever the device and process counts.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -24,6 +25,7 @@ from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, call_inputs
                           split_structure, to_device)
 from ..data.choose_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
+from ..engine.dict_inputs import call_with_dict
 from ..engine.lightning_module import predict_step_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
@@ -37,15 +39,25 @@ from .session import ALL_CALL, inference_job
 def model_input(model: nn.Module, batch: Batch) -> Any:
     """The default way a batch meets the model for predictions: a tensor is ``model(x)``;
     ``(x, y)`` or ``(x1, x2, ..., y)`` pairs are ``model(x, ...)`` (the last item, a target, is
-    left out; ``(x,)`` is ``model(x)``); a dict is ``model(**batch)`` without its target key."""
+    left out; ``(x,)`` is ``model(x)``); a dict is ``model(**batch)`` without its target key (or
+    ``model(batch)`` whole for a forward of one argument: ``dict_inputs``)."""
     if isinstance(batch, torch.Tensor):
         return model(batch)
     if isinstance(batch, (tuple, list)):
         return call_inputs(model, tuple(batch[:-1] if len(batch) > 1 else batch))
     if isinstance(batch, Mapping):          # (a UserDict too: Hugging Face's BatchEncoding)
-        return model(**{k: v for k, v in batch.items() if k not in TARGET_KEYS})
+        return call_with_dict(model, batch, {k: v for k, v in batch.items() if k not in TARGET_KEYS})
     raise TypeError(f"predict cannot feed a batch of {type(batch).__name__} to the model: pass "
                     f"forward=fn(model, batch) -> output")
+
+
+def batch_loss_left_out(output: Any) -> Any:
+    """A dict output's ``loss`` of the batch (a 0-dim tensor: not a sample's) as None, as a
+    Hugging Face model gives it without labels: a forward given the batch whole computes it."""
+    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor) and output["loss"].dim() == 0:
+        output = copy.copy(output)
+        output["loss"] = None
+    return output
 
 
 def concatenate(parts: List[Any]) -> Any:
@@ -103,7 +115,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
                 return None
             shard = to_device(shard, replicas.devices[i])
             out = own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
-            return map_tensors(lambda t: t.detach().cpu(), out)
+            return batch_loss_left_out(map_tensors(lambda t: t.detach().cpu(), out))
         try:
             with evaluating(*replicas), runner.coordinating():     # each module's own mode back after
                 for index, batch in enumerate(loader):
