@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dptrain.data import make_loader
+from dptrain.data.batched_stream import BatchedStream
 from dptrain.data.stream_loader import StreamLoader
 
 
@@ -108,8 +109,8 @@ def test_make_loader_takes_a_stream_or_a_dataloader_over_one():
     assert isinstance(loader, StreamLoader) and ids(loader) == [2 * i for i in range(9)]
     assert ids(make_loader(stream, 3, shuffle=True)) == list(range(9))      # read in its own order
     assert loader.example().shape == (1, 2)
-    with pytest.raises(ValueError, match="batch_size is None"):
-        make_loader(DataLoader(stream, batch_size=None), 3)
+    batched = make_loader(DataLoader(stream, batch_size=None), 3)        # it yields batches: batched_stream.py
+    assert isinstance(batched, BatchedStream) and len(batched) == 9 and batched.batch_size == 2
     with pytest.raises(ValueError, match="steps_per_epoch counts the epochs of a stream"):
         make_loader(torch.zeros(10, 2), 3, steps_per_epoch=2)
 

@@ -600,6 +600,11 @@ def streamed(rank, world):
                                                             batch_sampler=test_samplers.Buckets(120)), 1)[1]
     from tests.run.test_eval_sets import train as with_sets
     sets = with_sets(1)[1]["history"][-1]
+    from tests.run import test_batched_streams as batched     # a stream of batches of 7, 13, 10...
+    batch_stream = test_samplers.DataLoader(batched.Batches(noise=0.1, shuffled=True), batch_size=None)
+    by_batches = [p.detach().tolist() for p in batched.train(batch_stream, 1)[0].parameters()]
+    dispatched_batches = [p.detach().tolist()
+                          for p in batched.train(batch_stream, 1, dispatch_batches=True)[0].parameters()]
 
     class ByRank(SizedSamples):
         def __iter__(self):
@@ -610,7 +615,8 @@ def streamed(rank, world):
     except ValueError as e:
         refused = str(e)
     return (weights, rows(result), refused, sampled_weights, test_samplers.figures(sampled_result),
-            test_samplers.figures(bucketed), {k: v for k, v in sets.items() if k.startswith("test")})
+            test_samplers.figures(bucketed), {k: v for k, v in sets.items() if k.startswith("test")},
+            (by_batches, dispatched_batches))
 
 
 def test_streams_samplers_and_eval_sets_on_two_processes_equal_one_device_and_a_sharded_stream_is_refused():
@@ -622,8 +628,14 @@ def test_streams_samplers_and_eval_sets_on_two_processes_equal_one_device_and_a_
                                                             batch_sampler=test_samplers.Buckets(120)), 1)[1]
     from tests.run.test_eval_sets import train as with_sets
     sets = with_sets(1)[1]["history"][-1]
-    for weights, history, refused, sampled_weights, sampled_figures, bucketed_figures, set_figures in \
+    from tests.run import test_batched_streams as batched
+    by_batches = batched.train(test_samplers.DataLoader(batched.Batches(noise=0.1, shuffled=True), batch_size=None),
+                               1)[0]
+    for weights, history, refused, sampled_weights, sampled_figures, bucketed_figures, set_figures, batch_weights in \
             run_workers(streamed):
+        for each in batch_weights:      # a stream of batches, read by each process, and by rank 0 alone
+            for p, q in zip(each, by_batches.parameters()):
+                torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
         assert bucketed_figures == pytest.approx(test_samplers.figures(bucketed), rel=1e-5)
         assert set(set_figures) == {k for k in sets if k.startswith("test")} and "test_ood_acc" in set_figures
         assert set_figures == pytest.approx({k: sets[k] for k in set_figures}, rel=1e-5)

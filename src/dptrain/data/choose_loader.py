@@ -3,7 +3,8 @@
 Tensors, a tuple or dict of them, NumPy arrays or a ``TensorDataset`` are gathered in memory
 (``TensorLoader``); a map-style ``Dataset``, a list of samples (``samples_listed``) or the
 dataset of a ``DataLoader`` goes through ``DatasetLoader`` (workers, seeded reads); an
-``IterableDataset`` through ``StreamLoader``. A ``DataLoader``'s collate function, workers and
+``IterableDataset`` through ``StreamLoader`` (``BatchedStream`` where a ``DataLoader`` of
+``batch_size=None`` says it yields whole batches). A ``DataLoader``'s collate function, workers and
 sampler come with its dataset (``samplers.py``).
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from .dataset_loader import DatasetLoader, worker_start
+from .batched_stream import BatchedStream
 from .loader import EpochPlan, TensorLoader
 from .samplers import picks_of
 from .stream_loader import StreamLoader
@@ -66,16 +68,13 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
                         f"training data (fit(model, dm)), and evaluate and predict as theirs: as an evaluation set, "
                         f"give one of its loaders (dm.setup('fit'); fit(model, dm, eval_data=dm.val_dataloader()))")
     sampler = batch_sampler = worker_init_fn = None
-    listed = False
+    listed = batched = False
     worker_options: Dict[str, Any] = {}
     if isinstance(data, DataLoader):
         if not isinstance(data.dataset, IterableDataset):
             sampler, batch_sampler = picks_of(data)
-        elif data.batch_size is None:
-            raise ValueError("the DataLoader's batch_size is None: its IterableDataset makes the batches itself, but "
-                             "dptrain cuts the global batches and their parts itself: make it yield samples, and give "
-                             "batch_size= to fit")
         collate_fn = collate_fn or data.collate_fn
+        batched = data.batch_size is None and isinstance(data.dataset, IterableDataset)
         num_workers = num_workers or data.num_workers
         worker_init_fn = data.worker_init_fn
         worker_options = {k: getattr(data, k) for k in ("prefetch_factor", "multiprocessing_context")
@@ -90,6 +89,11 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         raise ValueError(f"drop_last drops a short last batch of batch_size samples, but the batch sampler "
                          f"{type(batch_sampler).__name__} makes the batches: drop short ones in it, and leave "
                          f"drop_last unset")
+    if batched:             # its IterableDataset yields whole batches: each a global batch
+        return BatchedStream(data, convert=collate_fn, num_workers=num_workers, worker_timeout=worker_timeout,
+                             steps_per_epoch=steps_per_epoch, worker_options=worker_options, dispatch=dispatch,
+                             worker_init_fn=worker_start(lower_priority, worker_init_fn), sharded=sharded,
+                             to_the_end=to_the_end, **plan)
     if isinstance(data, IterableDataset):
         return StreamLoader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn,
                             worker_timeout=worker_timeout, steps_per_epoch=steps_per_epoch,

@@ -40,14 +40,15 @@ class Dispatch:
     def __init__(self, dataset: Any):
         self.name = type(dataset).__name__
 
-    def send(self, samples: Iterator[Tuple[int, List[Any]]],
-             parts: Callable[[int, List[Any]], List[Batch]]) -> Iterator[Batch]:
-        """Rank 0: for each ``(b, samples)``, every process's part (``parts``) sent; its own yielded."""
+    def send(self, samples: Iterator[Tuple[int, List[Any]]], parts: Callable[[int, List[Any]], List[Batch]],
+             count: Callable[[List[Any]], int] = len) -> Iterator[Batch]:
+        """Rank 0: for each ``(b, samples)``, every process's part (``parts``) sent with the global
+        batch's ``count(samples)``; its own yielded."""
         collective = get_collective()
         try:
             for b, got in samples:
                 every = parts(b, got)
-                collective.scatter_object([(BATCH, (part, len(got))) for part in every])
+                collective.scatter_object([(BATCH, (part, count(got))) for part in every])
                 yield every[0]
         except Exception as e:
             collective.scatter_object([(FAILED, f"{type(e).__name__}: {e}")] * collective.world_size)

@@ -100,6 +100,15 @@ class StreamLoader(EpochPlan):
         self._short_batch: Optional[Tuple[int, int]] = None
 
     @property
+    def read_chunk(self) -> int:
+        """Samples a worker yields at a time (its ``DataLoader``'s batch: workers taken in turn)."""
+        return self.batch_size
+
+    def count_of(self, samples: List[Any]) -> int:
+        """The samples in what ``_samples`` gives for one global batch."""
+        return len(samples)
+
+    @property
     def open_ended(self) -> bool:
         """Whether an epoch is the stream read to its end, of no length known before."""
         return self.size is None
@@ -152,7 +161,7 @@ class StreamLoader(EpochPlan):
             for b, samples in self._samples(skip):
                 yield self._part(b, samples)
         elif self.rank == 0:
-            yield from self.dispatch.send(self._samples(skip), self._parts)
+            yield from self.dispatch.send(self._samples(skip), self._parts, self.count_of)
         else:
             for b, (batch, n) in enumerate(self.dispatch.receive(), start=skip):
                 if self.size is None:

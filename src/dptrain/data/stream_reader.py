@@ -45,7 +45,7 @@ class Reader:
         seed = hash((loader.seed, pass_, 2)) % 2**32        # ints hash alike in every process
         self.pass_, self.read = pass_, 0
         if self.workers:
-            self._workers = iter(DataLoader(dataset, batch_size=loader.batch_size, collate_fn=_as_list,
+            self._workers = iter(DataLoader(dataset, batch_size=loader.read_chunk, collate_fn=_as_list,
                                             num_workers=self.workers, timeout=loader.worker_timeout,
                                             worker_init_fn=loader.worker_init_fn, **loader.worker_options,
                                             generator=torch.Generator().manual_seed(seed)))

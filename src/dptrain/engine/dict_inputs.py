@@ -44,8 +44,8 @@ def call_with_dict(model: nn.Module, batch: Mapping, kwargs: Dict[str, Any]) -> 
             raise
         error = e
     name = type(model).__name__
-    fixes = (f"rename them, leave the others out in collate_fn (Hugging Face's Trainer drops the columns forward "
-             f"does not take), or pass forward=fn(model, batch) -> (output, target)")
+    fixes = ("rename them, leave the others out in collate_fn (Hugging Face's Trainer drops the columns forward "
+             "does not take), or pass forward=fn(model, batch) -> (output, target)")
     if not one_argument(model, batch):
         raise TypeError(f"a dict batch goes to model(**batch) without its target, so its keys must be the "
                         f"arguments of {name}.forward ({error}); {fixes}") from None

@@ -226,8 +226,9 @@ def defaults_said(what: Dict[str, Any], train_data: Any) -> List[str]:
         notes.append(f"no optimizer given: SGD at lr {lr:g} (choose one: optimizer=torch.optim.AdamW, lr=1e-3)")
     loader_batch = getattr(train_data, "batch_size", None) if isinstance(train_data, DataLoader) else None
     if isinstance(train_data, DataLoader) and loader_batch is None and "batch_size" in what:
-        notes.append(f"batch_size={what['batch_size']} is not used: the DataLoader's "
-                     f"{type(train_data.batch_sampler).__name__} makes the batches")
+        maker = f"{type(train_data.batch_sampler).__name__}" if train_data.batch_sampler is not None else \
+            f"dataset {type(train_data.dataset).__name__}"
+        notes.append(f"batch_size={what['batch_size']} is not used: the DataLoader's {maker} makes the batches")
     if loader_batch:
         if "batch_size" not in what:
             what["batch_size"] = loader_batch

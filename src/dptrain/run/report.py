@@ -124,8 +124,9 @@ def row_of(run: Any, epoch: int, sec: float, trained: List[Any], skipped: int, e
         row["skipped"] = skipped
     if run.scheduler is not None:           # the first group's, as the epoch's last batch had it
         row.update(lr_figures(run.engine.trainer))
-    if run.cut is not None or run.batches is None:
-        # What the epoch trained: max_steps or max_time ended it, or an open-ended stream did.
+    if run.cut is not None or run.batches is None or run.train_loader.global_num_samples is None:
+        # What the epoch trained: max_steps or max_time ended it, or an open-ended stream did (or
+        # a stream of batches: their samples known as they come).
         b = run.cut.position.batch if run.cut is not None else run.epoch_batches
         row.update(batches=b, samples=run.train_loader.global_samples(b))
     return row

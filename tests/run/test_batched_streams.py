@@ -1,0 +1,146 @@
+"""A stream that yields whole batches, ``DataLoader(stream, batch_size=None)`` (WebDataset's
+``.batched(n)``, a generator of batches): each batch one global batch, of any size, so N
+devices take the plain loop's steps over that DataLoader; resumed mid-epoch, with
+``steps_per_epoch``, with workers, and in ``evaluate`` and ``predict`` (it was an error
+saying to make the stream yield samples)."""
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+import dptrain
+from tests.run.test_streams import X, Y
+
+SIZES = [7, 13, 10, 5, 12, 3, 20, 20]       # 90 rows, in batches of these sizes
+
+
+class Batches(IterableDataset):
+    """Consecutive rows of X, Y in batches of ``SIZES`` (in an order set by ``set_epoch``),
+    ``noise * torch.randn`` added as they are read; each worker yields every other batch."""
+
+    def __init__(self, noise=0.0, shuffled=False, sized=False):
+        self.noise, self.shuffled, self.sized, self.epoch = noise, shuffled, sized, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        if not self.sized:
+            raise TypeError("no length")
+        return len(SIZES)
+
+    def __iter__(self):
+        starts = [sum(SIZES[:i]) for i in range(len(SIZES))]
+        order = list(range(len(SIZES)))
+        if self.shuffled:
+            order = torch.randperm(len(SIZES), generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        worker = get_worker_info()
+        for i in order if worker is None else order[worker.id::worker.num_workers]:
+            rows = slice(starts[i], starts[i] + SIZES[i])
+            yield {"x": X[rows] + self.noise * torch.randn(SIZES[i], 8), "y": Y[rows]}
+
+
+def model_():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = model_()
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def train(data, devices=1, **kw):
+    model = Net()
+    kw.setdefault("epochs", 3)
+    result = dptrain.fit(model, data, kw.pop("eval_data", None), devices=devices, log=None, progress=False,
+                         optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9), shuffle=False, **kw)
+    return model, result
+
+
+def plain_loop(loader, epochs=3, steps=None):
+    """The plain loop over the DataLoader: a step per batch (``steps``: that many a pass, on)."""
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(1234)
+    for epoch in range(epochs):
+        loader.dataset.set_epoch(epoch)
+        for batch in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(batch["x"]), batch["y"]).backward()
+            optimizer.step()
+    return model
+
+
+def close(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_each_batch_of_the_stream_is_a_step_as_in_the_plain_loop(devices):
+    want = plain_loop(DataLoader(Batches(shuffled=True), batch_size=None))
+    model, result = train(DataLoader(Batches(shuffled=True), batch_size=None), devices,
+                          eval_data=DataLoader(Batches(), batch_size=None))
+    close(model, want)
+    assert [(r["batches"], r["samples"]) for r in result["history"]] == [(8, 90)] * 3
+    with torch.no_grad():
+        loss = nn.functional.cross_entropy(model(X), Y).item()
+    assert result["test_loss"] == pytest.approx(loss, rel=1e-5)
+    sized, _ = train(DataLoader(Batches(shuffled=True, sized=True), batch_size=None), devices)
+    close(sized, want)
+    figures = dptrain.evaluate(model, DataLoader(Batches(), batch_size=None), devices=devices)
+    assert figures["test_loss"] == pytest.approx(loss, rel=1e-5)
+    out = dptrain.predict(model, DataLoader(Batches(), batch_size=None), devices=devices)
+    torch.testing.assert_close(out, model(X).detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_run_stopped_mid_epoch_resumes_at_its_batch(tmp_path, devices):
+    stream = functools.partial(Batches, noise=0.1, shuffled=True)
+    whole, whole_result = train(DataLoader(stream(), batch_size=None), devices, max_steps=13)
+    train(DataLoader(stream(), batch_size=None), devices, max_steps=7, checkpoint_dir=str(tmp_path),
+          checkpoint_every=2)
+    resumed, result = train(DataLoader(stream(), batch_size=None), devices, max_steps=13,
+                            checkpoint_dir=str(tmp_path), resume=True)
+    assert [r["train_loss"] for r in result["history"]] == [r["train_loss"] for r in whole_result["history"]]
+    assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), resumed.parameters()))
+
+
+def test_steps_per_epoch_runs_on_over_the_passes_and_workers_are_taken_in_turn():
+    # 5 batches an epoch, 3 epochs: 15 batches, the stream's passes of 8 run on (pass 2 from its batch 3)
+    model, result = train(DataLoader(Batches(), batch_size=None), 2, steps_per_epoch=5)
+    want = Net()
+    optimizer = torch.optim.SGD(want.parameters(), lr=0.1, momentum=0.9)
+    batches = [b for _ in range(2) for b in DataLoader(Batches(), batch_size=None)][:15]
+    for batch in batches:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(want(batch["x"]), batch["y"]).backward()
+        optimizer.step()
+    close(model, want)
+    assert [r["samples"] for r in result["history"]] == [
+        sum(SIZES[:5]), sum(SIZES[5:]) + sum(SIZES[:2]), sum(SIZES[2:7])]
+    workers, _ = train(DataLoader(Batches(), batch_size=None, num_workers=2), 2)
+    close(workers, plain_loop(DataLoader(Batches(), batch_size=None, num_workers=2)))
+
+
+def test_what_a_batching_stream_cannot_do_is_said():
+    with pytest.raises(ValueError, match=r"drop_last drops a short last batch.*Batches makes the batches"):
+        train(DataLoader(Batches(), batch_size=None), drop_last=True)
+    lines = []
+    dptrain.fit(Net(), DataLoader(Batches(), batch_size=None), epochs=1, batch_size=32, log=lines.append,
+                progress=False)
+    assert any("batch_size=32 is not used: the DataLoader's dataset Batches makes the batches" in line
+               for line in lines), lines
+
+    class Longer(Batches):
+        def __len__(self):
+            return 3
+    with pytest.raises(ValueError, match=r"Longer yielded more batches in pass 1 than its __len__ \(3\)"):
+        train(DataLoader(Longer(), batch_size=None))
