@@ -4,8 +4,10 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+import dptrain
 from dptrain.engine.losses import LossAdapter
 
 
@@ -152,14 +154,81 @@ def test_a_loss_coupling_samples_is_an_error_on_several_parts_alone():
     def pairs(output, target):
         return (output[0] @ output[1].T).logsumexp(1).mean()
     g = torch.Generator().manual_seed(0)
-    cases = [(weighted, torch.randn(8, 1, generator=g), torch.rand(8, 2, generator=g)),
-             (pairs, (torch.randn(8, 3, generator=g), torch.randn(8, 3, generator=g)), None)]
-    for loss, output, target in cases:
+    cases = [(weighted, torch.randn(8, 1, generator=g), torch.rand(8, 2, generator=g),
+              r"weighted is a mean weighted otherwise than by samples.*Return \(sum, count\)"),
+             (pairs, (torch.randn(8, 3, generator=g), torch.randn(8, 3, generator=g)), None,
+              r"couples the samples of a batch.*whole_batch.*\(sum, count\)")]
+    for loss, output, target, message in cases:
         adapter = LossAdapter(loss)
         adapter.parts = 2
-        with pytest.raises(ValueError, match=r"couples the samples of a batch.*whole_batch.*\(sum, count\)"):
+        with pytest.raises(ValueError, match=message):
             adapter.measure(output, target)
         LossAdapter(loss).measure(output, target)                 # one part: the loss as it is
         declared = LossAdapter(loss, reduction="mean")
         declared.parts = 2
         declared.measure(output, target)                          # declared: each part on its own
+
+
+def token_mean(output, target):
+    """A sequence model's loss as written in a plain loop: the mean over the tokens not ignored."""
+    return F.cross_entropy(output.flatten(0, 1), target.flatten(), ignore_index=-100)
+
+
+def token_sum(output, target):
+    return F.cross_entropy(output.flatten(0, 1), target.flatten(), ignore_index=-100, reduction="sum"), \
+        (target != -100).sum()
+
+
+def padded(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randint(0, 5, (n, 6), generator=g)
+    target[torch.arange(6)[None] >= torch.arange(1, n + 1)[:, None] % 6 + 1] = -100     # 1-6 tokens each
+    return target
+
+
+def test_a_mean_over_tokens_is_told_from_the_samples_mean_even_where_every_token_scores_alike():
+    """At the start every token's loss is about the same (here exactly: uniform logits), so the
+    halves' sample-weighted mean equalled the token mean and the check passed it; on 2 devices
+    each part's token mean then counted as its samples (the weights drifted from the plain loop's)."""
+    target = padded()
+    adapter = LossAdapter(token_mean)
+    adapter.parts = 2
+    with pytest.raises(ValueError, match=r"token_mean is a mean weighted otherwise than by samples.*Return "
+                                         r"\(sum, count\).*reduction='sum'\), \(y != -100\).sum\(\)"):
+        adapter.measure(torch.zeros(8, 6, 5), target)
+    summed = LossAdapter(token_sum)
+    summed.parts = 2
+    value, count = summed.measure(torch.zeros(8, 6, 5), target)       # (sum, count): exact, nothing to say
+    assert int(count) == int((target != -100).sum())
+
+
+def test_the_trial_on_one_sample_leaves_the_check_to_the_first_batch_of_several():
+    """The trial before training (one sample) set the check done without asking: it never ran."""
+    adapter = LossAdapter(token_mean)
+    adapter.parts = 2
+    adapter.measure(torch.randn(1, 6, 5), padded(1))
+    with pytest.raises(ValueError, match="weighted otherwise than by samples"):
+        adapter.measure(torch.randn(8, 6, 5), padded())
+
+
+def test_a_token_mean_on_two_devices_is_an_error_and_its_sum_and_count_trains_as_the_plain_loop():
+    g = torch.Generator().manual_seed(1)
+    X, target = torch.randint(0, 7, (24, 6), generator=g), padded(24)
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Embedding(7, 8), nn.Linear(8, 5))
+    with pytest.raises(ValueError, match="weighted otherwise than by samples"):
+        dptrain.fit(net(), (X, target), loss=token_mean, epochs=1, batch_size=8, devices=2, log=None)
+    model = net()
+    dptrain.fit(model, (X, target), loss=token_sum, epochs=2, batch_size=8, devices=2, shuffle=False, lr=0.5,
+                optimizer=torch.optim.SGD, log=None, progress=False)
+    plain = net()
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.5)
+    for _ in range(2):
+        for i in range(0, 24, 8):
+            optimizer.zero_grad()
+            token_mean(plain(X[i:i + 8]), target[i:i + 8]).backward()
+            optimizer.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

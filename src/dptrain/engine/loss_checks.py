@@ -4,12 +4,13 @@ targets it cannot fit, an elementwise loss broadcasting two shapes, a loss whose
 not the one it is taken to have. ``LossAdapter`` (``losses.py``) runs them."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
 
-from ..data.batch import batch_size, split_structure, tensors_of
+from ..data.batch import batch_size, join_structure, map_tensors, split_structure, tensors_of
 
 
 def check_class_targets(target: Any, loss: Callable) -> None:
@@ -102,19 +103,75 @@ def check_same_shape(output: torch.Tensor, target: torch.Tensor, loss: Callable)
                      f"{compared}; give targets of the outputs' shape ({fix})")
 
 
+def _weighted(spread: Any) -> bool:
+    """Whether two probes with the first half's outputs moved (``_spread_probe``) find the
+    whole a mean of the halves under the same weights, as a ratio of sums over the targets
+    (tokens not ignored, a mask) is whatever the outputs; a loss coupling samples is not."""
+    if any(p is None or abs(p[1] - p[2]) <= 1e-3 * max(abs(p[1]), abs(p[2])) for p in spread):
+        return False
+    share = [(whole - b) / (a - b) for whole, a, b in spread]      # the first half's weight
+    return abs(share[0] - share[1]) <= 1e-3 and -1e-3 <= share[0] <= 1 + 1e-3
+
+
+def _not_per_sample(name: str, whole: float, a: float, b: float, parts: int, weighted: bool) -> str:
+    """Why a loss that is neither the mean nor the sum of its halves' values cannot be cut into
+    ``parts``, and the fix: a mean weighted otherwise (``(sum, count)``), or a loss coupling the
+    samples (``whole_batch``)."""
+    if weighted:
+        return (f"the loss {name} is a mean weighted otherwise than by samples (its value on a batch, {whole:.6g}, "
+                f"lies between its values on the two halves, {a:.6g} and {b:.6g}, but is not their mean by samples: "
+                f"a mean over the tokens not ignored, or over a mask), and the batch is cut into {parts} parts "
+                f"(devices and processes): each part's mean would weigh as its samples, not as its tokens. Return "
+                f"(sum, count), exact however the batch is split, e.g. (F.cross_entropy(out, y, ignore_index=-100, "
+                f"reduction='sum'), (y != -100).sum()); or reduction='mean' trains each part on its own mean (as "
+                f"DistributedDataParallel does)")
+    return (f"the loss {name} couples the samples of a batch (its value on a batch, {whole:.6g}, is neither the mean "
+            f"nor the sum of its values on the two halves, {a:.6g} and {b:.6g}: in-batch negatives, say), and the "
+            f"batch is cut into {parts} parts (devices and processes), each of which would see only its own "
+            f"samples: pass loss=dptrain.whole_batch({name}) to compute it on the whole batch on every device (the "
+            f"training one device gives); a weighted mean returns (sum, count) instead, exact however the batch is "
+            f"split; or reduction='mean' trains each part on its own samples (as DistributedDataParallel does)")
+
+
+def _spread_probe(loss: Callable, output: Any, target: Any, h: int, n: int, seed: int) -> Any:
+    """The loss of the batch and of its two halves with the first half's float outputs moved
+    far off (fixed noise): ``(whole, first, second)``, or None where it cannot be asked (no
+    float output, a value not finite, a loss that fails on it); ``seed`` draws the noise. A
+    mean or sum over samples stays the halves' mean or sum, whatever the outputs."""
+    g = torch.Generator().manual_seed(seed)
+
+    def far(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point() or not t.dim():
+            return t
+        scale = float(t.detach().abs().mean()) + 1.0
+        return t + 3 * scale * torch.randn(t.shape, generator=g).to(t.device, t.dtype)
+    try:
+        out_a, out_b = split_structure(output, [h, n - h])
+        moved = map_tensors(far, out_a)
+        (tgt_a, tgt_b) = split_structure(target, [h, n - h])
+        values = [float(loss(join_structure([moved, out_b]), target)), float(loss(moved, tgt_a)),
+                  float(loss(out_b, tgt_b))]
+    except Exception:       # noqa: BLE001 - a loss that cannot take it: not told
+        return None
+    return tuple(values) if all(math.isfinite(v) for v in values) else None
+
+
 def check_reduction(loss: Callable, reduction: str, declared: bool, output: Any, target: Any,
-                    value: torch.Tensor, parts: int = 1) -> None:
+                    value: torch.Tensor, parts: int = 1) -> bool:
     """A loss taken as a mean that returns a sum (or the reverse) would train differently on
     1, 2 and 4 devices. Once, on the first shard: the loss of the whole against the losses of
     its two halves tells which it is (a mean: their weighted mean; a sum: their sum). One that
     is neither couples the samples (in-batch negatives): on ``parts`` > 1 (devices times
-    processes) each part alone would see fewer, unless its reduction is declared."""
+    processes) each part alone would see fewer, unless its reduction is declared. False where
+    it could not ask yet (a batch of one sample: the trial before training), to ask again."""
     try:
         n = batch_size((output, target)) if isinstance(output, (torch.Tensor, tuple, list, Mapping)) else 0
     except (TypeError, ValueError):
-        return
-    if n < 2 or not any(isinstance(t, torch.Tensor) and t.dim() for t in tensors_of(output)):
-        return
+        return True
+    if n < 2:
+        return False
+    if not any(isinstance(t, torch.Tensor) and t.dim() for t in tensors_of(output)):
+        return True
     h = n // 2
     with torch.no_grad():
         try:
@@ -122,27 +179,30 @@ def check_reduction(loss: Callable, reduction: str, declared: bool, output: Any,
             a = float(loss(out_a, tgt_a))
             b = float(loss(out_b, tgt_b))
         except Exception:       # a loss that cannot take a part (pairs, a fixed shape...): not told
-            return
+            return True
     whole = float(value.detach())
     as_mean, as_sum = (a * h + b * (n - h)) / n, a + b
 
     def near(x: float, y: float) -> bool:
         return abs(x - y) <= 1e-4 * max(abs(x), abs(y), 1e-12)
     name = getattr(loss, "__name__", type(loss).__name__)
-    if not near(whole, as_mean) and not near(whole, as_sum) and parts > 1 and not declared:
-        raise ValueError(f"the loss {name} couples the samples of a batch (its value on a batch, {whole:.6g}, is "
-                         f"neither the mean nor the sum of its values on the two halves, {a:.6g} and {b:.6g}: "
-                         f"in-batch negatives, say), and the batch is cut into {parts} parts (devices and "
-                         f"processes), each of which would see only its own samples: pass "
-                         f"loss=dptrain.whole_batch({name}) to compute it on the whole batch on every device "
-                         f"(the training one device gives); a weighted mean returns (sum, count) instead, exact "
-                         f"however the batch is split; or reduction='mean' trains each part on its own samples (as "
-                         f"DistributedDataParallel does)")
+    if parts > 1 and not declared:
+        # At the start every sample's loss is about the same, so a mean over another count (the
+        # tokens not ignored, a mask's ones) looks like the samples' mean: asked again with the
+        # first half's outputs far from the others' (two draws), it is not.
+        spread = [_spread_probe(loss, output, target, h, n, seed) for seed in (0, 1)]
+
+        def per_sample(whole: float, a: float, b: float) -> bool:
+            return near(whole, (a * h + b * (n - h)) / n) or near(whole, a + b)
+        neither = [p for p in [(whole, a, b), spread[0]] if p is not None and not per_sample(*p)]
+        if neither:
+            raise ValueError(_not_per_sample(name, *neither[0], parts, _weighted(spread)))
     if near(as_mean, as_sum) or (near(whole, as_mean) == near(whole, as_sum)):
-        return                  # cannot tell (zero loss, or neither): nothing to say
+        return True             # cannot tell (zero loss, or neither): nothing to say
     found = "sum" if near(whole, as_sum) else "mean"
     if found != reduction:
         said = f"reduction={reduction!r}" if declared else "a mean (the default without reduction=)"
         raise ValueError(f"the loss {name} returns a {found} over the samples (its value on a batch is the {found} "
                          f"of its values on the two halves), but is taken as {said}: pass "
                          f"reduction={found!r} so that every device count gives the same training")
+    return True

@@ -204,8 +204,8 @@ class LossAdapter:
             n = batch_size((output, target))
             return value * n, n
         if not self._reduction_checked and not self.takes_batch:
-            self._reduction_checked = True
-            check_reduction(self.loss, self.reduction, self.declared, output, target, value, self.parts)
+            self._reduction_checked = check_reduction(self.loss, self.reduction, self.declared, output, target, value,
+                                                      self.parts)
         return value
 
     def lazy_count(self, target: Any, output: Any = None) -> Any:
