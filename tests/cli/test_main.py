@@ -167,6 +167,23 @@ def test_your_model_and_data_by_name(capsys):
     assert json.loads(capsys.readouterr().out)["history"][0]["train_loss"] > 0
 
 
+def test_keras_metrics_by_name_from_the_command_line_and_a_metrics_file_named_as_one(tmp_path, capsys,
+                                                                                    monkeypatch):
+    """``--metric accuracy,mae``: Keras's names, as fit's metrics=[...] (the command line had no
+    way to them); ``--metrics mae``, the file flag given a metric's name, wrote a file "mae"."""
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--model", "tests.tasks.user_task:regressor", "--data", "tests.tasks.user_task:regression",
+            "--loss", "mse", "--epochs", "2", "--devices", "2"]
+    assert main(args + ["--metrics", "mae"]) == 2
+    assert "'mae' is a metric's name: with --model, give --metric mae" in capsys.readouterr().err
+    assert main(["train", "--metric", "mae"]) == 2
+    assert "--metric goes with --model and --data" in capsys.readouterr().err
+    assert main(args + ["--metric", "mae, mse", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["test_mse"] == pytest.approx(result["test_loss"], rel=1e-6) and 0 < result["test_mae"]
+    assert not (tmp_path / "mae").exists()
+
+
 def test_a_stream_from_the_command_line_counts_its_epochs_in_batches(capsys):
     args = ["train", "--model", "tests.tasks.user_task:mlp", "--data", "tests.tasks.user_task:stream_data",
             "--epochs", "2", "--batch-size", "32", "--devices", "2", "--json"]

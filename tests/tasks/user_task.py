@@ -106,6 +106,17 @@ def mlp():
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
 
 
+def regressor():
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+def regression():
+    """For --loss mse: tensors (X, y) with one value per sample."""
+    p = Pairs(200, 3)
+    y = p.x[:, :2].sum(1, keepdim=True)
+    return (p.x, y), (p.x[:40], y[:40])
+
+
 def make_slow(config):
     """The same task with a step that takes a second and says when it begins: a signal sent
     after that line lands inside a batch, however slowly the process started."""

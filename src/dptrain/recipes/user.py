@@ -1,4 +1,5 @@
-"""Your model and data without a Task: ``dptrain train --model pkg:Net --data pkg:load --loss mse``."""
+"""Your model and data without a Task: ``dptrain train --model pkg:Net --data pkg:load --loss mse
+--metric mae``."""
 from __future__ import annotations
 
 import inspect
@@ -38,4 +39,5 @@ def user_task(config: TrainConfig) -> Task:
             loss = loss() if isinstance(loss, type) else loss
         else:
             loss = loss_named(config.loss, "--loss", "pkg.module:name")
-    return Task(model, train, test, loss=loss, name=config.model)
+    named = {"metrics": [name.strip() for name in config.metric.split(",")]} if config.metric else {}
+    return Task(model, train, test, loss=loss, name=config.model, **named)

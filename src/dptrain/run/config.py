@@ -18,6 +18,7 @@ from ..data.sources import SOURCES
 from ..distributed.env import BACKENDS, DEFAULT_TIMEOUT_S
 from ..engine.balance import parse_balance
 from ..engine.compiled import check_mode
+from ..engine.metric_names import ACCURACY, ERRORS
 from ..engine.task import DEFAULT_EPOCHS, Task
 from ..engine.updates import NOT_WITH_SEVERAL, check_settings
 from ..parallel.combined import CombinedOptimizer
@@ -62,6 +63,8 @@ class TrainConfig:
                                  "Datasets or tensors (X, y)", fit=False, metavar="PKG.MODULE:FACTORY")
     loss: Optional[str] = option(None, "with --model: cross-entropy (default), mse, l1, huber, bce, nll, or "
                                  "pkg.module:name", fit=False, metavar="NAME")
+    metric: Optional[str] = option(None, "with --model: Keras's metrics by name, comma-separated (accuracy, mae, "
+                                   "mse), each a test_<name> figure", fit=False, metavar="NAMES")
     dataset: Optional[str] = option(None, "train on this dataset instead of the recipe's", Choice(list(SOURCES)),
                                     fit=False)
     data_dir: Optional[str] = option(None, "folder holding the dataset files (also: $DPTRAIN_DATA)", fit=False)
@@ -189,6 +192,13 @@ class TrainConfig:
             raise ValueError("--model and --data go together (your model on your data); give both")
         if self.loss is not None and self.model is None:
             raise ValueError("--loss goes with --model and --data; a recipe brings its own loss")
+        if self.metric is not None and self.model is None:
+            raise ValueError("--metric goes with --model and --data; a recipe brings its own metrics")
+        named = self.metrics_file and self.metrics_file.lower() in (*ACCURACY, *ERRORS)
+        if named:
+            raise ValueError(f"--metrics takes a FILE for each epoch's figures (FILE.jsonl, or FILE.csv: a table), "
+                             f"and {self.metrics_file!r} is a metric's name: with --model, give --metric "
+                             f"{self.metrics_file} (fit: metrics=[{self.metrics_file!r}])")
         if self.checkpoint_every is not None and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every needs --checkpoint-dir DIR (where to save)")
         if self.allreduce is not None:
