@@ -69,3 +69,21 @@ def test_accuracy_with_a_classification_loss_adds_nothing_and_the_others_name_th
         metrics_named(["accuracy", 3], None, None)
     with pytest.raises(ValueError, match="knows no accuracy"):     # from fit, before anything runs
         dptrain.fit(nn.Linear(4, 1), (X, VALUES), loss="mse", metrics=["accuracy"], log=None)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_error_metrics_of_a_binary_classifier_on_logits_are_its_probabilities(devices):
+    """Keras's ``metrics=["mse"]`` beside binary cross-entropy is the Brier score of its
+    sigmoid outputs; with BCEWithLogitsLoss it compared the logits with the labels."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    result = dptrain.fit(model, (X, BINARY), (X, BINARY), loss="bce", metrics=["mse", "mae"], epochs=1,
+                         batch_size=8, devices=devices, log=None)
+    with torch.no_grad():
+        p = torch.sigmoid(model(X))
+    assert result["test_mse"] == pytest.approx(((p - BINARY) ** 2).mean().item(), rel=1e-6)
+    assert result["test_mae"] == pytest.approx((p - BINARY).abs().mean().item(), rel=1e-6)
+    probabilities = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())      # BCELoss: its outputs are probabilities
+    figures = dptrain.evaluate(probabilities, (X, BINARY), loss=nn.BCELoss(), metrics=["mse"], devices=devices)
+    with torch.no_grad():
+        assert figures["test_mse"] == pytest.approx(((probabilities(X) - BINARY) ** 2).mean().item(), rel=1e-6)

@@ -10,7 +10,8 @@ devices and processes (a sum and a count, added up):
   target's side of 0 (logits), with ``nn.BCELoss`` of 0.5 (probabilities), as ``test_acc``;
   with any other loss, or a step function, an error showing the metric to write.
 - ``"mae"``, ``"mse"`` (and Keras's long names): the mean absolute and squared error per
-  element, as ``test_mae``, ``test_mse``.
+  element, as ``test_mae``, ``test_mse``; with ``nn.BCEWithLogitsLoss``, of the probabilities
+  (``sigmoid`` of the logits), as Keras's sigmoid output gives them.
 
 A metric object in the list (torchmetrics' ``F1Score(...)``; or given alone, ``metrics=AUROC(...)``)
 is named by its class, as torchmetrics' ``MetricCollection([...])`` names it (``test_BinaryAUROC``);
@@ -68,6 +69,14 @@ def binary_accuracy(threshold: float) -> Callable[[torch.Tensor, torch.Tensor], 
     return accuracy
 
 
+def on_probabilities(metric: Callable) -> Callable:
+    """``metric`` of a binary classifier's probabilities, ``sigmoid(logits)``."""
+    def of_probabilities(output: torch.Tensor, target: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        return metric(torch.sigmoid(output), target)
+    of_probabilities.__qualname__ = f"{metric.__name__}(sigmoid(output))"
+    return of_probabilities
+
+
 def _binary_threshold(loss: Any) -> Optional[float]:
     """Where a binary cross-entropy's output turns from one class to the other: 0 for logits,
     0.5 for probabilities; None for any other loss."""
@@ -117,7 +126,8 @@ def metrics_named(names: Sequence[Any], loss: Any, step: Any) -> Dict[str, Calla
             raise ValueError(no_accuracy(loss, step))
         if name in ERRORS:
             short, metric = ERRORS[name]
-            metrics[short] = metric
+            # a binary classifier's logits: the error of its probabilities, as Keras's model gives them
+            metrics[short] = on_probabilities(metric) if step is None and _binary_threshold(loss) == 0.0 else metric
             continue
         near = difflib.get_close_matches(name, [*ACCURACY, *ERRORS], n=1)
         raise ValueError(f"unknown metric {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
