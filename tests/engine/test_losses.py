@@ -152,3 +152,32 @@ def test_accuracy_against_probability_targets_is_the_argmax_class():
     target = torch.tensor([[0.8, 0.1, 0.1], [0.6, 0.3, 0.1], [0.0, 0.2, 0.8]])
     hits, count = LossAdapter(nn.CrossEntropyLoss()).correct(output, target)
     assert int(hits) == 2 and count == 3
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_partial_of_a_torch_loss_function_is_its_module(devices):
+    """``functools.partial(F.cross_entropy, label_smoothing=0.1)`` was given the batch as its
+    ``weight`` ("argument 'weight' must be Tensor, not tuple"): torch's third argument has a
+    default, so it is not asked for; and it counts as ``nn.CrossEntropyLoss(label_smoothing=0.1)``
+    (ignored targets left out of the mean, accuracy scored)."""
+    import functools
+    import dptrain
+    from dptrain.engine.losses import as_module, takes_batch
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(24, 4, generator=g), torch.randint(0, 3, (24,), generator=g)
+    y[::5] = -100
+
+    def run(loss):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 3)
+        result = dptrain.fit(model, (X, y), (X, y), loss=loss, epochs=1, batch_size=8, lr=0.5, shuffle=False,
+                             devices=devices, log=None, progress=False)
+        return model.weight.detach(), result
+    got, result = run(functools.partial(F.cross_entropy, label_smoothing=0.1))
+    want, want_result = run(nn.CrossEntropyLoss(label_smoothing=0.1))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert result["test_loss"] == pytest.approx(want_result["test_loss"]) and "test_acc" in result
+    assert isinstance(as_module(functools.partial(F.mse_loss, reduction="sum")), nn.MSELoss)
+    assert as_module(functools.partial(F.mse_loss, nonsense=1)).func is F.mse_loss      # (kept as given)
+    assert not takes_batch(F.cross_entropy) and takes_batch(lambda out, y, batch=None: 0)
+    assert takes_batch(lambda out, y, b: 0) and not takes_batch(lambda out, y, w=None: 0)

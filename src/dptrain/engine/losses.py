@@ -19,6 +19,7 @@ division. ``LossAdapter`` knows how each torch loss defines its mean:
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Tuple, Union
@@ -62,25 +63,41 @@ def samples_of(target: Any, output: Any = None) -> int:
     return len(target)
 
 
+def as_module(loss: Any) -> Any:
+    """A functional loss torch has a module for as that module, so its count is known (ignored
+    targets, elements): ``F.cross_entropy``, or ``functools.partial(F.cross_entropy,
+    label_smoothing=0.1)`` as ``nn.CrossEntropyLoss(label_smoothing=0.1)``; another as it is."""
+    function, keywords = loss, {}
+    if isinstance(loss, functools.partial) and not loss.args:
+        function, keywords = loss.func, loss.keywords
+    try:
+        module = _FUNCTIONS.get(function)
+    except TypeError:       # (an object that cannot be hashed: a loss of the user's own)
+        return loss
+    if module is None:
+        return loss
+    try:
+        return module(**keywords)
+    except TypeError:       # a keyword the module does not take: the function as it is
+        return loss
+
+
 def scores_accuracy(loss: Any) -> bool:
     """Whether ``fit`` counts correct predictions (``test_acc``) with ``loss`` (and no step
     function): a classification loss, the default cross-entropy included."""
-    if loss is None or isinstance(loss, _CLASSIFICATION):
-        return True
-    try:
-        return _FUNCTIONS.get(loss) in _CLASSIFICATION
-    except TypeError:       # (an object that cannot be hashed: a loss of the user's own)
-        return False
+    return loss is None or isinstance(as_module(loss), _CLASSIFICATION)
 
 
 def takes_batch(loss: Callable) -> bool:
-    """Whether a loss function asks for the batch: ``loss(output, target, batch)``."""
+    """Whether a loss function asks for the batch: ``loss(output, target, batch)``, a third
+    argument it needs (one with a default, a ``weight=None`` of torch's, is not asked for)."""
     try:
         params = inspect.signature(loss).parameters.values()
     except (TypeError, ValueError):
         return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3 or any(p.name == "batch" for p in params)
+    needed = [p for p in positional if p.default is inspect.Parameter.empty]
+    return len(needed) >= 3 or any(p.name == "batch" for p in params)
 
 
 class LossAdapter:
@@ -94,7 +111,7 @@ class LossAdapter:
 
     def __init__(self, loss: Optional[Callable] = None, reduction: Optional[str] = None):
         loss = nn.CrossEntropyLoss() if loss is None else loss
-        loss = _FUNCTIONS[loss]() if loss in _FUNCTIONS else loss
+        loss = as_module(loss)
         if not callable(loss):
             raise TypeError(f"loss must be callable as loss(output, target), got {type(loss).__name__}")
         own = getattr(loss, "reduction", None) if isinstance(loss, nn.Module) else None
