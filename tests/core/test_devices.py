@@ -37,6 +37,8 @@ def test_discovery_never_returns_an_empty_list(capsys):
     (" cpu:2 , cpu:0 ", ["cpu:2", "cpu:0"]),
     ("cpu", ["cpu:0"]),
     ([torch.device("cpu", 1), "cpu:0"], ["cpu:1", "cpu:0"]),
+    (torch.device("cpu"), ["cpu:0"]),                  # (was "'torch.device' object is not iterable")
+    ([0, 1], ["cpu:0", "cpu:1"]),                      # Lightning's GPU indices; virtual devices without one
 ])
 def test_parse_devices(spec, expected):
     assert [str(d) for d in parse_devices(spec)] == expected
@@ -47,6 +49,7 @@ def test_parse_devices(spec, expected):
     ("tpu:0", "unknown device 'tpu:0'"),
     ("banana", "unknown device 'banana'"),
     ([], "the device list is empty"),
+    ([-1], "a device index must be at least 0"),
 ])
 def test_parse_devices_rejects_bad_lists(spec, message):
     with pytest.raises(ValueError, match=message):

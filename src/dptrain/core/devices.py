@@ -85,7 +85,13 @@ def as_device(spec: DeviceLike) -> torch.device:
     """Turn ``'cpu:1'``, ``'cuda:0'``, ``'gpu:0'``, ``'cpu'`` or a ``torch.device`` into a device.
 
     A CPU device without an index is ``cpu:0``; a GPU that does not exist is a ``ValueError``.
+    A number ``i`` (Lightning's ``devices=[0, 1]``) is GPU ``i``, or virtual CPU device ``i``
+    on a machine without one (as a count is).
     """
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        if spec < 0:
+            raise ValueError(f"a device index must be at least 0, got {spec}")
+        return gpu(spec) if num_gpus() else cpu(spec)
     if isinstance(spec, torch.device):
         dev = spec
     elif isinstance(spec, str):
@@ -97,7 +103,7 @@ def as_device(spec: DeviceLike) -> torch.device:
                 f"unknown device {spec!r}: expected cpu:N or cuda:N (e.g. 'cpu:0,cpu:1')"
             ) from None
     else:
-        raise TypeError(f"a device must be a str or torch.device, got {type(spec).__name__}")
+        raise TypeError(f"a device must be a str, a torch.device or a GPU's index, got {type(spec).__name__}")
     if dev.type == "cpu":
         return cpu(dev.index or 0)
     if dev.type == "cuda":
@@ -131,6 +137,8 @@ def parse_devices(spec: Union[None, str, int, Iterable[DeviceLike]] = "auto") ->
         if spec > n:
             raise ValueError(f"asked for {spec} GPUs but this machine has {_describe_available(n)}")
         return [torch.device("cuda", j) for j in range(spec)]
+    if isinstance(spec, torch.device):
+        return check_devices([spec])
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     devices = [as_device(s) for s in items if not (isinstance(s, str) and not s.strip())]
     return check_devices(devices)
