@@ -169,7 +169,7 @@ def test_keywords_of_keras_lightning_and_accelerate_and_typos_are_answered_with_
         named = re.findall(r"(?<![\w.])([a-z_]+)(?==)", hint) + [w for w in re.findall(r"^([a-z_]+)\b", hint)]
         assert all(n in known | {"none", "a", "train_data", "eval_data", "log", "weight", "start_from_epoch",
                                  "patience", "restore_best_weights", "weight_decay", "label_smoothing", "save_top_k",
-                                 "preprocess"}
+                                 "preprocess", "betas", "eps"}
                    for n in named), (key, hint)
     with pytest.raises(TypeError, match="callbacks must have at least one of the hooks .*; got int"):
         dptrain.fit(nn.Linear(2, 2), (X, y), log=None, callbacks=1)

@@ -77,7 +77,8 @@ PEER_KEYWORDS = {
         "none: call torch.autograd.set_detect_anomaly(True) before fit (on_nan='stop' ends a run at a NaN loss)",
     "logger": "tensorboard (a folder), metrics_file (JSON lines, or a table: a .csv file), or a callback of your own",
     "enable_checkpointing": "checkpoint_dir (none: no checkpoints)", "enable_progress_bar": "progress",
-    "accelerator": "devices ('auto', 'cpu', 'cuda', a count, or a list such as ['cuda:0', 'cuda:1'])",
+    "accelerator": "devices ('auto': every GPU, else the CPU; 'cpu'; a count; or a list such as ['cuda:0', "
+                   "'cuda:1'])",
     "gpus": "devices (a count, or a list such as ['cuda:0', 'cuda:1'])",
     "strategy": "none: training is data-parallel; several processes run with dptrain launch --processes N "
                 "(or torchrun)",
@@ -117,7 +118,26 @@ PEER_KEYWORDS = {
                               "forward) before fit",
     "label_smoothing_factor": "loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1)",
     "report_to": "tensorboard (a folder) or metrics_file", "logging_dir": "tensorboard (a folder)",
-    "disable_tqdm": "progress (progress=False)"}
+    "disable_tqdm": "progress (progress=False)",
+    "validation_batch_size": "none: the evaluation's batches are batch_size's, split over the devices",
+    "auto_find_batch_size": "none: give batch_size (the global batch, split over the devices and processes)",
+    "max_queue_size": "none: num_workers=N reads the data ahead in N processes",
+    "eval_accumulation_steps": "none: an evaluation keeps sums, not outputs (dptrain.whole_set(fn) keeps them)",
+    **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_epsilon"),
+                    "optimizer=functools.partial(torch.optim.AdamW, betas=(0.9, 0.999), eps=1e-8)"),
+    "label_names": "none: a dict batch's target is its y, target(s) or label(s) key; forward=fn(model, batch) -> "
+                   "(output, target) for another",
+    "remove_unused_columns": "none: a dict batch's keys are forward's arguments; leave the others out in "
+                             "collate_fn",
+    "group_by_length": "none: a DataLoader whose batch_sampler groups samples by length (see Samplers)",
+    "include_inputs_for_metrics": "none: a metric's function gets (output, target)",
+    "prediction_loss_only": "none: without metrics= an evaluation gives the loss (and a classifier's accuracy)",
+    "full_determinism": "seed (a run is repeatable by its seed; torch.use_deterministic_algorithms(True) is yours "
+                        "to call)",
+    "data_seed": "seed", "dataloader_drop_last": "drop_last", "optim": "optimizer (a name such as 'adamw', or a "
+                                                                        "torch.optim class)",
+    "torch_compile": "compile (compile=True)", "dataloader_pin_memory": "none: batches are moved to the GPUs "
+                                                                        "by dptrain"}
 
 
 @keyword_errors
