@@ -232,3 +232,15 @@ def test_a_token_mean_on_two_devices_is_an_error_and_its_sum_and_count_trains_as
             optimizer.step()
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_the_checks_probes_build_no_graph_and_warn_nothing():
+    """The second probe ran with gradients on: torch warned of a tensor that requires grad made a number."""
+    import warnings
+    adapter = LossAdapter(lambda out, y: ((out - y) ** 2).mean())
+    adapter.parts = 2
+    output = torch.randn(8, 3, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        value, count = adapter.measure(output, torch.zeros(8, 3))
+    assert count == 8 and value.requires_grad

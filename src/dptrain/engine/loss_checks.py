@@ -146,11 +146,12 @@ def _spread_probe(loss: Callable, output: Any, target: Any, h: int, n: int, seed
         scale = float(t.detach().abs().mean()) + 1.0
         return t + 3 * scale * torch.randn(t.shape, generator=g).to(t.device, t.dtype)
     try:
-        out_a, out_b = split_structure(output, [h, n - h])
-        moved = map_tensors(far, out_a)
-        (tgt_a, tgt_b) = split_structure(target, [h, n - h])
-        values = [float(loss(join_structure([moved, out_b]), target)), float(loss(moved, tgt_a)),
-                  float(loss(out_b, tgt_b))]
+        with torch.no_grad():
+            out_a, out_b = split_structure(output, [h, n - h])
+            moved = map_tensors(far, out_a)
+            (tgt_a, tgt_b) = split_structure(target, [h, n - h])
+            values = [float(loss(join_structure([moved, out_b]), target)), float(loss(moved, tgt_a)),
+                      float(loss(out_b, tgt_b))]
     except Exception:       # noqa: BLE001 - a loss that cannot take it: not told
         return None
     return tuple(values) if all(math.isfinite(v) for v in values) else None
