@@ -2,8 +2,9 @@
 of the stream against ``dptrain.fit`` on the same stream (1 device, and 2 virtual devices),
 and against ``fit`` on the same samples as a map-style ``Dataset``, and on the stream without
 ``__len__`` (read to its end each epoch); and a ``DataLoader`` with
-a ``WeightedRandomSampler``, and (text) a batch sampler grouping sequences by length, the
-plain loop's against ``fit``'s; in turns, median epoch
+a ``WeightedRandomSampler``, a stream that yields whole batches (``DataLoader(stream,
+batch_size=None)``), and (text) a batch sampler grouping sequences by length, the plain
+loop's against ``fit``'s; in turns, median epoch
 times past the first, paired ratios; with ``--processes``, ``fit`` as 2 processes against DDP
 as 2 processes on the same stream sharded by rank (each reading its half), under torchrun,
 ``fit`` with ``dispatch_batches`` (rank 0 reads, the other gets its parts), and ``fit`` with
@@ -73,6 +74,37 @@ class Unsized(IterableDataset):
         return iter(self.stream)
 
 
+class Batched(IterableDataset):
+    """The stream's samples collated ``batch`` at a time: a stream that yields whole batches
+    (WebDataset's ``.batched(n)``), read through ``DataLoader(stream, batch_size=None)``."""
+
+    def __init__(self, dataset: Dataset, batch: int, collate: Any):
+        self.stream, self.batch = Streamed(dataset), batch
+        self.collate = collate or torch.utils.data.default_collate
+
+    def __iter__(self):
+        samples = []
+        for sample in self.stream:
+            samples.append(sample)
+            if len(samples) == self.batch:
+                yield self.collate(samples)
+                samples = []
+        if samples:
+            yield self.collate(samples)
+
+
+def of_batches(program: everyday.Program, data: Dataset) -> DataLoader:
+    return DataLoader(Batched(data, program.batch, program.collate), batch_size=None)
+
+
+def plain_batches(program: everyday.Program, data: Dataset, epochs: int) -> List[float]:
+    """The plain loop over a DataLoader of a stream of whole batches (1 device)."""
+    dev = torch.device("cpu")
+    model = everyday._model(program, dev)
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    return everyday._epochs(epochs, of_batches(program, data), lambda b: everyday._loss(program, model, b), opt, dev)
+
+
 def dataset(program: everyday.Program, samples: int) -> Dataset:
     data = program.data()
     if isinstance(data, tuple):
@@ -140,6 +172,9 @@ def plain_bucketed(program: everyday.Program, data: Dataset, epochs: int) -> Lis
 def fitted(program: everyday.Program, data: Any, epochs: int, devices: int, **kw: Any) -> List[float]:
     torch.manual_seed(0)
     settings = everyday.fit_settings(program, epochs, str(devices))
+    if isinstance(data, DataLoader) and isinstance(data.dataset, Batched):     # (collated: the stream's batches)
+        settings.pop("collate_fn", None)
+        settings.pop("batch_size")
     result = dptrain.fit(program.model(), data, shuffle=False, **settings, **kw)
     return [row["sec"] for row in result["history"]]
 
@@ -298,6 +333,9 @@ def main(argv: Any = None) -> None:
         }
         variants["dptrain, the stream without __len__, 1 device"] = lambda: fitted(program, Unsized(data),
                                                                                    args.epochs, 1)
+        variants["plain loop, a stream of batches"] = lambda: plain_batches(program, data, args.epochs)
+        variants["dptrain, a stream of batches, 1 device"] = lambda: fitted(program, of_batches(program, data),
+                                                                            args.epochs, 1)
         if program.collate is not None:     # sequences: a batch sampler grouping them by length
             variants["plain loop, batches by length"] = lambda: plain_bucketed(program, data, args.epochs)
             variants["dptrain, batches by length, 1 device"] = lambda: fitted(program, bucketed(program, data),
@@ -317,9 +355,10 @@ def main(argv: Any = None) -> None:
                                  "weighted sampler: dptrain / plain loop": speed(names[4], names[5]),
                                  "stream without __len__ / plain loop": speed(names[0], names[6]),
                                  "stream without __len__ / with it (dptrain)": speed(names[1], names[6]),
-                                 **({"batches by length: dptrain / plain loop": speed(names[7], names[8]),
-                                     "batches by length / shuffled (dptrain)": speed(names[2], names[8])}
-                                    if len(names) > 7 else {}),
+                                 "a stream of batches: dptrain / plain loop": speed(names[7], names[8]),
+                                 **({"batches by length: dptrain / plain loop": speed(names[9], names[10]),
+                                     "batches by length / shuffled (dptrain)": speed(names[2], names[10])}
+                                    if len(names) > 9 else {}),
                                  "bench_sec": time.perf_counter() - start}
         if args.processes:
             out["programs"][name]["2 processes"] = versus_ddp(processes(name, args.samples, args.epochs, args.rounds,
