@@ -120,6 +120,8 @@ class BatchedStream(StreamLoader):
         part = self.part_of(b, n, rank)
         if part.start == part.stop:
             return self.empty_batch()
+        if part.stop - part.start == n:         # (one process: the batch as it came)
+            return batch
         return split_structure(batch, [part.start, part.stop - part.start, n - part.stop])[1]
 
     def example_batch(self) -> Batch:
