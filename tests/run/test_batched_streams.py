@@ -144,3 +144,25 @@ def test_what_a_batching_stream_cannot_do_is_said():
             return 3
     with pytest.raises(ValueError, match=r"Longer yielded more batches in pass 1 than its __len__ \(3\)"):
         train(DataLoader(Longer(), batch_size=None))
+
+
+def test_a_generator_is_an_error_giving_the_stream_that_makes_it_which_trains():
+    """Keras's fit(generator, steps_per_epoch=N): an iterator cannot be read again each epoch
+    (it was "a batch must hold at least one tensor, got generator"); the error's fix runs as written."""
+    def make_batches():
+        while True:
+            x = torch.randn(16, 8)
+            yield {"x": x, "y": (x[:, 0] > 0).long()}
+    with pytest.raises(TypeError, match=r"the data is a generator .*class Batches\(IterableDataset\): def __iter__"
+                                        r"\(self\): return make_batches\(\); fit\(model, DataLoader\(Batches\(\), "
+                                        r"batch_size=None\), steps_per_epoch=N\)"):
+        dptrain.fit(Net(), make_batches(), epochs=1, log=None)
+
+    class Batches(IterableDataset):
+        def __iter__(self):
+            return make_batches()
+    results = [train(DataLoader(Batches(), batch_size=None), devices, steps_per_epoch=4, epochs=2)[1]
+               for devices in (1, 2)]
+    assert [(r["batches"], r["samples"]) for r in results[0]["history"]] == [(4, 64)] * 2
+    assert [r["train_loss"] for r in results[1]["history"]] == pytest.approx(
+        [r["train_loss"] for r in results[0]["history"]], rel=1e-5)        # the same draws on 1 and 2 devices

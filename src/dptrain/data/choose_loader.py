@@ -9,6 +9,7 @@ sampler come with its dataset (``samplers.py``).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -67,6 +68,13 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         raise TypeError(f"the data is a {type(data).__name__} (a LightningDataModule), which fit takes as its "
                         f"training data (fit(model, dm)), and evaluate and predict as theirs: as an evaluation set, "
                         f"give one of its loaders (dm.setup('fit'); fit(model, dm, eval_data=dm.val_dataloader()))")
+    if isinstance(data, Iterator) and not isinstance(data, (Dataset, DataLoader, torch.Tensor)):
+        raise TypeError(f"the data is a {type(data).__name__} (an iterator, as Keras's fit(generator, "
+                        f"steps_per_epoch=N) takes), which cannot be read again each epoch, nor apart for the checks: "
+                        f"give what makes it, as an IterableDataset whose __iter__ returns it, in a DataLoader of "
+                        f"batch_size=None if it yields whole batches: class Batches(IterableDataset): def "
+                        f"__iter__(self): return make_batches(); fit(model, DataLoader(Batches(), batch_size=None), "
+                        f"steps_per_epoch=N)")
     sampler = batch_sampler = worker_init_fn = None
     listed = batched = False
     worker_options: Dict[str, Any] = {}
