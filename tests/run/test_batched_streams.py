@@ -60,7 +60,8 @@ def train(data, devices=1, **kw):
     model = Net()
     kw.setdefault("epochs", 3)
     result = dptrain.fit(model, data, kw.pop("eval_data", None), devices=devices, log=None, progress=False,
-                         optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9), shuffle=False, **kw)
+                         optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+                         **{"shuffle": False, **kw})
     return model, result
 
 
@@ -166,3 +167,31 @@ def test_a_generator_is_an_error_giving_the_stream_that_makes_it_which_trains():
     assert [(r["batches"], r["samples"]) for r in results[0]["history"]] == [(4, 64)] * 2
     assert [r["train_loss"] for r in results[1]["history"]] == pytest.approx(
         [r["train_loss"] for r in results[0]["history"]], rel=1e-5)        # the same draws on 1 and 2 devices
+
+
+class Stored(torch.utils.data.Dataset):
+    """A map-style dataset of whole batches (one per file in a store): item i is batch i."""
+
+    def __len__(self):
+        return len(SIZES)
+
+    def __getitem__(self, i):
+        start = sum(SIZES[:i])
+        return {"x": X[start:start + SIZES[i]], "y": Y[start:start + SIZES[i]]}
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_map_style_dataset_of_whole_batches_trains_a_step_per_item(devices):
+    """``DataLoader(dataset, batch_size=None)`` over a map-style dataset of batches (it failed:
+    "CrossEntropyLoss needs tensor targets, got list"): in order, the plain loop's steps; shuffled
+    (fit's default), each batch once an epoch in an order of (seed, epoch), the same on any devices
+    and workers; a sampler's pick of them, as drawn."""
+    model, _ = train(DataLoader(Stored(), batch_size=None), devices)
+    close(model, plain_loop(DataLoader(Batches(), batch_size=None)))       # (the same batches, in order)
+    shuffled = [train(DataLoader(Stored(), batch_size=None, num_workers=w), d, shuffle=True)
+                for d, w in ((1, 0), (devices, 2))]
+    close(shuffled[0][0], shuffled[1][0])
+    assert [(r["batches"], r["samples"]) for r in shuffled[1][1]["history"]] == [(8, 90)] * 3
+    assert any((p - q).abs().max() > 1e-4 for p, q in zip(shuffled[0][0].parameters(), model.parameters()))
+    picked = train(DataLoader(Stored(), batch_size=None, sampler=[1, 3]), devices)[1]      # (a list: its order)
+    assert [(r["batches"], r["samples"]) for r in picked["history"]] == [(2, SIZES[1] + SIZES[3])] * 3

@@ -14,10 +14,44 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_convert
 
 from .batch import Batch, batch_size as size_of, split_structure
+from .samplers import Drawn
 from .stream_loader import StreamLoader
+
+
+class IndexedBatches(IterableDataset):
+    """A map-style dataset whose items are whole batches (``DataLoader(dataset, batch_size=None)``:
+    batches saved one per file, a pre-batched store) read as a stream of them: each epoch in
+    dptrain's order of its items (shuffled by ``(seed, epoch)``, or in order), or in its
+    ``sampler``'s order where one picks them, drawn by ``(seed, epoch)``; each worker reads its
+    share, taken in turn (as a ``DataLoader``'s workers are)."""
+
+    def __init__(self, dataset: Any, shuffle: bool, seed: int, sampler: Any = None):
+        self.dataset, self.shuffle, self.seed, self.epoch = dataset, shuffle, seed, 0
+        self.drawn = Drawn(sampler, batched=False) if sampler is not None else None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.drawn.length if self.drawn is not None else len(self.dataset)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.drawn is not None:
+            order: Any = self.drawn.indices(self.seed, self.epoch)
+        elif self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=g).tolist()
+        else:
+            order = range(len(self.dataset))
+        worker = get_worker_info()
+        if worker is not None:
+            order = order[worker.id::worker.num_workers]
+        return (self.dataset[i] for i in order)
 
 
 class BatchedStream(StreamLoader):
@@ -45,6 +79,8 @@ class BatchedStream(StreamLoader):
         self.size = None                    # (samples an epoch: known as the batches come)
         self.part = 1                       # (one item of the stream is one global batch)
         self._sizes: Dict[int, int] = {}    # this epoch's batches read so far: their samples
+        #: a map-style dataset's batches: dptrain orders them (shuffled or not), not the stream
+        self.ordered = isinstance(dataset, IndexedBatches)
         self.batch_size = size_of(self.example_batch())
 
     read_chunk = 1      # workers: one batch from each in turn, as a DataLoader of batch_size=None takes them

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from .dataset_loader import DatasetLoader, worker_start
-from .batched_stream import BatchedStream
+from .batched_stream import BatchedStream, IndexedBatches
 from .loader import EpochPlan, TensorLoader
 from .samplers import picks_of
 from .stream_loader import StreamLoader
@@ -79,10 +79,10 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
     listed = batched = False
     worker_options: Dict[str, Any] = {}
     if isinstance(data, DataLoader):
+        batched = data.batch_size is None and data.batch_sampler is None    # its dataset yields whole batches
         if not isinstance(data.dataset, IterableDataset):
             sampler, batch_sampler = picks_of(data)
         collate_fn = collate_fn or data.collate_fn
-        batched = data.batch_size is None and isinstance(data.dataset, IterableDataset)
         num_workers = num_workers or data.num_workers
         worker_init_fn = data.worker_init_fn
         worker_options = {k: getattr(data, k) for k in ("prefetch_factor", "multiprocessing_context")
@@ -97,7 +97,9 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         raise ValueError(f"drop_last drops a short last batch of batch_size samples, but the batch sampler "
                          f"{type(batch_sampler).__name__} makes the batches: drop short ones in it, and leave "
                          f"drop_last unset")
-    if batched:             # its IterableDataset yields whole batches: each a global batch
+    if batched:             # its dataset yields whole batches: each a global batch
+        if not isinstance(data, IterableDataset):       # (a map-style one: its items in an epoch's order)
+            data = IndexedBatches(data, bool(plan.get("shuffle")), plan.get("seed", 0), sampler)
         return BatchedStream(data, convert=collate_fn, num_workers=num_workers, worker_timeout=worker_timeout,
                              steps_per_epoch=steps_per_epoch, worker_options=worker_options, dispatch=dispatch,
                              worker_init_fn=worker_start(lower_priority, worker_init_fn), sharded=sharded,

@@ -183,7 +183,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         if getattr(train_loader, "open_ended", False):
             log(f"dptrain: {type(train_loader.dataset).__name__} has no __len__: an epoch is a pass of it read to "
                 f"its end (steps_per_epoch=N counts an epoch in batches; max_steps=N ends the run after N updates)")
-        if getattr(train_loader, "stream", False):
+        if getattr(train_loader, "stream", False) and not getattr(train_loader, "ordered", False):
             if config.shuffle:
                 log(f"dptrain: {type(train_loader.dataset).__name__} is a stream, read in the order it yields: "
                     f"shuffle it in the dataset (its set_epoch(epoch) is called before each pass; shuffle=False "
