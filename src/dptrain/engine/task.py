@@ -138,8 +138,8 @@ class Task:
             check_learning_rate(self.lr, "lr")
         if not isinstance(self.metrics, dict) or not all(callable(f) or is_stateful(f) for f in self.metrics.values()):
             raise TypeError("metrics must be a dict {name: fn(output, target) -> (sum, count)}, {name: torchmetrics "
-                            "object} or {name: dptrain.whole_set(fn)}, a list of Keras's names and metric objects, or one "
-                            "metric object (dptrain.whole_set(compute_metrics))")
+                            "object} or {name: dptrain.whole_set(fn)}, a list of Keras's names and metric objects, "
+                            "or one metric object (dptrain.whole_set(compute_metrics))")
         # (no accuracy of dptrain's with a step function or a loss not a classifier's: "acc" is free;
         # several optimizers' each update's loss is not)
         accuracy = self.step is None and scores_accuracy(self.loss)
