@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .loss_names import loss_named
-from .losses import scores_accuracy
+from .losses import as_module, scores_accuracy
 from .stateful_metrics import is_stateful
 from .whole_set import WholeSet
 
@@ -80,6 +80,7 @@ def on_probabilities(metric: Callable) -> Callable:
 def _binary_threshold(loss: Any) -> Optional[float]:
     """Where a binary cross-entropy's output turns from one class to the other: 0 for logits,
     0.5 for probabilities; None for any other loss."""
+    loss = as_module(loss)          # (a partial of torch's function: its module)
     if isinstance(loss, nn.BCEWithLogitsLoss) or loss is F.binary_cross_entropy_with_logits:
         return 0.0
     if isinstance(loss, nn.BCELoss) or loss is F.binary_cross_entropy:
