@@ -4,6 +4,7 @@ devices take the plain loop's steps over that DataLoader; resumed mid-epoch, wit
 ``steps_per_epoch``, with workers, and in ``evaluate`` and ``predict`` (it was an error
 saying to make the stream yield samples)."""
 import functools
+import sys
 
 import pytest
 import torch
@@ -145,6 +146,26 @@ def test_what_a_batching_stream_cannot_do_is_said():
             return 3
     with pytest.raises(ValueError, match=r"Longer yielded more batches in pass 1 than its __len__ \(3\)"):
         train(DataLoader(Longer(), batch_size=None))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes: Python >= 3.11")
+def test_a_stream_of_batches_given_as_it_is_has_its_failure_say_how_to_give_it():
+    """Given without DataLoader(batch_size=None), its batches are read as samples and stacked:
+    the error (here stacking batches of 7 and 13 rows) says so, with the fix; a stream of samples'
+    errors do not (the error alone was "stack expects each tensor to be equal size")."""
+    with pytest.raises(RuntimeError) as failed:
+        train(Batches(), batch_size=2)
+    assert any("each item Batches yields is read as one sample, 2 of them stacked to a batch (its first item holds "
+               "tensors of shapes (7, 8), (7,)); if it yields whole batches, give DataLoader(Batches(...), "
+               "batch_size=None)" in note for note in failed.value.__notes__), failed.value.__notes__
+
+    class Samples(IterableDataset):
+        def __iter__(self):
+            for x, y in zip(X, Y):
+                yield x[:7], y        # (the model takes 8 features)
+    with pytest.raises(RuntimeError) as failed:
+        train(Samples())
+    assert not any("yields is read as one sample" in note for note in getattr(failed.value, "__notes__", []))
 
 
 def test_a_generator_is_an_error_giving_the_stream_that_makes_it_which_trains():

@@ -11,7 +11,7 @@ stage(...)`` block, and an exception that leaves the innermost one carries its p
         ...
 
 The phrase may be a function, called only when an exception passes, so that the loop pays
-nothing per batch.
+nothing per batch. ``noted(line)`` adds a line of advice alike (``line()``, where it gives one).
 """
 from __future__ import annotations
 
@@ -36,6 +36,18 @@ def stage(phrase: Phrase) -> Iterator[None]:
                     e.add_note(f"dptrain: raised while {text}")
             except Exception:       # an exception that takes no attribute: it goes on as it is
                 pass
+        raise
+
+
+@contextmanager
+def noted(line: Callable[[], Optional[str]]) -> Iterator[None]:
+    """An exception that passes gets the note ``line()`` gives (``None``: none), on Python >= 3.11."""
+    try:
+        yield
+    except Exception as e:
+        text = line()
+        if text and hasattr(e, "add_note"):
+            e.add_note(text)
         raise
 
 

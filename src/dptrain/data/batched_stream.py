@@ -160,6 +160,9 @@ class BatchedStream(StreamLoader):
             return batch
         return split_structure(batch, [part.start, part.stop - part.start, n - part.stop])[1]
 
+    def read_as_samples(self) -> None:
+        return None         # (its items are read as batches)
+
     def example_batch(self) -> Batch:
         """The stream's first batch (read apart: the epochs' reads do not move)."""
         return self.convert(super().example())

@@ -46,6 +46,13 @@ def samples_listed(data: Any) -> bool:
     return False
 
 
+def read_as_samples(loader: Any) -> Optional[str]:
+    """The line saying a stream's items, which look like whole batches, are read as samples (the
+    advice of an error in the first steps), or None (``StreamLoader.read_as_samples``)."""
+    loader = getattr(loader, "loader", loader)      # (Accumulating's)
+    return loader.read_as_samples() if isinstance(loader, StreamLoader) else None
+
+
 def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Optional[Callable] = None,
                 pin_memory: bool = False, worker_timeout: float = 0.0, lower_priority: bool = False,
                 steps_per_epoch: Optional[int] = None, optional_workers: bool = False, dispatch: bool = False,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from torch.utils.data._utils.collate import default_collate
 
 from ..core.parts import even_part
-from .batch import Batch, map_tensors
+from .batch import Batch, map_tensors, tensors_of
 from .dispatch import Dispatch, sharded_epoch
 from .loader import EpochPlan
 from .stream_reader import Reader
@@ -269,6 +269,19 @@ class StreamLoader(EpochPlan):
                 raise ValueError(f"{type(self.dataset).__name__} yielded no sample: a stream must yield samples")
             self._example = self.collate_fn(first)
         return self._example
+
+    def read_as_samples(self) -> Optional[str]:
+        """A line for an error of the first step where the stream's items look like whole batches
+        (every tensor of its first item has a first dimension of the same size, 2 or more), which a
+        stream given as it is reads as samples, ``batch_size`` of them stacked to a batch: a
+        ``DataLoader(stream, batch_size=None)`` says it yields whole batches."""
+        shapes = [tuple(t.shape[1:]) for t in tensors_of(self._example)] if self._example is not None else []
+        if len(shapes) < 2 or not all(shapes) or len({s[0] for s in shapes}) != 1 or shapes[0][0] < 2:
+            return None
+        name = type(self.dataset).__name__
+        return (f"dptrain: each item {name} yields is read as one sample, {self.batch_size} of them stacked to a batch "
+                f"(its first item holds tensors of shapes {', '.join(str(s) for s in shapes)}); if it yields whole "
+                f"batches, give DataLoader({name}(...), batch_size=None): each item is then one batch")
 
     def empty_batch(self) -> Batch:
         """A batch of no sample with the structure of the others."""

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, TensorBoard, Trace
-from ..core.stage import stage
+from ..core.stage import noted, stage
 from ..data.accumulate import Accumulating
-from ..data.choose_loader import make_loader
+from ..data.choose_loader import make_loader, read_as_samples
 from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
@@ -202,7 +202,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         task.step.clock.devices_here = len(devices)
         task.step.clock.lend(task.optimizer, getattr(task.scheduler, "scheduler", None), task.scheduler_interval,
                              task.scheduler_monitor)      # (the module's own, for the trial call; the run's later)
-    with stage("trying the model on a training and an evaluation batch, before training"):
+    with stage("trying the model on a training and an evaluation batch, before training"), \
+            noted(lambda: read_as_samples(train_loader)):
         engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one (if known)
         for first in {0} if getattr(train_loader, "open_ended", False) else {0, len(train_loader) - 1}:

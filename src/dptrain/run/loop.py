@@ -22,7 +22,8 @@ from ..callbacks.base import BatchEnd, CallbackList
 from ..core import tracing
 from ..core.devices import format_device
 from ..core.runner import get_runner
-from ..core.stage import stage
+from ..core.stage import noted, stage
+from ..data.choose_loader import read_as_samples
 from ..data.loader import prefetch
 from ..data.lookahead import Lookahead
 from ..distributed import DistEnv, get_collective
@@ -187,7 +188,8 @@ class Run(RunView):
 
     def _epoch(self, epoch: int, keys: List[str]) -> bool:
         """Train, evaluate, tell the callbacks and save one epoch; whether the run stops here."""
-        with stage(lambda: f"training epoch {epoch}, batch {self.batch}"):
+        with stage(lambda: f"training epoch {epoch}, batch {self.batch}"), \
+                noted(lambda: read_as_samples(self.train_loader) if self.step == 0 else None):
             sec, loss_sum, count, figures, skipped, stopped = self._train_epoch(epoch)
         evals: Dict[str, Any] = {}
         others: Dict[str, Any] = {}
