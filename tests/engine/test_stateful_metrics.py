@@ -115,3 +115,36 @@ def test_metric_objects_given_alone_or_in_a_list_are_named_by_their_class(device
         dptrain.evaluate(model, (Xe, ye), metrics=[MulticlassF1Score(3), MulticlassF1Score(3, average="micro")])
     with pytest.raises(TypeError, match=r"Keras's names .* and metric objects .*got function"):
         dptrain.evaluate(model, (Xe, ye), metrics=[lambda out, y: (out.sum(), len(y))])
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_metric_object_that_does_not_take_the_output_fails_before_training_naming_itself(devices):
+    """A binary metric given a 3-class model's scores (it failed after the first epoch's
+    training, in torchmetrics' words alone). A (sum, count) function is not called before
+    training (it may read the run's state), and its error names it too."""
+    calls = []
+
+    def mae(out, y):
+        calls.append(len(y))
+        return (out - nn.functional.one_hot(y, 4)).abs().sum(), y.numel()      # (4 classes for 3 scores)
+    for metrics, named, epochs in (({"f1": torchmetrics.F1Score(task="binary")}, "'f1' (BinaryF1Score)", []),
+                                   ({"f1": MulticlassF1Score(3), "mae": mae}, "'mae' (mae)", [1])):
+        torch.manual_seed(0)
+        model = nn.Linear(8, 3)
+        before = [p.clone() for p in model.parameters()]
+        train, (Xe, ye) = sets()
+        started = []
+
+        class Started(dptrain.Callback):
+            def on_epoch_start(self, run, epoch):
+                started.append(epoch)
+        with pytest.raises(RuntimeError) as failed:
+            dptrain.fit(model, train, (Xe[:4], ye[:4]), epochs=1, devices=devices, metrics=metrics, log=None,
+                        callbacks=Started())
+        assert started == epochs and calls[:1] == ([4 // devices] if epochs else [])     # (first: an evaluation's)
+        trained = any(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
+        assert trained == bool(epochs)
+        if hasattr(failed.value, "add_note"):
+            shape = (1, 3) if not epochs else (4 // devices, 3)
+            assert any(f"raised by metric {named} on an output of shape {shape} and a target of shape ({shape[0]},)"
+                       in note for note in failed.value.__notes__), failed.value.__notes__

@@ -19,7 +19,7 @@ from ..data.batch import Batch, batch_size, needs_move, split_structure, target_
 from .class_counts import LazyCount, class_count_total
 from .lightning_module import LightningSteps
 from .model_outputs import output_for
-from .stateful_metrics import COMPUTED, pair_metric_names
+from .stateful_metrics import COMPUTED, StatefulMetrics, pair_metric_names, raised_by
 
 Totals = Dict[str, torch.Tensor]
 
@@ -42,16 +42,29 @@ def figure_keys(engine) -> List[str]:
     return keys + [k for name in pair_metric_names(engine.task.metrics) for k in (name, f"{name}_count")]
 
 
-def evaluate(engine, batches) -> Totals:
+def try_metrics(engine, batch: Batch) -> None:
+    """The metric objects on one evaluation batch, before training, on copies of them and
+    without computing over a set: one that does not take the model's output (a binary
+    torchmetrics object given a 3-class model's scores) fails now, not after an epoch of training.
+    (A function of yours is not called before the run: it may read the run's state, or keep
+    what it is given. A LightningModule's metrics are its steps', tried with them.)"""
+    trial = StatefulMetrics(engine.task.metrics, engine.devices)
+    if trial and not isinstance(engine.task.step, LightningSteps):
+        evaluate(engine, [batch], trial)
+
+
+def evaluate(engine, batches, trial: Optional[StatefulMetrics] = None) -> Totals:
     """Sum the loss, its denominator, correct predictions (classification) and every metric's
     ``(sum, count)`` over ``batches``, split across the devices; in eval mode, without
     gradients. Sums stay on the devices until the end: one wait, not one per batch.
 
     A batch's Python is what a small model's evaluation spends beyond the plain loop's: what
     is the same for every batch is looked up once, here, not per batch (session 16: the
-    text classifier's bookkeeping took 37-45 us of a ~200 us batch, CPU time)."""
-    metrics = {name: engine.task.metrics[name] for name in pair_metric_names(engine.task.metrics)}
-    stateful = engine.stateful
+    text classifier's bookkeeping took 37-45 us of a ~200 us batch, CPU time). ``trial``: copies
+    of the metric objects to update instead, the only metrics used, none computed (``try_metrics``)."""
+    metrics = {name: engine.task.metrics[name] for name in pair_metric_names(engine.task.metrics)} \
+        if trial is None else {}
+    stateful = engine.stateful if trial is None else trial
     adapter, forward, own_forward = engine.adapter, engine.forward, engine.task.forward is not None
     needs_output = bool(engine.task.metrics)
     updates = engine.task.updates           # several optimizers: each one's step gives a loss
@@ -145,7 +158,7 @@ def evaluate(engine, batches) -> Totals:
             engine.runner.map(shard_totals if gathering is None else gathering.guarded(shard_totals),
                               shards + [None] * (len(engine.devices) - k))
     totals = over_devices(totals, engine.devices)
-    if stateful:        # over the whole set: merged over devices, gathered over processes
+    if stateful and trial is None:      # over the whole set: merged over devices, gathered over processes
         totals[COMPUTED] = stateful.compute()
     if steps is not None and steps.validated.paths:         # a LightningModule's own, alike
         totals.setdefault(COMPUTED, {}).update(steps.validated.computed(list(engine.replicas), engine.devices,
@@ -158,7 +171,11 @@ def metric_pairs(metrics: Dict[str, Any], output: Any, target: Any) -> List[Tupl
     count), ...]``."""
     figures = []
     for name, fn in metrics.items():
-        pair = fn(output, target)
+        try:
+            pair = fn(output, target)
+        except Exception as e:
+            raised_by(e, name, fn, output, target)
+            raise
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(f"metric {name!r} returned {type(pair).__name__}; a metric returns (sum, count), "
                             f"e.g. ((output - target).abs().sum(), target.numel())")

@@ -28,7 +28,7 @@ from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
 from .dict_inputs import call_with_dict
-from .evaluation import Totals, evaluate
+from .evaluation import Totals, evaluate, try_metrics
 from .kept_outputs import outputs_kept
 from .lightning_module import LightningSteps
 from .loss_scale import LossScale
@@ -164,6 +164,7 @@ class ModelEngine:
             if eval_example is not None:
                 with evaluating(self.replicas[0]), torch.no_grad():
                     run(self.replicas[0], eval_example)
+                try_metrics(self, eval_example)
             if steps is not None and self.trainer is not None:      # (no evaluation set, no lazy layer: now)
                 with evaluating(self.replicas[0]):
                     steps.name_logs(self.replicas[0], to_device(example, self.devices[0], self.memory_format))

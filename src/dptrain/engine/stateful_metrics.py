@@ -72,8 +72,12 @@ class StatefulMetrics:
                 m.reset()
 
     def update(self, i: int, output: Any, target: Any) -> None:
-        for copies in self.copies.values():
-            copies[i].update(output, target)
+        for name, copies in self.copies.items():
+            try:
+                copies[i].update(output, target)
+            except Exception as e:
+                raised_by(e, name, copies[i], output, target)
+                raise
 
     def _merged(self, copies: List[Any]) -> Any:
         merged = copy.deepcopy(copies[0])
@@ -114,6 +118,17 @@ class StatefulMetrics:
             else:
                 out[name or getattr(merged, "name", "metric")] = _plain(value)
         return out
+
+
+def raised_by(e: Exception, name: str, metric: Any, output: Any, target: Any) -> None:
+    """Note on ``e`` (Python >= 3.11) which metric raised it, and on what: with several, the
+    error of torchmetrics' own does not say which."""
+    def shape(x: Any) -> str:
+        return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
+    if hasattr(e, "add_note"):
+        kind = getattr(metric, "__name__", None) if callable(metric) and not is_stateful(metric) else None
+        e.add_note(f"dptrain: raised by metric {name!r} ({kind or type(metric).__name__}) on an output of shape "
+                   f"{shape(output)} and a target of shape {shape(target)}")
 
 
 def _members(metrics: Mapping[str, Any]) -> List[Tuple[str, Any]]:
