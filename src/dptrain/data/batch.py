@@ -16,30 +16,34 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .batch_objects import cannot_cut, declared_size, own_object, unsized
+
 Batch = Any
 
 #: Keys a dict batch may hold its target under (exactly one of them).
 TARGET_KEYS = ("y", "target", "targets", "label", "labels")
 
 
-def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch) -> Batch:
-    """Apply ``fn`` to every tensor of ``batch``, keeping its structure."""
+def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch, objects: Optional[Callable[[Any], Any]] = None) -> Batch:
+    """Apply ``fn`` to every tensor of ``batch``, keeping its structure (``objects``: to each batch
+    object of one's own too, ``batch_objects.py``; other values stay as they are)."""
     kind = type(batch)
     if kind is tuple or kind is list:       # the usual batches, first: this runs every step
-        return kind([fn(v) if type(v) is torch.Tensor else map_tensors(fn, v) for v in batch])
+        return kind([fn(v) if type(v) is torch.Tensor else map_tensors(fn, v, objects) for v in batch])
     if kind is dict:
-        return {k: fn(v) if type(v) is torch.Tensor else map_tensors(fn, v) for k, v in batch.items()}
+        return {k: fn(v) if type(v) is torch.Tensor else map_tensors(fn, v, objects) for k, v in batch.items()}
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, Mapping):
-        return _like(batch, {k: map_tensors(fn, v) for k, v in batch.items()})
+        return _like(batch, {k: map_tensors(fn, v, objects) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):          # a namedtuple
-        return type(batch)(*(map_tensors(fn, v) for v in batch))
+        return type(batch)(*(map_tensors(fn, v, objects) for v in batch))
     if isinstance(batch, (tuple, list)):
-        return type(batch)(map_tensors(fn, v) for v in batch)
+        return type(batch)(map_tensors(fn, v, objects) for v in batch)
     if _is_dataclass(batch):
-        return _with_fields(batch, [map_tensors(fn, getattr(batch, f.name)) for f in dataclasses.fields(batch)])
-    return batch
+        return _with_fields(batch, [map_tensors(fn, getattr(batch, f.name), objects)
+                                    for f in dataclasses.fields(batch)])
+    return objects(batch) if objects is not None and own_object(batch) else batch
 
 
 def _like(mapping: Mapping, items: dict) -> Mapping:
@@ -132,6 +136,10 @@ def _first_axes(x: Any, out: List[Optional[int]]) -> None:
     elif _is_dataclass(x):
         for f in dataclasses.fields(x):
             _first_axes(getattr(x, f.name), out)
+    elif own_object(x):             # (PyG's Batch: its batch_size)
+        size = declared_size(x)
+        if size is not None:
+            out.append(size)
 
 
 def batch_size(batch: Batch) -> int:
@@ -140,7 +148,8 @@ def batch_size(batch: Batch) -> int:
     axes: List[Optional[int]] = []
     _first_axes(batch, axes)
     if not axes:
-        raise TypeError(f"a batch must hold at least one tensor, got {type(batch).__name__}")
+        raise TypeError(unsized(batch) if own_object(batch) else
+                        f"a batch must hold at least one tensor, got {type(batch).__name__}")
     sizes = set(axes)
     if None in sizes:
         raise ValueError("a batch tensor has no batch axis (a 0-d tensor): every tensor needs the samples "
@@ -182,6 +191,8 @@ def split_structure(batch: Batch, sizes: Sequence[int]) -> List[Batch]:
         if _is_dataclass(x):
             parts = [cut(getattr(x, f.name)) for f in dataclasses.fields(x)]
             return [_with_fields(x, [p[i] for p in parts]) for i in range(len(sizes))]
+        if own_object(x):
+            raise cannot_cut(x)
         return [x] * len(sizes)
     return cut(batch)
 
@@ -244,7 +255,7 @@ def to_device(batch: Batch, device: torch.device, memory_format: Optional[torch.
         if memory_format is not None and t.dim() == 4 and t.is_floating_point():
             t = t.contiguous(memory_format=memory_format)
         return t
-    return map_tensors(move, batch)
+    return map_tensors(move, batch, lambda o: o.to(device))
 
 
 def needs_move(batch: Batch, device: torch.device, memory_format: Optional[torch.memory_format] = None) -> bool:
@@ -275,7 +286,8 @@ def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
     """How the default forward reads a batch: ``((args, kwargs), target)``.
 
     ``(x, y)``: ``model(x)`` against ``y``; ``(x1, x2, ..., y)``: ``model(x1, x2, ...)``;
-    a dict: ``model(**others)`` against its target key (one of ``TARGET_KEYS``).
+    a dict: ``model(**others)`` against its target key (one of ``TARGET_KEYS``); a batch object
+    of one's own: ``model(batch)`` against its ``y`` (PyG's ``data.y``).
     """
     if type(batch) is tuple and len(batch) == 2:        # (x, y), the usual batch: first
         return ((batch[0],), {}), batch[1]
@@ -288,6 +300,12 @@ def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
         return ((), {k: v for k, v in batch.items() if k != keys[0]}), batch[keys[0]]
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return (tuple(batch[:-1]), {}), batch[-1]
+    if own_object(batch):       # (PyG's Batch: model(data) against data.y)
+        if isinstance(getattr(batch, "y", None), torch.Tensor):
+            return ((batch,), {}), batch.y
+        raise ValueError(f"a batch of one {type(batch).__name__} (an object of your own) has no target y: pass "
+                         f"forward=lambda model, batch: (model(batch), batch.<its target>), or step=fn(model, batch) "
+                         f"-> loss")
     raise ValueError(f"a batch of one {type(batch).__name__} has no target: give (input, target) pairs, or pass "
                      f"step=fn(model, batch) -> loss")
 

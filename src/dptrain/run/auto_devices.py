@@ -32,6 +32,7 @@ import torch
 
 from ..core.devices import format_device
 from ..core.stage import stage
+from ..data.batch import map_tensors
 from ..data.choose_loader import make_loader
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
@@ -109,6 +110,11 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     task = dataclasses.replace(task, train_data=data)
     loader = make_loader(data, batch_size, collate_fn=task.collate_fn, shuffle=False, seed=0)
     batch = next(iter(loader.batches()))
+    whole = _object_in(batch)
+    if whole is not None:
+        log(f"dptrain: devices auto: {_names(devices[:1])}: a batch is a {whole} (an object of your own), which is not "
+            f"cut into parts, one per device: not measured; pass devices= to choose")
+        return task, devices[:1]
     n = len(devices)
     most = config.max_steps * config.accumulate_grad_batches if config.max_steps else None    # in batches
     steps = _steps(loader, epochs, config.max_batches, most)
@@ -216,6 +222,13 @@ def on_copy(optimizer: torch.optim.Optimizer, model: torch.nn.Module, copied: to
     params = list(copied.parameters())
     return type(optimizer)([{**g, "params": [params[index[id(p)]] for p in g["params"]]}
                             for g in optimizer.param_groups])
+
+
+def _object_in(batch: Any) -> Optional[str]:
+    """The class of a batch object of one's own in ``batch`` (``data/batch_objects.py``), if any."""
+    found: List[str] = []
+    map_tensors(lambda t: t, batch, lambda o: found.append(type(o).__name__) or o)
+    return found[0] if found else None
 
 
 def _names(devices: List[torch.device]) -> str:

@@ -23,6 +23,7 @@ from ..core.stage import stage
 from ..core.runner import get_runner
 from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, call_inputs, join_structure, map_tensors,
                           split_structure, to_device)
+from ..data.batch_objects import own_object
 from ..data.choose_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.dict_inputs import call_with_dict
@@ -40,13 +41,16 @@ def model_input(model: nn.Module, batch: Batch) -> Any:
     """The default way a batch meets the model for predictions: a tensor is ``model(x)``;
     ``(x, y)`` or ``(x1, x2, ..., y)`` pairs are ``model(x, ...)`` (the last item, a target, is
     left out; ``(x,)`` is ``model(x)``); a dict is ``model(**batch)`` without its target key (or
-    ``model(batch)`` whole for a forward of one argument: ``dict_inputs``)."""
+    ``model(batch)`` whole for a forward of one argument: ``dict_inputs``); a batch object of
+    one's own is ``model(batch)`` (``batch_objects.py``)."""
     if isinstance(batch, torch.Tensor):
         return model(batch)
     if isinstance(batch, (tuple, list)):
         return call_inputs(model, tuple(batch[:-1] if len(batch) > 1 else batch))
     if isinstance(batch, Mapping):          # (a UserDict too: Hugging Face's BatchEncoding)
         return call_with_dict(model, batch, {k: v for k, v in batch.items() if k not in TARGET_KEYS})
+    if own_object(batch):                   # (PyG's Batch: model(data))
+        return model(batch)
     raise TypeError(f"predict cannot feed a batch of {type(batch).__name__} to the model: pass "
                     f"forward=fn(model, batch) -> output")
 

@@ -1,0 +1,61 @@
+"""A batch object of one's own: a class a ``collate_fn`` returns that holds the batch's tensors
+and moves them itself, ``batch.to(device)`` (PyTorch Geometric's ``Batch`` of graphs, whose
+tensors have no common first axis: nodes, edges, one row per graph).
+
+dptrain cannot cut such an object into parts of the batch, so it trains on one device a process
+(``devices=1``; several processes each collate their own part, as a DDP script's loader does).
+It moves it with its own ``to``, and counts its samples by what it says: a ``batch_size`` or
+``num_graphs`` attribute (PyG's ``Batch`` has both), else ``len()``.
+
+    class GraphBatch:
+        def __init__(self, x, edge_index, batch, y): ...
+        batch_size = property(lambda self: len(self.y))
+        def to(self, device): return GraphBatch(self.x.to(device), ...)
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+_CONTAINERS = (torch.Tensor, Mapping, tuple, list, str, bytes, np.ndarray, torch.nn.Module)
+
+
+def own_object(x: Any) -> bool:
+    """Whether ``x`` is a batch object of one's own: it has a ``to`` method and is none of the
+    structures dptrain reads (tensors, mappings, sequences, dataclasses) nor a module."""
+    return callable(getattr(x, "to", None)) and not isinstance(x, _CONTAINERS) and not isinstance(x, type) \
+        and not dataclasses.is_dataclass(x)
+
+
+def declared_size(x: Any) -> Optional[int]:
+    """The samples an object of one's own says it holds (``batch_size``, ``num_graphs``, then
+    ``len``), or None where it says none."""
+    for name in ("batch_size", "num_graphs"):
+        value = getattr(x, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    try:
+        return len(x)
+    except TypeError:
+        return None
+
+
+def unsized(x: Any) -> str:
+    """The error's text for a batch object that says nothing of its samples."""
+    name = type(x).__name__
+    return (f"a batch must hold at least one tensor, got {name}, which does not say how many samples it holds: give "
+            f"{name} a batch_size attribute (its number of samples, as PyTorch Geometric's Batch has), or __len__")
+
+
+def cannot_cut(x: Any) -> TypeError:
+    """The error for a batch object cut into parts (several devices of a process)."""
+    name = type(x).__name__
+    return TypeError(f"a batch that is a {name} (an object of your own) cannot be cut into parts of the batch, one "
+                     f"per device: train on one device a process (devices=1; dptrain launch --processes N, where each "
+                     f"process collates its own part), or let each device collate its own part: "
+                     f"collate_fn=dptrain.data.collate_samples keeps the samples whole, and forward=lambda model, "
+                     f"batch: ... builds the {name} of each device's part")

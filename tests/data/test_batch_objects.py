@@ -1,0 +1,57 @@
+"""A batch object of one's own (PyG's ``Batch``: ``.to(device)``, ``batch_size``): counted by
+what it says, moved by its own ``to``, never cut into parts (an error naming the fixes); the
+structures dptrain reads are not such objects."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from dptrain.data.batch import batch_size, map_tensors, split_structure, to_device
+from dptrain.data.batch_objects import declared_size, own_object
+
+
+class Graphs:
+    def __init__(self, x, y, moved=None):
+        self.x, self.y, self.moved = x, y, moved
+
+    def to(self, device):
+        return Graphs(self.x.to(device), self.y.to(device), moved=device)
+
+
+class Sized(Graphs):
+    num_graphs = property(lambda self: len(self.y))
+
+
+@dataclasses.dataclass
+class Pair:
+    x: torch.Tensor
+
+    def to(self, device):
+        return self
+
+
+def test_objects_of_ones_own_are_told_from_the_structures_read():
+    assert own_object(Graphs(torch.ones(5, 2), torch.ones(2)))
+    assert not any(own_object(v) for v in (torch.ones(2), {"x": 1}, (1,), [1], "s", np.ones(2), nn.Linear(1, 1),
+                                           Pair(torch.ones(2)), Graphs, 3))
+
+
+def test_its_samples_are_what_it_says_else_the_error_says_what_to_give():
+    assert declared_size(Sized(torch.ones(7, 2), torch.ones(3))) == 3
+    assert batch_size((Sized(torch.ones(7, 2), torch.ones(3)), torch.ones(3))) == 3
+    assert batch_size((Graphs(torch.ones(7, 2), torch.ones(3)), torch.ones(3))) == 3     # (counted by the tensor)
+    with pytest.raises(TypeError, match=r"got Graphs, which does not say how many samples it holds: give Graphs a "
+                                        r"batch_size attribute"):
+        batch_size(Graphs(torch.ones(7, 2), torch.ones(3)))
+
+
+def test_it_is_moved_by_its_own_to_and_never_cut():
+    batch = {"g": Sized(torch.ones(7, 2), torch.ones(3)), "w": torch.ones(3)}
+    moved = to_device(batch, torch.device("meta"))
+    assert moved["g"].moved == torch.device("meta") and moved["w"].device.type == "meta"
+    assert map_tensors(lambda t: t, batch)["g"] is batch["g"]         # (without objects=: as it is)
+    with pytest.raises(TypeError, match=r"a batch that is a Sized \(an object of your own\) cannot be cut into parts "
+                                        r"of the batch, one per device: train on one device a process \(devices=1"):
+        split_structure(batch, [2, 1])

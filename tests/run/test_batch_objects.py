@@ -1,0 +1,119 @@
+"""A graph network fed PyG-style batches, an object of one's own from a ``collate_fn`` (nodes
+and edges, no common first axis; ``model(batch)`` against ``batch.y``): trains as the plain loop on one device and on 2 processes
+(each collating its part; it failed on "a batch must hold at least one tensor"), ``devices=
+"auto"`` keeps one device and says why, and several devices of a process are an error naming
+the fixes."""
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import dptrain
+from tests.distributed.helpers import run_workers
+
+
+class GraphBatch:
+    def __init__(self, x, edges, graph, y):
+        self.x, self.edges, self.graph, self.y = x, edges, graph, y
+
+    batch_size = property(lambda self: len(self.y))
+
+    def to(self, device):
+        return GraphBatch(self.x.to(device), self.edges.to(device), self.graph.to(device), self.y.to(device))
+
+
+class Graphs(Dataset):
+    def __len__(self):
+        return 36
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        n = 3 + i % 4
+        return torch.randn(n, 5, generator=g), torch.randint(0, n, (2, 2 * n), generator=g), torch.tensor(i % 2)
+
+
+def collate(items):
+    xs, edges, graph, ys, offset = [], [], [], [], 0
+    for k, (x, e, y) in enumerate(items):
+        xs.append(x)
+        edges.append(e + offset)
+        graph.append(torch.full((len(x),), k))
+        ys.append(y)
+        offset += len(x)
+    return GraphBatch(torch.cat(xs), torch.cat(edges, 1), torch.cat(graph), torch.stack(ys))
+
+
+class GNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.out = nn.Linear(5, 16), nn.Linear(16, 2)
+
+    def forward(self, data):
+        h = torch.relu(self.lin(data.x))
+        h = h + torch.zeros_like(h).index_add_(0, data.edges[1], h[data.edges[0]])
+        return self.out(torch.zeros(data.batch_size, 16).index_add_(0, data.graph, h))
+
+
+def forward(model, batch):
+    return model(batch), batch.y
+
+
+def train(devices=1, **kw):
+    model = GNN()
+    result = dptrain.fit(model, Graphs(), Graphs(), epochs=2, batch_size=8, collate_fn=collate, devices=devices,
+                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),     # model(batch), batch.y
+                         shuffle=False, **{"log": None, **kw})
+    return model, result
+
+
+def plain_loop():
+    model = GNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = Graphs()
+    for _ in range(2):
+        for start in range(0, len(data), 8):
+            batch = collate([data[i] for i in range(start, min(start + 8, len(data)))])
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(batch), batch.y).backward()
+            optimizer.step()
+    return model
+
+
+def close(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_it_trains_as_the_plain_loop_on_one_device_and_auto_keeps_one(capsys):
+    want = plain_loop()
+    model, result = train()
+    close(model, want)
+    model, result = train("auto", log=lambda line: None)
+    close(model, want)
+    assert "devices auto: cpu:0: a batch is a GraphBatch (an object of your own), which is not cut into parts" in \
+        capsys.readouterr().err
+    assert result["history"][-1]["test_loss"] == pytest.approx(dptrain.evaluate(
+        want, Graphs(), collate_fn=collate, devices=1, forward=forward)["test_loss"], rel=1e-6)
+    predicted = dptrain.predict(model, Graphs(), collate_fn=collate, batch_size=8)
+    with torch.no_grad():
+        torch.testing.assert_close(predicted, want(collate([Graphs()[i] for i in range(36)])))
+
+
+def test_several_devices_of_a_process_are_an_error_naming_the_fixes():
+    with pytest.raises(TypeError, match=r"a batch that is a GraphBatch \(an object of your own\) cannot be cut into "
+                                        r"parts of the batch, one per device: train on one device a process"):
+        train(devices=2)
+
+
+def two_processes(rank, world):
+    model, result = train()
+    return [p.detach().tolist() for p in model.parameters()], result["history"][-1]["test_loss"]
+
+
+def test_two_processes_each_collating_its_part_train_as_one_device():
+    want, result = train()
+    for params, test_loss in run_workers(two_processes):
+        for p, q in zip(params, want.parameters()):
+            torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
+        assert test_loss == pytest.approx(result["history"][-1]["test_loss"], rel=1e-6)
