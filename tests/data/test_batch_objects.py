@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_sequence
 
 from dptrain.data.batch import batch_size, map_tensors, split_structure, to_device
 from dptrain.data.batch_objects import declared_size, own_object
@@ -52,6 +53,16 @@ def test_it_is_moved_by_its_own_to_and_never_cut():
     moved = to_device(batch, torch.device("meta"))
     assert moved["g"].moved == torch.device("meta") and moved["w"].device.type == "meta"
     assert map_tensors(lambda t: t, batch)["g"] is batch["g"]         # (without objects=: as it is)
-    with pytest.raises(TypeError, match=r"a batch that is a Sized \(an object of your own\) cannot be cut into parts "
-                                        r"of the batch, one per device: train on one device a process \(devices=1"):
+    with pytest.raises(TypeError, match=r"a batch holding a Sized \(one object, whose tensors share no first axis\) "
+                                        r"cannot be cut into parts of the batch, one per device: train on one device "
+                                        r"a process \(devices=1"):
         split_structure(batch, [2, 1])
+
+
+def test_a_packed_sequence_is_one_object_of_its_sequences():
+    packed = pack_sequence([torch.ones(4, 2), torch.ones(3, 2), torch.ones(1, 2)])
+    assert own_object(packed) and batch_size((packed, torch.zeros(3))) == 3
+    moved = to_device((packed, torch.zeros(3)), torch.device("meta"))
+    assert type(moved[0]) is type(packed) and moved[0].data.device.type == "meta"
+    with pytest.raises(TypeError, match=r"a batch holding a PackedSequence"):
+        split_structure((packed, torch.zeros(3)), [2, 1])

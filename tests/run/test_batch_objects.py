@@ -1,11 +1,12 @@
 """A graph network fed PyG-style batches, an object of one's own from a ``collate_fn`` (nodes
-and edges, no common first axis; ``model(batch)`` against ``batch.y``): trains as the plain loop on one device and on 2 processes
-(each collating its part; it failed on "a batch must hold at least one tensor"), ``devices=
-"auto"`` keeps one device and says why, and several devices of a process are an error naming
-the fixes."""
+and edges, no common first axis; ``model(batch)`` against ``batch.y``): trains as the plain
+loop on one device and on 2 processes (each collating its part; it failed on "a batch must
+hold at least one tensor"), ``devices="auto"`` keeps one device and says why, and several
+devices of a process are an error naming the fixes. A GRU fed PackedSequences alike."""
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_sequence
 from torch.utils.data import Dataset
 
 import dptrain
@@ -62,7 +63,7 @@ def forward(model, batch):
 def train(devices=1, **kw):
     model = GNN()
     result = dptrain.fit(model, Graphs(), Graphs(), epochs=2, batch_size=8, collate_fn=collate, devices=devices,
-                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),     # model(batch), batch.y
+                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),   # model(batch): .y
                          shuffle=False, **{"log": None, **kw})
     return model, result
 
@@ -101,19 +102,71 @@ def test_it_trains_as_the_plain_loop_on_one_device_and_auto_keeps_one(capsys):
 
 
 def test_several_devices_of_a_process_are_an_error_naming_the_fixes():
-    with pytest.raises(TypeError, match=r"a batch that is a GraphBatch \(an object of your own\) cannot be cut into "
-                                        r"parts of the batch, one per device: train on one device a process"):
+    with pytest.raises(TypeError, match=r"a batch holding a GraphBatch \(one object, whose tensors share no first "
+                                        r"axis\) cannot be cut into parts of the batch, one per device: train on one "
+                                        r"device a process"):
         train(devices=2)
 
 
+class Sequences(Dataset):
+    """Sequences of 2-6 steps, packed by the collate_fn (torch's PackedSequence, a namedtuple)."""
+
+    def __len__(self):
+        return 36
+
+    def __getitem__(self, i):
+        x = torch.randn(2 + i % 5, 3, generator=torch.Generator().manual_seed(i))
+        return x, (x.sum() > 0).long()
+
+
+def pack(items):
+    items = sorted(items, key=lambda item: -len(item[0]))
+    return pack_sequence([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+class GRU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn, self.out = nn.GRU(3, 8), nn.Linear(8, 2)
+
+    def forward(self, packed):
+        return self.out(self.rnn(packed)[1][-1])
+
+
+def train_packed(devices=1):
+    model = GRU()
+    result = dptrain.fit(model, Sequences(), Sequences(), epochs=2, batch_size=8, collate_fn=pack, devices=devices,
+                         optimizer=torch.optim.Adam(model.parameters(), lr=0.01), shuffle=False, log=None)
+    return model, result
+
+
+def test_packed_sequences_train_as_the_plain_loop():
+    """A PackedSequence batch failed in any setting (rebuilt field by field as a namedtuple)."""
+    model, _ = train_packed()
+    want = GRU()
+    optimizer = torch.optim.Adam(want.parameters(), lr=0.01)
+    data = Sequences()
+    for _ in range(2):
+        for start in range(0, len(data), 8):
+            x, y = pack([data[i] for i in range(start, min(start + 8, len(data)))])
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(want(x), y).backward()
+            optimizer.step()
+    close(model, want)
+    with pytest.raises(TypeError, match=r"a batch holding a PackedSequence \(one object"):
+        train_packed(devices=2)
+
+
 def two_processes(rank, world):
-    model, result = train()
-    return [p.detach().tolist() for p in model.parameters()], result["history"][-1]["test_loss"]
+    return [([p.detach().tolist() for p in model.parameters()], result["history"][-1]["test_loss"])
+            for model, result in (train(), train_packed())]
 
 
 def test_two_processes_each_collating_its_part_train_as_one_device():
-    want, result = train()
-    for params, test_loss in run_workers(two_processes):
-        for p, q in zip(params, want.parameters()):
-            torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
-        assert test_loss == pytest.approx(result["history"][-1]["test_loss"], rel=1e-6)
+    wanted = (train(), train_packed())
+    for ranks in run_workers(two_processes):
+        for (params, test_loss), (want, result) in zip(ranks, wanted):
+            for p, q in zip(params, want.parameters()):
+                torch.testing.assert_close(torch.tensor(p), q.detach(), rtol=1e-5, atol=1e-6)
+            assert test_loss == pytest.approx(result["history"][-1]["test_loss"], rel=1e-6)

@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .batch_objects import cannot_cut, declared_size, own_object, unsized
+from .batch_objects import PackedSequence, cannot_cut, declared_size, own_object, unsized
 
 Batch = Any
 
@@ -24,7 +24,8 @@ Batch = Any
 TARGET_KEYS = ("y", "target", "targets", "label", "labels")
 
 
-def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch, objects: Optional[Callable[[Any], Any]] = None) -> Batch:
+def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch,
+                objects: Optional[Callable[[Any], Any]] = None) -> Batch:
     """Apply ``fn`` to every tensor of ``batch``, keeping its structure (``objects``: to each batch
     object of one's own too, ``batch_objects.py``; other values stay as they are)."""
     kind = type(batch)
@@ -37,6 +38,8 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch, objects: Option
     if isinstance(batch, Mapping):
         return _like(batch, {k: map_tensors(fn, v, objects) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):          # a namedtuple
+        if kind is PackedSequence:      # (its fields are not cut alike: one object)
+            return objects(batch) if objects is not None else batch
         return type(batch)(*(map_tensors(fn, v, objects) for v in batch))
     if isinstance(batch, (tuple, list)):
         return type(batch)(map_tensors(fn, v, objects) for v in batch)
@@ -130,16 +133,16 @@ def _first_axes(x: Any, out: List[Optional[int]]) -> None:
     elif isinstance(x, Mapping):
         for v in x.values():
             _first_axes(v, out)
+    elif own_object(x):             # (PyG's Batch: its batch_size; a PackedSequence, a namedtuple: its sequences)
+        size = declared_size(x)
+        if size is not None:
+            out.append(size)
     elif isinstance(x, (tuple, list)):
         for v in x:
             _first_axes(v, out)
     elif _is_dataclass(x):
         for f in dataclasses.fields(x):
             _first_axes(getattr(x, f.name), out)
-    elif own_object(x):             # (PyG's Batch: its batch_size)
-        size = declared_size(x)
-        if size is not None:
-            out.append(size)
 
 
 def batch_size(batch: Batch) -> int:
@@ -173,6 +176,8 @@ def split_structure(batch: Batch, sizes: Sequence[int]) -> List[Batch]:
         if type(x) is Samples:
             starts = [sum(sizes[:i]) for i in range(len(sizes))]
             return [Samples(x[a:a + k]) for a, k in zip(starts, sizes)]
+        if own_object(x):
+            raise cannot_cut(x)
         if isinstance(x, Mapping):
             parts = {k: cut(v) for k, v in x.items()}
             return [_like(x, {k: parts[k][i] for k in parts}) for i in range(len(sizes))]
@@ -191,8 +196,6 @@ def split_structure(batch: Batch, sizes: Sequence[int]) -> List[Batch]:
         if _is_dataclass(x):
             parts = [cut(getattr(x, f.name)) for f in dataclasses.fields(x)]
             return [_with_fields(x, [p[i] for p in parts]) for i in range(len(sizes))]
-        if own_object(x):
-            raise cannot_cut(x)
         return [x] * len(sizes)
     return cut(batch)
 

@@ -5,7 +5,9 @@ tensors have no common first axis: nodes, edges, one row per graph).
 dptrain cannot cut such an object into parts of the batch, so it trains on one device a process
 (``devices=1``; several processes each collate their own part, as a DDP script's loader does).
 It moves it with its own ``to``, and counts its samples by what it says: a ``batch_size`` or
-``num_graphs`` attribute (PyG's ``Batch`` has both), else ``len()``.
+``num_graphs`` attribute (PyG's ``Batch`` has both), else ``len()``. torch's ``PackedSequence``
+(a ``collate_fn``'s ``pack_sequence``) is one too, though a namedtuple: its fields are not cut
+alike; its samples are its sequences.
 
     class GraphBatch:
         def __init__(self, x, edge_index, batch, y): ...
@@ -20,13 +22,17 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import PackedSequence
 
 _CONTAINERS = (torch.Tensor, Mapping, tuple, list, str, bytes, np.ndarray, torch.nn.Module)
 
 
 def own_object(x: Any) -> bool:
     """Whether ``x`` is a batch object of one's own: it has a ``to`` method and is none of the
-    structures dptrain reads (tensors, mappings, sequences, dataclasses) nor a module."""
+    structures dptrain reads (tensors, mappings, sequences, dataclasses) nor a module; or a
+    ``PackedSequence``."""
+    if type(x) is PackedSequence:
+        return True
     return callable(getattr(x, "to", None)) and not isinstance(x, _CONTAINERS) and not isinstance(x, type) \
         and not dataclasses.is_dataclass(x)
 
@@ -34,6 +40,8 @@ def own_object(x: Any) -> bool:
 def declared_size(x: Any) -> Optional[int]:
     """The samples an object of one's own says it holds (``batch_size``, ``num_graphs``, then
     ``len``), or None where it says none."""
+    if type(x) is PackedSequence:
+        return int(x.batch_sizes[0]) if len(x.batch_sizes) else 0
     for name in ("batch_size", "num_graphs"):
         value = getattr(x, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
@@ -54,8 +62,8 @@ def unsized(x: Any) -> str:
 def cannot_cut(x: Any) -> TypeError:
     """The error for a batch object cut into parts (several devices of a process)."""
     name = type(x).__name__
-    return TypeError(f"a batch that is a {name} (an object of your own) cannot be cut into parts of the batch, one "
-                     f"per device: train on one device a process (devices=1; dptrain launch --processes N, where each "
-                     f"process collates its own part), or let each device collate its own part: "
-                     f"collate_fn=dptrain.data.collate_samples keeps the samples whole, and forward=lambda model, "
-                     f"batch: ... builds the {name} of each device's part")
+    return TypeError(f"a batch holding a {name} (one object, whose tensors share no first axis) cannot be cut into "
+                     f"parts of the batch, one per device: train on one device a process (devices=1; dptrain launch "
+                     f"--processes N, where each process collates its own part), or let each device collate its own "
+                     f"part: collate_fn=dptrain.data.collate_samples keeps the samples whole, and "
+                     f"forward=lambda model, batch: ... builds the {name} of each device's part")
