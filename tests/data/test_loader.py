@@ -112,3 +112,33 @@ def test_a_process_part_of_one_sample_goes_to_another_process_with_a_least_part(
         assert sizes == ([16, 16, 3] if rank == 0 else [16, 16, 0])
         seen += [v for _, y in ld for v in y.tolist()]
     assert sorted(seen) == list(range(67))
+
+
+def test_a_sparse_matrix_is_an_error_whose_dataset_of_rows_trains_as_written():
+    """A TF-IDF matrix (torch's sparse COO, SciPy's csr_matrix) failed deep in the checks
+    ("unsupported memory format option Contiguous"): the error gives the fixes."""
+    import dptrain
+    from torch import nn
+    torch.manual_seed(0)
+    dense = (torch.rand(40, 6) < 0.3).float()
+    X, y = dense.to_sparse(), (dense.sum(1) > 1).long()
+    with pytest.raises(TypeError, match=r"the data holds a sparse matrix \(a sparse_coo tensor, 40 rows\), which batches "
+                                        r"are not cut from: give X.to_dense\(\) if it fits in memory, or a Dataset"):
+        dptrain.fit(nn.Linear(6, 2), (X, y), epochs=1, log=None)
+
+    class Rows(torch.utils.data.Dataset):               # the error's fix, as written
+        __len__ = lambda self: X.shape[0]               # noqa: E731
+        __getitem__ = lambda self, i: (X[i].to_dense(), y[i])   # noqa: E731
+    model = nn.Linear(6, 2)
+    dptrain.fit(model, Rows(), epochs=1, batch_size=8, devices=2, log=None, shuffle=False)
+    want = nn.Linear(6, 2)
+    want.load_state_dict(model.state_dict())
+    assert dptrain.evaluate(model, (dense, y))["test_loss"] == dptrain.evaluate(want, Rows())["test_loss"]
+
+    class CSR:                  # (SciPy's, as the check sees it: toarray and nnz)
+        shape, nnz = (40, 6), 12
+
+        def toarray(self):
+            return dense.numpy()
+    with pytest.raises(TypeError, match=r"\(SciPy's CSR, 40 rows\).*give torch.from_numpy\(X.toarray\(\)\)"):
+        dptrain.fit(nn.Linear(6, 2), (CSR(), y), epochs=1, log=None)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from .dataset_loader import DatasetLoader, worker_start
 from .batched_stream import BatchedStream, IndexedBatches
-from .loader import EpochPlan, TensorLoader
+from .loader import EpochPlan, TensorLoader, no_sparse
 from .samplers import picks_of
 from .stream_loader import StreamLoader
 
@@ -98,6 +98,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         data = data.dataset
         listed = isinstance(data, (list, tuple))    # a DataLoader over a list of samples reads them one by one
     else:
+        no_sparse(data)         # (SciPy's matrix would be read as a list of samples)
         listed = samples_listed(data)
     plan["drop_last"] = bool(drop_last)
     if drop_last and batch_sampler is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Mapping
 from typing import Any, Iterable, Iterator, Optional, Tuple, TypeVar
 
 import torch
@@ -118,6 +119,24 @@ class EpochPlan:
         return slice(start, start + size)
 
 
+def no_sparse(data: Batch) -> None:
+    """A sparse matrix among the tensors (torch's sparse layouts, SciPy's ``csr_matrix`` from a
+    ``TfidfVectorizer``) is an error with the fixes: batches are cut from dense tensors."""
+    leaves = list(data.values()) if isinstance(data, Mapping) else list(data) if isinstance(data, (tuple, list)) \
+        else [data]
+    for x in leaves[:8]:        # ((X, y), a dict of columns; not each item of a long list of samples)
+        torch_sparse = isinstance(x, torch.Tensor) and x.layout != torch.strided
+        if not (torch_sparse or callable(getattr(x, "toarray", None)) and hasattr(x, "nnz")):
+            continue
+        dense = "X.to_dense()" if torch_sparse else "torch.from_numpy(X.toarray())"
+        row = "X[i].to_dense()" if torch_sparse else "torch.from_numpy(X[i].toarray()[0])"
+        kind = f"a {str(x.layout).replace('torch.', '')} tensor" if torch_sparse else f"SciPy's {type(x).__name__}"
+        raise TypeError(f"the data holds a sparse matrix ({kind}, {x.shape[0]} rows), which batches are "
+                        f"not cut from: give {dense} if it fits in memory, or a Dataset of its rows made dense one "
+                        f"by one: class Rows(torch.utils.data.Dataset): __len__ = lambda self: X.shape[0]; "
+                        f"__getitem__ = lambda self, i: ({row}, y[i])")
+
+
 class TensorLoader(EpochPlan):
     """Batches gathered from tensors in memory: a tensor, a tuple/list or a dict of them.
 
@@ -128,6 +147,7 @@ class TensorLoader(EpochPlan):
 
     def __init__(self, data: Batch, batch_size: int, **plan: Any):
         data = as_tensors(data)
+        no_sparse(data)
         n = size_of(data)          # checks every tensor holds the same number of samples
         super().__init__(n, batch_size, **plan)
         self.data = data

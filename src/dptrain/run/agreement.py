@@ -68,6 +68,7 @@ def fingerprint(loader: Any) -> str:
         for t in tensors:
             if isinstance(t, torch.Tensor) and t.shape[0]:
                 for row in (t[0], t[-1]):
+                    row = row.to_dense() if row.layout != torch.strided else row      # (a sparse matrix's rows)
                     digest.update(row.detach().cpu().contiguous().numpy().tobytes())
         text += f", {'its first sample' if stream else 'content'} {digest.hexdigest()[:12]}"
     return text
