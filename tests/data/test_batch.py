@@ -6,8 +6,8 @@ from types import MappingProxyType
 import pytest
 import torch
 
-from dptrain.data.batch import (Samples, batch_size, collate_samples, input_and_target, join_structure, needs_move,
-                                split_structure, to_device)
+from dptrain.data.batch import (Samples, batch_size, collate_samples, join_structure, needs_move, split_structure,
+                                to_device)
 from dptrain.core.devices import cpu
 
 Pair = namedtuple("Pair", "x y")
@@ -115,19 +115,6 @@ def test_sizes_must_agree():
         batch_size((torch.zeros(3), torch.tensor(1.0)))
     with pytest.raises(TypeError, match="at least one tensor"):
         batch_size(["a", "b"])
-
-
-def test_the_default_forward_reads_pairs_tuples_and_dicts():
-    x, m, y = torch.zeros(2, 3), torch.ones(2, 3), torch.arange(2)
-    assert input_and_target((x, y))[1] is y
-    (args, kwargs), target = input_and_target((x, m, y))
-    assert args == (x, m) and kwargs == {} and target is y
-    (args, kwargs), target = input_and_target({"image": x, "mask": m, "label": y})
-    assert args == () and set(kwargs) == {"image", "mask"} and target is y
-    with pytest.raises(ValueError, match="exactly one target key"):
-        input_and_target({"image": x, "label": y, "y": y})
-    with pytest.raises(ValueError, match="has no target"):
-        input_and_target(x)
 
 
 def test_virtual_cpu_devices_share_memory():

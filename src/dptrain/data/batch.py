@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping      # (typing's Mapping: isinstance 2.5x slower, every batch)
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -19,10 +19,6 @@ import torch
 from .batch_objects import PackedSequence, cannot_cut, declared_size, own_object, unsized
 
 Batch = Any
-
-#: Keys a dict batch may hold its target under (exactly one of them).
-TARGET_KEYS = ("y", "target", "targets", "label", "labels")
-
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch,
                 objects: Optional[Callable[[Any], Any]] = None) -> Batch:
@@ -274,56 +270,3 @@ def holds_images(batch: Batch) -> bool:
     counted in (images or samples)."""
     tensors = tensors_of(batch)
     return bool(tensors) and tensors[0].dim() == 4
-
-
-def target_of(batch: Batch) -> Any:
-    """The target ``input_and_target`` reads from ``batch``, or None where it holds none (the
-    inputs alone of an autoencoder's step function, whose metrics read its output)."""
-    try:
-        return input_and_target(batch)[1]
-    except ValueError:
-        return None
-
-
-def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
-    """How the default forward reads a batch: ``((args, kwargs), target)``.
-
-    ``(x, y)``: ``model(x)`` against ``y``; ``(x1, x2, ..., y)``: ``model(x1, x2, ...)``;
-    a dict: ``model(**others)`` against its target key (one of ``TARGET_KEYS``); a batch object
-    of one's own: ``model(batch)`` against its ``y`` (PyG's ``data.y``).
-    """
-    if type(batch) is tuple and len(batch) == 2:        # (x, y), the usual batch: first
-        return ((batch[0],), {}), batch[1]
-    if isinstance(batch, Mapping):
-        keys = [k for k in TARGET_KEYS if k in batch]
-        if len(keys) != 1:
-            raise ValueError(f"a dict batch needs exactly one target key among {', '.join(TARGET_KEYS)}, got "
-                             f"keys {', '.join(map(str, batch))}: rename it, or pass forward=fn(model, batch) -> "
-                             f"(output, target), or step=fn(model, batch) -> loss")
-        return ((), {k: v for k, v in batch.items() if k != keys[0]}), batch[keys[0]]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return (tuple(batch[:-1]), {}), batch[-1]
-    if own_object(batch):       # (PyG's Batch: model(data) against data.y)
-        if isinstance(getattr(batch, "y", None), torch.Tensor):
-            return ((batch,), {}), batch.y
-        raise ValueError(f"a batch of one {type(batch).__name__} (an object of your own) has no target y: pass "
-                         f"forward=lambda model, batch: (model(batch), batch.<its target>), or step=fn(model, batch) "
-                         f"-> loss")
-    raise ValueError(f"a batch of one {type(batch).__name__} has no target: give (input, target) pairs, or pass "
-                     f"step=fn(model, batch) -> loss")
-
-
-def call_inputs(model: Callable, args: tuple) -> Any:
-    """``model(*args)``; an input that is itself a tuple or list of several, ``((x1, x2), y)``
-    (Keras's ``fit([x1, x2], y)``), given to a forward taking them one by one, is a TypeError
-    naming the fix (it was Python's "missing 1 required positional argument")."""
-    try:
-        return model(*args)
-    except TypeError as e:
-        one = args[0] if len(args) == 1 else None
-        if not isinstance(one, (tuple, list)) or len(one) < 2 or "required positional argument" not in str(e):
-            raise
-        raise TypeError(f"{type(model).__name__}.forward takes its inputs one by one ({e}), but each batch's input is "
-                        f"one {type(one).__name__} of {len(one)}: give the data as (x1, x2, ..., y) for model(x1, x2, "
-                        f"...) (Keras's fit([x1, x2], y) is fit(model, (x1, x2, y))), or pass forward=lambda model, "
-                        f"batch: (model(*batch[0]), batch[1])") from e

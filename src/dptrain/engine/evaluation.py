@@ -15,7 +15,8 @@ import torch
 
 from ..core.parts import even_parts
 from ..core.modes import evaluating
-from ..data.batch import Batch, batch_size, needs_move, split_structure, target_of, to_device
+from ..data.batch import Batch, batch_size, needs_move, split_structure, to_device
+from ..data.model_inputs import target_of
 from .class_counts import LazyCount, class_count_total
 from .lightning_module import LightningSteps
 from .model_outputs import output_for

@@ -17,7 +17,8 @@ from torch import nn
 from ..core.parts import even_parts
 from ..core.modes import evaluating
 from ..data.accumulate import MicroBatches, micro_batches
-from ..data.batch import Batch, batch_size, call_inputs, input_and_target, split_structure, to_device
+from ..data.batch import Batch, batch_size, split_structure, to_device
+from ..data.model_inputs import call_inputs, input_and_target
 from ..distributed.env import rank
 from ..parallel.replicas import replicate
 from ..parallel.sync.base import Extras
@@ -45,7 +46,7 @@ _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
 
 
 def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
-    """``(x, y)`` -> ``(model(x), y)``; see ``batch.input_and_target`` for the other shapes, and
+    """``(x, y)`` -> ``(model(x), y)``; see ``model_inputs.input_and_target`` for the other shapes, and
     ``dict_inputs`` for a dict's."""
     (args, kwargs), target = input_and_target(batch)
     if not kwargs:

@@ -29,7 +29,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..data.batch import Batch, map_tensors, target_of
+from ..data.batch import Batch, map_tensors
+from ..data.model_inputs import target_of
 from .evaluation import Totals, figure_keys, metric_pairs, over_devices, sum_values, update_keys
 from .lightning_log import StepLogs
 from .lightning_module import LightningSteps

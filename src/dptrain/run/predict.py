@@ -21,8 +21,8 @@ from ..core.modes import evaluating
 from ..core.parts import even_parts
 from ..core.stage import stage
 from ..core.runner import get_runner
-from ..data.batch import (TARGET_KEYS, Batch, batch_size as size_of, call_inputs, join_structure, map_tensors,
-                          split_structure, to_device)
+from ..data.batch import Batch, batch_size as size_of, join_structure, map_tensors, split_structure, to_device
+from ..data.model_inputs import TARGET_KEYS, call_inputs
 from ..data.batch_objects import own_object
 from ..data.choose_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
