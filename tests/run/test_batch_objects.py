@@ -92,7 +92,8 @@ def test_it_trains_as_the_plain_loop_on_one_device_and_auto_keeps_one(capsys):
     close(model, want)
     model, result = train("auto", log=lambda line: None)
     close(model, want)
-    assert "devices auto: cpu:0: a batch is a GraphBatch (an object of your own), which is not cut into parts" in \
+    assert "devices auto: cpu:0: a batch holds a GraphBatch (one object, whose tensors share no first axis), which " \
+        "is not cut into parts" in \
         capsys.readouterr().err
     assert result["history"][-1]["test_loss"] == pytest.approx(dptrain.evaluate(
         want, Graphs(), collate_fn=collate, devices=1, forward=forward)["test_loss"], rel=1e-6)

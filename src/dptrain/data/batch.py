@@ -20,6 +20,7 @@ from .batch_objects import PackedSequence, cannot_cut, declared_size, own_object
 
 Batch = Any
 
+
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Batch,
                 objects: Optional[Callable[[Any], Any]] = None) -> Batch:
     """Apply ``fn`` to every tensor of ``batch``, keeping its structure (``objects``: to each batch

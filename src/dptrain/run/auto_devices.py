@@ -112,8 +112,8 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     batch = next(iter(loader.batches()))
     whole = _object_in(batch)
     if whole is not None:
-        log(f"dptrain: devices auto: {_names(devices[:1])}: a batch is a {whole} (an object of your own), which is not "
-            f"cut into parts, one per device: not measured; pass devices= to choose")
+        log(f"dptrain: devices auto: {_names(devices[:1])}: a batch holds a {whole} (one object, whose tensors share "
+            f"no first axis), which is not cut into parts, one per device: not measured; pass devices= to choose")
         return task, devices[:1]
     n = len(devices)
     most = config.max_steps * config.accumulate_grad_batches if config.max_steps else None    # in batches
