@@ -34,6 +34,7 @@ from .loss_checks import (check_class_targets, check_classification, classes_las
                           check_same_shape)
 from .loss_placement import LossCopies, summed_twin
 from .model_outputs import output_for
+from .own_loss import next_token
 from .whole_batch import WholeBatch
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
@@ -151,20 +152,30 @@ class LossAdapter:
         #: first check); the metrics get them as the model gave them.
         self.from_model_output = False
         self.classes_last = False
+        #: A causal language model's labels, read shifted by one (``own_loss.check_own_loss`` sets
+        #: it): the loss, its count and the accuracy compare ``logits[:, t]`` with ``labels[:, t + 1]``.
+        self.shift_labels = False
+
+    def read_target(self, target: Any) -> Any:
+        """``target`` as the loss reads it: a causal LM's labels shifted (``shift_labels``)."""
+        return next_token(target) if self.shift_labels else target
 
     # -- per shard ---------------------------------------------------------------------
     def measure(self, output: Any, target: Any, batch: Any = None, count: bool = True) -> Tuple[torch.Tensor, Count]:
         """The shard's sum and denominator (None: a sum; not computed unless ``count``, or
         the loss's own second value when it returns ``(sum, count)``)."""
-        output = output_for(self, output)
-        value = self(output, target, batch)
+        output, target = output_for(self, output), self.read_target(target)
+        value = self._value(output, target, batch)
         if isinstance(value, tuple):
             return value
-        return value, self.count(target, output) if count else None
+        return value, self._count(target, output) if count else None
 
     def __call__(self, output: torch.Tensor, target: Any, batch: Any = None) -> Any:
         """The shard's sum (the loss itself with a sum reduction); ``(sum, count)`` from a
         loss that returns them."""
+        return self._value(output, self.read_target(target), batch)
+
+    def _value(self, output: torch.Tensor, target: Any, batch: Any = None) -> Any:
         if self.known:
             output = self._check(output, target)
             return (self._sum if self._placed is None else self._placed.on(output)[1])(output, target)
@@ -178,11 +189,11 @@ class LossAdapter:
         run backward on: a mean, or a sum with a sum reduction), and its denominator (None for
         a sum). The same gradient as ``measure``'s sum divided by its count, without the
         multiplications: what one device of one process runs (``direct_step.py``)."""
-        output = output_for(self, output)
+        output, target = output_for(self, output), self.read_target(target)
         if self.known:
             output = self._check(output, target)
             loss = self.loss if self._placed is None else self._placed.on(output)[0]
-            return loss(output, target), self.lazy_count(target)
+            return loss(output, target), self._lazy_count(target)
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
             return value[0] / value[1], value[1]
@@ -228,15 +239,21 @@ class LossAdapter:
     def lazy_count(self, target: Any, output: Any = None) -> Any:
         """``count``, as a ``LazyCount`` (computed later, for many batches at once) where it
         takes tensor operations: cross-entropy's mean over integer targets."""
+        return self._lazy_count(self.read_target(target), output)
+
+    def _lazy_count(self, target: Any, output: Any = None) -> Any:
         if self.classification and not self._checked:
             check_class_targets(target, self.loss)      # (before the forward: its count is taken now)
         if self.known and self.classification and self.reduction == "mean" and not target.is_floating_point():
             return LazyCount(target, self.loss)
-        return self.count(target, output)
+        return self._count(target, output)
 
     def count(self, target: Any, output: Any = None) -> Count:
         """The denominator of a batch of ``target``s (a shard or a process's whole batch;
         ``output``: its samples where the target is None)."""
+        return self._count(self.read_target(target), output)
+
+    def _count(self, target: Any, output: Any = None) -> Count:
         if self.reduction == "sum":
             return None
         if not self.known or self.reduction == "batchmean":
@@ -267,6 +284,7 @@ class LossAdapter:
         the arg-max class of probability targets, as Keras's categorical accuracy)."""
         if not self.classification:
             return None
+        target = self.read_target(target)
         if self.classes_last:       # (set by the loss's check, which runs first)
             output = output.movedim(-1, 1)
         if target.is_floating_point():

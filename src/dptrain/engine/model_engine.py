@@ -34,6 +34,7 @@ from .kept_outputs import outputs_kept
 from .lightning_module import LightningSteps
 from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number
+from .own_loss import check_own_loss
 from .stateful_metrics import StatefulMetrics
 from .step_functions import StepFunctions
 from .step_plan import StepPlan, StepResult
@@ -113,6 +114,7 @@ class ModelEngine:
         self.least_part = 2 if not sync_batchnorm and any(
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in task.model.modules()) else 1
         self.train_figures: Optional[TrainFigures] = None     # train_metrics=True: see keep_train_figures
+        self.loss_line: Optional[str] = None        # what prepare found of the model's own loss, to say
         if task.several:
             self.train_figures = TrainFigures(self, score=False)       # each update's loss
         # A whole_batch loss: the devices' (and processes') parts exchanged in each step's loss,
@@ -162,6 +164,7 @@ class ModelEngine:
         steps = self.task.step if isinstance(self.task.step, LightningSteps) else None
         with outputs_kept(self.task.model, steps is not None and steps.ends_epoch):     # (these calls keep nothing)
             self.replicas.initialize(example, run)
+            self.loss_line = check_own_loss(self, example)      # (a causal LM's labels: shifted from now on)
             if eval_example is not None:
                 with evaluating(self.replicas[0]), torch.no_grad():
                     run(self.replicas[0], eval_example)

@@ -102,8 +102,10 @@ class TrainFigures:
             if target.is_floating_point():      # class probabilities (rare): counted now
                 hits, count = adapter.correct(output, target)
                 step += [("correct", hits), ("correct_count", count)]
-            else:           # compared with the targets later, many steps at once
-                step.append((PREDICTED, (output.argmax(dim=1), target)))
+            else:           # compared with the targets later, many steps at once (a token classifier's
+                # classes last; a causal LM's labels shifted, as its loss reads them)
+                step.append((PREDICTED, (output.argmax(dim=-1 if adapter.classes_last else 1),
+                                         adapter.read_target(target))))
 
     def add_sums(self, key: str, value: Any, count: Any) -> None:
         """A figure's sum and count for this step, as this process has them (on the first

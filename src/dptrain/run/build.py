@@ -205,6 +205,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
     with stage("trying the model on a training and an evaluation batch, before training"), \
             noted(lambda: read_as_samples(train_loader)):
         engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
+    if engine.loss_line:
+        log(engine.loss_line)
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one (if known)
         for first in {0} if getattr(train_loader, "open_ended", False) else {0, len(train_loader) - 1}:
             engine.compile(next(iter(train_loader.batches(first))))

@@ -1,0 +1,160 @@
+"""A Hugging Face-style model that computes its own loss from the batch's ``labels``: a causal
+LM's (logits at t against the label at t + 1) trains on it, as the plain loop on the model's
+own loss, on 1 and 2 devices and 2 processes (it trained on the labels in place, learning to
+copy its input); its accuracy and evaluation read the next token; a model whose loss is
+another one is an error naming ``step=`` and ``loss=``."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dptrain
+from dptrain.engine.own_loss import next_token, takes_labels
+from tests.distributed.helpers import run_workers
+
+
+class CausalLM(nn.Module):
+    """Each position sees the tokens up to it (a running mean); its own loss is a causal LM's."""
+
+    def __init__(self, vocab=11, dim=8):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, dim), nn.Embedding(16, dim)
+        self.mix, self.head = nn.Linear(dim, dim), nn.Linear(dim, vocab)
+
+    def logits(self, input_ids):
+        t = torch.arange(input_ids.shape[1], device=input_ids.device)
+        h = (self.emb(input_ids) + self.pos(t)).cumsum(1) / (t + 1).to(self.pos.weight.dtype)[:, None]
+        return self.head(torch.tanh(self.mix(h)))
+
+    def own_loss(self, logits, labels):
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.logits(input_ids)
+        return {"loss": None if labels is None else self.own_loss(logits, labels), "logits": logits}
+
+
+class SmoothedLM(CausalLM):
+    """Its own loss is not cross-entropy of its logits: label smoothing."""
+
+    def own_loss(self, logits, labels):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), label_smoothing=0.1)
+
+
+class TokenTagger(CausalLM):
+    """A token classifier: position t's logits against position t's label, as dptrain reads them."""
+
+    def own_loss(self, logits, labels):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def sequences(n=24):
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": torch.randint(0, 11, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g)}
+            for _ in range(n)]
+
+
+def collate(items):
+    longest = max(len(s["input_ids"]) for s in items)
+    ids = torch.zeros(len(items), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(items):
+        ids[i, :len(s["input_ids"])], mask[i, :len(s["input_ids"])] = s["input_ids"], 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def made(kind=CausalLM):
+    torch.manual_seed(0)
+    return kind().double()
+
+
+def train(devices=1, kind=CausalLM, lr=0.5, **kw):
+    model = made(kind)
+    result = dptrain.fit(model, sequences(), sequences(), collate_fn=collate, epochs=2, batch_size=8, lr=lr,
+                         optimizer=torch.optim.SGD, devices=devices, shuffle=False, **{"log": None, **kw})
+    return model, result
+
+
+def plain_loop(kind=CausalLM):
+    model = made(kind)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    data = sequences()
+    for _ in range(2):
+        for start in range(0, len(data), 8):
+            optimizer.zero_grad()
+            model(**collate(data[start:start + 8]))["loss"].backward()
+            optimizer.step()
+    return model
+
+
+def close(a, b):
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
+
+
+def test_next_token_shifts_the_labels_and_ignores_the_last_position():
+    labels = torch.tensor([[5, 6, 7, -100], [1, 2, 3, 4]])
+    assert next_token(labels).tolist() == [[6, 7, -100, -100], [2, 3, 4, -100]]
+    assert takes_labels(CausalLM()) and not takes_labels(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_causal_lm_trains_on_its_own_loss_as_the_plain_loop(devices):
+    lines = []
+    model, result = train(devices, log=lines.append)
+    close(model, plain_loop())
+    assert any("CausalLM computes its loss on the next token" in line for line in lines)
+    # The evaluation's loss is the model's own over every labelled token of the set.
+    with torch.no_grad():
+        batch = collate(sequences())
+        logits = model(**batch)["logits"]
+        want = F.cross_entropy(logits[:, :-1].reshape(-1, 11), batch["labels"][:, 1:].reshape(-1))
+    assert result["history"][-1]["test_loss"] == pytest.approx(want.item(), rel=1e-9)
+
+
+def test_its_accuracy_is_the_next_tokens_in_training_and_evaluation():
+    # lr 0: the model stays as it is, so the epoch's training accuracy is the set's
+    model, result = train(2, lr=0.0, train_metrics=True)
+    with torch.no_grad():
+        batch = collate(sequences())
+        guesses, labels = model(**batch)["logits"].argmax(-1)[:, :-1], batch["labels"][:, 1:]
+    kept = labels != -100
+    want = ((guesses == labels) & kept).sum().item() / kept.sum().item()
+    row = result["history"][-1]
+    assert row["train_acc"] == pytest.approx(want) and row["test_acc"] == pytest.approx(want)
+
+
+def test_a_token_classifier_is_read_in_place_and_its_training_accuracy_counts_tokens():
+    lines = []
+    model, result = train(2, kind=TokenTagger, lr=0.0, train_metrics=True, log=lines.append)
+    assert not any("next token" in line for line in lines)
+    with torch.no_grad():
+        batch = collate(sequences())
+        guesses = model(**batch)["logits"].argmax(-1)     # (classes last: it compared dimension 1, the tokens)
+    kept = batch["labels"] != -100
+    want = ((guesses == batch["labels"]) & kept).sum().item() / kept.sum().item()
+    assert result["history"][-1]["train_acc"] == pytest.approx(want)
+    assert result["history"][-1]["test_acc"] == pytest.approx(want)
+
+
+def test_a_model_whose_own_loss_is_another_one_is_an_error_naming_step_and_loss():
+    with pytest.raises(ValueError, match=r"SmoothedLM's own loss on one labelled token of the first sample is .*, but "
+                                         r"cross-entropy of its logits .* Pass step=lambda model, batch: "
+                                         r"model\(\*\*batch\) to train on the model's own loss"):
+        train(kind=SmoothedLM)
+    # what it says works: the model's own loss, as the plain loop's
+    model, _ = train(kind=SmoothedLM, step=lambda model, batch: model(**batch))
+    close(model, plain_loop(SmoothedLM))
+
+
+def two_processes(rank, world):
+    model, result = train()
+    return [p.detach().tolist() for p in model.parameters()], result["history"][-1]["test_loss"]
+
+
+def test_two_processes_train_a_causal_lm_as_one_device():
+    want, (_, result) = plain_loop(), train()
+    for params, test_loss in run_workers(two_processes):
+        for p, q in zip(params, want.parameters()):
+            torch.testing.assert_close(torch.tensor(p, dtype=torch.float64), q.detach(), rtol=1e-9, atol=1e-12)
+        assert test_loss == pytest.approx(result["history"][-1]["test_loss"], rel=1e-9)
