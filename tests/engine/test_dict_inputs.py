@@ -74,3 +74,55 @@ def test_a_forward_that_takes_the_batch_neither_way_is_told_both():
     assert not one_argument(model, {"input": 1, "label": 2})       # it takes that key by name
     # a forward taking its inputs by name is called so, never with the dict
     assert torch.equal(call_with_dict(ByName(), {"pixels": torch.ones(1)}, {"pixels": torch.ones(1)}), torch.ones(1))
+
+
+class EncoderDecoder(nn.Module):
+    """Hugging Face's T5 in small: without decoder inputs it makes them from its labels (shifted
+    right, -100 as the start token 0), and without either its decoder fails."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = nn.Embedding(9, 6), nn.Linear(6, 9)
+
+    def prepare_decoder_input_ids_from_labels(self, labels):
+        return nn.functional.pad(labels[:, :-1], (1, 0), value=0).clamp(min=0)
+
+    def forward(self, input_ids, attention_mask=None, decoder_input_ids=None, labels=None):
+        if decoder_input_ids is None and labels is not None:
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        if decoder_input_ids is None:
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        logits = self.out(torch.tanh(self.emb(input_ids).mean(1, keepdim=True) + self.emb(decoder_input_ids)))
+        loss = None if labels is None else nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return {"loss": loss, "logits": logits}
+
+
+def pairs(n=20):
+    g = torch.Generator().manual_seed(0)
+    sources = torch.randint(1, 9, (n, 5), generator=g)
+    targets = sources[:, :4].flip(1)
+    targets[::3, -1] = -100         # (padding)
+    return [{"input_ids": s, "labels": t} for s, t in zip(sources, targets)]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_an_encoder_decoder_gets_its_decoder_inputs_made_from_the_labels(devices):
+    torch.manual_seed(0)
+    model = EncoderDecoder().double()
+    want = EncoderDecoder().double()
+    want.load_state_dict(model.state_dict())
+    optimizer = torch.optim.SGD(want.parameters(), lr=0.5)
+    data = pairs()
+    for start in range(0, 20, 8):
+        batch = {k: torch.stack([s[k] for s in data[start:start + 8]]) for k in ("input_ids", "labels")}
+        optimizer.zero_grad()
+        want(**batch)["loss"].backward()
+        optimizer.step()
+    dptrain.fit(model, data, None, epochs=1, batch_size=8, lr=0.5, optimizer=torch.optim.SGD, devices=devices,
+                shuffle=False, log=None)
+    for p, q in zip(model.parameters(), want.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
+    predicted = dptrain.predict(model, data, batch_size=8)      # teacher-forced, as the Trainer's predict
+    batch = {k: torch.stack([s[k] for s in data]) for k in ("input_ids", "labels")}
+    with torch.no_grad():
+        torch.testing.assert_close(predicted["logits"], model(**batch)["logits"])

@@ -8,6 +8,12 @@ batch given whole then works: so a model that takes its inputs by name never get
 and the choice, made once per model class and keys, costs a dict lookup a step after that::
 
     call_with_dict(model, {"x": X, "y": y}, {"x": X})    # model(x=X), or model({"x": X, "y": y})
+
+An encoder-decoder model (Hugging Face's T5, BART) given no ``decoder_input_ids`` makes them
+from its labels when it gets them; here it gets none (they are the target), so they are made
+as its own forward would, by its ``prepare_decoder_input_ids_from_labels`` (what the
+``DataCollatorForSeq2Seq`` given the model does); it failed on "You must specify exactly one
+of input_ids or inputs_embeds", said of its decoder.
 """
 from __future__ import annotations
 
@@ -19,6 +25,20 @@ from torch import nn
 
 #: (model class, the batch's keys) whose forward takes the batch whole.
 _WHOLE: Dict[Tuple[type, Tuple[Any, ...]], bool] = {}
+#: Model classes that make their decoder's inputs from the labels (an encoder-decoder's).
+_DECODES: Dict[type, bool] = {}
+_DECODER_INPUTS = ("decoder_input_ids", "decoder_inputs_embeds")
+
+
+def with_decoder_inputs(model: Any, kwargs: Dict[str, Any], target: Any) -> Dict[str, Any]:
+    """``kwargs`` with the ``decoder_input_ids`` an encoder-decoder model would make from its
+    labels ``target`` (shifted right), where it has none; else ``kwargs`` as they are."""
+    kind = type(model)
+    if kind not in _DECODES:
+        _DECODES[kind] = callable(getattr(model, "prepare_decoder_input_ids_from_labels", None))
+    if not _DECODES[kind] or target is None or any(k in kwargs for k in _DECODER_INPUTS):
+        return kwargs
+    return {**kwargs, "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=target)}
 
 
 def one_argument(model: Any, keys: Any = ()) -> bool:
@@ -32,11 +52,13 @@ def one_argument(model: Any, keys: Any = ()) -> bool:
         inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def call_with_dict(model: nn.Module, batch: Mapping, kwargs: Dict[str, Any]) -> Any:
+def call_with_dict(model: nn.Module, batch: Mapping, kwargs: Dict[str, Any], target: Any = None) -> Any:
     """The model's output for a dict ``batch``: ``model(**kwargs)`` (its inputs by name), or
-    ``model(batch)`` for a forward of one argument that takes none of them (see the module)."""
+    ``model(batch)`` for a forward of one argument that takes none of them (see the module).
+    ``target``: the batch's target (an encoder-decoder's decoder inputs are made from it)."""
     if _WHOLE and (type(model), tuple(batch)) in _WHOLE:      # (none: nothing to build, every step)
         return model(batch)
+    kwargs = with_decoder_inputs(model, kwargs, target)
     try:
         return model(**kwargs)
     except TypeError as e:

@@ -52,7 +52,7 @@ def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
     (args, kwargs), target = input_and_target(batch)
     if not kwargs:
         return call_inputs(model, args), target
-    return call_with_dict(model, batch, kwargs), target
+    return call_with_dict(model, batch, kwargs, target), target
 
 
 def nothing_counted(denominator: Count) -> bool:

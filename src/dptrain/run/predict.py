@@ -48,7 +48,8 @@ def model_input(model: nn.Module, batch: Batch) -> Any:
     if isinstance(batch, (tuple, list)):
         return call_inputs(model, tuple(batch[:-1] if len(batch) > 1 else batch))
     if isinstance(batch, Mapping):          # (a UserDict too: Hugging Face's BatchEncoding)
-        return call_with_dict(model, batch, {k: v for k, v in batch.items() if k not in TARGET_KEYS})
+        return call_with_dict(model, batch, {k: v for k, v in batch.items() if k not in TARGET_KEYS},
+                              batch.get("labels"))      # (an encoder-decoder's decoder inputs, made from them)
     if own_object(batch):                   # (PyG's Batch: model(data))
         return model(batch)
     raise TypeError(f"predict cannot feed a batch of {type(batch).__name__} to the model: pass "
