@@ -158,3 +158,57 @@ def test_two_processes_train_a_causal_lm_as_one_device():
         for p, q in zip(params, want.parameters()):
             torch.testing.assert_close(torch.tensor(p, dtype=torch.float64), q.detach(), rtol=1e-9, atol=1e-12)
         assert test_loss == pytest.approx(result["history"][-1]["test_loss"], rel=1e-9)
+
+
+class Regressor(nn.Module):
+    """A Hugging Face sequence classifier with num_labels=1: its own loss is MSE of its (N, 1) logits."""
+
+    def __init__(self, smoothing=None):
+        super().__init__()
+        self.f, self.smoothing = nn.Linear(4, 1 if smoothing is None else 3), smoothing
+
+    def forward(self, x, labels=None):
+        logits = self.f(x)
+        if labels is None:
+            return {"logits": logits}
+        if self.smoothing is None:
+            return {"loss": F.mse_loss(logits.squeeze(-1), labels), "logits": logits}
+        return {"loss": F.cross_entropy(logits, labels, label_smoothing=self.smoothing), "logits": logits}
+
+
+def rows(n=20, classes=False):
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    y = X[:, :3].argmax(1) if classes else X.sum(1)
+    return [{"x": X[i], "labels": y[i]} for i in range(n)]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_labels_cross_entropy_cannot_take_train_on_the_models_own_loss(devices):
+    torch.manual_seed(0)
+    model, want = Regressor().double(), Regressor().double()
+    want.load_state_dict(model.state_dict())
+    optimizer = torch.optim.SGD(want.parameters(), lr=0.1)
+    data = rows()
+    for start in range(0, 20, 8):
+        optimizer.zero_grad()
+        want(torch.stack([r["x"] for r in data[start:start + 8]]),
+             torch.stack([r["labels"] for r in data[start:start + 8]]))["loss"].backward()
+        optimizer.step()
+    lines = []
+    result = dptrain.fit(model, data, data, epochs=1, batch_size=8, lr=0.1, optimizer=torch.optim.SGD,
+                         devices=devices, shuffle=False, log=lines.append)
+    for p, q in zip(model.parameters(), want.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
+    assert any("Regressor computes its own loss from the labels, and cross-entropy, dptrain's default, cannot take "
+               "its float labels" in line for line in lines)
+    batch = {k: torch.stack([r[k] for r in data]) for k in ("x", "labels")}
+    with torch.no_grad():
+        assert result["history"][-1]["test_loss"] == pytest.approx(model(**batch)["loss"].item(), rel=1e-9)
+
+
+def test_a_classifier_whose_own_loss_is_another_one_is_an_error():
+    with pytest.raises(ValueError, match=r"Regressor's own loss on the first sample is .*, but cross-entropy of its "
+                                         r"logits .* Pass step=lambda model, batch: model\(\*\*batch\)"):
+        dptrain.fit(Regressor(smoothing=0.2).double(), rows(classes=True), None, epochs=1, batch_size=8, devices=1,
+                    log=None)

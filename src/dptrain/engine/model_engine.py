@@ -34,7 +34,7 @@ from .kept_outputs import outputs_kept
 from .lightning_module import LightningSteps
 from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number
-from .own_loss import check_own_loss
+from .own_loss import check_own_loss, model_loss
 from .stateful_metrics import StatefulMetrics
 from .step_functions import StepFunctions
 from .step_plan import StepPlan, StepResult
@@ -135,6 +135,12 @@ class ModelEngine:
         if self.trainer is not None:
             self.trainer.close()        # last: it gives the user's optimizer object its state back
 
+    def train_on_model_loss(self) -> None:
+        """Train on the loss the model computes from the batch's labels, as the step
+        ``model(**batch)`` (``own_loss.py``), in place of the loss the task did not give."""
+        self.adapter = self.gathering = self.evaluation_gathering = None
+        self.steps = StepFunctions(model_loss, self.task.reduction)
+
     def keep_train_figures(self) -> None:
         """Score every training shard from now on (``train_metrics=True``): accuracy and the
         ``(sum, count)`` metrics of the batches trained (``train_figures.py``)."""
@@ -163,8 +169,10 @@ class ModelEngine:
                 self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0], step=step)
         steps = self.task.step if isinstance(self.task.step, LightningSteps) else None
         with outputs_kept(self.task.model, steps is not None and steps.ends_epoch):     # (these calls keep nothing)
+            lazy = any(isinstance(p, nn.parameter.UninitializedParameter) for p in self.task.model.parameters())
+            if not lazy:        # (a causal LM's labels shifted from now on; labels ours cannot take: its own loss)
+                self.loss_line = check_own_loss(self, example)
             self.replicas.initialize(example, run)
-            self.loss_line = check_own_loss(self, example)      # (a causal LM's labels: shifted from now on)
             if eval_example is not None:
                 with evaluating(self.replicas[0]), torch.no_grad():
                     run(self.replicas[0], eval_example)

@@ -17,6 +17,13 @@ sample and compares it with both readings of the logits:
   model and the batch give them (a Hugging Face ``compute_metrics`` shifts them itself);
 - neither (a loss with more in it: label smoothing, a mixture of experts' balancing term):
   an error naming ``step=`` (the model's own loss) and ``loss=`` (one of your choosing).
+
+A label per sample (a sequence classifier's) is compared on the first sample alike; labels
+that cross-entropy cannot take (a regression's floats, a multi-label classifier's rows of 0/1,
+for which the model's own loss is MSE or binary cross-entropy by its config) train on the
+model's own loss, as ``step=lambda model, batch: model(**batch)`` does (``model_loss``: a mean
+over each device's samples, exact for a loss per sample), said in one line; they were an
+error saying to pass ``loss=nn.MSELoss()``, which then failed on the logits' shape ``(N, 1)``.
 """
 from __future__ import annotations
 
@@ -49,6 +56,11 @@ def takes_labels(model: Any) -> bool:
     return any(p.name == "labels" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
+def model_loss(model: Any, batch: Any) -> Any:
+    """The step of a model that computes its own loss: ``model(**batch)``, labels and all."""
+    return model(**batch)
+
+
 def _own_loss(output: Any) -> Optional[torch.Tensor]:
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 and torch.isfinite(loss).all() else None
@@ -64,19 +76,17 @@ def check_own_loss(engine: Any, example: Any) -> Optional[str]:
     if adapter is None or task.loss is not None or task.forward is not None or not isinstance(example, Mapping):
         return None
     labels = example.get("labels")
-    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.dim() < 2 \
-            or not takes_labels(engine.replicas[0]):
+    if not isinstance(labels, torch.Tensor) or labels.dim() < 1 or not takes_labels(engine.replicas[0]):
         return None
+    if labels.dim() == 1 or labels.is_floating_point():
+        return _per_sample(engine, example, labels)
     kept = (labels[0] != IGNORE_INDEX).reshape(-1, labels.shape[-1])[0].nonzero()
     if len(kept) == 0 or int(kept[-1]) < 1:
         return None             # (no labelled token after the first: nothing to tell the readings apart)
     t = int(kept[-1])
     probe = torch.full_like(labels, IGNORE_INDEX)
     probe.reshape(-1, labels.shape[-1])[0, t] = labels.reshape(-1, labels.shape[-1])[0, t]
-    net, device = engine.replicas[0], engine.devices[0]
-    inputs = to_device({**{k: v for k, v in example.items() if k != "labels"}, "labels": probe}, device)
-    with evaluating(net), torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        output = net(**inputs)
+    output = _called(engine, {**example, "labels": probe})
     own, logits = _own_loss(output), loss_input(output, whole=True)
     if own is None or not isinstance(logits, torch.Tensor) or tuple(logits.shape[:-1]) != tuple(labels.shape):
         return None
@@ -86,15 +96,47 @@ def check_own_loss(engine: Any, example: Any) -> Optional[str]:
     tolerance = 1e-4 * max(1.0, abs(own_value))
     if abs(own_value - here) <= tolerance:
         return None
-    name = type(net).__name__
+    name = type(engine.replicas[0]).__name__
     if abs(own_value - before) <= tolerance:
         adapter.shift_labels = True
         return (f"dptrain: {name} computes its loss on the next token (a causal language model's: labels[:, t + 1] "
                 f"against logits[:, t]), so the loss and the accuracy read the labels shifted, as its own loss "
                 f"does; the metrics get the logits and labels as they are")
-    raise ValueError(f"{name}'s own loss on one labelled token of the first sample is {own_value:.6g}, but "
-                     f"cross-entropy of its logits against the labels (what dptrain computes in its place, to sum the "
-                     f"loss exactly over devices) is {here:.6g} there ({before:.6g} against the next token): its loss "
-                     f"is another one (label smoothing, an auxiliary term). Pass step=lambda model, batch: "
-                     f"model(**batch) to train on the model's own loss (a mean over each device's samples), or "
-                     f"loss=fn(output, labels) for one of your choosing")
+    raise _another(name, "one labelled token of ", own_value, f"{here:.6g} there ({before:.6g} against the next token)")
+
+
+def _called(engine: Any, batch: Any) -> Any:
+    """The first replica's output for ``batch`` with its labels: in eval mode, without
+    gradients, its random streams left as they were."""
+    net, device = engine.replicas[0], engine.devices[0]
+    with evaluating(net), torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        return net(**to_device(batch, device))
+
+
+def _per_sample(engine: Any, example: Any, labels: torch.Tensor) -> Optional[str]:
+    """A label per sample (or float labels): the model's own loss on the first sample against
+    cross-entropy's (see the module); labels cross-entropy cannot take: the model's own loss."""
+    from .losses import LossAdapter         # (losses reads next_token from here)
+    output = _called(engine, example)
+    own, name = _own_loss(output), type(engine.replicas[0]).__name__
+    if own is None:
+        return None
+    try:
+        ours = float(LossAdapter().whole(output, labels.to(engine.devices[0]))[0])
+    except (TypeError, ValueError) as e:
+        engine.train_on_model_loss()
+        what = "float labels" if labels.is_floating_point() else f"labels of shape {tuple(labels.shape)}"
+        return (f"dptrain: {name} computes its own loss from the labels, and cross-entropy, dptrain's default, cannot "
+                f"take its {what} ({str(e).split(':')[0]}): it trains on its own loss, as step=lambda model, batch: "
+                f"model(**batch) (a mean over each device's samples)")
+    if abs(float(own) - ours) <= 1e-4 * max(1.0, abs(float(own))):
+        return None
+    raise _another(name, "", float(own), f"{ours:.6g}")
+
+
+def _another(name: str, where: str, own: float, ours: str) -> ValueError:
+    return ValueError(f"{name}'s own loss on {where}the first sample is {own:.6g}, but cross-entropy of its logits "
+                      f"against the labels (what dptrain computes in its place, to sum the loss exactly over devices) "
+                      f"is {ours}: its loss is another one (label smoothing, an auxiliary term). Pass step=lambda "
+                      f"model, batch: model(**batch) to train on the model's own loss (a mean over each device's "
+                      f"samples), or loss=fn(output, labels) for one of your choosing")
