@@ -92,3 +92,37 @@ def test_a_namedtuple_output_and_a_hugging_face_style_loss_of_none_are_joined(de
     hf = dptrain.predict(model, {"x": X}, batch_size=4, devices=devices,
                          forward=lambda m, b: {"loss": None, "logits": m(**b).logits})
     assert hf["loss"] is None and hf["logits"].shape == (11, 3)
+
+
+class Cache:
+    """A causal LM's key-value cache: an object of its own, not joined sample by sample."""
+
+    def __init__(self, keys):
+        self.keys = keys
+
+
+class CachingLM(nn.Module):
+    """A Hugging Face-style model (it has a config) whose eval-mode output holds its cache, and
+    maybe other objects (mems)."""
+
+    def __init__(self, ignored=None, mems=False):
+        super().__init__()
+        self.config = type("Config", (), {} if ignored is None else {"keys_to_ignore_at_inference": ignored})()
+        self.f, self.mems = nn.Linear(4, 3), mems
+
+    def forward(self, input_ids):
+        out = {"logits": self.f(input_ids), "past_key_values": Cache(input_ids)}
+        return {**out, "mems": Cache(input_ids)} if self.mems else out
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_hugging_face_models_cache_is_left_out_as_the_trainer_leaves_it(devices):
+    X = torch.randn(6, 4)
+    for model in (CachingLM(), CachingLM(ignored=["past_key_values", "mems"], mems=True)):
+        out = dptrain.predict(model, {"input_ids": X}, devices=devices, batch_size=4)
+        assert out["past_key_values"] is None and out.get("mems") is None
+        with torch.no_grad():
+            torch.testing.assert_close(out["logits"], model.f(X))
+    # transformers 5's configs name no keys: its cache is left out, other objects are said
+    with pytest.raises(TypeError, match="cannot join values of type Cache"):
+        dptrain.predict(CachingLM(mems=True), {"input_ids": X}, devices=devices, batch_size=4)

@@ -56,13 +56,34 @@ def model_input(model: nn.Module, batch: Batch) -> Any:
                     f"forward=fn(model, batch) -> output")
 
 
-def batch_loss_left_out(output: Any) -> Any:
+def batch_loss_left_out(output: Any, ignored: Sequence[str] = ()) -> Any:
     """A dict output's ``loss`` of the batch (a 0-dim tensor: not a sample's) as None, as a
-    Hugging Face model gives it without labels: a forward given the batch whole computes it."""
-    if isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor) and output["loss"].dim() == 0:
+    Hugging Face model gives it without labels: a forward given the batch whole computes it.
+    ``ignored``: the keys its config says to leave out at inference (``keys_to_ignore_at_inference``:
+    a causal LM's ``past_key_values``, a cache object, not joined sample by sample), None too,
+    as the Trainer's ``predict`` leaves them out."""
+    if not isinstance(output, Mapping):
+        return output
+    gone = [k for k in ignored if output.get(k) is not None]
+    if isinstance(output.get("loss"), torch.Tensor) and output["loss"].dim() == 0:
+        gone.append("loss")
+    if gone:
         output = copy.copy(output)
-        output["loss"] = None
+        for k in gone:
+            output[k] = None
     return output
+
+
+def ignored_at_inference(model: nn.Module) -> Sequence[str]:
+    """The output keys a Hugging Face model (one with a ``config``) leaves out at inference: its
+    config's ``keys_to_ignore_at_inference``, else its cache (transformers 5 names none); none
+    for other models."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return ()
+    keys = getattr(config, "keys_to_ignore_at_inference", None)
+    return tuple(k for k in keys if isinstance(k, str)) if isinstance(keys, (list, tuple)) else \
+        ("past_key_values", "cache")
 
 
 def concatenate(parts: List[Any]) -> Any:
@@ -112,6 +133,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
         replicas = replicate(model, devices)
         own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
         runner, feed = get_runner(replicas.devices), forward or model_input
+        ignored = ignored_at_inference(model)       # (a causal LM's cache)
         outputs: List[Any] = []
         index = 0                           # the batch's (a predict_step's batch_idx)
 
@@ -120,7 +142,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
                 return None
             shard = to_device(shard, replicas.devices[i])
             out = own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
-            return batch_loss_left_out(map_tensors(lambda t: t.detach().cpu(), out))
+            return map_tensors(lambda t: t.detach().cpu(), batch_loss_left_out(out, ignored))
         try:
             with evaluating(*replicas), runner.coordinating():     # each module's own mode back after
                 for index, batch in enumerate(loader):
