@@ -212,3 +212,41 @@ def test_a_classifier_whose_own_loss_is_another_one_is_an_error():
                                          r"logits .* Pass step=lambda model, batch: model\(\*\*batch\)"):
         dptrain.fit(Regressor(smoothing=0.2).double(), rows(classes=True), None, epochs=1, batch_size=8, devices=1,
                     log=None)
+
+
+class Answerer(nn.Module):
+    """A question-answering model: its own loss reads start and end positions, not labels."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Linear(4, 2)
+
+    def forward(self, x, start_positions=None, end_positions=None):
+        start, end = self.f(x).unbind(-1)       # (N, T) each
+        if start_positions is None:
+            return {"start_logits": start, "end_logits": end}
+        loss = (F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)) / 2
+        return {"loss": loss, "start_logits": start, "end_logits": end}
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_batch_with_no_target_trains_on_the_models_own_loss(devices):
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(20, 6, 4, generator=g, dtype=torch.float64)
+    data = [{"x": X[i], "start_positions": X[i, :, 0].argmax(), "end_positions": X[i, :, 1].argmax()}
+            for i in range(20)]
+    torch.manual_seed(0)
+    model, want = Answerer().double(), Answerer().double()
+    want.load_state_dict(model.state_dict())
+    optimizer = torch.optim.SGD(want.parameters(), lr=0.1)
+    for start in range(0, 20, 8):
+        optimizer.zero_grad()
+        want(**{k: torch.stack([r[k] for r in data[start:start + 8]]) for k in data[0]})["loss"].backward()
+        optimizer.step()
+    lines = []
+    dptrain.fit(model, data, None, epochs=1, batch_size=8, lr=0.1, optimizer=torch.optim.SGD, devices=devices,
+                shuffle=False, log=lines.append)
+    for p, q in zip(model.parameters(), want.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
+    assert any("the batches hold no target (x, start_positions, end_positions) and Answerer computes its own loss "
+               "from them" in line for line in lines)

@@ -18,7 +18,8 @@ sample and compares it with both readings of the logits:
 - neither (a loss with more in it: label smoothing, a mixture of experts' balancing term):
   an error naming ``step=`` (the model's own loss) and ``loss=`` (one of your choosing).
 
-A label per sample (a sequence classifier's) is compared on the first sample alike; labels
+A dict batch with no target key, whose model computes its loss from it (a question-answering
+model's start and end positions), trains on that loss alike. A label per sample (a sequence classifier's) is compared on the first sample alike; labels
 that cross-entropy cannot take (a regression's floats, a multi-label classifier's rows of 0/1,
 for which the model's own loss is MSE or binary cross-entropy by its config) train on the
 model's own loss, as ``step=lambda model, batch: model(**batch)`` does (``model_loss``: a mean
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 
 from ..core.modes import evaluating
 from ..data.batch import to_device
+from ..data.model_inputs import TARGET_KEYS
 from .model_outputs import loss_input
 
 IGNORE_INDEX = -100     # (cross-entropy's default, which a Hugging Face model's loss uses)
@@ -75,6 +77,8 @@ def check_own_loss(engine: Any, example: Any) -> Optional[str]:
     task, adapter = engine.task, engine.adapter
     if adapter is None or task.loss is not None or task.forward is not None or not isinstance(example, Mapping):
         return None
+    if not any(k in example for k in TARGET_KEYS):
+        return _no_target(engine, example)
     labels = example.get("labels")
     if not isinstance(labels, torch.Tensor) or labels.dim() < 1 or not takes_labels(engine.replicas[0]):
         return None
@@ -132,6 +136,22 @@ def _per_sample(engine: Any, example: Any, labels: torch.Tensor) -> Optional[str
     if abs(float(own) - ours) <= 1e-4 * max(1.0, abs(float(own))):
         return None
     raise _another(name, "", float(own), f"{ours:.6g}")
+
+
+def _no_target(engine: Any, example: Any) -> Optional[str]:
+    """A dict batch holding none of the target keys (a question-answering model's
+    ``start_positions`` and ``end_positions``): a model computing its own loss from the batch
+    trains on it (it was an error asking for a target key or ``step=``)."""
+    try:
+        output = _called(engine, example)
+    except Exception:       # (not called so: the first step says why, as it did)
+        return None
+    if _own_loss(output) is None:
+        return None
+    engine.train_on_model_loss()
+    return (f"dptrain: the batches hold no target ({', '.join(map(str, example))}) and "
+            f"{type(engine.replicas[0]).__name__} computes its own loss from them: it trains on it, as "
+            f"step=lambda model, batch: model(**batch) (a mean over each device's samples)")
 
 
 def _another(name: str, where: str, own: float, ours: str) -> ValueError:
