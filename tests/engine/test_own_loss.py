@@ -250,3 +250,13 @@ def test_a_batch_with_no_target_trains_on_the_models_own_loss(devices):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
     assert any("the batches hold no target (x, start_positions, end_positions) and Answerer computes its own loss "
                "from them" in line for line in lines)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_in_16_bits_the_reading_is_told_apart_at_the_clearest_token(seed):
+    for kind, shifted in ((CausalLM, True), (TokenTagger, False)):
+        torch.manual_seed(seed)
+        lines = []
+        dptrain.fit(kind().bfloat16(), sequences(), None, collate_fn=collate, epochs=1, batch_size=8, devices=1,
+                    log=lines.append)
+        assert any("computes its loss on the next token" in line for line in lines) == shifted
