@@ -125,8 +125,9 @@ PEER_KEYWORDS = {
     "eval_accumulation_steps": "none: an evaluation keeps sums, not outputs (dptrain.whole_set(fn) keeps them)",
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_epsilon"),
                     "optimizer=functools.partial(torch.optim.AdamW, betas=(0.9, 0.999), eps=1e-8)"),
-    "label_names": "none: a dict batch's target is its y, target(s) or label(s) key; forward=fn(model, batch) -> "
-                   "(output, target) for another",
+    "label_names": "none: a dict batch's target is its y, target(s) or label(s) key; a batch with none of them "
+                   "trains on the loss its model computes from it (start_positions, end_positions); "
+                   "forward=fn(model, batch) -> (output, target) for another",
     "remove_unused_columns": "none: a dict batch's keys are forward's arguments; leave the others out in "
                              "collate_fn",
     "group_by_length": "none: a DataLoader whose batch_sampler groups samples by length (see Samplers)",
