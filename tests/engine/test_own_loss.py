@@ -260,3 +260,20 @@ def test_in_16_bits_the_reading_is_told_apart_at_the_clearest_token(seed):
         dptrain.fit(kind().bfloat16(), sequences(), None, collate_fn=collate, epochs=1, batch_size=8, devices=1,
                     log=lines.append)
         assert any("computes its loss on the next token" in line for line in lines) == shifted
+
+
+class Picky(TokenTagger):
+    """Its own loss takes one label per sample, so given token labels it fails: not dptrain's
+    business, which trains on its logits against them, as before the check."""
+
+    def own_loss(self, logits, labels):
+        if labels.dim() != 1:
+            raise ValueError("labels must be one per sample")
+        return F.cross_entropy(logits[:, -1], labels)
+
+
+def test_a_model_that_fails_when_given_the_labels_is_trained_as_before():
+    model, result = train(2, kind=Picky)
+    want, _ = train(2, kind=TokenTagger)
+    for p, q in zip(model.parameters(), want.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)

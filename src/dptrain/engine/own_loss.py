@@ -64,6 +64,7 @@ def model_loss(model: Any, batch: Any) -> Any:
 
 
 def _own_loss(output: Any) -> Optional[torch.Tensor]:
+    """The loss a model's output holds (a dict's or an object's ``loss``: one finite number), or None."""
     loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 and torch.isfinite(loss).all() else None
 
@@ -132,10 +133,15 @@ def _tolerance(own: float, model: Any) -> float:
 
 def _called(engine: Any, batch: Any) -> Any:
     """The first replica's output for ``batch`` with its labels: in eval mode, without
-    gradients, its random streams left as they were."""
+    gradients, its random streams left as they were; None where the call fails (a model not
+    called so: the first step runs it as it is, and says what fails there, as before)."""
     net, device = engine.replicas[0], engine.devices[0]
-    with evaluating(net), torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        return net(**to_device(batch, device))
+    try:
+        with evaluating(net), torch.no_grad(), \
+                torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            return net(**to_device(batch, device))
+    except Exception:
+        return None
 
 
 def _per_sample(engine: Any, example: Any, labels: torch.Tensor) -> Optional[str]:
@@ -163,10 +169,7 @@ def _no_target(engine: Any, example: Any) -> Optional[str]:
     """A dict batch holding none of the target keys (a question-answering model's
     ``start_positions`` and ``end_positions``): a model computing its own loss from the batch
     trains on it (it was an error asking for a target key or ``step=``)."""
-    try:
-        output = _called(engine, example)
-    except Exception:       # (not called so: the first step says why, as it did)
-        return None
+    output = _called(engine, example)
     if _own_loss(output) is None:
         return None
     engine.train_on_model_loss()
