@@ -66,3 +66,19 @@ def test_a_packed_sequence_is_one_object_of_its_sequences():
     assert type(moved[0]) is type(packed) and moved[0].data.device.type == "meta"
     with pytest.raises(TypeError, match=r"a batch holding a PackedSequence"):
         split_structure((packed, torch.zeros(3)), [2, 1])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_samples_that_are_objects_of_ones_own_get_an_error_naming_collate_fn(workers):
+    import dptrain
+    samples = [Graphs(torch.randn(3, 2), torch.tensor(i % 2)) for i in range(8)]
+    with pytest.raises(TypeError, match=r"samples of type Graphs \(an object of your own, with its own to\) cannot be "
+                                        r"stacked into a batch by torch's default_collate: pass collate_fn="):
+        dptrain.fit(nn.Linear(2, 2), samples, None, epochs=1, batch_size=4, devices=1, num_workers=workers, log=None)
+    # what it says works: a collate_fn making their batch object
+    collate = lambda items: Sized(torch.stack([g.x.mean(0) for g in items]), torch.stack([g.y for g in items]))  # noqa
+    dptrain.fit(nn.Linear(2, 2), samples, None, epochs=1, batch_size=4, devices=1, collate_fn=collate, log=None,
+                forward=lambda model, batch: (model(batch.x), batch.y))
+    # samples default_collate cannot take that are not such objects: torch's own error, as it was
+    with pytest.raises(TypeError, match="default_collate: batch must contain"):
+        dptrain.fit(nn.Linear(2, 2), [object() for _ in range(8)], None, epochs=1, batch_size=4, devices=1, log=None)

@@ -23,6 +23,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from torch.nn.utils.rnn import PackedSequence
+from torch.utils.data._utils.collate import default_collate
 
 _CONTAINERS = (torch.Tensor, Mapping, tuple, list, str, bytes, np.ndarray, torch.nn.Module)
 
@@ -67,3 +68,22 @@ def cannot_cut(x: Any) -> TypeError:
                      f"--processes N, where each process collates its own part), or let each device collate its own "
                      f"part: collate_fn=dptrain.data.collate_samples keeps the samples whole, and "
                      f"forward=lambda model, batch: ... builds the {name} of each device's part")
+
+
+def collate_default(samples: Any) -> Any:
+    """torch's ``default_collate``, whose error for samples that are objects of one's own (PyG's
+    ``Data``: a graph a sample) names the fix, a ``collate_fn`` that makes their batch object
+    (it was torch's "default_collate: batch must contain tensors...")."""
+    try:
+        return default_collate(samples)
+    except TypeError:
+        first = samples[0] if isinstance(samples, (list, tuple)) and samples else None
+        if first is None or not own_object(first):
+            raise
+    name = type(first).__name__
+    pyg = type(first).__module__.startswith("torch_geometric")
+    raise TypeError(f"samples of type {name} (an object of your own, with its own to) cannot be stacked into a batch "
+                    f"by torch's default_collate: pass collate_fn=fn(list of samples) -> batch"
+                    + (", here collate_fn=torch_geometric.data.Batch.from_data_list (or give a "
+                       "torch_geometric.loader.DataLoader)" if pyg else
+                       f" (e.g. a batch object of its {name}s, with a to and a batch_size)")) from None

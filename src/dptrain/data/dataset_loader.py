@@ -18,10 +18,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
-from torch.utils.data._utils.collate import default_collate
 
 from ..core.errors import DataStalled
 from .batch import Batch, map_tensors
+from .batch_objects import collate_default
 from .loader import EpochPlan
 from .samplers import Drawn
 from .seeded_reads import _Part, _Seeded
@@ -110,7 +110,7 @@ class DatasetLoader(EpochPlan):
         super().__init__(n, batch_size, **plan)
         self.dataset, self.num_workers = dataset, num_workers
         self.worker_timeout = worker_timeout if num_workers else 0.0
-        self.collate_fn = collate_fn or default_collate
+        self.collate_fn = collate_fn or collate_default
         # A weak reference: in a reference cycle the garbage collector may close the worker
         # queues before the DataLoader says goodbye to its workers, which then linger 5 s each.
         self._sampler = _Parts(weakref.proxy(self))

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from torch.utils.data._utils.collate import default_collate
 
 from ..core.parts import even_part
 from .batch import Batch, map_tensors, tensors_of
+from .batch_objects import collate_default
 from .dispatch import Dispatch, sharded_epoch
 from .loader import EpochPlan
 from .stream_reader import Reader
@@ -86,7 +86,7 @@ class StreamLoader(EpochPlan):
         self.size: Optional[int] = size      # type: ignore[assignment]
         self.dataset, self.steps_per_epoch, self.num_workers = dataset, steps_per_epoch, num_workers
         self.worker_timeout = worker_timeout if num_workers else 0.0
-        self.worker_init_fn, self.collate_fn = worker_init_fn, collate_fn or default_collate
+        self.worker_init_fn, self.collate_fn = worker_init_fn, collate_fn or collate_default
         self.worker_options = dict(worker_options or {})     # a DataLoader's prefetch_factor, multiprocessing_context
         self._reader = Reader(self, num_workers)
         #: dispatch_batches with several processes: rank 0 reads, and sends the others their parts
