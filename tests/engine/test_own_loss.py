@@ -277,3 +277,16 @@ def test_a_model_that_fails_when_given_the_labels_is_trained_as_before():
     want, _ = train(2, kind=TokenTagger)
     for p, q in zip(model.parameters(), want.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
+
+
+def test_evaluate_alone_reads_a_causal_lm_and_a_regressor_as_fit_does():
+    model = made()
+    batch = collate(sequences())
+    with torch.no_grad():
+        want = model(**batch)["loss"].item()
+    assert dptrain.evaluate(model, sequences(), collate_fn=collate, devices=2)["test_loss"] == pytest.approx(want)
+    regressor = Regressor().double()
+    batch = {k: torch.stack([r[k] for r in rows()]) for k in ("x", "labels")}
+    with torch.no_grad():
+        want = regressor(**batch)["loss"].item()
+    assert dptrain.evaluate(regressor, rows(), devices=2)["test_loss"] == pytest.approx(want)
