@@ -18,13 +18,14 @@ sample and compares it with both readings of the logits:
 - neither (a loss with more in it: label smoothing, a mixture of experts' balancing term):
   an error naming ``step=`` (the model's own loss) and ``loss=`` (one of your choosing).
 
-A dict batch with no target key, whose model computes its loss from it (a question-answering
-model's start and end positions), trains on that loss alike. A label per sample (a sequence classifier's) is compared on the first sample alike; labels
+A label per sample (a sequence classifier's) is compared on the first sample alike. Labels
 that cross-entropy cannot take (a regression's floats, a multi-label classifier's rows of 0/1,
 for which the model's own loss is MSE or binary cross-entropy by its config) train on the
 model's own loss, as ``step=lambda model, batch: model(**batch)`` does (``model_loss``: a mean
 over each device's samples, exact for a loss per sample), said in one line; they were an
 error saying to pass ``loss=nn.MSELoss()``, which then failed on the logits' shape ``(N, 1)``.
+So does a dict batch with no target key whose model computes its loss from it (a
+question-answering model's start and end positions).
 """
 from __future__ import annotations
 
