@@ -169,9 +169,8 @@ class ModelEngine:
                 self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0], step=step)
         steps = self.task.step if isinstance(self.task.step, LightningSteps) else None
         with outputs_kept(self.task.model, steps is not None and steps.ends_epoch):     # (these calls keep nothing)
-            lazy = any(isinstance(p, nn.parameter.UninitializedParameter) for p in self.task.model.parameters())
-            if not lazy:        # (a causal LM's labels shifted from now on; labels ours cannot take: its own loss)
-                self.loss_line = check_own_loss(self, example)
+            # (a causal LM's labels shifted from now on; labels ours cannot take: its own loss)
+            self.loss_line = check_own_loss(self, example)
             self.replicas.initialize(example, run)
             if eval_example is not None:
                 with evaluating(self.replicas[0]), torch.no_grad():

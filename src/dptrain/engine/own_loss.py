@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from ..core.modes import evaluating
 from ..data.batch import to_device
 from ..data.model_inputs import TARGET_KEYS
+from ..parallel.replicas import is_lazy
 from .model_outputs import loss_input
 
 IGNORE_INDEX = -100     # (cross-entropy's default, which a Hugging Face model's loss uses)
@@ -77,7 +78,8 @@ def check_own_loss(engine: Any, example: Any) -> Optional[str]:
     losses differ otherwise. Checked only where dptrain chose the loss: no ``loss=``,
     ``forward=`` or ``step=`` given, a dict batch with integer ``labels`` the forward takes."""
     task, adapter = engine.task, engine.adapter
-    if adapter is None or task.loss is not None or task.forward is not None or not isinstance(example, Mapping):
+    if adapter is None or task.loss is not None or task.forward is not None or not isinstance(example, Mapping) \
+            or is_lazy(engine.replicas[0]):         # (lazy layers: shaped by the first batch, after this)
         return None
     if not any(k in example for k in TARGET_KEYS):
         return _no_target(engine, example)

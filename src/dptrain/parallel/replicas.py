@@ -41,7 +41,8 @@ def sum_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, y, reduction="sum")
 
 
-def _is_lazy(net: nn.Module) -> bool:
+def is_lazy(net: nn.Module) -> bool:
+    """Whether ``net`` has lazy parameters its first batch has not shaped yet."""
     return any(isinstance(p, UninitializedParameter) for p in net.parameters())
 
 
@@ -157,7 +158,7 @@ class Replicas(Sequence[nn.Module]):
         #: The synchronised BatchNorm layers' exchange (``syncbn.ThreadGroup``), once made.
         self.sync_group: Optional[ThreadGroup] = None
         self._modules: List[nn.Module] = []
-        if not _is_lazy(net):
+        if not is_lazy(net):
             self._materialize()
 
     @property
