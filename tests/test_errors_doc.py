@@ -7,13 +7,14 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.warm import dptrain_cli
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 ROW = re.compile(r"^\| (?P<what>[^|]+) \| `(?P<cmd>(?:[A-Z_]+=\S+ )*dptrain [^`]+)` \| (?P<code>\d+) \| (?P<msg>.+) \|$")
@@ -76,9 +77,9 @@ def places(tmp_path_factory):
     (tmp_path / "file").write_text("")
     ckpt = tmp_path / "ckpt"
     metrics = tmp_path / "metrics.jsonl"
-    subprocess.run([sys.executable, "-m", "dptrain", "train", "--data-dir", str(data), "--epochs", "2",
-                    "--max-batches", "1", "--eval-batches", "1", "--checkpoint-dir", str(ckpt),
-                    "--metrics", str(metrics)], check=True, capture_output=True, timeout=120)
+    made = dptrain_cli(["train", "--data-dir", str(data), "--epochs", "2", "--max-batches", "1", "--eval-batches",
+                        "1", "--checkpoint-dir", str(ckpt), "--metrics", str(metrics)], timeout=120)
+    assert made.returncode == 0, made.stderr
     bad = tmp_path / "badckpt"
     bad.mkdir()
     (bad / "checkpoint.pt").write_bytes(gzip.compress(b"not a checkpoint"))
@@ -115,8 +116,7 @@ def test_row(row, places, tmp_path):
            "DPTRAIN_MIRROR": "http://127.0.0.1:9/",
            **dict(a.split("=", 1) for a in assignments)}
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "dptrain", *args], capture_output=True, text=True,
-                         timeout=300, env=env)
+    out = dptrain_cli(args, env=env, timeout=300)
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("dptrain: error: ")]
     assert out.returncode == int(row["code"]), out.stderr
     assert len(lines) == 1 and row["msg"].format(**places) in lines[0], out.stderr

@@ -1,10 +1,11 @@
 """Run a function in 2 processes joined by gloo on loopback, with a timeout on every join.
 
-As PyTorch's MultiProcessTestCase does: spawn, rendezvous through a file in a temp dir (no
-port clashes), OMP_NUM_THREADS=1, the children's tracebacks shown when they fail, the
-process group destroyed at the end, and every child killed if the deadline passes.
+As PyTorch's MultiProcessTestCase does: fresh processes (forked from a warm fork server,
+``tests/warm.py``, with the test's environment and folder: as spawned ones, without the 3 s
+of importing torch each), rendezvous through a file in a temp dir (no port clashes),
+OMP_NUM_THREADS=1, the children's tracebacks shown when they fail, the process group
+destroyed at the end, and every child killed if the deadline passes.
 """
-import multiprocessing as mp
 import os
 import queue
 import tempfile
@@ -13,10 +14,13 @@ from datetime import timedelta
 
 import pytest
 
+from tests.warm import CONTEXT, become, here
+
 TIMEOUT_S = 120
 
 
-def _entry(fn, rank, world_size, init_file, results, args):
+def _entry(fn, rank, world_size, init_file, results, args, place):
+    become(place)
     os.environ.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1")
     import torch
     import torch.distributed as dist
@@ -34,11 +38,11 @@ def _entry(fn, rank, world_size, init_file, results, args):
 
 def run_workers(fn, *args, world_size=2, timeout=TIMEOUT_S):
     """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes; return their results."""
-    ctx = mp.get_context("spawn")
+    ctx = CONTEXT
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, init_file, results, args), daemon=False)   # DataLoader workers need a non-daemon parent
+        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, init_file, results, args, here()), daemon=False)   # DataLoader workers need a non-daemon parent
                  for r in range(world_size)]
         for p in procs:
             p.start()

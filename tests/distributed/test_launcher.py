@@ -13,14 +13,14 @@ import pytest
 from dptrain.distributed.launcher import free_port
 from dptrain.outputs.checkpoint import load_checkpoint
 from tests.signals import signal_in_second_epoch
+from tests.warm import dptrain_cli
 
 QUICK = ["--epochs", "2", "--max-batches", "4", "--eval-batches", "4", "--batch-size", "64"]
 
 
-def run(args, timeout=300, **kw):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **kw.pop("env", {})}
-    return subprocess.run([sys.executable, "-m", "dptrain", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)
+def run(args, timeout=300, env=None):
+    """``python -m dptrain *args``, forked warm (its workers are real interpreters)."""
+    return dptrain_cli(args, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=timeout)
 
 
 def children(pid):
@@ -239,8 +239,7 @@ def test_ten_fits_in_one_launched_script():
     """A second fit in a launched script used to wait for a process group the first had
     ended; ten different fits run, and train as the same script on 2 devices of one process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launched = subprocess.run([sys.executable, "-m", "dptrain", "launch", "--processes", "2",
-                               "tests/tasks/many_fits.py"], capture_output=True, text=True, env=env, timeout=300)
+    launched = run(["launch", "--processes", "2", "tests/tasks/many_fits.py"])
     assert launched.returncode == 0, launched.stderr
     alone = subprocess.run([sys.executable, "tests/tasks/many_fits.py"], capture_output=True, text=True,
                            env={**env, "DEVICES": "2"}, timeout=300)

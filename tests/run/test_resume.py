@@ -13,6 +13,7 @@ from dptrain.outputs.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from dptrain.core.errors import CheckpointError
 from dptrain.cli.main import main
 from tests.signals import signal_in_second_epoch
+from tests.warm import dptrain_cli
 
 QUICK = ["--epochs", "3", "--max-batches", "4", "--eval-batches", "2", "--batch-size", "64", "--json"]
 
@@ -40,19 +41,18 @@ def test_resume_after_an_epoch_is_bit_identical(data_dir, tmp_path, capsys, reci
 @pytest.mark.parametrize("sig, ahead", [(signal.SIGINT, "0"), (signal.SIGTERM, "1")])
 def test_a_signal_saves_mid_epoch_and_resume_matches(data_dir, tmp_path, sig, ahead):
     """Also with the host running a step ahead of what it reads back (as on GPUs)."""
-    args = [sys.executable, "-m", "dptrain", "train", "--data-dir", data_dir, "--devices", "1",
+    args = ["train", "--data-dir", data_dir, "--devices", "1",
             "--epochs", "2", "--max-batches", "150", "--eval-batches", "2", "--batch-size", "64", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DPTRAIN_RUN_AHEAD": ahead}
-    whole = json.loads(subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "a")], capture_output=True,
-                                      text=True, env=env, timeout=300).stdout)
+    whole = json.loads(dptrain_cli(args + ["--checkpoint-dir", str(tmp_path / "a")], env=env).stdout)
     metrics = tmp_path / "b.jsonl"
-    proc = subprocess.Popen(args + ["--checkpoint-dir", str(tmp_path / "b"), "--metrics", str(metrics)],
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", *args, "--checkpoint-dir", str(tmp_path / "b"),
+                             "--metrics", str(metrics)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     err = signal_in_second_epoch(proc, metrics, sig)
     assert proc.returncode == 130, err
     assert f"stopped by {sig.name} at epoch 2, batch" in err and "--resume" in err
-    resumed = json.loads(subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"],
-                                        capture_output=True, text=True, env=env, timeout=300).stdout)
+    resumed = json.loads(dptrain_cli(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"], env=env).stdout)
     assert [r["train_loss"] for r in resumed["history"]] == [r["train_loss"] for r in whole["history"]]
     assert [r["test_acc"] for r in resumed["history"]] == [r["test_acc"] for r in whole["history"]]
 
@@ -121,18 +121,17 @@ def test_resume_without_a_directory_is_a_usage_error(capsys):
 def interrupted_and_resumed(recipe, tmp_path, *more):
     """Run ``recipe`` on one device whole into ``a``; again into ``b``, SIGINT after its
     first epoch, then --resume; return both histories (without seconds) and the stop line."""
-    args = [sys.executable, "-m", "dptrain", "train", "--recipe", recipe, "--devices", "1", "--json", *more]
+    args = ["train", "--recipe", recipe, "--devices", "1", "--json", *more]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    whole = subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "a")], capture_output=True, text=True,
-                           env=env, timeout=300)
+    whole = dptrain_cli(args + ["--checkpoint-dir", str(tmp_path / "a")], env=env)
     assert whole.returncode == 0, whole.stderr
     metrics = tmp_path / "b.jsonl"
-    proc = subprocess.Popen(args + ["--checkpoint-dir", str(tmp_path / "b"), "--metrics", str(metrics)],
+    proc = subprocess.Popen([sys.executable, "-m", "dptrain", *args, "--checkpoint-dir", str(tmp_path / "b"),
+                             "--metrics", str(metrics)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     err = signal_in_second_epoch(proc, metrics, signal.SIGINT)
     assert proc.returncode == 130 and "stopped by SIGINT at epoch" in err, err
-    resumed = subprocess.run(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"], capture_output=True,
-                             text=True, env=env, timeout=300)
+    resumed = dptrain_cli(args + ["--checkpoint-dir", str(tmp_path / "b"), "--resume"], env=env)
     assert resumed.returncode == 0, resumed.stderr
     strip = lambda out: [{k: v for k, v in h.items() if k != "sec"} for h in json.loads(out)["history"]]  # noqa: E731
     return strip(whole.stdout), strip(resumed.stdout), err, whole.stderr
@@ -142,7 +141,7 @@ def test_a_user_task_stopped_mid_epoch_resumes_bit_identical(tmp_path):
     """Your own Task (dict batches from a Dataset, dropout, AdamW, a per-batch cosine schedule):
     SIGINT in epoch 2, then --resume, ends where an unbroken run ends, bit for bit."""
     whole, resumed, err, _ = interrupted_and_resumed("tests/tasks/user_task.py:make", tmp_path, "--epochs", "2",
-                                                     "--max-batches", "3000")   # epoch 2 outlasts the 0.5 s wait
+                                                     "--max-batches", "800")   # epoch 2 (2 s) outlasts the 0.5 s wait
     assert "stopped by SIGINT at epoch 2, batch" in err, err
     assert resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["engine"], load_checkpoint(tmp_path / "b")["engine"]
@@ -223,11 +222,11 @@ def test_user_callbacks_survive_a_ctrl_c_resume(tmp_path):
     """Early stopping and a learning-rate logger (tests/tasks/user_task.py): SIGINT after
     epoch 1, then --resume, stops after the same epoch with the same history and callback states."""
     whole, resumed, _, said = interrupted_and_resumed("tests/tasks/user_task.py:make_with_callbacks", tmp_path,
-                                                      "--max-batches", "1500")     # long enough for the signal
+                                                      "--max-batches", "800")     # long enough for the signal
     assert "stopped after epoch 4: test loss not better for 3 epochs" in said
     assert len(whole) == 4 and resumed == whole
     a, b = load_checkpoint(tmp_path / "a")["callbacks"], load_checkpoint(tmp_path / "b")["callbacks"]
-    assert a == b and a["StopWhenFlat"]["seen"] == [1, 2, 3, 4] and len(a["LogLearningRate"]["logged"]) == 120
+    assert a == b and a["StopWhenFlat"]["seen"] == [1, 2, 3, 4] and len(a["LogLearningRate"]["logged"]) == 4 * 800 // 50
 
 
 def test_built_in_callbacks_survive_a_ctrl_c_resume(tmp_path):
@@ -235,7 +234,7 @@ def test_built_in_callbacks_survive_a_ctrl_c_resume(tmp_path):
     after epoch 1, --resume, and the run ends as an unbroken one: same epochs, best weights
     file, EMA weights, weights kept to restore, to the last bit."""
     whole, resumed, _, said = interrupted_and_resumed("tests/tasks/user_task.py:make_with_builtin_callbacks",
-                                                      tmp_path, "--max-batches", "1500")
+                                                      tmp_path, "--max-batches", "800")
     assert "stopped after epoch 4: test_loss did not improve for 3 epoch(s)" in said
     assert "restored the weights of epoch 1 (test_loss" in said
     assert len(whole) == 4 and resumed == whole
@@ -244,7 +243,7 @@ def test_built_in_callbacks_survive_a_ctrl_c_resume(tmp_path):
     files_a, files_b = a["BestCheckpoint"].pop("kept"), b["BestCheckpoint"].pop("kept")   # in runs a and b
     assert [(*k[:-1], os.path.basename(k[-1])) for k in files_a] == [(*k[:-1], os.path.basename(k[-1])) for k in files_b]
     assert a["EarlyStopping"] == b["EarlyStopping"] and a["BestCheckpoint"] == b["BestCheckpoint"]
-    assert a["EMA"]["updates"] == b["EMA"]["updates"] == 4 * 1500
+    assert a["EMA"]["updates"] == b["EMA"]["updates"] == 4 * 800
     for k, v in a["EMA"]["weights"].items():
         assert torch.equal(v, b["EMA"]["weights"][k]), k
         assert torch.equal(kept_a[k], kept_b[k]), k
