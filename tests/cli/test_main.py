@@ -8,16 +8,21 @@ import sys
 import pytest
 
 from dptrain.cli.main import main
+from tests.warm import dptrain_cli
 
 
-def dptrain(*args, env=None, timeout=300):
+def dptrain(*args, env=None, timeout=300, interpreter=False):
+    """The command in a process of its own: forked warm (``tests/warm.py``), or with
+    ``interpreter=True`` a fresh ``python -m dptrain.cli`` (start-up included)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "2", **(env or {})}
+    if not interpreter:
+        return dptrain_cli(list(args), env=full_env, timeout=timeout)
     return subprocess.run([sys.executable, "-m", "dptrain.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=full_env)
 
 
 def test_quick_run_prints_epochs_and_the_closing_line(data_dir):
-    out = dptrain("train", "--data-dir", data_dir, "--epochs", "2", "--max-batches", "3")
+    out = dptrain("train", "--data-dir", data_dir, "--epochs", "2", "--max-batches", "3", interpreter=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("epoch 1, ") and "train loss" in lines[0] and "test acc" in lines[0]
@@ -125,7 +130,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
 
 @pytest.mark.parametrize("args, message", [BAD_INPUT[0], BAD_INPUT[5]])
 def test_bad_input_from_the_command_itself(args, message):
-    """The same through ``python -m dptrain.cli``: a parse error and a run's error."""
+    """The same in a process of its own: a parse error and a run's error."""
     out = dptrain(*args)
     _one_error_line(out.returncode, out.stdout, out.stderr, message)
 
