@@ -17,7 +17,7 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
     pytest.importorskip("accelerate")
     out = tmp_path / "programs.json"
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke",
-                           "--programs", "tiny-mlp,hf-style", "--processes", "tiny-mlp", "--evaluation", "text",
+                           "--programs", "tiny-mlp,hf-style", "--processes", "", "--evaluation", "text",
                            "--interleaved", "tiny-mlp", "--interleaved-processes", "tiny-mlp",
                            "--interleaved-evaluation", "text", "--paired", "tiny-mlp", "--paired-evaluation", "text",
                            "--out", str(out)],
@@ -30,8 +30,7 @@ def test_the_everyday_programs_suite_runs_in_smoke_mode(tmp_path):
                     "dptrain, 2 virtual devices", "accelerate"):
         assert ("1 process", "tiny-mlp", variant) in got
     assert ("1 process", "hf-style", "dptrain, 1 device") in got
-    assert {v for p, prog, v in got if p == "2 processes"} == {"ddp", "accelerate", "dptrain"}
-    assert all(r["step_us"] > 0 for r in rows)
+    assert all(r["step_us"] > 0 for r in rows)    # (part 2, each framework's job alone: the next test's)
     mine = next(r for r in rows if r["variant"] == "dptrain, 1 device" and r["program"] == "tiny-mlp")
     assert "x plain loop" in mine and "x accelerate" in mine
     evaluated = next(r for r in rows if r["part"] == "evaluation" and r["variant"] == "dptrain, 1 device")
