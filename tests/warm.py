@@ -69,14 +69,12 @@ def _cli(args: List[str], place: Dict[str, object], out_path: str, err_path: str
         os._exit(code)
 
 
-def dptrain_cli(args: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 300,
-                cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+def dptrain_cli(args: List[str], env: Optional[Dict[str, str]] = None,
+                timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m dptrain *args`` in a forked warm process: its exit code, stdout and stderr (text)."""
     place = here()
     if env is not None:
         place["env"] = dict(env)
-    if cwd is not None:
-        place["cwd"] = str(cwd)
     with tempfile.TemporaryDirectory() as tmp:
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         proc = CONTEXT.Process(target=_cli, args=(list(args), place, out_path, err_path))

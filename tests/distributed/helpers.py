@@ -38,11 +38,11 @@ def _entry(fn, rank, world_size, init_file, results, args, place):
 
 def run_workers(fn, *args, world_size=2, timeout=TIMEOUT_S):
     """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes; return their results."""
-    ctx = CONTEXT
-    results = ctx.Queue()
+    results = CONTEXT.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, init_file, results, args, here()), daemon=False)   # DataLoader workers need a non-daemon parent
+        procs = [CONTEXT.Process(target=_entry, args=(fn, r, world_size, init_file, results, args, here()),
+                                 daemon=False)          # DataLoader workers need a non-daemon parent
                  for r in range(world_size)]
         for p in procs:
             p.start()
