@@ -75,9 +75,9 @@ def train(devices=1, kind=CausalLM, lr=0.5, **kw):
     return model, result
 
 
-def plain_loop(kind=CausalLM):
+def plain_loop(kind=CausalLM, lr=0.5):
     model = made(kind)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     data = sequences()
     for _ in range(2):
         for start in range(0, len(data), 8):
@@ -145,6 +145,46 @@ def test_a_model_whose_own_loss_is_another_one_is_an_error_naming_step_and_loss(
     # what it says works: the model's own loss, as the plain loop's
     model, _ = train(kind=SmoothedLM, step=lambda model, batch: model(**batch))
     close(model, plain_loop(SmoothedLM))
+
+
+class SummedLM(CausalLM):
+    """A causal LM whose own loss sums its tokens' (reduction="sum"): the same as the mean on one token."""
+
+    def own_loss(self, logits, labels):
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                               reduction="sum")
+
+
+class SummedTagger(TokenTagger):
+    def own_loss(self, logits, labels):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
+
+
+class LastTokenLM(CausalLM):
+    """Its own loss weighs the last labelled token alone: right on any one token, wrong on two."""
+
+    def own_loss(self, logits, labels):
+        shifted = labels[:, 1:]
+        last = (shifted != -100).long().cumsum(1).argmax(1)       # (each row's last labelled position)
+        rows = torch.arange(len(labels))
+        return F.cross_entropy(logits[rows, last], shifted[rows, last])
+
+
+@pytest.mark.parametrize("kind", [SummedLM, SummedTagger])
+def test_a_model_whose_own_loss_sums_its_tokens_is_an_error_saying_so(kind):
+    # One token's loss is the same summed or averaged: two tell them apart.
+    with pytest.raises(ValueError, match=rf"{kind.__name__}'s own loss on two labelled tokens of the first sample "
+                                         r"is .*, their mean: its loss is their sum \(reduction='sum'\), at another "
+                                         r"scale\. Pass step=lambda model, batch: model\(\*\*batch\)"):
+        train(kind=kind)
+    model, _ = train(kind=kind, lr=0.01, step=lambda model, batch: model(**batch))
+    close(model, plain_loop(kind, lr=0.01))
+
+
+def test_a_model_whose_own_loss_is_right_on_one_token_only_is_an_error():
+    with pytest.raises(ValueError, match=r"LastTokenLM's own loss on two labelled tokens of the first sample is .*, "
+                                         r"their mean: its loss is another one \(label smoothing"):
+        train(kind=LastTokenLM)
 
 
 def two_processes(rank, world):

@@ -18,6 +18,11 @@ sample and compares it with both readings of the logits:
 - neither (a loss with more in it: label smoothing, a mixture of experts' balancing term):
   an error naming ``step=`` (the model's own loss) and ``loss=`` (one of your choosing).
 
+One token's loss is the same whether the model averages its tokens or sums them, so where the
+sample has two labelled tokens it is asked once more, with two: its loss must be their mean,
+as ours is (a sum over tokens, ``reduction="sum"``, is the same error: ours would train it at
+another scale, silently).
+
 A label per sample (a sequence classifier's) is compared on the first sample alike. Labels
 that cross-entropy cannot take (a regression's floats, a multi-label classifier's rows of 0/1,
 for which the model's own loss is MSE or binary cross-entropy by its config) train on the
@@ -92,34 +97,55 @@ def check_own_loss(engine: Any, example: Any) -> Optional[str]:
     kept = [int(t) for t in (row != IGNORE_INDEX).nonzero() if t >= 1]
     if not kept:
         return None             # (no labelled token after the first: nothing to tell the readings apart)
-    first = _probe(engine, example, row, kept[-1])
+    first = _probe(engine, example, row, [kept[-1]])
     if first is None:
         return None
     # The token whose two readings differ most (a model's first scores may be close to even):
     # asked again there, the answer is clear in 16 bits too.
     scores = first[1]
     t = max(kept, key=lambda t: abs(float(scores[t, row[t]] - scores[t - 1, row[t]])))
-    own_value, scores = _probe(engine, example, row, t) if t != kept[-1] else first
+    own_value, scores = _probe(engine, example, row, [t]) if t != kept[-1] else first
     here, before = float(scores[t, row[t]]), float(scores[t - 1, row[t]])
     off_here, off_before = abs(own_value - here), abs(own_value - before)
-    if off_here <= off_before and off_here <= _tolerance(own_value, engine.replicas[0]):
+    name, tolerance = type(engine.replicas[0]).__name__, _tolerance(own_value, engine.replicas[0])
+    shifted = off_here > off_before or off_here > tolerance
+    if shifted and off_before > tolerance:
+        raise _another(name, "one labelled token of ", own_value,
+                       f"{here:.6g} there ({before:.6g} against the next token)")
+    if len(kept) > 1:
+        _check_mean(engine, example, row, [t, kept[0] if kept[0] != t else kept[1]], shifted, scores)
+    if not shifted:
         return None
-    name = type(engine.replicas[0]).__name__
-    if off_before <= _tolerance(own_value, engine.replicas[0]):       # (and nearer than position t's)
-        adapter.shift_labels = True
-        return (f"dptrain: {name} computes its loss on the next token (a causal language model's: labels[:, t + 1] "
-                f"against logits[:, t]), so the loss and the accuracy read the labels shifted, as its own loss "
-                f"does; the metrics get the logits and labels as they are")
-    raise _another(name, "one labelled token of ", own_value, f"{here:.6g} there ({before:.6g} against the next token)")
+    adapter.shift_labels = True
+    return (f"dptrain: {name} computes its loss on the next token (a causal language model's: labels[:, t + 1] "
+            f"against logits[:, t]), so the loss and the accuracy read the labels shifted, as its own loss "
+            f"does; the metrics get the logits and labels as they are")
 
 
-def _probe(engine: Any, example: Any, row: torch.Tensor, t: int) -> Optional[Tuple[float, torch.Tensor]]:
-    """The model's own loss with one labelled token, ``row[t]`` of the first sample, and every
+def _check_mean(engine: Any, example: Any, row: torch.Tensor, two: list, shifted: bool, scores: torch.Tensor) -> None:
+    """The model's own loss on the two labelled tokens ``two`` of the first sample must be the
+    mean of their losses (read at ``t - 1`` where ``shifted``), as ours is: one token could not
+    tell a mean from a sum over tokens."""
+    probed = _probe(engine, example, row, two)
+    if probed is None:
+        return
+    own = probed[0]
+    each = [float(scores[t - shifted, row[t]]) for t in two]
+    mean = sum(each) / 2
+    if abs(own - mean) <= _tolerance(own, engine.replicas[0]):
+        return
+    summed = abs(own - sum(each)) <= _tolerance(own, engine.replicas[0])
+    raise _another(type(engine.replicas[0]).__name__, "two labelled tokens of ", own, f"{mean:.6g}, their mean",
+                   *(["their sum (reduction='sum'), at another scale"] if summed else []))
+
+
+def _probe(engine: Any, example: Any, row: torch.Tensor, ts: list) -> Optional[Tuple[float, torch.Tensor]]:
+    """The model's own loss with the labelled tokens ``row[ts]`` of the first sample alone, and every
     position's cross-entropy for every class there (``-log_softmax`` of its logits), or None
     where the model gives no loss or no logits of the labels' shape."""
     labels = example["labels"]
     probe = torch.full_like(labels, IGNORE_INDEX)
-    probe.reshape(-1, labels.shape[-1])[0, t] = row[t]
+    probe.reshape(-1, labels.shape[-1])[0, ts] = row[ts]
     output = _called(engine, {**example, "labels": probe})
     own, logits = _own_loss(output), loss_input(output, whole=True)
     if own is None or not isinstance(logits, torch.Tensor) or tuple(logits.shape[:-1]) != tuple(labels.shape):
@@ -181,9 +207,10 @@ def _no_target(engine: Any, example: Any) -> Optional[str]:
             f"step=lambda model, batch: model(**batch) (a mean over each device's samples)")
 
 
-def _another(name: str, where: str, own: float, ours: str) -> ValueError:
+def _another(name: str, where: str, own: float, ours: str,
+             kind: str = "another one (label smoothing, an auxiliary term)") -> ValueError:
     return ValueError(f"{name}'s own loss on {where}the first sample is {own:.6g}, but cross-entropy of its logits "
                       f"against the labels (what dptrain computes in its place, to sum the loss exactly over devices) "
-                      f"is {ours}: its loss is another one (label smoothing, an auxiliary term). Pass step=lambda "
+                      f"is {ours}: its loss is {kind}. Pass step=lambda "
                       f"model, batch: model(**batch) to train on the model's own loss (a mean over each device's "
                       f"samples), or loss=fn(output, labels) for one of your choosing")
