@@ -234,6 +234,45 @@ def test_a_token_mean_on_two_devices_is_an_error_and_its_sum_and_count_trains_as
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+WEIGHTS = torch.tensor([1.0, 5.0, 2.0], dtype=torch.float64)
+
+
+def class_weighted(output, target):
+    """Keras's class_weight as a plain loop writes it: the mean weighted by each sample's class."""
+    return F.nll_loss(F.log_softmax(output, -1), target, weight=WEIGHTS)
+
+
+def class_weighted_sum(output, target):
+    return F.nll_loss(F.log_softmax(output, -1), target, weight=WEIGHTS, reduction="sum"), WEIGHTS[target].sum()
+
+
+def test_a_class_weighted_mean_is_an_error_naming_its_sum_and_weights_which_train_as_the_plain_loop():
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(48, 10, generator=g, dtype=torch.float64), torch.randint(0, 3, (48,), generator=g)
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3)).double()
+    with pytest.raises(ValueError, match=r"class_weighted is a mean weighted otherwise than by samples .* by class "
+                                         r"weights\).*\(F.nll_loss\(out, y, weight=w, reduction='sum'\), "
+                                         r"w\[y\].sum\(\)\)"):
+        dptrain.fit(net(), (X, y), loss=class_weighted, epochs=1, batch_size=16, devices=2, log=None)
+    model = net()
+    result = dptrain.fit(model, (X, y), (X, y), loss=class_weighted_sum, epochs=2, batch_size=16, devices=2,
+                         shuffle=False, lr=0.1, optimizer=torch.optim.SGD, log=None, progress=False)
+    plain = net()
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for _ in range(2):
+        for i in range(0, 48, 16):
+            optimizer.zero_grad()
+            class_weighted(plain(X[i:i + 16]), y[i:i + 16]).backward()
+            optimizer.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
+    with torch.no_grad():       # the evaluation: the whole set's weighted mean, not a mean of batches'
+        assert result["history"][-1]["test_loss"] == pytest.approx(class_weighted(plain(X), y).item(), rel=1e-9)
+
+
 def test_the_checks_probes_build_no_graph():
     """The second probe ran with gradients on (torch warned, once, of a tensor that requires
     grad made a number): every call after the step's own is without them."""
