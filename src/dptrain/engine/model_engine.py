@@ -36,7 +36,7 @@ from .loss_scale import LossScale
 from .losses import Count, LossAdapter, add_counts, host_number
 from .own_loss import check_own_loss, model_loss
 from .stateful_metrics import StatefulMetrics
-from .step_functions import StepFunctions
+from .step_functions import StepFunctions, check_sum
 from .step_plan import StepPlan, StepResult
 from .task import Task
 from .train_figures import TrainFigures, with_logged
@@ -127,6 +127,11 @@ class ModelEngine:
         # Dropout on several CPU devices: each device's stream, or the forwards in turn (not
         # where the forwards wait for each other: synchronised BatchNorm, a whole_batch loss).
         self.random = RandomDraws(self.devices, training, sync_batchnorm or self.gathering is not None, rank())
+        #: A step function taken as a mean, on several parts: whether it returns a sum is asked once
+        #: (step_functions.check_sum; a LightningModule's training_step is its own, a mean).
+        self.sum_unchecked = self.trainer is not None and task.reduction is None and not task.several and \
+            task.step is not None and not isinstance(task.step, LightningSteps) and \
+            len(self.devices) * self.trainer.world_size > 1
 
     def close(self) -> None:
         """Give the model back as it was: no hook or wrapper of ours left on it."""
@@ -245,6 +250,8 @@ class ModelEngine:
             known = micro and self.adapter is not None and self.task.forward is None
             self.loss_factor = self.loss_scale.factor(n, self.adapter.per_sample(input_and_target(micro[0])[1])
                                                       if known else 1.0)
+        if self.sum_unchecked:
+            self.sum_unchecked = not check_sum(self, batch)
         result = self._train_batch(batch, skip_nonfinite, extras, sizes, timed)
         if self.train_figures is not None:
             self.train_figures.end_step(result.counted)

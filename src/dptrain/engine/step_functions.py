@@ -12,15 +12,27 @@ GAN update's did: 0.9x DDP's speed, benchmarks/RESULTS.md session 28).
 >>> steps = StepFunctions(task.step, task.reduction)
 >>> value, count, output, mean = steps.loss(net, shard, autocast)    # as the step gave it
 >>> steps.known_count(batch)                                         # (True, 64) once it ran
+
+A step returning a sum over the batch (a VAE's ``reduction="sum"`` and summed KL, as PyTorch's
+example writes it) is taken as a mean unless ``reduction="sum"`` says so: on one device that
+trains as the plain loop, but on several each part's sum would count as its mean (half the
+gradient on 2 devices, a third on 3), silently. So where the batch is cut into parts,
+``check_sum`` asks the step once, before the first, on the first device's part and its two
+halves (eval mode, no gradients, the random streams left as they were): the sum of the
+halves' values is an error naming ``reduction="sum"``.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
-from ..data.batch import Batch, batch_size
+from ..core.modes import evaluating
+from ..core.parts import even_parts
+from ..data.accumulate import MicroBatches
+from ..data.batch import Batch, batch_size, split_structure, to_device
 from .losses import Count
 from .model_outputs import read_step
 
@@ -93,3 +105,46 @@ class StepFunctions:
     def counts_numbers(self, step: Optional[Step] = None) -> bool:
         """Whether ``step``'s denominator counted after the forward is a number (None: a sum)."""
         return self._pairs.get(step or self.default) is not False or self.reduction != "sum"
+
+
+def _value(step: Step, net: nn.Module, batch: Batch) -> Optional[float]:
+    """The one number ``step`` returns on ``batch`` (None: a ``(sum, count)`` or anything else)."""
+    out, _ = read_step(step(net, batch))
+    return float(out) if isinstance(out, torch.Tensor) and out.numel() == 1 else None
+
+
+def check_sum(engine: Any, batch: Batch) -> bool:
+    """Before the first step of a step function taken as a mean (no ``reduction=``) on batches
+    cut into several parts: its value on the first device's part against its two halves'
+    (see the module); a sum is a ``ValueError`` naming ``reduction="sum"``. Returns whether it
+    asked (False: a part of one sample; ask on the next batch). A step that fails so, or is
+    neither a mean nor a sum (random draws of its own, samples coupled), is not told."""
+    first = batch[0] if isinstance(batch, MicroBatches) else batch
+    n = even_parts(batch_size(first), len(engine.devices))[0]
+    if n < 2:
+        return False
+    net, device, h = engine.replicas[0], engine.devices[0], n // 2
+    part = split_structure(first, [n, batch_size(first) - n])[0]
+    try:
+        with evaluating(net), torch.no_grad(), engine._autocast(device), \
+                torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            values = [_value(engine.steps.default, net, to_device(b, device, engine.memory_format))
+                      for b in [part, *split_structure(part, [h, n - h])]]
+    except Exception:       # noqa: BLE001 - a step not called so (a gradient penalty's autograd.grad): not told
+        return True
+    if any(v is None or not math.isfinite(v) for v in values):
+        return True
+    whole, a, b = values
+
+    def near(x: float, y: float) -> bool:
+        return abs(x - y) <= 1e-3 * max(abs(x), abs(y), 1e-12)
+    if near(whole, a + b) and not near(whole, (a * h + b * (n - h)) / n):
+        name = getattr(engine.steps.default, "__name__", type(engine.steps.default).__name__)
+        parts = len(engine.devices) * (engine.trainer.world_size if engine.trainer is not None else 1)
+        raise ValueError(f"step={name} returns a sum over the samples (its value on a batch, {whole:.6g}, is the "
+                         f"sum of its values on the two halves, {a:.6g} and {b:.6g}), but is taken as a mean (the "
+                         f"default without reduction=), and the batch is cut into {parts} parts (devices and "
+                         f"processes): each part's sum would count as its mean, and the training would change with "
+                         f"their number. Pass reduction='sum' to fit (then every device count trains as one device "
+                         f"on the whole batch), or return the mean")
+    return True
