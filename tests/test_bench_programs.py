@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,8 +60,9 @@ def test_the_programs_of_several_optimizers_run_in_every_framework_in_smoke_mode
     pytest.importorskip("accelerate")
     out = tmp_path / "programs.json"
     empty = ["--interleaved", "", "--interleaved-evaluation", "", "--interleaved-processes", "", "--paired-evaluation", ""]
+    programs = "gan,muon" if hasattr(torch.optim, "Muon") else "gan"      # (torch.optim.Muon: torch >= 2.9)
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_programs.py"), "--smoke", "--programs",
-                           "gan,muon", "--processes", "gan,muon", "--paired", "gan", "--evaluation", "gan", *empty,
+                           programs, "--processes", programs, "--paired", "gan", "--evaluation", "gan", *empty,
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -68,7 +70,7 @@ def test_the_programs_of_several_optimizers_run_in_every_framework_in_smoke_mode
     rows = json.loads(out.read_text())["rows"]
     got = {(r["part"], r["variant"]) for r in rows}
     assert {v for p, v in got if p == "2 processes"} == {"ddp", "accelerate", "dptrain"}
-    assert {(r["part"], r["variant"]) for r in rows if r["program"] == "muon"} >= {
+    assert programs == "gan" or {(r["part"], r["variant"]) for r in rows if r["program"] == "muon"} >= {
         ("2 processes", "ddp"), ("2 processes", "accelerate"), ("2 processes", "dptrain"),
         ("1 process", "plain loop"), ("1 process", "dptrain, 1 device")}
     assert {("1 process", "plain loop"), ("1 process", "dptrain, 1 device"), ("1 process", "accelerate"),

@@ -31,7 +31,7 @@ from torch import nn
 from ..data.batch import batch_size
 from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import (check_class_targets, check_classification, classes_last, check_float_targets, check_reduction,
-                          check_same_shape)
+                          check_same_shape, trains_on_integers)
 from .loss_placement import LossCopies, summed_twin
 from .model_outputs import output_for
 from .own_loss import next_token
@@ -43,7 +43,8 @@ REDUCTIONS = ("mean", "sum")
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss,
                 nn.SoftMarginLoss)
 _CLASSIFICATION = (nn.CrossEntropyLoss, nn.NLLLoss)
-#: Elementwise losses torch computes on float targets only (MSE, L1... take integers too).
+#: Elementwise losses torch computes on float targets only (MSE, L1... take integers too, in
+#: torch's recent versions: ``loss_checks.trains_on_integers``).
 _FLOAT_TARGETS = (nn.BCELoss, nn.BCEWithLogitsLoss, nn.HuberLoss)
 #: Functional losses with the module that means the same, for their default arguments.
 _FUNCTIONS = {F.cross_entropy: nn.CrossEntropyLoss, F.nll_loss: nn.NLLLoss, F.mse_loss: nn.MSELoss,
@@ -211,7 +212,7 @@ class LossAdapter:
         if self.elementwise and isinstance(target, torch.Tensor):
             if output.shape != target.shape:
                 check_same_shape(output, target, self.loss)
-            if self.float_targets and not target.is_floating_point():
+            if not target.is_floating_point() and (self.float_targets or not trains_on_integers(type(self.loss))):
                 check_float_targets(target, self.loss)
         return output
 
