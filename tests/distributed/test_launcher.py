@@ -366,3 +366,32 @@ def test_the_torch_release_is_read_from_its_version(monkeypatch):
     for version, release in (("2.3.1+cu121", (2, 3)), ("2.13.0+cpu", (2, 13)), ("2.10.0.dev20260101", (2, 10))):
         monkeypatch.setattr(torch, "__version__", version)
         assert torch_release() == release
+
+
+def failure(local_rank, exitcode, record=None):
+    """A worker's failure as torch's agent reports it (``ProcessFailure``'s fields read here)."""
+    return types.SimpleNamespace(local_rank=local_rank, exitcode=exitcode, timestamp=0,
+                                 message=(record or {}).get("message", f"Signal {-exitcode}"),
+                                 error_file_data=record or {})
+
+
+@pytest.mark.parametrize("blamer", [0, 1])
+def test_the_rank_killed_for_not_answering_is_reported_by_the_one_that_named_it(tmp_path, blamer):
+    """Under load the agent saw the rank the heartbeat killed end first, and reported it alone
+    ("rank 1 of 2 failed (killed by SIGKILL)") beside the line naming it: the blame it left
+    (written before the kill) is read from its error file."""
+    from dptrain.distributed.launcher import _report
+    stopped = 1 - blamer
+    line = f"dptrain: error: rank {stopped} of 2 stopped answering (no heartbeat for 4 s): it is stopped"
+    (tmp_path / "attempt_0" / str(blamer)).mkdir(parents=True)
+    (tmp_path / "attempt_0" / str(blamer) / "error.json").write_text(
+        json.dumps({"message": line, "timestamp": 0, "blames": stopped, "rank": blamer}))
+    said = _report({stopped: failure(stopped, -signal.SIGKILL)}, str(tmp_path), 2)
+    if blamer == 0:     # (its line is on the terminal already)
+        assert said == "dptrain: stopped the other workers (rank 0 of 2 named rank 1)"
+    else:
+        assert said == f"{line} (rank 1 of 2); stopped the other workers"
+    # A rank killed from outside, which no worker named, is still named as killed.
+    (tmp_path / "attempt_0" / str(blamer) / "error.json").unlink()
+    assert f"rank {stopped} of 2 failed (killed by SIGKILL)" in _report(
+        {stopped: failure(stopped, -signal.SIGKILL)}, str(tmp_path), 2)

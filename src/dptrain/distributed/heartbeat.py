@@ -77,8 +77,12 @@ class Heartbeat(threading.Thread):
                     elif count != seen.get(r):
                         seen[r], moved[r] = count, now
                     elif now - moved[r] > self.timeout_s:
+                        why = f"no heartbeat for {self.timeout_s:g} s"
+                        # Named before it is killed: the agent may see that rank end before this one
+                        # (the launcher then reads the blame here; it reported the rank killed).
+                        record_error(_hang_line(r, self.world, why), blames=r)
                         self._kill_if_here(r)
-                        return self.on_hang(r, self.world, f"no heartbeat for {self.timeout_s:g} s")
+                        return self.on_hang(r, self.world, why)
             except RuntimeError:        # the store itself does not answer: rank 0 (its host) is gone
                 if self._stop_event.is_set():
                     return
@@ -104,9 +108,13 @@ class Heartbeat(threading.Thread):
         self.join(timeout=2 * INTERVAL_S)
 
 
-def _exit_naming(rank: int, world: int, why: str) -> None:
-    line = (f"dptrain: error: rank {rank} of {world} stopped answering ({why}): it is stopped, frozen or dead; "
+def _hang_line(rank: int, world: int, why: str) -> str:
+    return (f"dptrain: error: rank {rank} of {world} stopped answering ({why}): it is stopped, frozen or dead; "
             f"ending this process too (--timeout sets the wait)")
+
+
+def _exit_naming(rank: int, world: int, why: str) -> None:
+    line = _hang_line(rank, world, why)
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
     record_error(line, blames=rank)

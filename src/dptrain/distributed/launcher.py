@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import logging
 import os
 import signal
@@ -261,10 +262,31 @@ def _cause(item) -> tuple:
     return order, failure.timestamp, rank
 
 
+def _blame(log_dir: str) -> Optional[Dict[str, Any]]:
+    """What a worker of this machine left naming the rank that stopped answering (its error
+    file's record, ``worker.record_error``), or None: the agent may have seen the rank it killed
+    end before the worker that named it, and reported only the killed one."""
+    for path in sorted(glob.glob(os.path.join(log_dir, "**", "error.json"), recursive=True),
+                       key=os.path.getmtime, reverse=True):
+        try:
+            with open(path) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and "blames" in record and isinstance(record.get("message"), str):
+            return record
+    return None
+
+
 def _report(failures: Dict[int, Any], log_dir: str, world: int) -> str:
     """One line for a failed job: the root cause (see ``_cause``), in its own words when it
     wrote some."""
     rank, failure = min(failures.items(), key=_cause)
+    blame = _blame(log_dir) if _cause((rank, failure))[0] else None
+    if blame is not None and blame["blames"] == rank:       # (the rank it named, which it killed)
+        if blame.get("rank", 0) == 0:                        # its line is on the terminal already
+            return f"dptrain: stopped the other workers (rank 0 of {world} named rank {rank})"
+        return f"{blame['message']} (rank {blame.get('rank')} of {world}); stopped the other workers"
     how = _describe(failure.exitcode)
     said = failure.message if isinstance(failure.message, str) and failure.message.startswith("dptrain: ") else ""
     if not said:

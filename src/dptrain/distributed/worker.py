@@ -66,7 +66,7 @@ def record_error(line: str, blames: Optional[int] = None) -> None:
         return
     record: Dict[str, Any] = {"message": line, "timestamp": int(time.time())}
     if blames is not None:
-        record["blames"] = blames
+        record["blames"], record["rank"] = blames, int(os.environ.get("RANK", "0"))
     try:
         with atomic_file(path) as f:    # whole or absent: the agent reads it while stopping us (SIGTERM)
             f.write(json.dumps(record).encode())
