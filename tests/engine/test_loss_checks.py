@@ -296,6 +296,36 @@ def test_a_class_weighted_mean_is_an_error_naming_its_sum_and_weights_which_trai
         assert result["history"][-1]["test_loss"] == pytest.approx(class_weighted(plain(X), y).item(), rel=1e-9)
 
 
+def test_a_loss_taking_the_batch_is_checked_as_a_plain_function_with_the_batchs_halves():
+    """A sum over the batch taking its weights from the batch was not asked: 2 devices trained
+    it as their mean, at half the gradient."""
+    g = torch.Generator().manual_seed(0)
+    X, y, w = (torch.randn(48, 4, generator=g, dtype=torch.float64), torch.randn(48, 1, generator=g,
+               dtype=torch.float64), torch.rand(48, generator=g, dtype=torch.float64))
+
+    def weighted_sum(output, target, batch):
+        return (batch[2][:, None] * (output - target) ** 2).sum()
+
+    def weighted_mean(output, target, batch):
+        return (batch[2][:, None] * (output - target) ** 2).sum() / batch[2].sum()
+
+    def fit(loss, devices, **kw):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1).double()
+        dptrain.fit(model, (X, y, w), loss=loss, forward=lambda m, b: (m(b[0]), b[1]), epochs=1, batch_size=16,
+                    devices=devices, lr=1e-3, optimizer=torch.optim.SGD, shuffle=False, log=None, **kw)
+        return model
+    for devices in (1, 2):
+        with pytest.raises(ValueError, match=r"the loss weighted_sum returns a sum over the samples .* pass "
+                                             r"reduction='sum'"):
+            fit(weighted_sum, devices)
+    with pytest.raises(ValueError, match=r"the loss weighted_mean is a mean weighted otherwise than by samples"):
+        fit(weighted_mean, 2)
+    one, three = fit(weighted_sum, 1, reduction="sum"), fit(weighted_sum, 3, reduction="sum")
+    for p, q in zip(one.parameters(), three.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
+
+
 def test_the_checks_probes_build_no_graph():
     """The second probe ran with gradients on (torch warned, once, of a tensor that requires
     grad made a number): every call after the step's own is without them."""

@@ -53,6 +53,15 @@ _FUNCTIONS = {F.cross_entropy: nn.CrossEntropyLoss, F.nll_loss: nn.NLLLoss, F.ms
               F.binary_cross_entropy_with_logits: nn.BCEWithLogitsLoss}
 
 
+def _batch_taken(loss: Callable) -> Callable:
+    """``loss(output, target, batch)`` as ``fn(output, (target, batch))``, named as ``loss``: the
+    reduction check cuts the pair into halves with the outputs."""
+    def with_batch(output: Any, target_and_batch: Any) -> Any:
+        return loss(output, *target_and_batch)
+    with_batch.__name__ = getattr(loss, "__name__", type(loss).__name__)
+    return with_batch
+
+
 def samples_of(target: Any, output: Any = None) -> int:
     """The samples a loss's mean is over: the target's, or the output's where it has none
     (a contrastive loss's ``(views, None)``)."""
@@ -232,9 +241,13 @@ class LossAdapter:
         if self.whole_batch:
             n = batch_size((output, target))
             return value * n, n
-        if not self._reduction_checked and not self.takes_batch:
-            self._reduction_checked = check_reduction(self.loss, self.reduction, self.declared, output, target, value,
-                                                      self.parts)
+        if not self._reduction_checked:
+            if self.takes_batch:        # (the batch's halves beside the outputs' and targets')
+                self._reduction_checked = check_reduction(_batch_taken(self.loss), self.reduction, self.declared,
+                                                          output, (target, batch), value, self.parts)
+            else:
+                self._reduction_checked = check_reduction(self.loss, self.reduction, self.declared, output, target,
+                                                          value, self.parts)
         return value
 
     def lazy_count(self, target: Any, output: Any = None) -> Any:
