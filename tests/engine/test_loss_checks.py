@@ -246,15 +246,20 @@ def test_a_token_mean_on_two_devices_is_an_error_and_its_sum_and_count_trains_as
     model = net()
     dptrain.fit(model, (X, target), loss=token_sum, epochs=2, batch_size=8, devices=2, shuffle=False, lr=0.5,
                 optimizer=torch.optim.SGD, log=None, progress=False)
-    plain = net()
-    optimizer = torch.optim.SGD(plain.parameters(), lr=0.5)
-    for _ in range(2):
-        for i in range(0, 24, 8):
-            optimizer.zero_grad()
-            token_mean(plain(X[i:i + 8]), target[i:i + 8]).backward()
-            optimizer.step()
+    plain = plain_loop(net(), token_mean, X, target, lr=0.5, batch_size=8)
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def plain_loop(model, loss, X, y, lr, batch_size, epochs=2):
+    """SGD on ``loss`` over ``(X, y)`` in batches, in order: the run dptrain must match."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(epochs):
+        for i in range(0, len(X), batch_size):
+            optimizer.zero_grad()
+            loss(model(X[i:i + batch_size]), y[i:i + batch_size]).backward()
+            optimizer.step()
+    return model
 
 
 WEIGHTS = torch.tensor([1.0, 5.0, 2.0], dtype=torch.float64)
@@ -283,13 +288,7 @@ def test_a_class_weighted_mean_is_an_error_naming_its_sum_and_weights_which_trai
     model = net()
     result = dptrain.fit(model, (X, y), (X, y), loss=class_weighted_sum, epochs=2, batch_size=16, devices=2,
                          shuffle=False, lr=0.1, optimizer=torch.optim.SGD, log=None, progress=False)
-    plain = net()
-    optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
-    for _ in range(2):
-        for i in range(0, 48, 16):
-            optimizer.zero_grad()
-            class_weighted(plain(X[i:i + 16]), y[i:i + 16]).backward()
-            optimizer.step()
+    plain = plain_loop(net(), class_weighted, X, y, lr=0.1, batch_size=16)
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12)
     with torch.no_grad():       # the evaluation: the whole set's weighted mean, not a mean of batches'
