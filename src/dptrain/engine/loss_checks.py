@@ -142,8 +142,8 @@ def _not_per_sample(name: str, whole: float, a: float, b: float, parts: int, wei
                 f"{parts} parts (devices and processes): each part's mean would weigh as its samples, not as its "
                 f"tokens or weights. Return (sum, count), exact however the batch is split, e.g. "
                 f"(F.cross_entropy(out, y, ignore_index=-100, reduction='sum'), (y != -100).sum()), or "
-                f"(F.nll_loss(out, y, weight=w, reduction='sum'), w[y].sum()); or reduction='mean' trains each part on its own mean (as "
-                f"DistributedDataParallel does)")
+                f"(F.nll_loss(out, y, weight=w, reduction='sum'), w[y].sum()); or reduction='mean' trains each "
+                f"part on its own mean (as DistributedDataParallel does)")
     return (f"the loss {name} couples the samples of a batch (its value on a batch, {whole:.6g}, is neither the mean "
             f"nor the sum of its values on the two halves, {a:.6g} and {b:.6g}: in-batch negatives, say), and the "
             f"batch is cut into {parts} parts (devices and processes), each of which would see only its own "
