@@ -120,18 +120,18 @@ def check_sum(engine: Any, batch: Batch) -> bool:
     asked (False: a part of one sample; ask on the next batch). A step that fails so, or is
     neither a mean nor a sum (random draws of its own, samples coupled), is not told."""
     first = batch[0] if isinstance(batch, MicroBatches) else batch
-    n = even_parts(batch_size(first), len(engine.devices))[0]
-    if n < 2:
-        return False
-    net, device, h = engine.replicas[0], engine.devices[0], n // 2
-    part = split_structure(first, [n, batch_size(first) - n])[0]
+    net, device = engine.replicas[0], engine.devices[0]
     try:
+        n = even_parts(batch_size(first), len(engine.devices))[0]
+        if n < 2:
+            return False
+        part, h = split_structure(first, [n, batch_size(first) - n])[0], n // 2
         with evaluating(net), torch.no_grad(), engine._autocast(device), \
                 torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             values = [_value(engine.steps.default, net, to_device(b, device, engine.memory_format))
                       for b in [part, *split_structure(part, [h, n - h])]]
-    except Exception:       # noqa: BLE001 - a step not called so (a gradient penalty's autograd.grad): not told
-        return True
+    except Exception:       # noqa: BLE001 - a batch that cannot be cut (a graph batch), a step not called so
+        return True         # (a gradient penalty's autograd.grad): not told
     if any(v is None or not math.isfinite(v) for v in values):
         return True
     whole, a, b = values
