@@ -165,12 +165,17 @@ def test_keywords_of_keras_lightning_and_accelerate_and_typos_are_answered_with_
     with pytest.raises(TypeError, match="'args'; dptrain has none: fit takes each of TrainingArguments' settings as "
                                         "a keyword of its own .num_train_epochs -> epochs"):
         dptrain.fit(nn.Linear(2, 2), (X, y), log=None, args=object())
+    with pytest.raises(TypeError, match=r"'sampler'; dptrain has none: train_data=torch.utils.data.DataLoader\(data, "
+                                        r"batch_size=N, sampler=sampler\)"):     # (it named 'amp')
+        dptrain.fit(nn.Linear(2, 2), (X, y), log=None, sampler=torch.utils.data.SequentialSampler(X))
     known = set(TASK_KEYWORDS + CONFIG_KEYWORDS)
     for key, hint in PEER_KEYWORDS.items():         # every name a hint gives as ours is one of fit's
         named = re.findall(r"(?<![\w.])([a-z_]+)(?==)", hint) + [w for w in re.findall(r"^([a-z_]+)\b", hint)]
         assert all(n in known | {"none", "a", "train_data", "eval_data", "log", "weight", "start_from_epoch",
                                  "patience", "restore_best_weights", "weight_decay", "label_smoothing", "save_top_k",
-                                 "preprocess", "betas", "eps"}
+                                 "preprocess", "betas", "eps"}      # (and a DataLoader's own keywords:)
+                                | {"sampler", "batch_sampler", "worker_init_fn", "prefetch_factor",
+                                   "multiprocessing_context"}
                    for n in named), (key, hint)
     with pytest.raises(TypeError, match="callbacks must have at least one of the hooks .*; got int"):
         dptrain.fit(nn.Linear(2, 2), (X, y), log=None, callbacks=1)

@@ -138,7 +138,16 @@ PEER_KEYWORDS = {
     "data_seed": "seed", "dataloader_drop_last": "drop_last", "optim": "optimizer (a name such as 'adamw', or a "
                                                                         "torch.optim class)",
     "torch_compile": "compile (compile=True)", "dataloader_pin_memory": "none: batches are moved to the GPUs "
-                                                                        "by dptrain"}
+                                                                        "by dptrain",
+    # torch's DataLoader: its own settings come with it, as the data
+    "sampler": "none: train_data=torch.utils.data.DataLoader(data, batch_size=N, sampler=sampler) (its sampler "
+               "picks the samples, drawn alike in every process; see the README's Samplers)",
+    "batch_sampler": "none: train_data=torch.utils.data.DataLoader(data, batch_sampler=batch_sampler) (each of its "
+                     "batches is a global batch, cut between the devices and processes)",
+    **{key: f"none: train_data=torch.utils.data.DataLoader(data, batch_size=N, num_workers=N, {key}=...) (its "
+            "workers' settings are used)" for key in ("worker_init_fn", "prefetch_factor", "multiprocessing_context")},
+    "pin_memory": "none: batches are moved to the GPUs by dptrain (pinned when a GPU trains)",
+    "persistent_workers": "none: num_workers=N keeps its workers from epoch to epoch"}
 
 
 @keyword_errors
