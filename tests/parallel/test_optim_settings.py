@@ -65,15 +65,23 @@ def test_a_factory_written_for_the_model_is_told_it_gets_the_parameters_and_how_
     assert isinstance(e.value.__cause__, AttributeError)        # the user's own frames, chained
 
 
-@pytest.mark.parametrize("given", ["object", "class", "trainer"])
-def test_an_optimizer_whose_step_needs_a_closure_is_refused_before_training(given):
+@pytest.mark.parametrize("given", ["trainer", "combined", "turns"])
+def test_an_optimizer_whose_step_needs_a_closure_is_refused_where_none_can_be_given(given):
+    """fit steps LBFGS alone with a closure (tests/engine/test_closure_step.py); a Trainer of the
+    user's loop, and an optimizer among several, have no closure to give it."""
     model = make()
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(ValueError, match=r"LBFGS.step needs a closure: .*use a first-order optimizer"):
+    first, rest = list(model.parameters())[:2], list(model.parameters())[2:]
+    with pytest.raises(ValueError, match=r"LBFGS.step needs a closure .*dptrain.fit steps it with one.*when it is "
+                                         r"the run's only optimizer.*use a first-order optimizer"):
         if given == "trainer":
             dptrain.Trainer(dptrain.replicate(model, ["cpu:0", "cpu:1"]), torch.optim.LBFGS)
-        else:
+        elif given == "combined":
             dptrain.fit(model, (torch.randn(8, 6), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None,
-                        devices="cpu:0", optimizer=torch.optim.LBFGS(model.parameters()) if given == "object"
-                        else torch.optim.LBFGS)
+                        devices=2, optimizer=[torch.optim.LBFGS(first), torch.optim.SGD(rest)])
+        else:
+            step = lambda m, batch: nn.functional.cross_entropy(m(batch[0]), batch[1])   # noqa: E731
+            dptrain.fit(model, (torch.randn(8, 6), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None,
+                        devices=2, step={"a": step, "b": step},
+                        optimizer={"a": torch.optim.LBFGS(first), "b": torch.optim.SGD(rest)})
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))

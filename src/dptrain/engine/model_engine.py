@@ -25,6 +25,7 @@ from ..parallel.sync.base import Extras
 from ..parallel.sync.buckets import DEFAULT_BUCKET_MB
 from ..parallel.trainer import Trainer
 from ..parallel.trainers import Trainers
+from . import closure_step as closure
 from . import direct_step as direct
 from .compiled import check_mode, compile_engine, without_prefix
 from .device_streams import RandomDraws
@@ -95,7 +96,8 @@ class ModelEngine:
             self.trainer = Trainers(self.replicas, task.optimizer, kvstore=kvstore, bucket_cap_mb=bucket_cap_mb)
         elif training:
             self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
-                                   bucket_cap_mb=bucket_cap_mb)
+                                   bucket_cap_mb=bucket_cap_mb, closure=True)
+        self.closure_group = None       # an optimizer needing a closure: its exchange (closure_step.py)
         self.amp = amp
         # float16: the loss scaled before backward, so that small gradients do not vanish
         self.loss_scale = LossScale() if amp == torch.float16 and training else None
@@ -261,6 +263,8 @@ class ModelEngine:
                      timed: bool) -> StepResult:
         if self.task.several:
             return several_step(self, batch, skip_nonfinite, extras, timed, sizes)
+        if closure.applies(self):       # (LBFGS: the loss evaluated several times a step)
+            return closure.closure_step(self, batch, skip_nonfinite, sizes)
         if direct.applies(self, batch, sizes, timed):
             return direct.direct_step(self, batch, skip_nonfinite, extras)
         micro, each = micro_batches(batch, sizes)      # (--balance: each micro-batch's parts)

@@ -97,6 +97,7 @@ class StepPlan:
                  step: Optional[Callable] = None):
         self.engine, self.shards, self.n, self.known, self.count = engine, shards, n, known, count
         self.step = step            # an update's step function (several optimizers), else the task's
+        self.scored = True          # whether compute adds to the training figures (train_metrics)
         devices = engine.devices
         self.counts: List[Count] = [None] * len(devices)
         self.seconds = [0.0] * len(devices)
@@ -128,7 +129,8 @@ class StepPlan:
                         (_ALONE if gathering is None else gathering.part(i)):       # BatchNorm, loss across devices
                     value, self.counts[i] = engine._loss(engine._net(i), to_device(shard, device,
                                                                                    engine.memory_format),
-                                                         device, count=not self.known, scored=i, step=self.step)
+                                                         device, count=not self.known,
+                                                         scored=i if self.scored else None, step=self.step)
             except BaseException:
                 engine.abort_exchanges()        # (the others may wait for this device's part)
                 raise

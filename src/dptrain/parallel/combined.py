@@ -32,6 +32,7 @@ import torch
 
 from . import bare_step
 from .optim import OptimizerPlan, _groups_of
+from .optim_settings import check_no_closure
 
 
 class _States(MutableMapping):
@@ -252,6 +253,8 @@ class CombinedPlan(OptimizerPlan):
 
     @classmethod
     def of(cls, optimizer: CombinedOptimizer, params: Sequence[torch.Tensor]) -> "CombinedPlan":
+        for o in optimizer.optimizers.values():
+            check_no_closure(o, ", and it is combined with other optimizers")
         return cls({name: OptimizerPlan.from_optimizer(o, params) for name, o in optimizer.optimizers.items()},
                    optimizer.label)
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from .optim_settings import check_no_closure, constructor_settings
+from .optim_settings import constructor_settings
 
 # name -> (torch class, {our key: torch keyword}, fixed keywords, defaults of our keys)
 _OPTIMIZERS: Dict[str, Tuple[type, Dict[str, str], Dict[str, Any], Dict[str, Any]]] = {
@@ -144,7 +144,6 @@ class OptimizerPlan:
         from .combined import CombinedOptimizer, CombinedPlan      # (combined.py builds on this module)
         if isinstance(optimizer, CombinedOptimizer):
             return CombinedPlan.of(optimizer, params)
-        check_no_closure(optimizer)
         groups = _groups_of(optimizer, params)
         accepted = _keywords(type(optimizer))
         settings = constructor_settings(optimizer, [dict(g) for g in optimizer.param_groups],

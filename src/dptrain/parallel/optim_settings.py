@@ -11,13 +11,15 @@ groups: an attribute that then differs came from the constructor's arguments, no
 parameters, and every rebuilt optimizer gets the user's value. Attributes compared are plain
 values (numbers, strings, None, and tuples, lists and dicts of them); others are left alone.
 
-An optimizer whose ``step`` needs a closure (``torch.optim.LBFGS``) cannot be stepped so at
-all, and is refused before training (``check_no_closure``).
+An optimizer whose ``step`` needs a closure (``torch.optim.LBFGS``: a line search evaluates the
+loss several times a step) is stepped by ``fit`` with one (``engine/closure_step.py``); a
+``Trainer`` of the user's own loop refuses it before training (``check_no_closure``).
 
 >>> settings = constructor_settings(opt, groups)     # {"scale": 0.1} for MyOpt(params, scale=0.1)
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Dict, List
 
@@ -53,17 +55,25 @@ def _plain(value: Any) -> bool:
     return False
 
 
-def check_no_closure(optimizer: torch.optim.Optimizer) -> None:
-    """A ValueError for an optimizer whose ``step`` needs a closure (``torch.optim.LBFGS``):
-    it evaluates the loss several times a step (a line search) over every parameter at once,
-    where a step here is one forward and backward and each owner device updates its own."""
+@functools.lru_cache(maxsize=None)
+def needs_closure(cls: type) -> bool:
+    """Whether the optimizer class's ``step`` needs a closure (``torch.optim.LBFGS``)."""
     try:
-        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+        closure = inspect.signature(cls.step).parameters.get("closure")
     except (TypeError, ValueError):         # a step with no signature to read: taken as it is
-        return
-    if closure is not None and closure.default is inspect.Parameter.empty:
-        name = type(optimizer).__name__
-        raise ValueError(f"{name}.step needs a closure: it evaluates the loss several times a step (a line "
-                         f"search), and a data-parallel step here is one forward and backward, summed over "
-                         f"devices; use a first-order optimizer (torch.optim.Adam, SGD...), or {name} in a "
-                         f"loop of your own on one device (optimizer.step(closure))")
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def check_no_closure(optimizer: Any, where: str = "") -> None:
+    """A ValueError for an optimizer (or class) whose ``step`` needs a closure, where none can
+    be given: a ``Trainer`` of the user's own loop (one forward and backward a step, summed
+    over devices), an optimizer among several (``where`` says so)."""
+    cls = optimizer if isinstance(optimizer, type) else type(optimizer)
+    if needs_closure(cls):
+        name = cls.__name__
+        raise ValueError(f"{name}.step needs a closure (a line search evaluates the loss several times a step)"
+                         f"{where}: dptrain.fit steps it with one, over every device and process, when it is the "
+                         f"run's only optimizer (optimizer=torch.optim.{name}, or one built on the model); a "
+                         f"Trainer's step is one forward and backward, so there use a first-order optimizer "
+                         f"(torch.optim.Adam, SGD...)")

@@ -34,6 +34,7 @@ from .params import devices_of, parameter_lists
 from .combined import CombinedOptimizer
 from .layout import Layout
 from .optim import OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
+from .optim_settings import check_no_closure, needs_closure
 from .optim_state import load_optimizer_state, optimizer_state
 from .phases import run_fused
 from .replicas import Replicas
@@ -72,13 +73,14 @@ class Trainer:
     def __init__(self, params_or_replicas: Params, optimizer: OptimizerSpec = "sgd",
                  optimizer_params: Optional[Mapping[str, Any]] = None,
                  kvstore: Optional[str] = "device", devices: Optional[Sequence[DeviceLike]] = None,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_MB):
+                 bucket_cap_mb: float = DEFAULT_BUCKET_MB, closure: bool = False):
         if isinstance(optimizer, str):
             check_optimizer(optimizer, optimizer_params)          # a typo fails here, not at step 1
         elif isinstance(optimizer, (dict, list, tuple)):        # several on one loss: stepped as one
             optimizer = CombinedOptimizer(optimizer)
         self._spec, self._optimizer_params = optimizer, optimizer_params
         self._kvstore, self._bucket_cap_mb, self._growable = kvstore, bucket_cap_mb, False
+        self._closure = closure     # an optimizer needing a closure is stepped by engine/closure_step.py
         self._given: Optional[List[List[torch.Tensor]]] = None
         self._given_frozen: List[torch.Tensor] = []
         if isinstance(params_or_replicas, Replicas):
@@ -103,6 +105,12 @@ class Trainer:
 
     def _setup(self) -> None:
         self.layout = Layout(self._replicas, self._given, self._given_frozen, self._spec, self._optimizer_params)
+        if self.needs_closure:          # (its line search sees every parameter: every device updates all)
+            if not self._closure:
+                check_no_closure(self.layout.plan.cls)
+            if self._kvstore == "device":
+                self._kvstore = "local"
+                self._fresh_sync()
         self.optimizer = self.layout.optimizer
         self.optimizer.growable = self._growable
         self.layout.build(self.sync)
@@ -236,6 +244,12 @@ class Trainer:
             self._parameter_norms = []
         stepped = False if skipped else self._finish_step(step)
         return StepOutcome(outputs, stepped, step.summed_extras, step.grad_norm)
+
+    @property
+    def needs_closure(self) -> bool:
+        """Whether the optimizer's ``step`` needs a closure (``torch.optim.LBFGS``): stepped by
+        ``fit`` with one (``engine/closure_step.py``), never by ``step``."""
+        return self.layout is not None and needs_closure(self.layout.plan.cls)
 
     @property
     def alone(self) -> bool:

@@ -1,0 +1,88 @@
+"""What an optimizer needing a closure costs in ``fit`` (``torch.optim.LBFGS``,
+``engine/closure_step.py``): the plain loop's ``optimizer.step(closure)`` against ``fit`` on 1
+device and on 2 virtual CPU devices, on the same batches.
+
+    python benchmarks/bench_lbfgs.py --rounds 5 --out benchmarks/results/lbfgs.json
+    python benchmarks/bench_lbfgs.py --smoke
+
+Two programs: a physics-informed-style regression MLP (2-64-64-1, tanh, 8192 points, batch
+2048, LBFGS with ``max_iter=10`` and a ``strong_wolfe`` line search, the usual way LBFGS is
+used), and a logistic regression (784 -> 10 on random 28x28 "images", 8192 samples, batch
+4096, ``max_iter=20``). Variants take turns each round; a figure is the median epoch time of a
+run (3 epochs after one warm-up) in samples/s; ratios are paired (fit / plain in the same round).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dptrain  # noqa: E402
+from common import paired, rounds_parser, save_result  # noqa: E402
+
+
+def programs(samples):
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(samples, 2, generator=g) * 2 - 1
+    images = torch.randn(samples, 784, generator=g)
+    return {
+        "pinn-mlp": (lambda: nn.Sequential(nn.Linear(2, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                                           nn.Linear(64, 1)),
+                     (X, torch.sin(3 * X[:, :1]) * X[:, 1:]), 2048, nn.functional.mse_loss,
+                     functools.partial(torch.optim.LBFGS, lr=1, max_iter=10, line_search_fn="strong_wolfe")),
+        "logistic": (lambda: nn.Linear(784, 10), (images, torch.randint(0, 10, (samples,), generator=g)), 4096,
+                     nn.functional.cross_entropy, functools.partial(torch.optim.LBFGS, lr=1, max_iter=20)),
+    }
+
+
+def plain(make, data, batch, loss_fn, optimizer, epochs):
+    torch.manual_seed(0)
+    model, (X, Y) = make(), data
+    opt = optimizer(model.parameters())
+    times = []
+    for _ in range(epochs + 1):
+        start = time.perf_counter()
+        for i in range(0, len(X), batch):
+            def closure():
+                opt.zero_grad()
+                loss = loss_fn(model(X[i:i + batch]), Y[i:i + batch])
+                loss.backward()
+                return loss
+            opt.step(closure)
+        times.append(time.perf_counter() - start)
+    return len(X) / statistics.median(times[1:])
+
+
+def fitted(make, data, batch, loss_fn, optimizer, epochs, devices):
+    torch.manual_seed(0)
+    result = dptrain.fit(make(), data, loss=loss_fn, optimizer=optimizer, epochs=epochs + 1, batch_size=batch,
+                         devices=devices, shuffle=False, log=None, progress=False)
+    return len(data[0]) / statistics.median(h["sec"] for h in result["history"][1:])
+
+
+def main() -> None:
+    args = rounds_parser(__doc__, 8192).parse_args()
+    rounds, epochs = (1, 1) if args.smoke else (args.rounds, args.epochs)
+    figures = {}
+    for name, (make, data, batch, loss_fn, optimizer) in programs(args.samples).items():
+        raw = {"plain": [], "fit-1": [], "fit-2": []}
+        for r in range(rounds):
+            order = list(raw)[r % 3:] + list(raw)[:r % 3]
+            for variant in order:
+                raw[variant].append(plain(make, data, batch, loss_fn, optimizer, epochs) if variant == "plain" else
+                                    fitted(make, data, batch, loss_fn, optimizer, epochs, int(variant[-1])))
+        figures[name] = {"samples_per_s": {k: statistics.median(v) for k, v in raw.items()},
+                         "fit-1 / plain": paired(raw, "fit-1", "plain"),
+                         "fit-2 / plain": paired(raw, "fit-2", "plain"), "raw": raw}
+    command = "python benchmarks/bench_lbfgs.py " + " ".join(sys.argv[1:])
+    save_result({"rounds": rounds, "epochs": epochs, "programs": figures}, command, args.out)
+
+
+if __name__ == "__main__":
+    main()
