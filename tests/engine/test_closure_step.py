@@ -96,13 +96,14 @@ def test_a_resumed_run_ends_as_the_unbroken_one_and_a_given_optimizer_gets_its_s
     assert optimizer.state_dict()["state"][0]["func_evals"] == 12      # 3 batches of 4 evaluations
 
 
-def test_a_first_loss_not_finite_is_skipped_with_on_nan_skip():
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_first_loss_not_finite_is_skipped_with_on_nan_skip(devices):
     X, Y = data()
     Y = Y.clone()
     Y[40] = float("nan")            # the second batch
     model = made()
-    result = dptrain.fit(model, (X, Y), loss=nn.MSELoss(), optimizer=LBFGS, epochs=1, batch_size=32, devices=2,
-                         shuffle=False, on_nan="skip", log=None, progress=False)
+    result = dptrain.fit(model, (X, Y), loss=nn.MSELoss(), optimizer=LBFGS, epochs=1, batch_size=32,
+                         devices=devices, shuffle=False, on_nan="skip", log=None, progress=False)
     assert result["history"][-1]["skipped"] == 1
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -163,3 +164,28 @@ def test_a_lightning_modules_lbfgs_trains_as_the_plain_loop(devices):
     for p, q in zip(module.net.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
     assert result["history"]["train_loss"] == pytest.approx(losses, rel=1e-9)
+
+
+@pytest.mark.parametrize("devices", [1, 3])
+def test_training_figures_count_each_steps_first_evaluation_alone(devices):
+    """train_acc is the accuracy before each update (the loss step returns), not an average
+    over the line search's evaluations."""
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(96, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (96,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Linear(5, 3).double()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.LBFGS(reference.parameters(), lr=1, max_iter=5)
+    correct = 0
+    for i in range(0, 96, 32):
+        correct += int((reference(X[i:i + 32]).argmax(1) == y[i:i + 32]).sum())
+
+        def closure():
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(reference(X[i:i + 32]), y[i:i + 32])
+            loss.backward()
+            return loss
+        optimizer.step(closure)
+    result = dptrain.fit(model, (X, y), optimizer=functools.partial(torch.optim.LBFGS, lr=1, max_iter=5), epochs=1,
+                         batch_size=32, devices=devices, shuffle=False, train_metrics=True, log=None, progress=False)
+    assert result["history"][-1]["train_acc"] == pytest.approx(correct / 96)

@@ -32,9 +32,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..data.accumulate import MicroBatches
-from ..data.batch import Batch
+from ..data.batch import Batch, batch_size, to_device
 from ..distributed.collective import get_collective
+from ..parallel import bare_step
 from ..parallel.syncbn import ThreadGroup
+from . import direct_step as direct
+from .direct_step import whole_loss
 from .losses import add_counts, host_number
 from .step_plan import StepPlan, StepResult
 
@@ -70,6 +73,8 @@ def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
     """One step of the closure's optimizer on this process's ``batch``; see the module docstring."""
     check(engine, batch)
     trainer, devices = engine.trainer, engine.devices
+    if direct.applies(engine, batch, sizes, False):
+        return alone_step(engine, batch, skip_nonfinite)
     if engine.closure_group is None:        # (every process takes its first step: its group made alike)
         engine.closure_group = ThreadGroup(len(devices), collective=get_collective(new_group=True), late=_LATE)
     group = engine.closure_group
@@ -87,7 +92,6 @@ def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
     firsts: List[Any] = [None] * len(devices)     # each device's first evaluation: (loss sum, count)
     finite = [True]         # the first evaluation's loss, over every device and process
     trainer.optimizer.push(zip(trainer._optimizers, trainer._origins))     # (a scheduler's learning rate)
-    alone = group.total_size == 1
 
     def on_device(i: int) -> Optional[BaseException]:
         params, device, evaluations = trainer._groups[i], devices[i], [0]
@@ -101,14 +105,7 @@ def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
                     p.grad.zero_()
             value = plan.compute(False)(i)
             count = host_number(plan.count if i == 0 else None) if plan.known else plan.counts[i]
-            if alone:       # one device of one process: nothing to sum, the gradient divided in place
-                loss_sum, divisor = float(value), 1.0 if count is None else float(count)
-                with torch.no_grad():
-                    for p in params:
-                        if p.grad is not None and divisor != 1.0:
-                            p.grad.div_(divisor)
-            else:
-                loss_sum, divisor = exchanged(group, i, device, params, value, count)
+            loss_sum, divisor = exchanged(group, i, device, params, value, count)
             if k == 0:
                 firsts[i] = (value, count)
                 if skip_nonfinite and not math.isfinite(loss_sum):
@@ -140,6 +137,39 @@ def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
     if not stepped:
         loss = torch.full_like(loss, math.nan)
     return StepResult(loss, first.n if count is None else count, stepped)
+
+
+def alone_step(engine: Any, batch: Batch, skip_nonfinite: bool) -> StepResult:
+    """One device of one process: the plain loop's closure (zero_grad, the loss as the user
+    wrote it, backward), nothing to sum (as ``direct_step.py`` is for other optimizers)."""
+    device, trainer = engine.devices[0], engine.trainer
+    shard = to_device(batch, device, engine.memory_format)
+    firsts: List[Any] = []
+
+    def closure() -> torch.Tensor:
+        bare_step.zero_grad(trainer._optimizers[0])
+        value, count = whole_loss(engine, shard, device, scored=not firsts)
+        value.backward()
+        if not firsts:
+            firsts.append((value.detach(), count))
+            if skip_nonfinite and not bool(torch.isfinite(value)):
+                raise _NotFinite
+        return value.detach()
+    trainer.optimizer.push(zip(trainer._optimizers, trainer._origins))     # (a scheduler's learning rate)
+    stepped = True
+    try:
+        trainer._optimizers[0].step(closure)
+    except _NotFinite:
+        stepped = False
+    trainer.discard_gradients()
+    if stepped:
+        trainer.optimizer.step()        # marks the step for lr schedulers
+    loss, count = firsts[0]
+    if not stepped:
+        loss = torch.full_like(loss, math.nan)
+    if count is None:       # a sum: what the general step gives
+        return StepResult(loss.double(), batch_size(shard), stepped)
+    return StepResult(loss, count, stepped, mean=True)
 
 
 def exchanged(group: ThreadGroup, i: int, device: torch.device, params: List[torch.Tensor], value: torch.Tensor,

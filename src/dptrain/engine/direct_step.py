@@ -63,10 +63,11 @@ def direct_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
     return StepResult(loss, count, stepped, extras, None, norm, mean=True, overflow=overflow)
 
 
-def whole_loss(engine: Any, shard: Batch, device: torch.device):
+def whole_loss(engine: Any, shard: Batch, device: torch.device, scored: bool = True):
     """The loss as the plain loop has it (to run backward on: the mean, or the sum with a sum
-    reduction) and its denominator (None: a sum)."""
-    net, figures = engine._net(0), engine.train_figures
+    reduction) and its denominator (None: a sum). ``scored``: whether the training figures
+    (``train_metrics``) count it."""
+    net, figures = engine._net(0), engine.train_figures if scored else None
     if engine.adapter is not None:
         with engine._autocast(device):
             output, target = engine.forward(net, shard)

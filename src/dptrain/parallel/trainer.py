@@ -108,7 +108,7 @@ class Trainer:
         if self.needs_closure:          # (its line search sees every parameter: every device updates all)
             if not self._closure:
                 check_no_closure(self.layout.plan.cls)
-            if self._kvstore == "device":
+            if isinstance(self.sync, sync.OwnerDeviceSync):
                 self._kvstore = "local"
                 self._fresh_sync()
         self.optimizer = self.layout.optimizer
