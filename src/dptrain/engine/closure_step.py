@@ -15,7 +15,8 @@ the parameters (``Trainer`` makes every device update all of them), each with a 
 
 So every device gets the same loss and gradient at every evaluation, takes the same
 decisions and makes the same update: N devices and N processes train as one device does
-with ``optimizer.step(closure)`` on the whole batch. The step's loss is the first
+with ``optimizer.step(closure)`` on the whole batch. One device of one process has nothing to
+sum: its closure is the plain loop's (``alone_step``: the loss as written, its backward). The step's loss is the first
 evaluation's (what ``step`` returns, the loss before the update); the training figures
 (``train_metrics``) count it alone. ``on_nan="skip"``: a first loss that is not finite
 leaves the model as it was (no update has happened yet).
