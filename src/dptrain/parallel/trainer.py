@@ -81,6 +81,9 @@ class Trainer:
         self._spec, self._optimizer_params = optimizer, optimizer_params
         self._kvstore, self._bucket_cap_mb, self._growable = kvstore, bucket_cap_mb, False
         self._closure = closure     # an optimizer needing a closure is stepped by engine/closure_step.py
+        #: Whether the optimizer's ``step`` needs a closure (``torch.optim.LBFGS``): stepped by
+        #: ``fit`` with one (``engine/closure_step.py``), never by ``step``. Known once set up.
+        self.needs_closure = False
         self._given: Optional[List[List[torch.Tensor]]] = None
         self._given_frozen: List[torch.Tensor] = []
         if isinstance(params_or_replicas, Replicas):
@@ -105,6 +108,7 @@ class Trainer:
 
     def _setup(self) -> None:
         self.layout = Layout(self._replicas, self._given, self._given_frozen, self._spec, self._optimizer_params)
+        self.needs_closure = needs_closure(self.layout.plan.cls)
         if self.needs_closure:          # (its line search sees every parameter: every device updates all)
             if not self._closure:
                 check_no_closure(self.layout.plan.cls)
@@ -244,12 +248,6 @@ class Trainer:
             self._parameter_norms = []
         stepped = False if skipped else self._finish_step(step)
         return StepOutcome(outputs, stepped, step.summed_extras, step.grad_norm)
-
-    @property
-    def needs_closure(self) -> bool:
-        """Whether the optimizer's ``step`` needs a closure (``torch.optim.LBFGS``): stepped by
-        ``fit`` with one (``engine/closure_step.py``), never by ``step``."""
-        return self.layout is not None and needs_closure(self.layout.plan.cls)
 
     @property
     def alone(self) -> bool:
