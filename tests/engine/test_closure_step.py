@@ -189,3 +189,13 @@ def test_training_figures_count_each_steps_first_evaluation_alone(devices):
     result = dptrain.fit(model, (X, y), optimizer=functools.partial(torch.optim.LBFGS, lr=1, max_iter=5), epochs=1,
                          batch_size=32, devices=devices, shuffle=False, train_metrics=True, log=None, progress=False)
     assert result["history"][-1]["train_acc"] == pytest.approx(correct / 96)
+
+
+def test_balance_auto_times_every_evaluation_and_trains_as_the_even_split():
+    """--balance auto: each device's seconds are its evaluations' together; the parts it picks
+    change the sums' order only."""
+    even, _ = fitted(2, epochs=2, batch_size=16, scheduler=None)
+    balanced, result = fitted(2, epochs=2, batch_size=16, scheduler=None, balance="auto")
+    assert sum(result["history"][-1]["split"]) == 16
+    for p, q in zip(even.parameters(), balanced.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)

@@ -70,11 +70,13 @@ def check(engine: Any, batch: Batch) -> None:
 
 
 def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
-                 sizes: Optional[Sequence[int]] = None) -> StepResult:
-    """One step of the closure's optimizer on this process's ``batch``; see the module docstring."""
+                 sizes: Optional[Sequence[int]] = None, timed: bool = False) -> StepResult:
+    """One step of the closure's optimizer on this process's ``batch``; see the module docstring.
+    ``sizes`` and ``timed`` as ``ModelEngine.train_batch`` takes them (``--balance``: each
+    device's seconds are its evaluations' together)."""
     check(engine, batch)
     trainer, devices = engine.trainer, engine.devices
-    if direct.applies(engine, batch, sizes, False):
+    if direct.applies(engine, batch, sizes, timed):
         return alone_step(engine, batch, skip_nonfinite)
     if engine.closure_group is None:        # (every process takes its first step: its group made alike)
         engine.closure_group = ThreadGroup(len(devices), collective=get_collective(new_group=True), late=_LATE)
@@ -104,7 +106,7 @@ def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
             for p in params:
                 if p.grad is not None:
                     p.grad.zero_()
-            value = plan.compute(False)(i)
+            value = plan.compute(timed)(i)
             count = host_number(plan.count if i == 0 else None) if plan.known else plan.counts[i]
             loss_sum, divisor = exchanged(group, i, device, params, value, count)
             if k == 0:
@@ -137,7 +139,8 @@ def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
         count = add_counts(count, c)
     if not stepped:
         loss = torch.full_like(loss, math.nan)
-    return StepResult(loss, first.n if count is None else count, stepped)
+    seconds = [sum(plan.seconds[i] for plan in plans.values()) for i in range(len(devices))] if timed else None
+    return StepResult(loss, first.n if count is None else count, stepped, seconds=seconds)
 
 
 def alone_step(engine: Any, batch: Batch, skip_nonfinite: bool) -> StepResult:

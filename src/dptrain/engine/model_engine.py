@@ -264,7 +264,7 @@ class ModelEngine:
         if self.task.several:
             return several_step(self, batch, skip_nonfinite, extras, timed, sizes)
         if closure.applies(self):       # (LBFGS: the loss evaluated several times a step)
-            return closure.closure_step(self, batch, skip_nonfinite, sizes)
+            return closure.closure_step(self, batch, skip_nonfinite, sizes, timed)
         if direct.applies(self, batch, sizes, timed):
             return direct.direct_step(self, batch, skip_nonfinite, extras)
         micro, each = micro_batches(batch, sizes)      # (--balance: each micro-batch's parts)
