@@ -85,3 +85,28 @@ def test_an_optimizer_whose_step_needs_a_closure_is_refused_where_none_can_be_gi
                         devices=2, step={"a": step, "b": step},
                         optimizer={"a": torch.optim.LBFGS(first), "b": torch.optim.SGD(rest)})
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+class Wraps(torch.optim.Optimizer):
+    """Keeps an optimizer made from a class it was given, under a name its constructor does not take."""
+
+    def __init__(self, params, inner=torch.optim.SGD, lr=0.01):
+        super().__init__(params, {"lr": lr})
+        self.base = inner(self.param_groups, lr=lr)
+        self.param_groups = self.base.param_groups
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.base.step()
+
+
+def test_a_wrapped_optimizer_the_rebuild_would_change_is_named():
+    """SAM's base_optimizer=Adam came back as SGD, its default, on every device (silently); now
+    the class is given again under the argument's name (tests/engine/test_closure_step.py), and
+    an attribute named otherwise is an error."""
+    model = make()
+    with pytest.raises(TypeError, match=r"Wraps keeps base, a Adam, which building it again for each device as "
+                                        r"Wraps\(param_groups, \*\*defaults\) makes a SGD: take its class as an "
+                                        r"argument named 'base'"):
+        dptrain.fit(model, (torch.randn(8, 6), torch.randint(0, 2, (8,))), epochs=1, batch_size=4, log=None,
+                    devices=2, optimizer=Wraps(model.parameters(), inner=torch.optim.Adam))

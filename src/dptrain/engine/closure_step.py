@@ -16,7 +16,12 @@ the parameters (``Trainer`` makes every device update all of them), each with a 
 So every device gets the same loss and gradient at every evaluation, takes the same
 decisions and makes the same update: N devices and N processes train as one device does
 with ``optimizer.step(closure)`` on the whole batch. One device of one process has nothing to
-sum: its closure is the plain loop's (``alone_step``: the loss as written, its backward). The step's loss is the first
+sum: its closure is the plain loop's (``alone_step``: the loss as written, its backward).
+
+Sharpness-Aware Minimization's ``step`` reads the gradient a backward left before it (then
+evaluates at perturbed weights, then steps from the first weights): for it
+(``Trainer.closure_after_backward``) the closure is called once before ``step``, as its users'
+loops do ``loss.backward(); optimizer.step(closure)``. The step's loss is the first
 evaluation's (what ``step`` returns, the loss before the update); the training figures
 (``train_metrics``) count it alone. ``on_nan="skip"``: a first loss that is not finite
 leaves the model as it was (no update has happened yet).
@@ -95,6 +100,7 @@ def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
     firsts: List[Any] = [None] * len(devices)     # each device's first evaluation: (loss sum, count)
     finite = [True]         # the first evaluation's loss, over every device and process
     trainer.optimizer.push(zip(trainer._optimizers, trainer._origins))     # (a scheduler's learning rate)
+    after_backward = trainer.closure_after_backward
 
     def on_device(i: int) -> Optional[BaseException]:
         params, device, evaluations = trainer._groups[i], devices[i], [0]
@@ -116,6 +122,8 @@ def closure_step(engine: Any, batch: Batch, skip_nonfinite: bool = False,
                     raise _NotFinite
             return torch.tensor(loss_sum / divisor, dtype=torch.float64, device=device)
         try:
+            if after_backward:      # (SAM: its step reads the gradient at the weights as they are)
+                closure()
             trainer._optimizers[i].step(closure)
         except _NotFinite:
             pass
@@ -162,6 +170,8 @@ def alone_step(engine: Any, batch: Batch, skip_nonfinite: bool) -> StepResult:
     trainer.optimizer.push(zip(trainer._optimizers, trainer._origins))     # (a scheduler's learning rate)
     stepped = True
     try:
+        if trainer.closure_after_backward:
+            closure()
         trainer._optimizers[0].step(closure)
     except _NotFinite:
         stepped = False

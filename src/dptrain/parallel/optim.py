@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from .optim_settings import constructor_settings
+from .optim_settings import ARGUMENTS, constructor_settings
 
 # name -> (torch class, {our key: torch keyword}, fixed keywords, defaults of our keys)
 _OPTIMIZERS: Dict[str, Tuple[type, Dict[str, str], Dict[str, Any], Dict[str, Any]]] = {
@@ -168,9 +168,11 @@ class OptimizerPlan:
         if not groups:      # a device that updates nothing still gets an optimizer (over none)
             groups, origin = [{"params": [torch.zeros(0, requires_grad=True)], **_fast(self.groups[0][1])}], [0]
         accepted = _keywords(self.cls)      # defaults may hold keys the constructor does not take
-        optimizer = self.cls(groups, **{k: v for k, v in _fast(self.defaults).items() if k in accepted})
+        optimizer = self.cls(groups, **{k: v for k, v in _fast(self.defaults).items() if k in accepted},
+                             **self.settings.get(ARGUMENTS, {}))      # (a wrapped optimizer's class)
         for key, value in self.settings.items():
-            setattr(optimizer, key, copy.deepcopy(value))
+            if key != ARGUMENTS:
+                setattr(optimizer, key, copy.deepcopy(value))
         return optimizer, origin
 
     def managed(self) -> List[int]:

@@ -34,7 +34,7 @@ from .params import devices_of, parameter_lists
 from .combined import CombinedOptimizer
 from .layout import Layout
 from .optim import OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
-from .optim_settings import check_no_closure, needs_closure
+from .optim_settings import closure_error, closure_kind
 from .optim_state import load_optimizer_state, optimizer_state
 from .phases import run_fused
 from .replicas import Replicas
@@ -84,6 +84,8 @@ class Trainer:
         #: Whether the optimizer's ``step`` needs a closure (``torch.optim.LBFGS``): stepped by
         #: ``fit`` with one (``engine/closure_step.py``), never by ``step``. Known once set up.
         self.needs_closure = False
+        #: A closure it calls after a backward (Sharpness-Aware Minimization), not instead of one.
+        self.closure_after_backward = False
         self._given: Optional[List[List[torch.Tensor]]] = None
         self._given_frozen: List[torch.Tensor] = []
         if isinstance(params_or_replicas, Replicas):
@@ -108,10 +110,11 @@ class Trainer:
 
     def _setup(self) -> None:
         self.layout = Layout(self._replicas, self._given, self._given_frozen, self._spec, self._optimizer_params)
-        self.needs_closure = needs_closure(self.layout.plan.cls)
-        if self.needs_closure:          # (its line search sees every parameter: every device updates all)
+        kind = closure_kind(self.layout.plan, len(self.layout.params))
+        self.needs_closure, self.closure_after_backward = kind is not None, kind == "after_backward"
+        if self.needs_closure:          # (it sees every parameter at once: every device updates all)
             if not self._closure:
-                check_no_closure(self.layout.plan.cls)
+                raise closure_error(self.layout.plan.cls.__name__)
             if isinstance(self.sync, sync.OwnerDeviceSync):
                 self._kvstore = "local"
                 self._fresh_sync()
