@@ -101,7 +101,7 @@ def closure_kind(plan: Any, count: int) -> Optional[str]:
         takes = "closure" in inspect.signature(cls.step).parameters
     except (TypeError, ValueError):
         takes = False
-    if not takes or cls.__module__.startswith("torch.optim"):
+    if not takes or cls.__module__.startswith(("torch.optim", "dptrain.")):     # (CombinedOptimizer: its parts')
         return None
     stand_ins = [torch.zeros(1, requires_grad=True) for _ in range(count)]
     for t in stand_ins:
