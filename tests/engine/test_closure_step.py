@@ -259,3 +259,19 @@ def test_sharpness_aware_minimization_trains_as_the_plain_loop(devices, base, kw
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"SAM.step needs a closure \(it evaluates the loss again"):
         dptrain.Trainer(dptrain.replicate(made(), ["cpu:0", "cpu:1"]), functools.partial(SAM, lr=0.1))
+
+
+def sam_two_processes(rank, world):
+    model = made()
+    dptrain.fit(model, data(), loss=nn.MSELoss(), optimizer=SAM(model.parameters(), torch.optim.Adam, lr=0.01),
+                epochs=2, batch_size=32, devices=1, shuffle=False, log=None, progress=False)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+
+
+def test_sharpness_aware_minimization_on_two_processes_trains_as_the_plain_loop():
+    first, second = run_workers(sam_two_processes)
+    assert first == second
+    torch.testing.assert_close(torch.tensor(first, dtype=torch.float64),
+                               torch.cat([p.detach().reshape(-1) for p in sam_plain(torch.optim.Adam,
+                                                                                    lr=0.01).parameters()]),
+                               rtol=1e-12, atol=1e-12)
