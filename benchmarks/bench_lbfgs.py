@@ -1,5 +1,6 @@
-"""What an optimizer needing a closure costs in ``fit`` (``torch.optim.LBFGS``,
-``engine/closure_step.py``): the plain loop's ``optimizer.step(closure)`` against ``fit`` on 1
+"""What an optimizer needing a closure costs in ``fit`` (``torch.optim.LBFGS``, and
+Sharpness-Aware Minimization; ``engine/closure_step.py``): the plain loop's
+``optimizer.step(closure)`` (SAM's: a backward, then ``step(closure)``) against ``fit`` on 1
 device and on 2 virtual CPU devices, on the same batches.
 
     python benchmarks/bench_lbfgs.py --rounds 5 --out benchmarks/results/lbfgs.json
@@ -8,7 +9,8 @@ device and on 2 virtual CPU devices, on the same batches.
 Two programs: a physics-informed-style regression MLP (2-64-64-1, tanh, 8192 points, batch
 2048, LBFGS with ``max_iter=10`` and a ``strong_wolfe`` line search, the usual way LBFGS is
 used), and a logistic regression (784 -> 10 on random 28x28 "images", 8192 samples, batch
-4096, ``max_iter=20``). Variants take turns each round; a figure is the median epoch time of a
+4096, ``max_iter=20``); and SAM over SGD (momentum 0.9) on the tiny MLP of the everyday programs
+(32-64-4, 8192 samples, batch 128: many short steps, where per-step host work shows). Variants take turns each round; a figure is the median epoch time of a
 run (3 epochs after one warm-up) in samples/s; ratios are paired (fit / plain in the same round).
 """
 from __future__ import annotations
@@ -38,7 +40,38 @@ def programs(samples):
                      functools.partial(torch.optim.LBFGS, lr=1, max_iter=10, line_search_fn="strong_wolfe")),
         "logistic": (lambda: nn.Linear(784, 10), (images, torch.randint(0, 10, (samples,), generator=g)), 4096,
                      nn.functional.cross_entropy, functools.partial(torch.optim.LBFGS, lr=1, max_iter=20)),
+        "sam-tiny-mlp": (lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)),
+                         (images[:, :32], torch.randint(0, 4, (samples,), generator=g)), 128,
+                         nn.functional.cross_entropy, functools.partial(SAM, lr=0.05, momentum=0.9)),
     }
+
+
+class SAM(torch.optim.Optimizer):
+    """Sharpness-Aware Minimization as its users copy it (davda54/sam's shape)."""
+
+    def __init__(self, params, base_optimizer=torch.optim.SGD, rho=0.05, **kwargs):
+        super().__init__(params, dict(rho=rho, **kwargs))
+        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is not None, "Sharpness Aware Minimization requires closure, but it was not provided"
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.norm(torch.stack([g.norm(2) for g in grads]), 2)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p]["e_w"] = p.grad * (group["rho"] / (norm + 1e-12))
+                    p.add_(self.state[p]["e_w"])
+        self.zero_grad()
+        with torch.enable_grad():
+            closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(self.state[p]["e_w"])
+        self.base_optimizer.step()
 
 
 def plain(make, data, batch, loss_fn, optimizer, epochs):
@@ -54,6 +87,8 @@ def plain(make, data, batch, loss_fn, optimizer, epochs):
                 loss = loss_fn(model(X[i:i + batch]), Y[i:i + batch])
                 loss.backward()
                 return loss
+            if isinstance(opt, SAM):        # (its loop: a backward, then step(closure))
+                closure()
             opt.step(closure)
         times.append(time.perf_counter() - start)
     return len(X) / statistics.median(times[1:])
