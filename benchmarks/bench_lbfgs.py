@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dptrain  # noqa: E402
 from common import paired, rounds_parser, save_result  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from sharpness_aware import SAM  # noqa: E402  (as its users copy it)
+
 
 def programs(samples):
     g = torch.Generator().manual_seed(0)
@@ -44,34 +47,6 @@ def programs(samples):
                          (images[:, :32], torch.randint(0, 4, (samples,), generator=g)), 128,
                          nn.functional.cross_entropy, functools.partial(SAM, lr=0.05, momentum=0.9)),
     }
-
-
-class SAM(torch.optim.Optimizer):
-    """Sharpness-Aware Minimization as its users copy it (davda54/sam's shape)."""
-
-    def __init__(self, params, base_optimizer=torch.optim.SGD, rho=0.05, **kwargs):
-        super().__init__(params, dict(rho=rho, **kwargs))
-        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
-        self.param_groups = self.base_optimizer.param_groups
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        assert closure is not None, "Sharpness Aware Minimization requires closure, but it was not provided"
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.norm(torch.stack([g.norm(2) for g in grads]), 2)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self.state[p]["e_w"] = p.grad * (group["rho"] / (norm + 1e-12))
-                    p.add_(self.state[p]["e_w"])
-        self.zero_grad()
-        with torch.enable_grad():
-            closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.sub_(self.state[p]["e_w"])
-        self.base_optimizer.step()
 
 
 def plain(make, data, batch, loss_fn, optimizer, epochs):

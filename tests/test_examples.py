@@ -84,3 +84,15 @@ def test_the_muon_example_trains_both_optimizers_on_one_loss():
     assert result["optimizer"] == "Muon+AdamW" and last["test_acc"] > 0.8, last
     assert last["lr_muon"] / first["lr_muon"] == pytest.approx(last["lr_adamw"] / first["lr_adamw"])
     assert last["lr_muon"] < first["lr_muon"]       # (the decay: one schedule, each rate its own scale)
+
+
+def test_the_sharpness_aware_example_learns_on_two_devices_with_either_base():
+    """examples/sharpness_aware.py: SAM as its users copy it, in one fit call."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sharpness_aware", Path(__file__).parents[1] / "examples" /
+                                                  "sharpness_aware.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for more in (["--devices", "2"], ["--devices", "1", "--base", "adam"]):
+        result = example.main(["--epochs", "3", "--samples", "2000"] + more)
+        assert result["test_acc"] > 0.9, (more, result["history"])

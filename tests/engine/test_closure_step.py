@@ -2,6 +2,8 @@
 optimizer.step(closure) on the whole batch, on 1-3 devices and 2 processes (closure_step.py)."""
 import copy
 import functools
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,33 +203,17 @@ def test_balance_auto_times_every_evaluation_and_trains_as_the_even_split():
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
 
 
-class SAM(torch.optim.Optimizer):
-    """Sharpness-Aware Minimization as its users copy it (davda54/sam's shape): step() asserts
-    a closure; it steps on the gradient a backward left, then evaluates again."""
+def _example():
+    spec = importlib.util.spec_from_file_location("sharpness_aware", Path(__file__).parents[2] / "examples" /
+                                                  "sharpness_aware.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
 
-    def __init__(self, params, base_optimizer=torch.optim.SGD, rho=0.05, **kwargs):
-        super().__init__(params, dict(rho=rho, **kwargs))
-        self.base_optimizer = base_optimizer(self.param_groups, **kwargs)
-        self.param_groups = self.base_optimizer.param_groups
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        assert closure is not None, "Sharpness Aware Minimization requires closure, but it was not provided"
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.norm(torch.stack([g.norm(2) for g in grads]), 2)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    self.state[p]["e_w"] = p.grad * (group["rho"] / (norm + 1e-12))
-                    p.add_(self.state[p]["e_w"])
-        self.zero_grad()
-        with torch.enable_grad():
-            closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.sub_(self.state[p]["e_w"])
-        self.base_optimizer.step()
+#: Sharpness-Aware Minimization as its users copy it (davda54/sam's shape): step() asserts a
+#: closure; it steps on the gradient a backward left, then evaluates again.
+SAM = _example().SAM
 
 
 def sam_plain(base, **kw):
