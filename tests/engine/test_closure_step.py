@@ -261,3 +261,21 @@ def test_sharpness_aware_minimization_on_two_processes_trains_as_the_plain_loop(
                                torch.cat([p.detach().reshape(-1) for p in sam_plain(torch.optim.Adam,
                                                                                     lr=0.01).parameters()]),
                                rtol=1e-12, atol=1e-12)
+
+
+def test_sam_resumes_exactly_and_gives_its_base_optimizers_state_back(tmp_path):
+    """Adam's moments live in SAM's base_optimizer: checkpoints and the optimizer given back held
+    SAM's own state only (a resumed run restarted Adam: weights 0.027 off the unbroken run)."""
+    def run(epochs, **kw):
+        model = made()
+        optimizer = SAM(model.parameters(), torch.optim.Adam, lr=0.01)
+        dptrain.fit(model, data(), loss=nn.MSELoss(), optimizer=optimizer, epochs=epochs, batch_size=32,
+                    devices=2, log=None, progress=False, **kw)
+        return model, optimizer
+    unbroken, optimizer = run(3)
+    assert len(optimizer.base_optimizer.state) == 4 and all("exp_avg" in s for s in
+                                                            optimizer.base_optimizer.state.values())
+    run(2, checkpoint_dir=str(tmp_path))
+    resumed, _ = run(3, checkpoint_dir=str(tmp_path), resume=True)
+    for p, q in zip(unbroken.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)

@@ -4,10 +4,14 @@ index of each parameter among the trainable ones, with the groups' hyper-paramet
 Checkpoints save and load it (``Trainer.state_dict``), and it moves between the run's
 per-device optimizers and the optimizer object the user built on the model: lent to a run
 as it starts, given back as it ends (``Trainer.give_back``).
+
+An optimizer that wraps another (SAM's ``base_optimizer``, an attribute holding an optimizer)
+keeps the state of its steps there (Adam's moments): a parameter's state is both, the wrapped
+one's keys named ``"<attribute>/<key>"`` (``state_of``, ``loaded``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,10 +30,12 @@ def optimizer_state(optimizers: Sequence[torch.optim.Optimizer], groups: Sequenc
     process with 3 devices, and the other way round."""
     state: Dict[int, Dict[str, Any]] = {}
     for i, opt in enumerate(optimizers):
-        mine = owned(i)
+        mine, wrapped = owned(i), _wrapped(opt)
         for j in (range(len(groups[i])) if mine is None else mine):
-            if j not in state and groups[i][j] in opt.state:
-                state[j] = dict(opt.state[groups[i][j]])
+            if j not in state:
+                held = state_of(opt, groups[i][j], wrapped)
+                if held is not None:
+                    state[j] = held
         if mine is None:        # every device holds the same full state: one is enough
             break
     return {"optimizer": replicated.label, "shapes": [list(p.shape) for p in groups[0]],
@@ -53,8 +59,7 @@ def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.op
                          f"shapes than this model's {len(shapes)} trainable ones")
     saved = state.get("state", {})
     for i, opt in enumerate(optimizers):        # a copy each: torch's .to() may alias them
-        opt.load_state_dict({"state": _by_position(opt, groups[i], saved, copy=True),
-                             "param_groups": opt.state_dict()["param_groups"]})
+        loaded(opt, _by_position(opt, groups[i], saved, copy=True))
     if replicated is not None:      # the hyper-parameters, group by group (its members are the model's)
         if len(state["groups"]) != len(replicated.param_groups):
             raise ValueError(f"the checkpoint's optimizer has {len(state['groups'])} parameter groups, this run's "
@@ -87,8 +92,13 @@ def held_states(optimizers: Sequence[torch.optim.Optimizer], groups: Sequence[Se
     ``kept`` of the model), by parameter index in the model."""
     held = []
     for optimizer, params in zip(optimizers, groups):
-        index = {id(p): kept[k] for k, p in enumerate(params)}
-        held.append({index[id(p)]: s for p, s in optimizer.state.items() if id(p) in index})
+        wrapped = _wrapped(optimizer)
+        if not wrapped:         # (the dicts themselves: no copies)
+            index = {id(p): kept[k] for k, p in enumerate(params)}
+            held.append({index[id(p)]: s for p, s in optimizer.state.items() if id(p) in index})
+            continue
+        states = {kept[k]: state_of(optimizer, p, wrapped) for k, p in enumerate(params)}
+        held.append({j: s for j, s in states.items() if s is not None})
     return held
 
 
@@ -101,16 +111,17 @@ def carry_states(held: Sequence[Dict[int, Dict[str, Any]]], optimizers: Sequence
     ``step`` stays where torch keeps it)."""
     for i, optimizer in enumerate(optimizers):
         index = {id(p): kept[k] for k, p in enumerate(groups[i])}
+        wrapped = _wrapped(optimizer)
         for group in optimizer.param_groups:
             for p in group["params"]:
                 j = index.get(id(p))
                 if j in held[i]:
-                    optimizer.state[p] = held[i][j]
+                    _place(optimizer, p, held[i][j], wrapped)
                     continue
                 source = next((h[j] for h in held if j in h), None)
                 if source is not None:
-                    optimizer.state[p] = {k: v.to(p.device) if isinstance(v, torch.Tensor) and k != "step" else v
-                                          for k, v in source.items()}
+                    _place(optimizer, p, {k: v.to(p.device) if isinstance(v, torch.Tensor) and not
+                                          (k == "step" or k.endswith("/step")) else v for k, v in source.items()}, wrapped)
 
 
 # -- the user's own optimizer object ------------------------------------------------------
@@ -127,7 +138,8 @@ def lend(user: torch.optim.Optimizer, new: Sequence[int], optimizers: Sequence[t
                  "shapes": [list(p.shape) for p in groups[0]]}
         load_optimizer_state(state, optimizers, groups)
         for k in new:
-            user.state.pop(groups[0][k], None)
+            for holder in [user] + [inner for _, inner in _wrapped(user)]:
+                holder.state.pop(groups[0][k], None)
 
 
 
@@ -135,9 +147,10 @@ def state_of_user_optimizer(optimizer: torch.optim.Optimizer, params: Sequence[t
                             replicated: "ReplicatedOptimizer") -> Dict[str, Any]:
     """The state an optimizer the user built on the model holds (a second ``fit`` with it, or
     one trained before), as ``optimizer_state`` lays it out: ``params``, the trainable ones."""
-    index = {id(p): j for j, p in enumerate(params)}
+    wrapped = _wrapped(optimizer)
+    held = {j: state_of(optimizer, p, wrapped) for j, p in enumerate(params)}
     return {"optimizer": replicated.label, "shapes": [list(p.shape) for p in params],
-            "state": {index[id(p)]: dict(s) for p, s in optimizer.state.items() if id(p) in index},
+            "state": {j: s for j, s in held.items() if s is not None},
             "groups": replicated.state_dict()["param_groups"]}
 
 
@@ -148,8 +161,67 @@ def into_user_optimizer(state: Mapping[str, Any], optimizer: torch.optim.Optimiz
     only as the run's optimizers end) and every group's hyper-parameters (learning rates a
     scheduler set), so it goes on from there."""
     own = optimizer.state_dict()        # (the state of parameters the run did not train stays)
-    mine = {**own["state"], **_by_position(optimizer, params, state["state"], copy=False)}
+    wrapped = _wrapped(optimizer)
+    kept = {position: state_of(optimizer, p, wrapped) for position, p in
+            enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    mine = {**{k: s for k, s in kept.items() if s is not None},
+            **_by_position(optimizer, params, state["state"], copy=False)}
     groups = [{**ours, **{k: v for k, v in theirs.items() if k != "params"}}
               for ours, theirs in zip(own["param_groups"], state["groups"])]
-    optimizer.load_state_dict({"state": mine, "param_groups": groups})
+    loaded(optimizer, mine, groups)
+
+
+# -- an optimizer wrapping another (SAM) --------------------------------------------------
+def _wrapped(optimizer: torch.optim.Optimizer) -> List[Tuple[str, torch.optim.Optimizer]]:
+    """The optimizers ``optimizer`` keeps as attributes (SAM's ``base_optimizer``)."""
+    return [(k, v) for k, v in vars(optimizer).items() if isinstance(v, torch.optim.Optimizer) and v is not optimizer]
+
+
+def state_of(optimizer: torch.optim.Optimizer, p: torch.Tensor,
+             wrapped: Sequence[Tuple[str, torch.optim.Optimizer]] = ()) -> Optional[Dict[str, Any]]:
+    """Parameter ``p``'s state in ``optimizer`` and those it wraps (keys ``"<attribute>/<key>"``),
+    or None if none holds any."""
+    held = dict(optimizer.state[p]) if p in optimizer.state else None
+    for name, inner in wrapped:
+        if p in inner.state:
+            held = held or {}
+            held.update({f"{name}/{k}": v for k, v in inner.state[p].items()})
+    return held
+
+
+def _place(optimizer: torch.optim.Optimizer, p: torch.Tensor, held: Dict[str, Any],
+           wrapped: Sequence[Tuple[str, torch.optim.Optimizer]]) -> None:
+    """``held`` (``state_of``'s keys) as parameter ``p``'s state in ``optimizer`` and those it wraps."""
+    if not wrapped:
+        optimizer.state[p] = held
+        return
+    prefixes = tuple(f"{name}/" for name, _ in wrapped)
+    own = {k: v for k, v in held.items() if not k.startswith(prefixes)}
+    if own:
+        optimizer.state[p] = own
+    for name, inner in wrapped:
+        theirs = {k[len(name) + 1:]: v for k, v in held.items() if k.startswith(f"{name}/")}
+        if theirs:
+            inner.state[p] = theirs
+
+
+def loaded(optimizer: torch.optim.Optimizer, by_position: Dict[int, Dict[str, Any]],
+           groups: Optional[List[Dict[str, Any]]] = None) -> None:
+    """Load ``by_position`` (torch's layout, ``state_of``'s keys) into ``optimizer`` and those it
+    wraps, with ``groups`` (default: its own) as hyper-parameters; a wrapped optimizer that shared
+    its groups goes on sharing them (torch's load makes new ones)."""
+    wrapped = _wrapped(optimizer)
+    shared = [inner for _, inner in wrapped if inner.param_groups is optimizer.param_groups]
+    prefixes = tuple(f"{name}/" for name, _ in wrapped)
+    own = {k: {key: v for key, v in s.items() if not key.startswith(prefixes)} for k, s in by_position.items()}
+    optimizer.load_state_dict({"state": {k: s for k, s in own.items() if s},
+                               "param_groups": groups if groups is not None else optimizer.state_dict()["param_groups"]})
+    for name, inner in wrapped:
+        prefix = f"{name}/"
+        theirs = {k: {key[len(prefix):]: v for key, v in s.items() if key.startswith(prefix)}
+                  for k, s in by_position.items()}
+        inner.load_state_dict({"state": {k: s for k, s in theirs.items() if s},
+                               "param_groups": inner.state_dict()["param_groups"]})
+        if inner in shared:
+            inner.param_groups = optimizer.param_groups
 
