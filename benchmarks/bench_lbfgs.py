@@ -6,12 +6,13 @@ device and on 2 virtual CPU devices, on the same batches.
     python benchmarks/bench_lbfgs.py --rounds 5 --out benchmarks/results/lbfgs.json
     python benchmarks/bench_lbfgs.py --smoke
 
-Two programs: a physics-informed-style regression MLP (2-64-64-1, tanh, 8192 points, batch
+Three programs: a physics-informed-style regression MLP (2-64-64-1, tanh, 8192 points, batch
 2048, LBFGS with ``max_iter=10`` and a ``strong_wolfe`` line search, the usual way LBFGS is
 used), and a logistic regression (784 -> 10 on random 28x28 "images", 8192 samples, batch
 4096, ``max_iter=20``); and SAM over SGD (momentum 0.9) on the tiny MLP of the everyday programs
-(32-64-4, 8192 samples, batch 128: many short steps, where per-step host work shows). Variants take turns each round; a figure is the median epoch time of a
-run (3 epochs after one warm-up) in samples/s; ratios are paired (fit / plain in the same round).
+(32-64-4, 8192 samples, batch 128: many short steps, where per-step host work shows). Variants
+take turns each round; a figure is the median epoch time of a run (3 epochs after one warm-up)
+in samples/s; ratios are paired (fit / plain in the same round).
 """
 from __future__ import annotations
 

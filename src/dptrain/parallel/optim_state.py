@@ -120,8 +120,9 @@ def carry_states(held: Sequence[Dict[int, Dict[str, Any]]], optimizers: Sequence
                     continue
                 source = next((h[j] for h in held if j in h), None)
                 if source is not None:
-                    _place(optimizer, p, {k: v.to(p.device) if isinstance(v, torch.Tensor) and not
-                                          (k == "step" or k.endswith("/step")) else v for k, v in source.items()}, wrapped)
+                    moved = {k: v.to(p.device) if isinstance(v, torch.Tensor) and not
+                             (k == "step" or k.endswith("/step")) else v for k, v in source.items()}
+                    _place(optimizer, p, moved, wrapped)
 
 
 # -- the user's own optimizer object ------------------------------------------------------
@@ -214,8 +215,9 @@ def loaded(optimizer: torch.optim.Optimizer, by_position: Dict[int, Dict[str, An
     shared = [inner for _, inner in wrapped if inner.param_groups is optimizer.param_groups]
     prefixes = tuple(f"{name}/" for name, _ in wrapped)
     own = {k: {key: v for key, v in s.items() if not key.startswith(prefixes)} for k, s in by_position.items()}
-    optimizer.load_state_dict({"state": {k: s for k, s in own.items() if s},
-                               "param_groups": groups if groups is not None else optimizer.state_dict()["param_groups"]})
+    if groups is None:
+        groups = optimizer.state_dict()["param_groups"]
+    optimizer.load_state_dict({"state": {k: s for k, s in own.items() if s}, "param_groups": groups})
     for name, inner in wrapped:
         prefix = f"{name}/"
         theirs = {k: {key[len(prefix):]: v for key, v in s.items() if key.startswith(prefix)}
