@@ -196,14 +196,20 @@ def _place(optimizer: torch.optim.Optimizer, p: torch.Tensor, held: Dict[str, An
     if not wrapped:
         optimizer.state[p] = held
         return
+    for holder, part in _split(optimizer, held, wrapped):
+        if part:
+            holder.state[p] = part
+
+
+def _split(optimizer: torch.optim.Optimizer, held: Mapping[str, Any],
+           wrapped: Sequence[Tuple[str, torch.optim.Optimizer]]) -> List[Tuple[torch.optim.Optimizer, Dict[str, Any]]]:
+    """``held`` (``state_of``'s keys) cut into each holder's own keys: ``optimizer``'s first,
+    then each wrapped one's (its ``"<attribute>/"`` prefix taken off)."""
     prefixes = tuple(f"{name}/" for name, _ in wrapped)
-    own = {k: v for k, v in held.items() if not k.startswith(prefixes)}
-    if own:
-        optimizer.state[p] = own
-    for name, inner in wrapped:
-        theirs = {k[len(name) + 1:]: v for k, v in held.items() if k.startswith(f"{name}/")}
-        if theirs:
-            inner.state[p] = theirs
+    parts = [(optimizer, {k: v for k, v in held.items() if not k.startswith(prefixes)})]
+    for prefix, (_, inner) in zip(prefixes, wrapped):
+        parts.append((inner, {k[len(prefix):]: v for k, v in held.items() if k.startswith(prefix)}))
+    return parts
 
 
 def loaded(optimizer: torch.optim.Optimizer, by_position: Dict[int, Dict[str, Any]],
@@ -213,17 +219,13 @@ def loaded(optimizer: torch.optim.Optimizer, by_position: Dict[int, Dict[str, An
     its groups goes on sharing them (torch's load makes new ones)."""
     wrapped = _wrapped(optimizer)
     shared = [inner for _, inner in wrapped if inner.param_groups is optimizer.param_groups]
-    prefixes = tuple(f"{name}/" for name, _ in wrapped)
-    own = {k: {key: v for key, v in s.items() if not key.startswith(prefixes)} for k, s in by_position.items()}
+    split = {k: _split(optimizer, s, wrapped) for k, s in by_position.items()}
     if groups is None:
         groups = optimizer.state_dict()["param_groups"]
-    optimizer.load_state_dict({"state": {k: s for k, s in own.items() if s}, "param_groups": groups})
-    for name, inner in wrapped:
-        prefix = f"{name}/"
-        theirs = {k: {key[len(prefix):]: v for key, v in s.items() if key.startswith(prefix)}
-                  for k, s in by_position.items()}
-        inner.load_state_dict({"state": {k: s for k, s in theirs.items() if s},
-                               "param_groups": inner.state_dict()["param_groups"]})
-        if inner in shared:
-            inner.param_groups = optimizer.param_groups
+    for h, holder in enumerate([optimizer] + [inner for _, inner in wrapped]):
+        own = {k: parts[h][1] for k, parts in split.items() if parts[h][1]}
+        holder.load_state_dict({"state": own, "param_groups": groups if h == 0 else
+                                holder.state_dict()["param_groups"]})
+        if holder in shared:
+            holder.param_groups = optimizer.param_groups
 
