@@ -32,7 +32,7 @@ import torch
 
 from . import bare_step
 from .optim import OptimizerPlan, _groups_of
-from .optim_settings import check_no_closure
+from .step_traits import check_no_closure
 
 
 class _States(MutableMapping):

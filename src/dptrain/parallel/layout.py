@@ -22,7 +22,8 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Sequence
 
 import torch
 
-from .optim import OptimizerPlan, OptimizerSpec, ReplicatedOptimizer
+from .optim import OptimizerPlan, OptimizerSpec
+from .replicated_optimizer import ReplicatedOptimizer
 from .optim_state import carry_states, held_states, into_user_optimizer, lend
 from .replicas import Replicas
 from .sync import GradientSync
@@ -83,6 +84,8 @@ class Layout:
             self.optimizers.append(optimizer)
             self.origins.append(origin)
         self.optimizer._replicas = self.groups
+        custom = not plan.cls.__module__.startswith(("torch.optim", "dptrain."))
+        self.optimizer.pulled = list(zip(self.optimizers, self.origins)) if custom else ()
         self.trainable = TrainableSet(self.replicas[0]) if self.replicas is not None else None
         self.mask = [p.requires_grad for p in self.params]
 

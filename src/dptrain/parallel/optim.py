@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from .optim_settings import ARGUMENTS, constructor_settings
+from .optim_settings import ARGUMENTS, NOT_ATTRIBUTES, WRAPPED, constructor_settings
 
 # name -> (torch class, {our key: torch keyword}, fixed keywords, defaults of our keys)
 _OPTIMIZERS: Dict[str, Tuple[type, Dict[str, str], Dict[str, Any], Dict[str, Any]]] = {
@@ -146,8 +146,11 @@ class OptimizerPlan:
             return CombinedPlan.of(optimizer, params)
         groups = _groups_of(optimizer, params)
         accepted = _keywords(type(optimizer))
+        def plan_of(inner: torch.optim.Optimizer) -> Tuple["OptimizerPlan", torch.optim.Optimizer]:
+            plan = cls.from_optimizer(inner, params)        # (a Lookahead's: its groups are the wrapper's)
+            return plan, plan.build(params, range(len(params)))[0]
         settings = constructor_settings(optimizer, [dict(g) for g in optimizer.param_groups],
-                                        {k: v for k, v in optimizer.defaults.items() if k in accepted})
+                                        {k: v for k, v in optimizer.defaults.items() if k in accepted}, plan_of)
         return cls(type(optimizer), dict(optimizer.defaults), groups, settings)
 
     def regrouped(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> "OptimizerPlan":
@@ -158,6 +161,7 @@ class OptimizerPlan:
     def build(self, tensors: Sequence[torch.Tensor], indices: Iterable[int]) -> Tuple[torch.optim.Optimizer, List[int]]:
         """The optimizer over ``tensors`` (parameter ``indices[k]`` is ``tensors[k]``), and for
         each of its groups the index of the plan's group it came from."""
+        indices = list(indices)
         where = {j: k for k, j in enumerate(indices)}
         groups, origin = [], []
         for g, (members, hyper) in enumerate(self.groups):
@@ -168,10 +172,13 @@ class OptimizerPlan:
         if not groups:      # a device that updates nothing still gets an optimizer (over none)
             groups, origin = [{"params": [torch.zeros(0, requires_grad=True)], **_fast(self.groups[0][1])}], [0]
         accepted = _keywords(self.cls)      # defaults may hold keys the constructor does not take
-        optimizer = self.cls(groups, **{k: v for k, v in _fast(self.defaults).items() if k in accepted},
+        wrapped = self.settings.get(WRAPPED)        # built on an optimizer (a Lookahead): that one first
+        first = groups if wrapped is None else OptimizerPlan(
+            wrapped.cls, wrapped.defaults, self.groups, wrapped.settings).build(tensors, indices)[0]
+        optimizer = self.cls(first, **{k: v for k, v in _fast(self.defaults).items() if k in accepted},
                              **self.settings.get(ARGUMENTS, {}))      # (a wrapped optimizer's class)
         for key, value in self.settings.items():
-            if key != ARGUMENTS:
+            if key not in NOT_ATTRIBUTES:
                 setattr(optimizer, key, copy.deepcopy(value))
         return optimizer, origin
 
@@ -228,96 +235,3 @@ def _fast(hyper: Dict[str, Any], cls: Optional[type] = None) -> Dict[str, Any]:
     if can and hyper.get("foreach") is None and not hyper.get("fused"):
         return {**hyper, "foreach": True}
     return hyper
-
-
-class ReplicatedOptimizer(torch.optim.Optimizer):
-    """The optimizer as the user sees it: the groups and hyper-parameters of every replica's.
-
-    ``trainer.optimizer`` is one: attach a ``torch.optim.lr_scheduler`` to it, or change a
-    group's ``lr``; the ``Trainer`` hands the hyper-parameters on to the per-device optimizers
-    before each step. Its own ``step()`` updates nothing (``Trainer.step`` does); the Trainer
-    calls it after each update, so schedulers see the usual optimizer-then-scheduler order.
-    Its groups hold replica 0's parameters, frozen ones too where the user's optimizer did;
-    in ``fit``, ``add_param_group`` takes a group between steps (a layer unfrozen: ``layout.py``).
-
-    >>> scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(trainer.optimizer, T_max=100)
-    """
-
-    def __init__(self, plan: OptimizerPlan, params: Sequence[torch.Tensor],
-                 replicas: Sequence[Sequence[torch.Tensor]]):
-        groups = [{"params": [params[j] for j in members], **hyper} for members, hyper in plan.groups]
-        super().__init__(groups, plan.defaults)
-        self.label = plan.label
-        self._replicas = replicas
-        #: Whether ``add_param_group`` may add groups between steps (``fit``'s Trainer follows
-        #: them: ``Trainer.follow``); ``group_added``: one was added since the Trainer last looked.
-        self.growable, self.group_added = False, False
-        self._built = True
-        made = getattr(plan, "made_parts", None)        # a CombinedPlan's: each optimizer's groups
-        self._parts: Dict[str, Any] = {} if made is None else made(self)
-
-    @property
-    def parts(self) -> Dict[str, Any]:
-        """A combined optimizer's parts, by name (``OptimizerPart``: one's groups, for a
-        scheduler of its own); empty for one optimizer."""
-        return dict(self._parts)
-
-    def add_param_group(self, param_group: Dict[str, Any]) -> None:   # noqa: D102 - see growable
-        if not getattr(self, "_built", False):
-            super().add_param_group(param_group)
-            return
-        if not self.growable:
-            raise ValueError("add_param_group on the optimizer of a Trainer in your own loop: its per-device "
-                             "optimizers are built for the parameters that train when it is set up, and a group "
-                             "added now would never be updated; set requires_grad, then replicate the model again "
-                             "and make a new Trainer (fit takes new groups between steps)")
-        try:
-            super().add_param_group(param_group)
-        except ValueError as e:
-            if "more than one parameter group" not in str(e):
-                raise
-            raise ValueError("add_param_group: some of these parameters are in a group of the optimizer already "
-                             "(one built on model.parameters() holds the frozen ones too, and they train in it once "
-                             "requires_grad is set): add only parameters no group holds, or build the optimizer "
-                             "on the parameters that train at the start (filter by requires_grad)") from None
-        self.group_added = True
-
-    def set_groups(self, members: Sequence[Sequence[int]], params: Sequence[torch.Tensor],
-                   hyper: Sequence[Dict[str, Any]]) -> None:
-        """The groups a checkpoint had (``members``: indices in ``params``; ``hyper``, from its
-        ``state_dict``, for groups added since this was made)."""
-        for g, group_members in enumerate(members):
-            chosen = [params[j] for j in group_members]
-            if g < len(self.param_groups):
-                self.param_groups[g]["params"] = chosen
-            else:
-                self.param_groups.append({**{k: v for k, v in hyper[g].items() if k != "params"}, "params": chosen})
-
-    def step(self, closure=None):   # noqa: D102 - see the class docstring
-        self._opt_called = True         # what torch's schedulers check (below; torch < 2.4: the count)
-        self._step_count = getattr(self, "_step_count", 0) + 1
-        for part in self._parts.values():       # (their schedulers see them stepped)
-            part.step()
-        return None
-    # Marked as already hooked, so torch.optim does not wrap it in a profiler record per call
-    # (14 us a step for a call that does nothing); and as tracked for lr schedulers, which then
-    # need not wrap it either: one built on the user's optimizer and lent to this one
-    # (engine/user_scheduler.py) would otherwise warn that step was replaced.
-    step.hooked = True
-    step._wrapped_by_lr_sched = step._with_counter = True
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for group in self._replicas:
-            for p in group:
-                if set_to_none:
-                    p.grad = None
-                elif p.grad is not None:
-                    p.grad.zero_()
-
-    def push(self, optimizers: Sequence[Tuple[torch.optim.Optimizer, List[int]]]) -> None:
-        """Give each per-device optimizer's groups the hyper-parameters of the groups they came from."""
-        for optimizer, origin in optimizers:
-            for group, g in zip(optimizer.param_groups, origin):
-                params = group["params"]
-                group.update(self.param_groups[g])      # one call in C (a loop over keys took 5 us a step)
-                group["params"] = params

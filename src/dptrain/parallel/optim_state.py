@@ -11,12 +11,16 @@ one's keys named ``"<attribute>/<key>"`` (``state_of``, ``loaded``).
 """
 from __future__ import annotations
 
+import collections
+import copy
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .optim_settings import attributes_of
+
 if TYPE_CHECKING:
-    from .optim import ReplicatedOptimizer
+    from .replicated_optimizer import ReplicatedOptimizer
 
 
 def optimizer_state(optimizers: Sequence[torch.optim.Optimizer], groups: Sequence[Sequence[torch.Tensor]],
@@ -39,7 +43,8 @@ def optimizer_state(optimizers: Sequence[torch.optim.Optimizer], groups: Sequenc
         if mine is None:        # every device holds the same full state: one is enough
             break
     return {"optimizer": replicated.label, "shapes": [list(p.shape) for p in groups[0]],
-            "state": state, "groups": replicated.state_dict()["param_groups"]}
+            "state": state, "groups": replicated.state_dict()["param_groups"],
+            "attributes": copy.deepcopy(attributes_of(optimizers[0]))}
 
 
 def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.optim.Optimizer],
@@ -60,6 +65,7 @@ def load_optimizer_state(state: Mapping[str, Any], optimizers: Sequence[torch.op
     saved = state.get("state", {})
     for i, opt in enumerate(optimizers):        # a copy each: torch's .to() may alias them
         loaded(opt, _by_position(opt, groups[i], saved, copy=True))
+        _set_attributes(opt, state.get("attributes", {}))
     if replicated is not None:      # the hyper-parameters, group by group (its members are the model's)
         if len(state["groups"]) != len(replicated.param_groups):
             raise ValueError(f"the checkpoint's optimizer has {len(state['groups'])} parameter groups, this run's "
@@ -131,7 +137,7 @@ def lend(user: torch.optim.Optimizer, new: Sequence[int], optimizers: Sequence[t
     """Load into ``optimizers`` (over ``groups``) the state the user's optimizer object holds
     for the parameters ``new`` (indices among ``groups[0]``), and take it out of the object:
     lent to the run, held once, not twice (``into_user_optimizer`` gives it back)."""
-    if not user.state:
+    if not user.state and not any(inner.state for _, inner in _wrapped(user)):     # (a Lookahead's is its base's)
         return
     lent = state_of_user_optimizer(user, [groups[0][k] for k in new], replicated)["state"]
     if lent:
@@ -161,15 +167,22 @@ def into_user_optimizer(state: Mapping[str, Any], optimizer: torch.optim.Optimiz
     each trained parameter's state (moved by torch to where the parameter is; not copied, so
     only as the run's optimizers end) and every group's hyper-parameters (learning rates a
     scheduler set), so it goes on from there."""
-    own = optimizer.state_dict()        # (the state of parameters the run did not train stays)
-    wrapped = _wrapped(optimizer)
+    wrapped = _wrapped(optimizer)       # (a wrapper's state_dict may be the wrapped one's, or need hooks it lacks)
+    own = [dict(g) for g in optimizer.param_groups] if wrapped else optimizer.state_dict()["param_groups"]
     kept = {position: state_of(optimizer, p, wrapped) for position, p in
             enumerate(p for group in optimizer.param_groups for p in group["params"])}
-    mine = {**{k: s for k, s in kept.items() if s is not None},
+    mine = {**{k: s for k, s in kept.items() if s is not None},       # (what the run did not train stays)
             **_by_position(optimizer, params, state["state"], copy=False)}
     groups = [{**ours, **{k: v for k, v in theirs.items() if k != "params"}}
-              for ours, theirs in zip(own["param_groups"], state["groups"])]
+              for ours, theirs in zip(own, state["groups"])]
     loaded(optimizer, mine, groups)
+    _set_attributes(optimizer, state.get("attributes", {}))
+
+
+def _set_attributes(optimizer: torch.optim.Optimizer, attributes: Mapping[str, Any]) -> None:
+    """The plain attributes an optimizer's steps reached (``attributes_of``: a step counter)."""
+    for key, value in attributes.items():
+        setattr(optimizer, key, copy.deepcopy(value))
 
 
 # -- an optimizer wrapping another (SAM) --------------------------------------------------
@@ -182,7 +195,8 @@ def state_of(optimizer: torch.optim.Optimizer, p: torch.Tensor,
              wrapped: Sequence[Tuple[str, torch.optim.Optimizer]] = ()) -> Optional[Dict[str, Any]]:
     """Parameter ``p``'s state in ``optimizer`` and those it wraps (keys ``"<attribute>/<key>"``),
     or None if none holds any."""
-    held = dict(optimizer.state[p]) if p in optimizer.state else None
+    own = p in optimizer.state and not any(inner.state is optimizer.state for _, inner in wrapped)
+    held = dict(optimizer.state[p]) if own else None
     for name, inner in wrapped:
         if p in inner.state:
             held = held or {}
@@ -219,13 +233,34 @@ def loaded(optimizer: torch.optim.Optimizer, by_position: Dict[int, Dict[str, An
     its groups goes on sharing them (torch's load makes new ones)."""
     wrapped = _wrapped(optimizer)
     shared = [inner for _, inner in wrapped if inner.param_groups is optimizer.param_groups]
+    same_state = [inner for _, inner in wrapped if inner.state is optimizer.state]
     split = {k: _split(optimizer, s, wrapped) for k, s in by_position.items()}
-    if groups is None:
-        groups = optimizer.state_dict()["param_groups"]
+    if groups is None:          # (a wrapper's state_dict may be the wrapped one's, or need hooks it lacks)
+        groups = [dict(g) for g in optimizer.param_groups] if wrapped else optimizer.state_dict()["param_groups"]
     for h, holder in enumerate([optimizer] + [inner for _, inner in wrapped]):
         own = {k: parts[h][1] for k, parts in split.items() if parts[h][1]}
-        holder.load_state_dict({"state": own, "param_groups": groups if h == 0 else
-                                holder.state_dict()["param_groups"]})
+        if h == 0 and wrapped:          # (a wrapper's load_state_dict may load the wrapped one's: a Lookahead's)
+            _load_own(optimizer, own, groups)
+        else:
+            holder.load_state_dict({"state": own, "param_groups": groups if h == 0 else
+                                    holder.state_dict()["param_groups"]})
         if holder in shared:
             holder.param_groups = optimizer.param_groups
+        if holder in same_state:        # (a wrapper whose state is the wrapped one's goes on so)
+            optimizer.state = holder.state
 
+
+def _load_own(optimizer: torch.optim.Optimizer, by_position: Dict[int, Dict[str, Any]],
+              groups: List[Dict[str, Any]]) -> None:
+    """``by_position`` as the state of ``optimizer`` itself and ``groups``' hyper-parameters in
+    its groups, as torch's ``load_state_dict`` would (values on their parameter's device, floats
+    in its dtype, ``step`` as it is), without calling it: a wrapper's may do something else."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state: Dict[torch.Tensor, Dict[str, Any]] = collections.defaultdict(dict)
+    for k, held in by_position.items():
+        p = params[k]
+        state[p] = {key: v.to(p.device, p.dtype if v.is_floating_point() else v.dtype)
+                    if isinstance(v, torch.Tensor) and key != "step" else v for key, v in held.items()}
+    optimizer.state = state
+    for group, saved in zip(optimizer.param_groups, groups):
+        group.update({k: v for k, v in saved.items() if k != "params"})

@@ -33,12 +33,13 @@ from . import bare_step, sync
 from .params import devices_of, parameter_lists
 from .combined import CombinedOptimizer
 from .layout import Layout
-from .optim import OptimizerSpec, ReplicatedOptimizer, check_learning_rate, check_optimizer
-from .optim_settings import closure_error, closure_kind
+from .optim import OptimizerSpec, check_learning_rate, check_optimizer
+from .replicated_optimizer import ReplicatedOptimizer
 from .optim_state import load_optimizer_state, optimizer_state
 from .phases import run_fused
 from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
+from .step_traits import closure_error, step_traits
 from .trainable import NEW_TRAINER, agree
 from .sync import Denominator, GradientSync, SyncStep
 from .sync.base import Extras, clamp_, grad_norm, parameter_norms, scale_and_clip_, unscale_and_check_
@@ -110,14 +111,13 @@ class Trainer:
 
     def _setup(self) -> None:
         self.layout = Layout(self._replicas, self._given, self._given_frozen, self._spec, self._optimizer_params)
-        kind = closure_kind(self.layout.plan, len(self.layout.params))
-        self.needs_closure, self.closure_after_backward = kind is not None, kind == "after_backward"
-        if self.needs_closure:          # (it sees every parameter at once: every device updates all)
-            if not self._closure:
-                raise closure_error(self.layout.plan.cls.__name__)
-            if isinstance(self.sync, sync.OwnerDeviceSync):
-                self._kvstore = "local"
-                self._fresh_sync()
+        traits = step_traits(self.layout.plan, len(self.layout.params))
+        self.needs_closure, self.closure_after_backward = traits.closure is not None, traits.closure == "after_backward"
+        if self.needs_closure and not self._closure:
+            raise closure_error(self.layout.plan.cls.__name__)
+        if traits.whole and isinstance(self.sync, sync.OwnerDeviceSync):     # (every device updates all)
+            self._kvstore = "local"
+            self._fresh_sync()
         self.optimizer = self.layout.optimizer
         self.optimizer.growable = self._growable
         self.layout.build(self.sync)

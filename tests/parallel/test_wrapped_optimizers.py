@@ -1,0 +1,178 @@
+"""Optimizers of the shapes users bring from other libraries, on any devices, exactly as the
+plain loop: a Lookahead built on an optimizer instance (timm's shape: its step counter in the
+groups, its slow weights in the wrapped one's state; alphadl's: a counter attribute, its own
+state), and one whose step size is one value over the whole group, kept in the group and
+changed by each step (Prodigy's and D-Adaptation's ``d`` and ``k``). Checkpoints resume them bit
+for bit, and a second ``fit`` with the same object goes on where the first stopped."""
+import collections
+
+import pytest
+import torch
+from torch import nn
+
+import dptrain
+from tests.parallel.plain_loop import plain_steps
+
+
+class GroupStepSize(torch.optim.Optimizer):
+    """SGD with one step size ``d`` for the whole group, grown from the group's gradient norm."""
+
+    def __init__(self, params, lr=1.0, d0=1e-3):
+        super().__init__(params, {"lr": lr, "d": d0, "k": 0})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in group["params"] if p.grad is not None))
+            group["d"] = max(group["d"], float(norm) * 1e-2 / (group["k"] + 1))
+            group["k"] += 1
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"] * group["d"])
+
+
+class Hooked(torch.optim.Optimizer):
+    """A wrapper that does not call ``Optimizer.__init__`` (as Lookahead codes do), with the
+    hooks torch's step wrapper reads."""
+
+    def _hooks(self):
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = collections.OrderedDict(), {}
+
+
+class TimmShape(Hooked):
+    def __init__(self, base_optimizer, alpha=0.5, k=6):
+        defaults = {"lookahead_alpha": alpha, "lookahead_k": k, "lookahead_step": 0}
+        self._base_optimizer = base_optimizer
+        self.param_groups = base_optimizer.param_groups
+        self.defaults = {**base_optimizer.defaults, **defaults}
+        self.state = collections.defaultdict(dict)
+        self._hooks()
+        for group in self.param_groups:
+            for name, default in defaults.items():
+                group.setdefault(name, default)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self._base_optimizer.step(closure)
+        for group in self.param_groups:
+            group["lookahead_step"] += 1
+            if group["lookahead_step"] % group["lookahead_k"] == 0:
+                for p in group["params"]:
+                    slow = self._base_optimizer.state[p].setdefault("lookahead_slow_buff", p.clone())
+                    slow.add_(p - slow, alpha=group["lookahead_alpha"])
+                    p.copy_(slow)
+        return loss
+
+    def state_dict(self):
+        return self._base_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self._base_optimizer.load_state_dict(state_dict)
+        self.param_groups = self._base_optimizer.param_groups
+
+
+class AlphadlShape(Hooked):
+    def __init__(self, optimizer, alpha=0.5, k=6):
+        self.optimizer, self.alpha, self.k, self.step_counter = optimizer, alpha, k, 0
+        self.param_groups, self.defaults = optimizer.param_groups, optimizer.defaults
+        self.state = collections.defaultdict(dict)
+        self._hooks()
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["cached_params"] = p.detach().clone()
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self.optimizer.step(closure)
+        self.step_counter += 1
+        if self.step_counter >= self.k:
+            self.step_counter = 0
+            for group in self.param_groups:
+                for p in group["params"]:
+                    cached = self.state[p]["cached_params"]
+                    p.mul_(self.alpha).add_(cached, alpha=1 - self.alpha)
+                    cached.copy_(p)
+        return loss
+
+
+class Stubborn(TimmShape):
+    def __init__(self, base_optimizer, every):          # an argument with no default
+        super().__init__(base_optimizer, k=every)
+
+
+OPTIMIZERS = {
+    "group step size": lambda params: GroupStepSize(params),
+    "timm lookahead": lambda params: TimmShape(torch.optim.AdamW(params, lr=0.01), alpha=0.6, k=4),
+    "alphadl lookahead": lambda params: AlphadlShape(torch.optim.Adam(params, lr=0.01), alpha=0.6, k=4),
+}
+
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+
+
+def data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(96, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (96,), generator=g)
+
+
+def fit(model, optimizer, epochs=1, **kwargs):
+    kwargs = {"devices": "cpu:0,cpu:1,cpu:2", **kwargs}
+    return dptrain.fit(model, data(), epochs=epochs, batch_size=16, shuffle=False, log=None, progress=False,
+                       optimizer=optimizer, **kwargs)
+
+
+def assert_as_plain(model, make_optimizer, epochs):
+    plain = make()
+    plain_steps(plain, make_optimizer(plain.parameters()), *data(), epochs=epochs)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+@pytest.mark.parametrize("kvstore", ["device", "local"])
+def test_trains_as_the_plain_loop_on_three_devices(name, kvstore):
+    model = make()
+    fit(model, OPTIMIZERS[name](model.parameters()), epochs=2, kvstore=kvstore)
+    assert_as_plain(model, OPTIMIZERS[name], epochs=2)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_checkpoint_resumes_it_bit_for_bit_on_other_devices(name, tmp_path):
+    first = make()
+    fit(first, OPTIMIZERS[name](first.parameters()), epochs=1, checkpoint_dir=str(tmp_path), devices="cpu:0,cpu:1")
+    model = make()
+    fit(model, OPTIMIZERS[name](model.parameters()), epochs=2, checkpoint_dir=str(tmp_path), resume=True)
+    assert_as_plain(model, OPTIMIZERS[name], epochs=2)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_second_fit_with_the_same_object_goes_on_where_the_first_stopped(name):
+    model = make()
+    optimizer = OPTIMIZERS[name](model.parameters())
+    fit(model, optimizer, devices="cpu:0,cpu:1")
+    fit(model, optimizer)
+    assert_as_plain(model, OPTIMIZERS[name], epochs=2)
+    plain = make()
+    plain_optimizer = OPTIMIZERS[name](plain.parameters())
+    plain_steps(plain, plain_optimizer, *data(), epochs=2)
+    for ours, theirs in zip(optimizer.param_groups, plain_optimizer.param_groups):     # (its step counters)
+        assert {k: ours[k] for k in theirs if k != "params"} == {k: v for k, v in theirs.items() if k != "params"}
+    assert getattr(optimizer, "step_counter", None) == getattr(plain_optimizer, "step_counter", None)
+
+
+def test_a_wrapper_that_cannot_be_built_again_on_its_optimizer_is_refused_with_the_fix():
+    model = make()
+    with pytest.raises(TypeError, match=r"Stubborn, built on a AdamW, cannot be built again .*give its other "
+                                        r"arguments defaults"):
+        fit(model, Stubborn(torch.optim.AdamW(model.parameters()), every=3))
