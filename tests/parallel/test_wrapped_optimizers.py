@@ -36,7 +36,8 @@ class Hooked(torch.optim.Optimizer):
     hooks torch's step wrapper reads."""
 
     def _hooks(self):
-        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = collections.OrderedDict(), {}
+        self._optimizer_step_pre_hooks = collections.OrderedDict()
+        self._optimizer_step_post_hooks = collections.OrderedDict()
 
 
 class TimmShape(Hooked):

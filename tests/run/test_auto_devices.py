@@ -162,3 +162,28 @@ def test_a_resumed_run_keeps_the_devices_its_checkpoints_run_chose(capsys, monke
     assert any("devices auto: resuming on 1 of the 2 devices, as the checkpoint's run chose" in line for line in lines)
     for a, b in zip(model.parameters(), whole.parameters()):
         assert torch.equal(a, b)
+
+
+def test_the_measurement_builds_the_optimizer_object_given_as_the_run_does(capsys, monkeypatch):
+    """It was built as type(optimizer)(params): a Lookahead built on an optimizer failed ('list'
+    object has no attribute 'param_groups'), and others were measured with default settings."""
+    from tests.parallel.test_wrapped_optimizers import TimmShape
+    monkeypatch.setattr(auto_devices, "MARGIN", 0.0)
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)
+    built = []
+    real = auto_devices.on_copy
+
+    def seen(optimizer, model, copied):
+        made = real(optimizer, model, copied)
+        built.append(made)
+        return made
+    monkeypatch.setattr(auto_devices, "on_copy", seen)
+    model, calls = tiny(), []
+    optimizer = TimmShape(torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5), k=3)
+    optimizer.register_step_post_hook(lambda *_: calls.append(1))
+    result = dptrain.fit(model, data(), epochs=2, batch_size=64, optimizer=optimizer, progress=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if "devices auto" in line]
+    assert len(said) == 1 and "ms on 2 virtual devices" in said[0] and result["devices"] == ["cpu:0"]
+    assert len(built) == 2 and all(isinstance(b, TimmShape) for b in built)
+    assert [g["momentum"] for b in built for g in b.param_groups] == [0.5, 0.5]
+    assert len(calls) == 16          # the run's steps only (8 a epoch), not the measurement's

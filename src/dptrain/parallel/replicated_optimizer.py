@@ -7,7 +7,7 @@ their steps changed in the groups, for optimizers that keep some there (``pulled
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -41,6 +41,10 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
         #: values (a Lookahead's step counter: not torch.optim's): ``step`` takes them back, or
         #: ``push`` would set them back before every step.
         self.pulled: Sequence[Tuple[torch.optim.Optimizer, List[int]]] = ()
+        #: The step post-hooks of the optimizer objects the user built (``register_step_post_hook``),
+        #: which the per-device optimizers built again do not have: ``step`` runs them (``_hooked``),
+        #: given this optimizer (part name None) or a combined optimizer's part.
+        self.user_hooks: List[Tuple[Optional[str], Mapping[Any, Callable[..., Any]]]] = []
         made = getattr(plan, "made_parts", None)        # a CombinedPlan's: each optimizer's groups
         self._parts: Dict[str, Any] = {} if made is None else made(self)
 
@@ -92,7 +96,24 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                 mine["params"] = params
         for part in self._parts.values():       # (their schedulers see them stepped)
             part.step()
+        if self._optimizer_step_post_hooks or self._optimizer_step_pre_hooks or any(h for _, h in self.user_hooks):
+            self._hooked()
         return None
+
+    def _hooked(self) -> None:
+        """After an update, as torch's ``step`` would: the step post-hooks (the user's optimizer
+        object's, then this one's), given this optimizer; the first replica's parameters, which they
+        may have written (a max-norm constraint, ``p.data`` too), are then copied to the others."""
+        if self._optimizer_step_pre_hooks:
+            raise ValueError(pre_hook_error("run.optimizer"))
+        for part, hooks in [*self.user_hooks, (None, self._optimizer_step_post_hooks)]:
+            for hook in list(hooks.values()):
+                hook(self if part is None else self._parts[part], (), {})
+        first, *others = self._replicas
+        with torch.no_grad():
+            for params in others:
+                for p, q in zip(params, first):
+                    p.copy_(q, non_blocking=True)
     # Marked as already hooked, so torch.optim does not wrap it in a profiler record per call
     # (14 us a step for a call that does nothing); and as tracked for lr schedulers, which then
     # need not wrap it either: one built on the user's optimizer and lent to this one
@@ -115,3 +136,11 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                 params = group["params"]
                 group.update(self.param_groups[g])      # one call in C (a loop over keys took 5 us a step)
                 group["params"] = params
+
+
+def pre_hook_error(where: str) -> str:
+    """Why a step pre-hook cannot run (``register_step_pre_hook`` on ``where``), and what to do."""
+    return (f"{where} has a step pre-hook (register_step_pre_hook): it would run before each update on the "
+            f"gradients summed over the devices and processes, which exist only inside dptrain's step. Register it "
+            f"with register_step_post_hook (run once after each update, given run.optimizer; what it writes on "
+            f"the weights reaches every device), or use clip_grad_norm= / clip_grad_value= for clipping")

@@ -36,6 +36,7 @@ from ..data.batch import map_tensors
 from ..data.choose_loader import make_loader
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
+from ..parallel.optim import OptimizerPlan
 from ..engine.task import Task
 from ..outputs.checkpoint import peek_identity
 from .config import TrainConfig
@@ -204,8 +205,8 @@ def _engine(task: Task, config: TrainConfig, devices: List[torch.device], exampl
     model = copy.deepcopy(task.model)
     if isinstance(optimizer, CombinedOptimizer):            # each part on its parameters of the copy
         optimizer = CombinedOptimizer({name: on_copy(o, task.model, model) for name, o in optimizer.optimizers.items()})
-    elif isinstance(optimizer, torch.optim.Optimizer):      # built on the real model: its kind, on the copy
-        optimizer = type(optimizer)
+    elif isinstance(optimizer, torch.optim.Optimizer):      # built on the real model: built again on the copy
+        optimizer = on_copy(optimizer, task.model, model)
     elif isinstance(optimizer, dict):                       # several: each on its parameters of the copy
         optimizer = {name: on_copy(opt, task.model, model) for name, opt in optimizer.items()}
     probe = dataclasses.replace(task, model=model, optimizer=optimizer, callbacks=[])
@@ -216,12 +217,11 @@ def _engine(task: Task, config: TrainConfig, devices: List[torch.device], exampl
 
 
 def on_copy(optimizer: torch.optim.Optimizer, model: torch.nn.Module, copied: torch.nn.Module) -> torch.optim.Optimizer:
-    """An optimizer of ``optimizer``'s kind and groups on ``copied``'s parameters (a deep copy
-    of ``model``), with no state."""
-    index = {id(p): j for j, p in enumerate(model.parameters())}
+    """``optimizer`` built again on ``copied``'s parameters (a deep copy of ``model``), with no
+    state: its settings and groups, as the run builds it for each device (``OptimizerPlan``:
+    a Lookahead on its optimizer, SAM with its base)."""
     params = list(copied.parameters())
-    return type(optimizer)([{**g, "params": [params[index[id(p)]] for p in g["params"]]}
-                            for g in optimizer.param_groups])
+    return OptimizerPlan.from_optimizer(optimizer, list(model.parameters())).build(params, range(len(params)))[0]
 
 
 def _object_in(batch: Any) -> Optional[str]:
