@@ -92,3 +92,14 @@ def test_a_part_of_several_optimizers_on_one_loss_runs_its_hooks_given_its_part(
     with pytest.raises(ValueError, match=r"the optimizer SGD \('body'\) has a step pre-hook"):
         dptrain.fit(model, data(), epochs=1, batch_size=16, log=None, devices="cpu:0,cpu:1",
                     optimizer={"body": first, "head": second})
+
+
+def test_the_hooks_of_an_optimizer_a_factory_makes_run_too():
+    calls = []
+
+    def adam(params):
+        optimizer = torch.optim.Adam(params, lr=0.01)
+        optimizer.register_step_post_hook(lambda *_: calls.append(1))
+        return optimizer
+    dptrain.fit(make(), data(), epochs=1, batch_size=16, log=None, devices="cpu:0,cpu:1", optimizer=adam)
+    assert len(calls) == 3

@@ -187,3 +187,18 @@ def test_the_measurement_builds_the_optimizer_object_given_as_the_run_does(capsy
     assert len(built) == 2 and all(isinstance(b, TimmShape) for b in built)
     assert [g["momentum"] for b in built for g in b.param_groups] == [0.5, 0.5]
     assert len(calls) == 16          # the run's steps only (8 a epoch), not the measurement's
+
+
+def test_the_hooks_of_an_optimizer_a_factory_makes_run_on_the_runs_steps_only(capsys, monkeypatch):
+    monkeypatch.setattr(auto_devices, "MARGIN", 0.0)
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)
+    calls = []
+
+    def adam(params):
+        optimizer = torch.optim.Adam(params, lr=0.01)
+        optimizer.register_step_post_hook(lambda *_: calls.append(1))
+        return optimizer
+    result = dptrain.fit(tiny(), data(), epochs=2, batch_size=64, optimizer=adam, progress=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if "devices auto" in line]
+    assert len(said) == 1 and "ms on 2 virtual devices" in said[0] and result["devices"] == ["cpu:0"]
+    assert len(calls) == 16

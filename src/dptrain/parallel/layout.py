@@ -18,13 +18,12 @@ A rebuild keeps every optimizer state, moved without copies (``optim_state.carry
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence
 
 import torch
 
-from .combined import CombinedOptimizer
 from .optim import OptimizerPlan, OptimizerSpec
-from .replicated_optimizer import ReplicatedOptimizer, pre_hook_error
+from .replicated_optimizer import ReplicatedOptimizer, step_hooks
 from .optim_state import carry_states, held_states, into_user_optimizer, lend
 from .replicas import Replicas
 from .sync import GradientSync
@@ -55,6 +54,7 @@ class Layout:
         self.frozen = frozen
         self.plan = OptimizerPlan.resolve(spec, optimizer_params, trainable, self.params)
         self.optimizer = ReplicatedOptimizer(self.plan, self.params, [])
+        self.hooks = step_hooks(self.plan.source)       # (of the object given, or a factory made)
         # Listed once: walking the modules for them took ~80 us a step.
         self.buffers = list(replicas[0].buffers()) if replicas is not None else []
         self.kept: List[int] = []
@@ -87,7 +87,7 @@ class Layout:
         self.optimizer._replicas = self.groups
         custom = not plan.cls.__module__.startswith(("torch.optim", "dptrain."))
         self.optimizer.pulled = list(zip(self.optimizers, self.origins)) if custom else ()
-        self.optimizer.user_hooks = step_hooks(self.spec)
+        self.optimizer.user_hooks = self.hooks
         self.trainable = TrainableSet(self.replicas[0]) if self.replicas is not None else None
         self.mask = [p.requires_grad for p in self.params]
 
@@ -166,19 +166,3 @@ class Layout:
                 user.add_param_group({**group, "params": list(group["params"])})
             into_user_optimizer(state, user, self.groups[0])
 
-
-def step_hooks(spec: Any) -> List[Tuple[Optional[str], Dict[Any, Any]]]:
-    """The step post-hooks of the optimizer object(s) the user built, for ``ReplicatedOptimizer``
-    to run: ``(None, hooks)``, or a combined optimizer's ``(part name, hooks)`` (the dicts
-    themselves: hooks registered later count). A ValueError for a pre-hook."""
-    parts = spec.optimizers.items() if isinstance(spec, CombinedOptimizer) else \
-        [(None, spec)] if isinstance(spec, torch.optim.Optimizer) else []
-    hooks = []
-    for name, optimizer in parts:
-        if getattr(optimizer, "_optimizer_step_pre_hooks", None):
-            raise ValueError(pre_hook_error(f"the optimizer {type(optimizer).__name__}" +
-                                            (f" ({name!r})" if name is not None else "")))
-        post = getattr(optimizer, "_optimizer_step_post_hooks", None)
-        if post is not None:
-            hooks.append((name, post))
-    return hooks

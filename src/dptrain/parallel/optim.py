@@ -107,6 +107,7 @@ class OptimizerPlan:
         self.cls, self.defaults, self.groups = cls, defaults, groups
         self.settings = settings or {}      # attributes outside defaults (optim_settings.py)
         self.label = cls.__name__       # what checkpoints and the run's header call it
+        self.source: Optional[torch.optim.Optimizer] = None     # what ``resolve`` read it from
 
     @classmethod
     def resolve(cls, spec: OptimizerSpec, optimizer_params: Optional[Mapping[str, Any]],
@@ -137,7 +138,9 @@ class OptimizerPlan:
         else:
             raise TypeError(f"optimizer must be a name ('sgd', 'adam', ...), a torch.optim class or factory, or "
                             f"a torch.optim.Optimizer, got {type(spec).__name__}")
-        return cls.from_optimizer(optimizer, params if every is None else every)
+        plan = cls.from_optimizer(optimizer, params if every is None else every)
+        plan.source = optimizer         # (the object read: its step hooks are the user's, layout.py)
+        return plan
 
     @classmethod
     def from_optimizer(cls, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> "OptimizerPlan":

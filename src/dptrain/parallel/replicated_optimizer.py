@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .combined import CombinedOptimizer
 from .optim import OptimizerPlan
 
 
@@ -144,3 +145,20 @@ def pre_hook_error(where: str) -> str:
             f"gradients summed over the devices and processes, which exist only inside dptrain's step. Register it "
             f"with register_step_post_hook (run once after each update, given run.optimizer; what it writes on "
             f"the weights reaches every device), or use clip_grad_norm= / clip_grad_value= for clipping")
+
+
+def step_hooks(spec: Any) -> List[Tuple[Optional[str], Dict[Any, Any]]]:
+    """The step post-hooks of the optimizer object(s) the user built, for ``ReplicatedOptimizer``
+    to run: ``(None, hooks)``, or a combined optimizer's ``(part name, hooks)`` (the dicts
+    themselves: hooks registered later count). A ValueError for a pre-hook."""
+    parts = spec.optimizers.items() if isinstance(spec, CombinedOptimizer) else \
+        [(None, spec)] if isinstance(spec, torch.optim.Optimizer) else []
+    hooks = []
+    for name, optimizer in parts:
+        if getattr(optimizer, "_optimizer_step_pre_hooks", None):
+            raise ValueError(pre_hook_error(f"the optimizer {type(optimizer).__name__}" +
+                                            (f" ({name!r})" if name is not None else "")))
+        post = getattr(optimizer, "_optimizer_step_post_hooks", None)
+        if post is not None:
+            hooks.append((name, post))
+    return hooks

@@ -213,6 +213,8 @@ def _engine(task: Task, config: TrainConfig, devices: List[torch.device], exampl
     engine = ModelEngine(probe, devices, kvstore=kvstore(task, config), amp=config.amp_dtype,
                          clip_grad_norm=config.max_norm, clip_grad_value=config.clip_grad_value)
     engine.prepare(example, task.lr)
+    if engine.trainer is not None and engine.trainer.layout is not None:    # (a factory's optimizer's hooks:
+        engine.trainer.layout.hooks = engine.trainer.optimizer.user_hooks = []      # the run's steps only)
     return engine
 
 
