@@ -290,9 +290,11 @@ def test_the_lightning_benchmark_trains_one_module_each_way(tmp_path):
     assert all(us > 0 for us in figures["us_per_step"].values())
 
 
-def test_the_lbfgs_benchmark_runs_and_pairs_its_variants(tmp_path):
-    figures = run_benchmark(tmp_path, "bench_lbfgs.py", "--smoke", "--samples", "2048")
-    assert figures["command"].startswith("python benchmarks/bench_lbfgs.py --smoke") and "machine" in figures
+def test_the_optimizers_benchmark_runs_and_pairs_its_variants(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_optimizers.py", "--smoke", "--samples", "2048")
+    assert figures["command"].startswith("python benchmarks/bench_optimizers.py --smoke") and "machine" in figures
+    assert {"pinn-mlp", "sam-tiny-mlp", "lookahead-tiny-mlp", "group-step-tiny-mlp", "hooked-tiny-mlp"} <= \
+        set(figures["programs"])
     for program in figures["programs"].values():
         assert set(program["raw"]) == {"plain", "fit-1", "fit-2"} and all(v[0] > 0 for v in program["raw"].values())
         assert program["fit-1 / plain"] > 0 and program["fit-2 / plain"] > 0

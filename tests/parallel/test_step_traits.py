@@ -9,7 +9,7 @@ import dptrain
 from dptrain.parallel.optim import OptimizerPlan
 from dptrain.parallel.step_traits import StepTraits, step_traits
 from tests.engine.test_closure_step import SAM
-from tests.parallel.test_wrapped_optimizers import GroupStepSize, TimmShape
+from tests.parallel.optimizer_shapes import GroupStepSize, TimmShape
 
 
 class CountsCalls(torch.optim.Optimizer):

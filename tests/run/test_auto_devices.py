@@ -167,7 +167,7 @@ def test_a_resumed_run_keeps_the_devices_its_checkpoints_run_chose(capsys, monke
 def test_the_measurement_builds_the_optimizer_object_given_as_the_run_does(capsys, monkeypatch):
     """It was built as type(optimizer)(params): a Lookahead built on an optimizer failed ('list'
     object has no attribute 'param_groups'), and others were measured with default settings."""
-    from tests.parallel.test_wrapped_optimizers import TimmShape
+    from tests.parallel.optimizer_shapes import TimmShape
     monkeypatch.setattr(auto_devices, "MARGIN", 0.0)
     monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)
     built = []

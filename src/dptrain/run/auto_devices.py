@@ -213,8 +213,9 @@ def _engine(task: Task, config: TrainConfig, devices: List[torch.device], exampl
     engine = ModelEngine(probe, devices, kvstore=kvstore(task, config), amp=config.amp_dtype,
                          clip_grad_norm=config.max_norm, clip_grad_value=config.clip_grad_value)
     engine.prepare(example, task.lr)
-    if engine.trainer is not None and engine.trainer.layout is not None:    # (a factory's optimizer's hooks:
-        engine.trainer.layout.hooks = engine.trainer.optimizer.user_hooks = []      # the run's steps only)
+    for trainer in getattr(engine.trainer, "trainers", {0: engine.trainer}).values():     # (several: Trainers)
+        if trainer is not None and trainer.layout is not None:     # a factory's optimizer's step hooks: they
+            trainer.layout.hooks = trainer.optimizer.user_hooks = []    # run on the run's steps only
     return engine
 
 

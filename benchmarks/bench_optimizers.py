@@ -1,18 +1,21 @@
-"""What an optimizer needing a closure costs in ``fit`` (``torch.optim.LBFGS``, and
-Sharpness-Aware Minimization; ``engine/closure_step.py``): the plain loop's
-``optimizer.step(closure)`` (SAM's: a backward, then ``step(closure)``) against ``fit`` on 1
-device and on 2 virtual CPU devices, on the same batches.
+"""What optimizers of other shapes than torch.optim's cost in ``fit``: the plain loop against
+``fit`` on 1 device and on 2 virtual CPU devices, on the same batches.
 
-    python benchmarks/bench_lbfgs.py --rounds 5 --out benchmarks/results/lbfgs.json
-    python benchmarks/bench_lbfgs.py --smoke
+    python benchmarks/bench_optimizers.py --rounds 5 --out benchmarks/results/optimizers.json
+    python benchmarks/bench_optimizers.py --smoke
 
-Three programs: a physics-informed-style regression MLP (2-64-64-1, tanh, 8192 points, batch
-2048, LBFGS with ``max_iter=10`` and a ``strong_wolfe`` line search, the usual way LBFGS is
-used), and a logistic regression (784 -> 10 on random 28x28 "images", 8192 samples, batch
-4096, ``max_iter=20``); and SAM over SGD (momentum 0.9) on the tiny MLP of the everyday programs
-(32-64-4, 8192 samples, batch 128: many short steps, where per-step host work shows). Variants
-take turns each round; a figure is the median epoch time of a run (3 epochs after one warm-up)
-in samples/s; ratios are paired (fit / plain in the same round).
+Optimizers needing a closure (``engine/closure_step.py``): a physics-informed-style regression
+MLP (2-64-64-1, tanh, 8192 points, batch 2048, ``torch.optim.LBFGS`` with ``max_iter=10`` and a
+``strong_wolfe`` line search, the usual way LBFGS is used), a logistic regression (784 -> 10 on
+random 28x28 "images", 8192 samples, batch 4096, ``max_iter=20``), and SAM over SGD (momentum
+0.9; the plain loop: a backward, then ``step(closure)``). Then the shapes of
+``tests/parallel/optimizer_shapes.py`` and a step hook: timm's Lookahead over AdamW (``k=5``:
+its counter taken back from the groups each step), an SGD with one step size over the whole
+group (Prodigy's shape: every device updates every parameter), Adam with a max-norm constraint
+as a step post-hook (the first replica's weights copied to the others after it). These four on
+the tiny MLP of the everyday programs (32-64-4, 8192 samples, batch 128: many short steps, where
+per-step host work shows). Variants take turns each round; a figure is the median epoch time of
+a run (3 epochs after one warm-up) in samples/s; ratios are paired (fit / plain in the same round).
 """
 from __future__ import annotations
 
@@ -29,8 +32,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dptrain  # noqa: E402
 from common import paired, rounds_parser, save_result  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, ROOT)
 from sharpness_aware import SAM  # noqa: E402  (as its users copy it)
+from tests.parallel.optimizer_shapes import GroupStepSize, TimmShape  # noqa: E402
+
+
+def max_norm(optimizer, args, kwargs):
+    """Keras's max-norm constraint on each weight's rows, after every step."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.dim() == 2:
+                p.data.copy_(torch.renorm(p.data, 2, 0, 2.0))
+
+
+def hooked_adam(params):
+    optimizer = torch.optim.Adam(params, lr=1e-3)
+    optimizer.register_step_post_hook(max_norm)
+    return optimizer
 
 
 def programs(samples):
@@ -44,9 +64,12 @@ def programs(samples):
                      functools.partial(torch.optim.LBFGS, lr=1, max_iter=10, line_search_fn="strong_wolfe")),
         "logistic": (lambda: nn.Linear(784, 10), (images, torch.randint(0, 10, (samples,), generator=g)), 4096,
                      nn.functional.cross_entropy, functools.partial(torch.optim.LBFGS, lr=1, max_iter=20)),
-        "sam-tiny-mlp": (lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)),
-                         (images[:, :32], torch.randint(0, 4, (samples,), generator=g)), 128,
-                         nn.functional.cross_entropy, functools.partial(SAM, lr=0.05, momentum=0.9)),
+        **{f"{name}-tiny-mlp": (lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)),
+                                (images[:, :32], torch.randint(0, 4, (samples,), generator=g)), 128,
+                                nn.functional.cross_entropy, optimizer) for name, optimizer in (
+            ("sam", functools.partial(SAM, lr=0.05, momentum=0.9)),
+            ("lookahead", lambda params: TimmShape(torch.optim.AdamW(params, lr=1e-3), k=5)),
+            ("group-step", GroupStepSize), ("hooked", hooked_adam))},
     }
 
 
@@ -54,10 +77,17 @@ def plain(make, data, batch, loss_fn, optimizer, epochs):
     torch.manual_seed(0)
     model, (X, Y) = make(), data
     opt = optimizer(model.parameters())
+    closing = isinstance(opt, (SAM, torch.optim.LBFGS))
     times = []
     for _ in range(epochs + 1):
         start = time.perf_counter()
         for i in range(0, len(X), batch):
+            if not closing:         # (the everyday loop)
+                opt.zero_grad()
+                loss_fn(model(X[i:i + batch]), Y[i:i + batch]).backward()
+                opt.step()
+                continue
+
             def closure():
                 opt.zero_grad()
                 loss = loss_fn(model(X[i:i + batch]), Y[i:i + batch])
@@ -91,7 +121,7 @@ def main() -> None:
         figures[name] = {"samples_per_s": {k: statistics.median(v) for k, v in raw.items()},
                          "fit-1 / plain": paired(raw, "fit-1", "plain"),
                          "fit-2 / plain": paired(raw, "fit-2", "plain"), "raw": raw}
-    command = "python benchmarks/bench_lbfgs.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/bench_optimizers.py " + " ".join(sys.argv[1:])
     save_result({"rounds": rounds, "epochs": epochs, "programs": figures}, command, args.out)
 
 
