@@ -85,3 +85,22 @@ def test_a_wrapper_that_cannot_be_built_again_on_its_optimizer_is_refused_with_t
     with pytest.raises(TypeError, match=r"Stubborn, built on a AdamW, cannot be built again .*give its other "
                                         r"arguments defaults"):
         fit(model, Stubborn(torch.optim.AdamW(model.parameters()), every=3))
+
+
+@pytest.mark.parametrize("devices", ["cpu:0", "cpu:0,cpu:1,cpu:2"])
+def test_a_step_size_over_the_group_as_a_part_of_several_optimizers_on_one_loss(devices):
+    def optimizers(model):
+        return {"body": GroupStepSize(model[0].parameters()), "head": torch.optim.Adam(model[2].parameters(), lr=0.01)}
+    model, plain = make(), make()
+    fit(model, optimizers(model), epochs=2, devices=devices, kvstore="device")
+    parts = optimizers(plain)
+    X, y = data()
+    for _ in range(2):
+        for i in range(0, len(X), 16):
+            for optimizer in parts.values():
+                optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(plain(X[i:i + 16]), y[i:i + 16]).backward()
+            for optimizer in parts.values():
+                optimizer.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12)

@@ -24,6 +24,7 @@ import torch
 
 from .optim import OptimizerPlan, OptimizerSpec
 from .replicated_optimizer import ReplicatedOptimizer, step_hooks
+from .step_traits import custom
 from .optim_state import carry_states, held_states, into_user_optimizer, lend
 from .replicas import Replicas
 from .sync import GradientSync
@@ -85,8 +86,7 @@ class Layout:
             self.optimizers.append(optimizer)
             self.origins.append(origin)
         self.optimizer._replicas = self.groups
-        custom = not plan.cls.__module__.startswith(("torch.optim", "dptrain."))
-        self.optimizer.pulled = list(zip(self.optimizers, self.origins)) if custom else ()
+        self.optimizer.pulled = list(zip(self.optimizers, self.origins)) if custom(plan) else ()
         self.optimizer.user_hooks = self.hooks
         self.trainable = TrainableSet(self.replicas[0]) if self.replicas is not None else None
         self.mask = [p.requires_grad for p in self.params]

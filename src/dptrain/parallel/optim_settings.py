@@ -100,7 +100,7 @@ def _torch_attributes() -> frozenset:
 def attributes_of(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
     """The plain attributes of an optimizer outside ``torch.optim`` (a Lookahead's step counter),
     which its steps may change: checkpoints keep them, a run gives them back ({} for torch's)."""
-    if type(optimizer).__module__.startswith("torch.optim"):
+    if type(optimizer).__module__.startswith(("torch.optim", "dptrain.")):     # (a combined one's parts: not kept)
         return {}
     known = _torch_attributes()
     return {k: v for k, v in vars(optimizer).items() if k not in known and k not in ("defaults", "param_groups",

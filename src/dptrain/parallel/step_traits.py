@@ -12,7 +12,8 @@
 
 An optimizer outside ``torch.optim`` is asked by one ``step`` on stand-in parameters of one
 element (its side effects, if any, happen once, on them): whether it fails for want of a
-closure, and whether it changed a group's values.
+closure, and whether it changed a group's values. Several optimizers on one loss (a
+``CombinedPlan``) need what any of their parts needs.
 
 >>> traits = step_traits(plan, len(params))     # StepTraits(closure=None, whole_groups=True): Prodigy
 """
@@ -56,7 +57,10 @@ def step_traits(plan: Any, count: int) -> StepTraits:
     cls = plan.cls
     if needs_closure(cls):
         return StepTraits(closure="evaluates")
-    if cls.__module__.startswith(("torch.optim", "dptrain.")):      # (CombinedOptimizer: its parts')
+    parts = getattr(plan, "parts", None)        # a CombinedPlan: its parts' (none needs a closure: combined.py)
+    if parts is not None:
+        return StepTraits(changes_groups=any(step_traits(part, count).changes_groups for part in parts.values()))
+    if not custom(plan):
         return StepTraits()
     stand_ins = [torch.zeros(1, requires_grad=True) for _ in range(count)]
     for t in stand_ins:         # (not zero: Prodigy's step does nothing on a zero gradient)
@@ -69,6 +73,15 @@ def step_traits(plan: Any, count: int) -> StepTraits:
         return StepTraits(closure="after_backward" if "closure" in str(e).lower() and _takes_closure(cls) else None)
     after = _values(optimizer.param_groups)
     return StepTraits(changes_groups=any(not _same(a.get(k), v) for a, b in zip(before, after) for k, v in b.items()))
+
+
+def custom(plan: Any) -> bool:
+    """Whether the optimizer of ``plan`` (or of a part of it) is of a class outside ``torch.optim``
+    and dptrain: one whose step may do what torch's do not (change its groups' values)."""
+    parts = getattr(plan, "parts", None)
+    if parts is not None:
+        return any(custom(part) for part in parts.values())
+    return not plan.cls.__module__.startswith(("torch.optim", "dptrain."))
 
 
 def _takes_closure(cls: type) -> bool:
