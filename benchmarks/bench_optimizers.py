@@ -12,7 +12,8 @@ random 28x28 "images", 8192 samples, batch 4096, ``max_iter=20``), and SAM over 
 ``tests/parallel/optimizer_shapes.py`` and a step hook: timm's Lookahead over AdamW (``k=5``:
 its counter taken back from the groups each step), an SGD with one step size over the whole
 group (Prodigy's shape: every device updates every parameter), Adam with a max-norm constraint
-as a step post-hook (the first replica's weights copied to the others after it). These four on
+as a step post-hook (the first replica's weights copied to the others after it), and AdamW
+alone to compare with (torch.optim's: none of these paths). These five on
 the tiny MLP of the everyday programs (32-64-4, 8192 samples, batch 128: many short steps, where
 per-step host work shows). Variants take turns each round; a figure is the median epoch time of
 a run (3 epochs after one warm-up) in samples/s; ratios are paired (fit / plain in the same round).
@@ -69,7 +70,8 @@ def programs(samples):
                                 nn.functional.cross_entropy, optimizer) for name, optimizer in (
             ("sam", functools.partial(SAM, lr=0.05, momentum=0.9)),
             ("lookahead", lambda params: TimmShape(torch.optim.AdamW(params, lr=1e-3), k=5)),
-            ("group-step", GroupStepSize), ("hooked", hooked_adam))},
+            ("group-step", GroupStepSize), ("hooked", hooked_adam),
+            ("adamw", functools.partial(torch.optim.AdamW, lr=1e-3)))},
     }
 
 
