@@ -2,8 +2,10 @@
 (``benchmarks/bench_optimizers.py``): a Lookahead built on an optimizer instance as timm writes
 it (its step counter in the groups, its slow weights in the wrapped optimizer's state) and as
 alphadl's does (a counter attribute, its own state), and an SGD with one step size over the
-whole group, kept in the group and changed by each step (Prodigy's and D-Adaptation's shape)."""
+whole group, kept in the group and changed by each step (Prodigy's and D-Adaptation's shape);
+and one with no learning rate (Adafactor's relative step: ``lr=None``)."""
 import collections
+import math
 
 import torch
 
@@ -97,3 +99,22 @@ class AlphadlShape(Hooked):
                     p.mul_(self.alpha).add_(cached, alpha=1 - self.alpha)
                     cached.copy_(p)
         return loss
+
+
+class RelativeStep(torch.optim.Optimizer):
+    """Adafactor's relative step: no learning rate (``lr=None``), a step size from its own count."""
+
+    def __init__(self, params, lr=None, relative_step=True):
+        if lr is not None and relative_step:
+            raise ValueError("Cannot combine manual lr and relative_step=True options")
+        super().__init__(params, {"lr": lr, "relative_step": relative_step})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    state = self.state[p]
+                    state["step"] = state.get("step", 0) + 1
+                    size = min(1e-1, 1 / math.sqrt(state["step"])) if group["relative_step"] else group["lr"]
+                    p.add_(p.grad, alpha=-size)

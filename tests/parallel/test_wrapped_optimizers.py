@@ -1,5 +1,5 @@
 """Optimizers of the shapes users bring from other libraries, on any devices, exactly as the
-plain loop: a Lookahead built on an optimizer instance (timm's shape: its step counter in the
+plain loop (``optimizer_shapes.py``): a Lookahead built on an optimizer instance (timm's shape: its step counter in the
 groups, its slow weights in the wrapped one's state; alphadl's: a counter attribute, its own
 state), and one whose step size is one value over the whole group, kept in the group and
 changed by each step (Prodigy's and D-Adaptation's ``d`` and ``k``). Checkpoints resume them bit
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import dptrain
-from tests.parallel.optimizer_shapes import AlphadlShape, GroupStepSize, TimmShape
+from tests.parallel.optimizer_shapes import AlphadlShape, GroupStepSize, RelativeStep, TimmShape
 from tests.parallel.plain_loop import plain_steps
 
 
@@ -22,6 +22,7 @@ OPTIMIZERS = {
     "group step size": lambda params: GroupStepSize(params),
     "timm lookahead": lambda params: TimmShape(torch.optim.AdamW(params, lr=0.01), alpha=0.6, k=4),
     "alphadl lookahead": lambda params: AlphadlShape(torch.optim.Adam(params, lr=0.01), alpha=0.6, k=4),
+    "relative step": lambda params: RelativeStep(params),
 }
 
 
@@ -104,3 +105,12 @@ def test_a_step_size_over_the_group_as_a_part_of_several_optimizers_on_one_loss(
                 optimizer.step()
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+
+
+def test_an_optimizer_with_no_learning_rate_trains_and_logs_none():
+    """Adafactor's relative step (lr=None, Hugging Face's T5 recipe) was refused: "the learning
+    rate of parameter group 0 must be a finite number >= 0, got None"."""
+    model = make()
+    result = fit(model, RelativeStep(model.parameters()), log_every_n_steps=2)
+    assert_as_plain(model, OPTIMIZERS["relative step"], epochs=1)
+    assert all("lr" not in row for row in result["history"] + result["step_history"])

@@ -212,7 +212,8 @@ def _groups_of(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor])
                 continue            # a frozen tensor of no module: never updated
             members.append(index[id(p)])
         hyper = {k: v for k, v in group.items() if k != "params"}
-        check_learning_rate(hyper.get("lr", 0.0), f"the learning rate of parameter group {g}")
+        if hyper.get("lr", 0.0) is not None:        # (None: the optimizer finds its own, Adafactor's relative step)
+            check_learning_rate(hyper.get("lr", 0.0), f"the learning rate of parameter group {g}")
         groups.append((members, hyper))
     return groups
 

@@ -18,6 +18,7 @@ in plain PyTorch).
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import (Any, Callable, Collection, Dict, Generic, Iterator, List, Mapping, Optional, Sequence, Tuple,
@@ -171,9 +172,10 @@ class Trainer:
 
     @property
     def learning_rate(self) -> float:
-        """The learning rate of the first parameter group."""
+        """The learning rate of the first parameter group (NaN where it is None: an optimizer
+        that finds its own, as Adafactor's relative step)."""
         self._ready()
-        return float(self.optimizer.param_groups[0]["lr"])
+        return _rate(self.optimizer.param_groups[0]["lr"])
 
     @property
     def learning_rates(self) -> Optional[Dict[str, float]]:
@@ -181,7 +183,7 @@ class Trainer:
         group's), by name; None with one optimizer (``learning_rate`` is all there is)."""
         self._ready()
         firsts = getattr(self.layout.plan, "first_groups", None)
-        return None if firsts is None else {name: float(self.optimizer.param_groups[g]["lr"])
+        return None if firsts is None else {name: _rate(self.optimizer.param_groups[g]["lr"])
                                             for name, g in firsts.items()}
 
     def set_learning_rate(self, lr: float) -> None:
@@ -412,3 +414,7 @@ class Trainer:
         if self._replicas is not None:
             return repr(self.layout.names()[j])
         return f"#{j} (shape {tuple(self._groups[0][j].shape)})"
+
+
+def _rate(lr: Any) -> float:
+    return math.nan if lr is None else float(lr)

@@ -134,9 +134,11 @@ def row_of(run: Any, epoch: int, sec: float, trained: List[Any], skipped: int, e
 
 def lr_figures(trainer: Any) -> Row:
     """The learning rate the next update uses (its first group's): ``lr``; with several
-    optimizers (``parallel/trainers.py``, or a ``CombinedOptimizer``) each one's, ``lr_<name>``."""
+    optimizers (``parallel/trainers.py``, or a ``CombinedOptimizer``) each one's, ``lr_<name>``;
+    none for an optimizer that finds its own (Adafactor's relative step: ``lr=None``)."""
     several = getattr(trainer, "learning_rates", None)
-    return {f"lr_{name}": lr for name, lr in several.items()} if several is not None else {"lr": trainer.learning_rate}
+    rates = {f"lr_{name}": lr for name, lr in several.items()} if several is not None else {"lr": trainer.learning_rate}
+    return {k: lr for k, lr in rates.items() if not math.isnan(lr)}
 
 
 def record(row: Row, recipe: str, devices: List[str], world_size: int, samples_per_epoch: int) -> Dict[str, Any]:
