@@ -1,4 +1,6 @@
 """``Schedule``: the scheduler stepped at the points its interval names, a plateau on its figure."""
+import math
+
 import pytest
 import torch
 
@@ -21,11 +23,11 @@ def lr(opt):
 
 def test_each_interval_steps_at_its_points_only():
     schedule, opt = made("step", "batch")
-    schedule.after_batch()
+    schedule.after_batch(1)
     schedule.after_epoch({"train_loss": 1.0}, True, True)
     assert lr(opt) == 0.5 and not schedule.after_step_evaluation({"test_loss": 1.0})
     schedule, opt = made("step", "epoch")
-    schedule.after_batch()
+    schedule.after_batch(1)
     schedule.after_epoch({"train_loss": 1.0}, True, True)
     assert lr(opt) == 0.5
     assert Schedule(None, "batch", None).per_batch is False
@@ -40,7 +42,7 @@ def test_a_plateau_decides_on_the_test_loss_of_the_evaluations_its_interval_name
     schedule.after_epoch({"train_loss": 9.0}, False, False)           # no evaluation set: the train loss
     assert lr(opt) == 0.25
     schedule, opt = made("plateau", "batch", eval_steps=5)
-    schedule.after_batch()
+    schedule.after_batch(1)
     assert schedule.after_step_evaluation({"test_loss": 1.0}) and schedule.after_step_evaluation({"test_loss": 2.0})
     assert lr(opt) == 0.5
     with pytest.raises(ValueError, match="ReduceLROnPlateau stepped every batch has no figure to decide on"):
@@ -151,3 +153,84 @@ def test_a_plateau_decides_on_a_figure_a_callback_adds_to_the_row():
                          scheduler=lambda opt: torch.optim.lr_scheduler.ReduceLROnPlateau(opt, "max", 0.5, 0),
                          scheduler_monitor="val_score")
     assert [row["lr"] for row in result["history"]] == pytest.approx([0.1, 0.1, 0.05])
+
+
+class TimmCosine:
+    """timm's scheduler shape (``timm.scheduler.Scheduler``): the training code gives the counts,
+    ``step(epoch)`` at each epoch's end and ``step_update(num_updates)`` after each update."""
+
+    def __init__(self, optimizer, t_initial, warmup_t=0, warmup_lr_init=0.0, t_in_epochs=True):
+        self.optimizer, self.t_initial, self.t_in_epochs = optimizer, t_initial, t_in_epochs
+        self.warmup_t, self.warmup_lr_init = warmup_t, warmup_lr_init
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.base_values = [group["initial_lr"] for group in optimizer.param_groups]
+        self._update(0)
+
+    def _update(self, t):
+        for group, base in zip(self.optimizer.param_groups, self.base_values):
+            group["lr"] = self.warmup_lr_init + t * (base - self.warmup_lr_init) / self.warmup_t if t < self.warmup_t \
+                else 0.5 * base * (1 + math.cos(math.pi * min(t, self.t_initial) / self.t_initial))
+
+    def step(self, epoch, metric=None):
+        if self.t_in_epochs:
+            self._update(epoch)
+
+    def step_update(self, num_updates, metric=None):
+        if not self.t_in_epochs:
+            self._update(num_updates)
+
+    def state_dict(self):
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state):
+        self.__dict__.update(state)
+
+
+def timm_data():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(64, 5, generator=g, dtype=torch.float64)
+    return X, X[:, :3].argmax(1)
+
+
+def timm_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+
+
+def timm_plain(make_scheduler, epochs=3):
+    """timm's training script: step_update(num_updates) after each update, step(epoch + 1) after each epoch."""
+    model = timm_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    scheduler, updates, lrs = make_scheduler(opt), 0, []
+    X, y = timm_data()
+    for epoch in range(epochs):
+        for i in range(0, 64, 16):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(X[i:i + 16]), y[i:i + 16]).backward()
+            opt.step()
+            updates += 1
+            scheduler.step_update(num_updates=updates)
+            lrs.append(opt.param_groups[0]["lr"])
+        scheduler.step(epoch + 1)
+    return model, lrs
+
+
+@pytest.mark.parametrize("in_epochs", [True, False])
+@pytest.mark.parametrize("devices", ["cpu:0", "cpu:0,cpu:1"])
+def test_a_scheduler_of_timms_kind_gets_the_counts_timms_training_script_gives(in_epochs, devices, tmp_path):
+    """It was stepped as torch's, step(): "missing 1 required positional argument: 'epoch'",
+    after the first epoch had trained."""
+    def make(opt):
+        return TimmCosine(opt, t_initial=3 if in_epochs else 12, warmup_t=1 if in_epochs else 3, warmup_lr_init=0.01,
+                          t_in_epochs=in_epochs)
+    plain, lrs = timm_plain(make)
+    common = dict(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9), scheduler=make, batch_size=16,
+                  shuffle=False, log=None, devices=devices, log_every_n_steps=1, checkpoint_dir=str(tmp_path))
+    first = dptrain.fit(timm_model(), timm_data(), epochs=1, **common)
+    model = timm_model()
+    rest = dptrain.fit(model, timm_data(), epochs=3, resume=True, **common)       # (counting on from the checkpoint)
+    assert [row["lr"] for row in first["step_history"]] == pytest.approx(lrs[:4], abs=1e-15)
+    assert [row["lr"] for row in rest["step_history"]] == pytest.approx(lrs, abs=1e-15)     # (the first kept)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12)

@@ -323,7 +323,7 @@ class Run(RunView):
                 if result.counted:          # (an fp16 overflow: no update, its loss counts)
                     verdict = tally.add(result)
                     if per_batch:
-                        self.schedule.after_batch()
+                        self.schedule.after_batch(first_step + b)
                 elif skip_nan:           # the engine skipped it in every process
                     self.skipped += 1
                 self.step = first_step + b

@@ -9,9 +9,15 @@ every batch, each ``eval_every_n_steps`` evaluation's test loss (Lightning's ``"
 ``"monitor"``; the epoch's scheduler steps after the callbacks' ``on_epoch_end``, so a figure one
 adds, or a LightningModule's epoch-end hook logs, may be it), and a plateau whose ``mode`` takes
 its figure the wrong way is an error.
+
+A scheduler that takes its counts from the training code (timm's: ``step(epoch, metric=None)``
+at each epoch's end, ``step_update(num_updates, metric=None)`` after each update; ``counted``)
+gets both, as timm's training script gives them, whatever the interval: the epochs done, and
+the updates done in the whole run (a resumed run goes on counting).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -19,6 +25,17 @@ import torch
 from ..callbacks.monitor import auto_mode, check_evaluated, peer_figure
 
 PLATEAU = torch.optim.lr_scheduler.ReduceLROnPlateau
+
+
+def counted(scheduler: Any) -> bool:
+    """Whether ``scheduler`` takes its counts from the training code (timm's shape: a ``step``
+    that needs the epoch, and a ``step_update``)."""
+    try:
+        epoch = next(iter(inspect.signature(scheduler.step).parameters.values()), None)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return callable(getattr(scheduler, "step_update", None)) and epoch is not None and \
+        epoch.default is inspect.Parameter.empty
 
 
 def make_scheduler(factory: Any, optimizer: Any) -> Optional[Any]:
@@ -50,6 +67,10 @@ class Schedulers:
         for s in self.schedulers.values():
             s.step(*figure)
 
+    def step_update(self, num_updates: int, metric: Any = None) -> None:
+        for s in self.schedulers.values():
+            s.step_update(num_updates, metric)
+
     def state_dict(self) -> Dict[str, Any]:
         return {name: s.state_dict() for name, s in self.schedulers.items()}
 
@@ -69,10 +90,16 @@ class Schedule:
                  monitor: Optional[str] = None):
         self.scheduler = scheduler
         self.plateau = isinstance(scheduler, PLATEAU) or getattr(scheduler, "plateau", False) is True
-        self.per_batch = scheduler is not None and interval == "batch"
-        self.per_epoch = scheduler is not None and interval == "epoch"
+        kinds = {counted(s) for s in self._each() if s is not None}
+        if len(kinds) > 1:
+            raise ValueError("the schedulers mix timm's kind (step(epoch), step_update(num_updates)) with torch's: use "
+                             "one kind for every optimizer")
+        #: Stepped as timm's training script steps it: ``step(epoch)`` and ``step_update(updates)``.
+        self.counted = kinds == {True}
+        self.per_batch = scheduler is not None and (interval == "batch" or self.counted)
+        self.per_epoch = scheduler is not None and (interval == "epoch" or self.counted)
         self.asked, self.monitor = monitor, None if monitor is None else peer_figure(monitor)
-        if monitor is not None and not self.plateau:
+        if monitor is not None and not self.plateau and not self.counted:
             which = "there is no scheduler" if scheduler is None else f"{type(scheduler).__name__} is none"
             raise ValueError(f"scheduler_monitor={monitor!r} names the figure a ReduceLROnPlateau decides on, and "
                              f"{which}: drop scheduler_monitor")
@@ -138,9 +165,11 @@ class Schedule:
                              f"({', '.join(k for k in row if k not in ('epoch', 'sec', 'step'))}): name one of them")
         return row[self.monitor]
 
-    def after_batch(self) -> None:
-        """An update was made (not a skipped batch)."""
-        if self.per_batch and not self.plateau:
+    def after_batch(self, updates: int) -> None:
+        """An update was made (not a skipped batch): the run's ``updates``-th batch."""
+        if self.counted:
+            self.scheduler.step_update(updates)
+        elif self.per_batch and not self.plateau:
             self.scheduler.step()
 
     def after_step_evaluation(self, row: Dict[str, Any]) -> bool:
@@ -155,7 +184,9 @@ class Schedule:
         evaluation figure passes over the epochs not evaluated."""
         if not self.per_epoch:
             return
-        if not self.plateau:
+        if self.counted:        # (timm's plateau kind decides on a metric: the row's figure)
+            self.scheduler.step(row["epoch"], self.figure(row))
+        elif not self.plateau:
             self.scheduler.step()
         elif evaluated or not has_eval_set or not (self.monitor or "test_loss").startswith("test_"):
             self.scheduler.step(self.figure(row))       # (a training figure: every epoch)
