@@ -234,3 +234,14 @@ def test_a_scheduler_of_timms_kind_gets_the_counts_timms_training_script_gives(i
     assert [row["lr"] for row in rest["step_history"]] == pytest.approx(lrs, abs=1e-15)     # (the first kept)
     for p, q in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+
+
+def test_a_plateau_of_timms_kind_that_takes_its_figure_the_wrong_way_is_an_error_before_the_run():
+    class TimmPlateau(TimmCosine):      # timm's PlateauLRScheduler: torch's inside, mode "max" by default
+        def __init__(self, optimizer, mode="max"):
+            super().__init__(optimizer, t_initial=3)
+            self.lr_scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=mode)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau\(mode='max'\) decides on the test loss"):
+        Schedule(TimmPlateau(opt), "epoch", None)
+    assert Schedule(TimmPlateau(opt), "epoch", None, monitor="test_acc").counted

@@ -107,7 +107,7 @@ class Schedule:
             raise ValueError("ReduceLROnPlateau stepped every batch has no figure to decide on: give "
                              "scheduler_interval='epoch' (each epoch's test loss), or eval_every_n_steps=N "
                              "(each of those evaluations' test loss)")
-        if self.plateau:
+        if self.plateau or self.counted:        # (timm's plateau kind holds torch's: lr_scheduler)
             self._check_modes(monitor)
 
     def _each(self) -> List[Any]:
@@ -123,7 +123,8 @@ class Schedule:
         except ValueError:          # (a name that does not say: the user's mode is taken)
             return
         for plateau in self._each():
-            if getattr(plateau, "mode", better) != better:
+            plateau = getattr(plateau, "lr_scheduler", None) if self.counted else plateau
+            if plateau is not None and getattr(plateau, "mode", better) != better:
                 shown = f"scheduler_monitor={monitor!r}" if monitor else "the test loss (scheduler_monitor None)"
                 raise ValueError(f"ReduceLROnPlateau(mode={plateau.mode!r}) decides on {shown}, of which "
                                  f"{'larger' if better == 'max' else 'smaller'} is better: give it mode={better!r}"
