@@ -72,11 +72,12 @@ class Turns:
     tells it whether the step drew (the generator is read before the first forward and after
     the last, which no other thread draws between)."""
 
-    def __init__(self, n: int, decide: Optional[Callable[[bool], None]] = None):
+    def __init__(self, n: int, decide: Optional[Callable[[bool], None]] = None,
+                 read: Callable[[], torch.Tensor] = torch.default_generator.get_state):
         self.events = [threading.Event() for _ in range(n)]
         self.events[0].set()
-        self.decide = decide
-        self.before = torch.default_generator.get_state() if decide is not None else None
+        self.decide, self.read = decide, read       # (read: not while a random layer has its stream in it)
+        self.before = read() if decide is not None else None
 
     def wait(self, i: int) -> None:
         self.events[i].wait()
@@ -85,7 +86,7 @@ class Turns:
         if i + 1 < len(self.events):
             self.events[i + 1].set()
         elif self.decide is not None:
-            self.decide(not torch.equal(self.before, torch.default_generator.get_state()))
+            self.decide(not torch.equal(self.before, self.read()))
 
 
 class StepPlan:
@@ -102,7 +103,8 @@ class StepPlan:
         self.counts: List[Count] = [None] * len(devices)
         self.seconds = [0.0] * len(devices)
         draws = engine.random.draws
-        self.turns = None if draws is False else Turns(len(devices), None if draws else engine.random.decide)
+        self.turns = None if draws is False else Turns(len(devices), None if draws else engine.random.decide,
+                                                        engine.random.generator_state)
 
     def compute(self, timed: bool) -> Callable[[int], torch.Tensor]:
         """``compute(i)``: forward and backward of shard ``i`` on device ``i``; its loss sum."""
