@@ -202,3 +202,18 @@ def test_the_hooks_of_an_optimizer_a_factory_makes_run_on_the_runs_steps_only(ca
     said = [line for line in capsys.readouterr().err.splitlines() if "devices auto" in line]
     assert len(said) == 1 and "ms on 2 virtual devices" in said[0] and result["devices"] == ["cpu:0"]
     assert len(calls) == 16
+
+
+def test_checkpointed_blocks_drawing_outside_dropout_layers_keep_one_device(capsys, monkeypatch):
+    from tests.engine.test_device_streams import Net
+    monkeypatch.setattr(auto_devices, "MARGIN", 1e9)         # the virtual devices would win, were they measured
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)
+    torch.manual_seed(0)
+    model = Net("not reentrant", functional=True)
+    X = torch.randn(256, 6)
+    result = dptrain.fit(model, (X, X[:, :3].argmax(1)), epochs=1, batch_size=64, optimizer=torch.optim.SGD, lr=0.1,
+                         progress=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if "devices auto" in line]
+    assert result["devices"] == ["cpu:0"]
+    assert said == ["dptrain: devices auto: cpu:0: the model's checkpointed blocks draw random numbers outside dropout "
+                    "layers, which 2 virtual devices cannot replay exactly; pass devices= to choose"]

@@ -34,6 +34,10 @@ from torch import nn
 #: Layers that draw random numbers in training mode.
 RANDOM_LAYERS = (nn.modules.dropout._DropoutNd, nn.RReLU)
 
+class ReplayError(ValueError):
+    """Draws outside the random layers replayed by activation checkpointing (module docstring)."""
+
+
 REPLAY_ERROR = ("the model draws random numbers outside nn.Dropout layers (F.dropout, torch.rand...) inside a block "
                 "whose backward draws them again (activation checkpointing: torch.utils.checkpoint, "
                 "gradient_checkpointing_enable()): on several CPU devices of one process those draws come from "
@@ -62,7 +66,7 @@ class RandomDraws:
         if self.streams is not None:
             self.streams.outside = drew
             if drew and self.streams.replays:
-                raise ValueError(REPLAY_ERROR)
+                raise ReplayError(REPLAY_ERROR)
 
     def generator_state(self) -> torch.Tensor:
         """The shared generator's state, read while no random layer has its device's stream in it
@@ -151,7 +155,7 @@ class DeviceStreams:
         if _current_graph_task_id() != -1:
             self.replays = True
             if self.outside:
-                raise ValueError(REPLAY_ERROR)
+                raise ReplayError(REPLAY_ERROR)
 
     def close(self) -> None:
         for layer in self.wrapped:

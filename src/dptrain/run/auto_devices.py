@@ -34,6 +34,7 @@ from ..core.devices import format_device
 from ..core.stage import stage
 from ..data.batch import map_tensors
 from ..data.choose_loader import make_loader
+from ..engine.device_streams import ReplayError
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
 from ..parallel.optim import OptimizerPlan
@@ -124,6 +125,7 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     engines: Dict[int, ModelEngine] = {}
     slow: Optional[str] = None
     times: Dict[int, List[float]] = {1: [], n: []}
+    replays = False
     try:
         engines[1] = _engine(task, config, devices[:1], loader.example())
         if short:
@@ -141,10 +143,16 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
                         break
             if slow is not None:
                 break
+    except ReplayError:         # (checkpointed blocks drawing outside dropout layers: one device replays them)
+        replays = True
     finally:
         for e in engines.values():
             e.close()
         torch.set_rng_state(rng)
+    if replays:
+        log(f"dptrain: devices auto: {_names(devices[:1])}: the model's checkpointed blocks draw random numbers "
+            f"outside dropout layers, which {n} virtual devices cannot replay exactly; pass devices= to choose")
+        return task, devices[:1]
     if slow is not None:
         runs = "" if steps is None else f" and {FRACTION:.0%} of this run's {steps} steps"
         log(f"dptrain: devices auto: {_names(devices[:1])}: {slow}, so measuring {n} virtual devices would take over "
