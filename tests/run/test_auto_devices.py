@@ -215,5 +215,5 @@ def test_checkpointed_blocks_drawing_outside_dropout_layers_keep_one_device(caps
                          progress=False)
     said = [line for line in capsys.readouterr().err.splitlines() if "devices auto" in line]
     assert result["devices"] == ["cpu:0"]
-    assert said == ["dptrain: devices auto: cpu:0: the model's checkpointed blocks draw random numbers outside dropout "
-                    "layers, which 2 virtual devices cannot replay exactly; pass devices= to choose"]
+    assert said == ["dptrain: devices auto: cpu:0: the model's checkpointed blocks draw random numbers outside "
+                    "dropout layers, which 2 virtual devices cannot replay exactly; pass devices= to choose"]

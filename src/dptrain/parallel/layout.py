@@ -165,4 +165,3 @@ class Layout:
             for group in self.optimizer.param_groups[len(user.param_groups):]:
                 user.add_param_group({**group, "params": list(group["params"])})
             into_user_optimizer(state, user, self.groups[0])
-

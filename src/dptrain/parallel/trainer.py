@@ -113,7 +113,8 @@ class Trainer:
     def _setup(self) -> None:
         self.layout = Layout(self._replicas, self._given, self._given_frozen, self._spec, self._optimizer_params)
         traits = step_traits(self.layout.plan, len(self.layout.params))
-        self.needs_closure, self.closure_after_backward = traits.closure is not None, traits.closure == "after_backward"
+        self.needs_closure = traits.closure is not None
+        self.closure_after_backward = traits.closure == "after_backward"
         if self.needs_closure and not self._closure:
             raise closure_error(self.layout.plan.cls.__name__)
         if traits.whole and isinstance(self.sync, sync.OwnerDeviceSync):     # (every device updates all)

@@ -137,7 +137,8 @@ def lr_figures(trainer: Any) -> Row:
     optimizers (``parallel/trainers.py``, or a ``CombinedOptimizer``) each one's, ``lr_<name>``;
     none for an optimizer that finds its own (Adafactor's relative step: ``lr=None``)."""
     several = getattr(trainer, "learning_rates", None)
-    rates = {f"lr_{name}": lr for name, lr in several.items()} if several is not None else {"lr": trainer.learning_rate}
+    rates = {f"lr_{name}": lr for name, lr in several.items()} if several is not None else \
+        {"lr": trainer.learning_rate}
     return {k: lr for k, lr in rates.items() if not math.isnan(lr)}
 
 
