@@ -45,8 +45,8 @@ MODELS: Dict[str, Callable[[], nn.Module]] = {"cnn-dropout": cnn, "mlp-dropout":
 class NoStreams(DeviceStreams):
     """Streams for no replica: the random layers draw from the shared generator."""
 
-    def __init__(self, replicas: Any, seed: int, rank: int):
-        super().__init__([], seed, rank)
+    def __init__(self, replicas: Any, seed: int, rank: int, devices: Any = ()):
+        super().__init__([], seed, rank, devices)
 
 
 def epoch_seconds(make: Callable[[], nn.Module], devices: int, how: str, epochs: int, samples: int) -> float:
