@@ -90,6 +90,37 @@ def test_fit_gives_the_model_back_with_its_own_batchnorm_trained_and_picklable()
         torch.testing.assert_close(runs[1][key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
+def test_the_model_mid_run_copies_and_pickles_as_its_plain_batchnorm():
+    """A callback's copy of the model mid-run (torch's AveragedModel and timm's ModelEmaV2 deepcopy
+    it; a best model kept; torch.save(model)) failed: "cannot pickle '_thread.lock' object".
+    Each copy is of the replaced layer, with the weights trained so far; the run goes on."""
+    import copy
+    import io
+    X = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
+    y = (X[:, 0] > 0).long()
+    seen = []
+
+    class Keep(dptrain.Callback):
+        def on_epoch_end(self, run, epoch, row):
+            assert isinstance(run.model[1], SyncBatchNorm)
+            kept = copy.deepcopy(run.model)
+            buffer = io.BytesIO()
+            torch.save(run.model, buffer)
+            buffer.seek(0)
+            loaded = torch.load(buffer, weights_only=False)
+            for other in (kept, loaded):
+                assert type(other[1]) is nn.BatchNorm1d and other[1].training == run.model[1].training
+                for key, value in run.model.state_dict().items():
+                    torch.testing.assert_close(other.state_dict()[key], value, rtol=0, atol=0, msg=key)
+                assert other[1].weight is not run.model[1].weight
+            seen.append(kept)
+    model = bn_net()
+    dptrain.fit(model, (X, y), epochs=2, batch_size=32, devices=2, sync_batchnorm=True, shuffle=False, log=None,
+                callbacks=[Keep()])
+    assert len(seen) == 2 and type(model[1]) is nn.BatchNorm1d
+    assert not torch.equal(seen[0][1].weight, seen[1][1].weight)      # each epoch's, not shared
+
+
 def test_replicas_close_puts_the_batchnorm_layers_back():
     net = bn_net()
     bn = net[1]

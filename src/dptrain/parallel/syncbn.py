@@ -169,6 +169,19 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.group, self.rank = group, rank
         self._replaced = [bn]           # (a list: not a submodule, not in the state_dict)
 
+    def replaced(self) -> nn.modules.batchnorm._BatchNorm:
+        """The layer this one stands in for, with its settings and mode (they share the
+        parameters and buffers, so it holds what was trained)."""
+        original = self._replaced[0]
+        original.momentum, original.eps = self.momentum, self.eps
+        return original.train(self.training)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A copy or a pickle of the model mid-run (copy.deepcopy for torch's AveragedModel, timm's
+        # ModelEmaV2, a best model kept by a callback; torch.save(model)) is of the layer it
+        # replaced: this one holds its group's barrier and locks, which neither can copy.
+        return _itself, (self.replaced(),)
+
     def _check_input_dim(self, x: torch.Tensor) -> None:
         if x.dim() < 2:
             raise ValueError(f"SyncBatchNorm needs at least 2-d input (N, C, ...), got {x.dim()}-d")
@@ -183,6 +196,10 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             self.num_batches_tracked.add_(1)
         return _SyncBatchNormFn.apply(x, self.weight, self.bias, self.running_mean, self.running_var,
                                       self.eps, self.momentum, self.group, self.rank)
+
+
+def _itself(layer: nn.Module) -> nn.Module:
+    return layer
 
 
 def convert_sync_batchnorm(modules: Sequence[nn.Module], collective: Optional[Collective] = None) -> ThreadGroup:
@@ -205,6 +222,4 @@ def restore_batchnorm(module: nn.Module) -> None:
     for child in list(module.modules()):
         for attr, sub in list(child.named_children()):
             if isinstance(sub, SyncBatchNorm):
-                original = sub._replaced[0]
-                original.momentum, original.eps = sub.momentum, sub.eps
-                setattr(child, attr, original.train(sub.training))
+                setattr(child, attr, sub.replaced())
