@@ -17,7 +17,7 @@ names users call: ``dptrain.allreduce``, ``dptrain.split_and_load``...):
 >>> dptrain.scratch.allreduce([torch.ones(2), torch.ones(2)], algorithm="ring")
 """
 from . import scratch
-from .callbacks import BatchEnd, Callback
+from .callbacks import BatchEnd, Callback, update_bn
 from .core.devices import (as_device, cpu, format_devices, gpu, num_gpus, parse_devices, try_all_gpus,
                            try_gpu)
 from .core.runner import DeviceRunner, get_runner
@@ -41,7 +41,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the product
-    "fit", "evaluate", "predict", "load_weights", "whole_batch", "whole_set", "Task", "Callback", "BatchEnd",
+    "fit", "evaluate", "predict", "load_weights", "update_bn", "whole_batch", "whole_set", "Task", "Callback",
+    "BatchEnd",
     "Trainer", "CombinedOptimizer",
     "Replicas", "replicate", "NotInitializedError",
     "ArrayLoader", "DatasetLoader", "TensorLoader", "load_dataset", "rank",

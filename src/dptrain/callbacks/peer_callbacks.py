@@ -3,8 +3,8 @@
 Their hooks take their framework's trainer, so none can run here as it is. Their
 ``EarlyStopping`` (Lightning's and Keras's) has the same settings as dptrain's, which has
 their names: it is taken as dptrain's, with every setting carried over, and ``fit`` says so
-in one line. For the others, the error names what does their work here, their settings
-written in::
+in one line; so is Lightning's ``StochasticWeightAveraging``, as ``SWA``. For the others, the
+error names what does their work here, their settings written in::
 
     lightning ModelCheckpoint(dirpath="ck", monitor="val_acc", mode="max")
         -> callbacks=[BestCheckpoint('ck/best-{epoch}.pt', monitor='val_acc', mode='max')]
@@ -20,6 +20,7 @@ import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .hook_names import framework_class
+from .swa import SWA
 from .training import EarlyStopping
 
 
@@ -43,12 +44,46 @@ def _early_stopping(cb: Any, cls: type) -> Dict[str, Any]:
     return settings
 
 
-_DEFAULTS = {p.name: p.default for p in inspect.signature(EarlyStopping).parameters.values()}
+def _swa(cb: Any, cls: type) -> Dict[str, Any]:
+    """The settings of ``SWA`` that does what Lightning's ``StochasticWeightAveraging`` does (its
+    own attributes; its default average is the equal mean, ours too)."""
+    avg_fn = cb._avg_fn
+    return {"swa_lrs": cb._swa_lrs, "swa_epoch_start": cb._swa_epoch_start,
+            "annealing_epochs": cb._annealing_epochs, "annealing_strategy": cb._annealing_strategy,
+            "avg_fn": None if avg_fn is getattr(cls, "avg_fn", None) else avg_fn}
+
+
+#: Peer callbacks taken as dptrain's (by class name): the settings reader and our class. Where
+#: they differ, the line says how.
+ADOPTED: Dict[str, Tuple[Callable[[Any, type], Dict[str, Any]], type, str]] = {
+    "EarlyStopping": (_early_stopping, EarlyStopping, ""),
+    "StochasticWeightAveraging": (_swa, SWA, " (the weights averaged at each epoch's end, the last epoch's too; "
+                                             "Lightning's averages at each epoch's start)"),
+}
+_DEFAULTS = {cls: {p.name: p.default for p in inspect.signature(cls).parameters.values()}
+             for _, cls, _ in ADOPTED.values()}
+
+
+def _adopted(cb: Any, cls: type) -> Optional[Tuple[Any, str]]:
+    """Ours in place of ``cb`` and the line saying so; None if it is not adopted (or a version
+    of the peer that keeps its settings under other names)."""
+    reader, ours, differs = ADOPTED.get(cls.__name__, (None, None, ""))
+    if reader is None:
+        return None
+    try:
+        settings = reader(cb, cls)
+    except AttributeError:
+        return None
+    defaults = _DEFAULTS[ours]
+    shown = {k: v for k, v in settings.items() if defaults[k] is inspect.Parameter.empty or k == "monitor"
+             or v != defaults[k]}
+    return ours(**settings), (f"{cls.__module__.split('.')[0]}'s {cls.__name__} runs as dptrain.callbacks."
+                              f"{ours.__name__}({', '.join(f'{k}={v!r}' for k, v in shown.items())}){differs}")
 
 
 def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
-    """``callbacks`` (a list, or one) with each peer's ``EarlyStopping`` as dptrain's, and a
-    line saying so for each; a ``TypeError`` naming what to give instead for a peer callback
+    """``callbacks`` (a list, or one) with each peer callback of ``ADOPTED`` as dptrain's, and
+    a line saying so for each; a ``TypeError`` naming what to give instead for a peer callback
     whose work dptrain does otherwise (``INSTEAD``). Other callbacks are taken as they are
     (``CallbackList`` checks them)."""
     one = not isinstance(callbacks, (list, tuple)) and (not hasattr(callbacks, "__iter__") or any(
@@ -56,12 +91,10 @@ def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
     taken, notes = [], []
     for cb in [callbacks] if one else list(callbacks):
         cls = framework_class(cb)
-        if cls is type(cb) and cls.__name__ == "EarlyStopping":    # (a subclass of one's own: its hooks are its)
-            settings = _early_stopping(cb, cls)
-            shown = {k: v for k, v in settings.items() if k == "monitor" or v != _DEFAULTS[k]}
-            notes.append(f"{cls.__module__.split('.')[0]}'s EarlyStopping runs as dptrain.callbacks.EarlyStopping("
-                         f"{', '.join(f'{k}={v!r}' for k, v in shown.items())})")
-            cb = EarlyStopping(**settings)
+        adopted = _adopted(cb, cls) if cls is type(cb) else None    # (a subclass of one's own: its hooks are its)
+        if adopted is not None:
+            cb, line = adopted
+            notes.append(line)
         elif cls is not None and (line := instead(cb)) is not None:
             raise TypeError(f"callback {type(cb).__name__} is a {cls.__module__}.{cls.__qualname__}, whose hooks take "
                             f"that framework's trainer; here give fit {line}")

@@ -54,6 +54,7 @@ class EpochPlan:
         self.balancer = None            # --balance: who reads which part (see balance.py)
         self.batches_per_step = 1       # accumulate_grad_batches (accumulate.py): batches an update sums
         self.least_part = 1             # a process's part of a batch: at least this, or none (BatchNorm: 2)
+        self.source: Any = None         # the training data as given (run.train_data), once read
         self.first_step: Optional[int] = None      # the updates before this epoch, if the loop said
 
     def set_epoch(self, epoch: int, first_step: Optional[int] = None) -> None:

@@ -101,9 +101,11 @@ def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dic
                              "evaluates on that set; validation_split holds out the last part of the "
                              "training data)")
         train_data, eval_data = hold_out(train_data, config.validation_split)
-    return make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
-                       max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch,
-                       sharded=config.sharded_stream, drop_last=config.drop_last, **shard), eval_data
+    loader = make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
+                         max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch,
+                         sharded=config.sharded_stream, drop_last=config.drop_last, **shard)
+    loader.source = train_data
+    return loader, eval_data
 
 
 def planned_counts(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],

@@ -22,11 +22,9 @@ from ..core.parts import even_parts
 from ..core.stage import stage
 from ..core.runner import get_runner
 from ..data.batch import Batch, batch_size as size_of, join_structure, map_tensors, split_structure, to_device
-from ..data.model_inputs import TARGET_KEYS, call_inputs
-from ..data.batch_objects import own_object
 from ..data.choose_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
-from ..engine.dict_inputs import call_with_dict
+from ..engine.batch_call import model_input
 from ..engine.lightning_module import predict_step_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
@@ -35,25 +33,6 @@ from .flag_words import keyword_errors
 from .keywords import PREDICT_PEERS, keywords_checked
 from .lightning_data import stage_data
 from .session import ALL_CALL, inference_job
-
-
-def model_input(model: nn.Module, batch: Batch) -> Any:
-    """The default way a batch meets the model for predictions: a tensor is ``model(x)``;
-    ``(x, y)`` or ``(x1, x2, ..., y)`` pairs are ``model(x, ...)`` (the last item, a target, is
-    left out; ``(x,)`` is ``model(x)``); a dict is ``model(**batch)`` without its target key (or
-    ``model(batch)`` whole for a forward of one argument: ``dict_inputs``); a batch object of
-    one's own is ``model(batch)`` (``batch_objects.py``)."""
-    if isinstance(batch, torch.Tensor):
-        return model(batch)
-    if isinstance(batch, (tuple, list)):
-        return call_inputs(model, tuple(batch[:-1] if len(batch) > 1 else batch))
-    if isinstance(batch, Mapping):          # (a UserDict too: Hugging Face's BatchEncoding)
-        return call_with_dict(model, batch, {k: v for k, v in batch.items() if k not in TARGET_KEYS},
-                              batch.get("labels"))      # (an encoder-decoder's decoder inputs, made from them)
-    if own_object(batch):                   # (PyG's Batch: model(data))
-        return model(batch)
-    raise TypeError(f"predict cannot feed a batch of {type(batch).__name__} to the model: pass "
-                    f"forward=fn(model, batch) -> output")
 
 
 def batch_loss_left_out(output: Any, ignored: Sequence[str] = ()) -> Any:
@@ -106,7 +85,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     """Return ``model``'s outputs for every sample of ``data``, in order (on the CPU).
 
     ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
-    ``DataLoader``); a target in it is left out (see ``model_input``). ``forward(model,
+    ``DataLoader``); a target in it is left out (``engine/batch_call.py``). ``forward(model,
     batch) -> output`` when a batch meets the model otherwise; with none, a LightningModule's
     own ``predict_step(batch, batch_idx)`` gives each batch's outputs (Lightning's
     ``trainer.predict``; the batch as the loader gives it, a target too). In eval mode, without

@@ -166,6 +166,12 @@ class Schedule:
                              f"({', '.join(k for k in row if k not in ('epoch', 'sec', 'step'))}): name one of them")
         return row[self.monitor]
 
+    def hold(self) -> None:
+        """Step the scheduler no more in this run: a callback sets the learning rate from here
+        on (``SWA``'s annealing). Its state stays as it was, so checkpoints keep it so and a
+        resumed run holds it again at the same point."""
+        self.per_batch = self.per_epoch = self.counted = False
+
     def after_batch(self, updates: int) -> None:
         """An update was made (not a skipped batch): the run's ``updates``-th batch."""
         if self.counted:

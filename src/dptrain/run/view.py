@@ -5,12 +5,16 @@ optimizer, and the few things a callback may do to the run.
     epoch, epochs, step, batches     where the run is (step: batches done in the run; batches:
                                      an epoch's, None for a stream without __len__)
     model, optimizer, scheduler      the module being trained, its optimizer (param_groups)
+    task, train_data, batch_size     what is trained (forward, step, collate_fn), the training data
+                                     as read (validation_split's part held out), the global batch
     history, devices                 the epoch rows so far, this process's devices
     log(line), stop(reason)          print (rank 0), end the run in step on every process
     record(row)                      an epoch row with what the run is (metrics files)
     load_weights(state_dict)         into the model on every device of this process
     evaluated_weights()              what the epoch's evaluation ran on
     evaluated_epoch                  whether this epoch was evaluated (eval_every skips some)
+    evaluate()                       the test_* figures of the model as it is now (every process)
+    hold_scheduler()                 the run's scheduler steps no more: the callback sets the lr
 
 ``Run`` (``loop.py``) sets the figures and drives the hooks; this class holds the methods.
 """
@@ -34,6 +38,29 @@ class RunView:
     @property
     def optimizer(self):
         return self.engine.trainer.optimizer
+
+    @property
+    def train_data(self) -> Any:
+        """The training data as the run read it (a ``Dataset``, tensors, a ``DataLoader``...;
+        with ``validation_split``, the part it trains on)."""
+        return self.train_loader.source
+
+    def hold_scheduler(self) -> None:
+        """Step the run's learning-rate scheduler no more in this run, from the next batch on: the
+        callback sets the learning rate itself (``SWA`` anneals it, as Lightning's swaps the
+        scheduler). Call it in every process, and again in a resumed run (the checkpoint keeps
+        the scheduler as it was held)."""
+        self.schedule.hold()
+
+    def evaluate(self) -> Dict[str, float]:
+        """The ``test_*`` figures (and each other set's ``test_<name>_*``) of the model as it is
+        now on the run's evaluation sets, over every device and process: call it in every
+        process at the same point (``on_fit_end``, after loading other weights). Empty
+        without an evaluation set."""
+        if self.eval_loader is None:
+            return {}
+        return {**report.figures_over(self.engine, self.eval_loader, self.collective),
+                **report.other_sets(self.engine, self.other_evals, self.collective)}
 
     def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
         """Copy ``weights`` (a model ``state_dict``) into the model on every device of this
