@@ -298,3 +298,11 @@ def test_the_optimizers_benchmark_runs_and_pairs_its_variants(tmp_path):
     for program in figures["programs"].values():
         assert set(program["raw"]) == {"plain", "fit-1", "fit-2"} and all(v[0] > 0 for v in program["raw"].values())
         assert program["fit-1 / plain"] > 0 and program["fit-2 / plain"] > 0
+
+
+def test_the_swa_benchmark_runs_its_four_variants(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_swa.py", "--smoke")
+    assert figures["command"].startswith("python benchmarks/bench_swa.py --smoke") and "machine" in figures
+    assert set(figures["raw"]) == {"plain", "plain + SWA", "fit", "fit + SWA"}
+    assert all(len(v) == 1 and v[0] > 0 for v in figures["raw"].values())
+    assert figures["fit + SWA / plain + SWA (speed)"] > 0

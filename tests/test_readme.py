@@ -62,6 +62,8 @@ def test_built_in_callbacks_snippet_runs(tmp_path, monkeypatch):
     assert len(list((tmp_path / "runs").glob("top-*.pt"))) == min(3, len(scope["result"]["history"]))
     assert scope["outputs"].shape == (64, 2) and set(scope["figures"]) == {"test_loss", "test_acc"}
     assert [line for line in lines if line.startswith("restored the weights of epoch")]
+    assert [line for line in lines if line.startswith("SWA: the model is the average of epochs 15-20")]
+    assert scope["result"]["swa_epochs"] == 6
 
 
 def test_several_models_snippet_trains_a_gan_on_two_devices():

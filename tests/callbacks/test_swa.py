@@ -33,11 +33,17 @@ def cosine(opt):
     return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=EPOCHS)
 
 
-def plain(strategy="cos", batchnorm=True, epochs=EPOCHS):
-    """torch's recipe as its documentation writes it; returns the average and each epoch's lr."""
+def decaying(opt):
+    """A scheduler stepped every batch (scheduler_interval="batch")."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.97 ** step)
+
+
+def plain(strategy="cos", batchnorm=True, epochs=EPOCHS, interval="epoch"):
+    """torch's recipe as its documentation writes it; returns the average and each epoch's lr.
+    With a scheduler stepped every batch, it steps until the averaged epochs."""
     model = net(batchnorm)
     opt = optimizer(model)
-    scheduler, swa_model = cosine(opt), AveragedModel(model)
+    scheduler, swa_model = (cosine if interval == "epoch" else decaying)(opt), AveragedModel(model)
     swa_scheduler = SWALR(opt, swa_lr=0.02, anneal_epochs=2, anneal_strategy=strategy)
     loader = DataLoader(TensorDataset(X, Y), batch_size=BATCH, shuffle=False)
     rates = []
@@ -47,19 +53,23 @@ def plain(strategy="cos", batchnorm=True, epochs=EPOCHS):
             opt.zero_grad()
             nn.functional.cross_entropy(model(xb), yb).backward()
             opt.step()
+            if interval == "batch" and epoch < START - 1:
+                scheduler.step()
         if epoch >= START - 1:
             swa_model.update_parameters(model)
             swa_scheduler.step()
-        else:
+        elif interval == "epoch":
             scheduler.step()
     torch_update_bn(loader, swa_model)
     return swa_model.module, rates
 
 
-def fitted(devices, strategy="cos", batchnorm=True, epochs=EPOCHS, swa=None, **settings):
+def fitted(devices, strategy="cos", batchnorm=True, epochs=EPOCHS, swa=None, interval="epoch", **settings):
     model = net(batchnorm)
     swa = swa or SWA(0.02, swa_epoch_start=START, annealing_epochs=2, annealing_strategy=strategy)
-    result = dptrain.fit(model, (X, Y), (X[:64], Y[:64]), optimizer=optimizer(model), scheduler=cosine, epochs=epochs,
+    scheduler = cosine if interval == "epoch" else decaying
+    result = dptrain.fit(model, (X, Y), (X[:64], Y[:64]), optimizer=optimizer(model), scheduler=scheduler,
+                         scheduler_interval=interval, epochs=epochs,
                          batch_size=BATCH, shuffle=False, devices=devices, sync_batchnorm=devices > 1 and batchnorm,
                          callbacks=[swa], log=None, **settings)
     return model, result, swa
@@ -71,15 +81,19 @@ def assert_same(model, reference, tolerance):
             torch.testing.assert_close(model.state_dict()[key], value, rtol=tolerance, atol=tolerance, msg=key)
 
 
-@pytest.mark.parametrize("devices, strategy", [(1, "cos"), (2, "linear"), (3, "cos")])
-def test_it_trains_as_torchs_recipe_and_the_result_scores_the_average(devices, strategy):
+@pytest.mark.parametrize("devices, strategy, interval", [(1, "cos", "epoch"), (2, "linear", "epoch"),
+                                                       (3, "cos", "epoch"), (2, "cos", "batch")])
+def test_it_trains_as_torchs_recipe_and_the_result_scores_the_average(devices, strategy, interval):
     """The weights, their BatchNorm statistics over the training data, each epoch's learning
-    rate (the cosine's, then SWALR's: the run's scheduler held), and the test figures of the
-    model it ends with, the average."""
-    reference, rates = plain(strategy)
-    model, result, swa = fitted(devices, strategy)
+    rate (the run's scheduler's, every epoch or every batch, then SWALR's: the run's scheduler
+    held), and the test figures of the model it ends with, the average."""
+    reference, rates = plain(strategy, interval=interval)
+    model, result, swa = fitted(devices, strategy, interval=interval)
     assert_same(model, reference, 0 if devices == 1 else 1e-12)
-    assert result["history"]["lr"] == pytest.approx(rates, rel=1e-12)       # (a row's: what its epoch trained at)
+    # A row's lr is what the next update takes: stepped every batch, the next epoch's first
+    # before the averaged epochs; from then on, each epoch's (held: SWALR steps at its end).
+    expected = rates if interval == "epoch" else rates[1:START] + rates[START - 1:]
+    assert result["history"]["lr"] == pytest.approx(expected, rel=1e-12)
     assert swa.averaged == EPOCHS - START + 1 == result["swa_epochs"]
     with torch.no_grad():
         expected = nn.functional.cross_entropy(reference.eval()(X[:64]), Y[:64]).item()
