@@ -61,8 +61,9 @@ class StepResult:
 
 
 class Turns:
-    """The devices' forward passes one after another, in device order, for a model that draws
-    random numbers (dropout) on several CPU devices of a process: they share one CPU
+    """The devices' forward passes one after another, in device order, for a model with forward
+    hooks of the user's (``forward_hooks.py``: each step reads its own device's outputs), or one
+    that draws random numbers (dropout) on several CPU devices of a process: they share one CPU
     generator, so concurrent forwards would take its numbers in whatever order the threads
     run, and no run could be repeated or resumed exactly. In turn, device ``i`` always draws
     the ``i``-th part: the same masks in every run, and a checkpoint's generator state
@@ -102,9 +103,9 @@ class StepPlan:
         devices = engine.devices
         self.counts: List[Count] = [None] * len(devices)
         self.seconds = [0.0] * len(devices)
-        draws = engine.random.draws
-        self.turns = None if draws is False else Turns(len(devices), None if draws else engine.random.decide,
-                                                        engine.random.generator_state)
+        draws = engine.random.draws        # (and a model with forward hooks of the user's: forward_hooks.py)
+        self.turns = None if draws is False and not engine.hooked else Turns(
+            len(devices), engine.random.decide if draws is None else None, engine.random.generator_state)
 
     def compute(self, timed: bool) -> Callable[[int], torch.Tensor]:
         """``compute(i)``: forward and backward of shard ``i`` on device ``i``; its loss sum."""

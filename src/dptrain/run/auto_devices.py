@@ -35,6 +35,7 @@ from ..core.stage import stage
 from ..data.batch import map_tensors
 from ..data.choose_loader import make_loader
 from ..engine.device_streams import ReplayError
+from ..engine.forward_hooks import TurnsError
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
 from ..parallel.optim import OptimizerPlan
@@ -125,7 +126,7 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     engines: Dict[int, ModelEngine] = {}
     slow: Optional[str] = None
     times: Dict[int, List[float]] = {1: [], n: []}
-    replays = False
+    kept: Optional[str] = None          # why the virtual devices cannot train it as one does
     try:
         engines[1] = _engine(task, config, devices[:1], loader.example())
         if short:
@@ -144,14 +145,17 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
             if slow is not None:
                 break
     except ReplayError:         # (checkpointed blocks drawing outside dropout layers: one device replays them)
-        replays = True
+        kept = (f"the model's checkpointed blocks draw random numbers outside dropout layers, which {n} virtual "
+                f"devices cannot replay exactly")
+    except TurnsError:          # (forward hooks of the user's with a whole_batch loss: forwards in turn, waiting)
+        kept = (f"the model has forward hooks of yours, which {n} virtual devices would run in turn, and a "
+                f"whole_batch loss waits for every device inside the forward")
     finally:
         for e in engines.values():
             e.close()
         torch.set_rng_state(rng)
-    if replays:
-        log(f"dptrain: devices auto: {_names(devices[:1])}: the model's checkpointed blocks draw random numbers "
-            f"outside dropout layers, which {n} virtual devices cannot replay exactly; pass devices= to choose")
+    if kept is not None:
+        log(f"dptrain: devices auto: {_names(devices[:1])}: {kept}; pass devices= to choose")
         return task, devices[:1]
     if slow is not None:
         runs = "" if steps is None else f" and {FRACTION:.0%} of this run's {steps} steps"

@@ -18,6 +18,7 @@ from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
 from ..engine.balance import Balancer
+from ..engine.forward_hooks import shown
 from ..engine.lightning_module import LightningSteps
 from ..engine.lightning_trainer import BATCHES, UPDATES
 from ..engine.model_engine import ModelEngine
@@ -167,6 +168,10 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                              compile=config.compile, clip_grad_norm=config.max_norm,
                              clip_grad_value=config.clip_grad_value)
     engine.trainer.norms_by_parameter = config.log_grad_norm == "parameters"
+    if engine.hooked:
+        log(f"dptrain: the model has forward hooks of yours ({shown(engine.hooked)}): on {len(devices)} devices of a "
+            f"process their forwards run one after another, so that a hook keeping a layer's output gives each "
+            f"device's step its own (the backward passes still run at once)")
     if config.train_metrics:
         engine.keep_train_figures()
         if not engine.train_figures.keys and not engine.train_figures.objects:

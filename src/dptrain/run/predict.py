@@ -25,6 +25,7 @@ from ..data.batch import Batch, batch_size as size_of, join_structure, map_tenso
 from ..data.choose_loader import make_loader
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
+from ..engine.forward_hooks import user_hooks
 from ..engine.lightning_module import predict_step_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
@@ -113,6 +114,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
         own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
         runner, feed = get_runner(replicas.devices), forward or model_input
         ignored = ignored_at_inference(model)       # (a causal LM's cache)
+        hooked = len(replicas.devices) > 1 and bool(user_hooks(model))      # (forward_hooks.py)
         outputs: List[Any] = []
         index = 0                           # the batch's (a predict_step's batch_idx)
 
@@ -134,7 +136,9 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
                         outputs.append(shard_output(0, batch))
                         continue
                     shards = split_structure(batch, even_parts(n, k)) + [None] * (len(replicas.devices) - k)
-                    outputs.append(concatenate(runner.map(shard_output, shards)[:k]))
+                    parts = [shard_output(i, s) for i, s in enumerate(shards)] if hooked else \
+                        runner.map(shard_output, shards)        # (forward hooks of yours: in device order)
+                    outputs.append(concatenate(parts[:k]))
         finally:
             if hasattr(loader, "close"):
                 loader.close()

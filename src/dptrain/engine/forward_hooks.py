@@ -1,0 +1,69 @@
+"""Forward hooks of the user's on a model run on several devices of one process: their forwards
+run in turn, so a hook that keeps a layer's output hands each device's step its own device's.
+
+Every device's copy of the model calls the same hook function, and a hook keeping features
+writes them where every copy writes (``feats["body"] = output``: features for an auxiliary
+head, a distillation or perceptual loss; ``embeddings.append(output)`` in ``predict``). With the
+forwards at once, a step read another device's features: "Trying to backward through the graph
+a second time", batch sizes that do not match, tensors on another GPU, or outputs in thread
+order. In turn (``step_plan.Turns``), device i's forward and loss come before device i+1's, so
+its step reads its own; the backward passes still run at once. A DDP script has no such race
+(a process per device, a model each).
+
+Hooks of torch's own keep to their module (quantization's observers, the old ``weight_norm``,
+``spectral_norm`` and pruning pre-hooks) and are not counted; nor are dptrain's.
+
+    user_hooks(model)        # ['body: <lambda>', 'fc (pre): keep_input'] -> in turn on several devices
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, List
+
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+OWN = ("torch.", "dptrain.")      # (modules whose hooks keep to their layer)
+TURNS_ERROR = ("the model has forward hooks of yours ({hooks}): on several devices of one process their forwards "
+               "run one after another, so that a hook keeping a layer's output gives each device's step its own; "
+               "{waits} waits for every device inside the forward, so they cannot. Train on one device "
+               "(devices=1), or as processes (a device each: dptrain launch --processes N), or without {setting}")
+
+
+class TurnsError(ValueError):
+    """Forward hooks of the user's on several devices where the forwards wait for each other."""
+
+
+def _origin(hook: Any) -> str:
+    """The module a hook's code comes from (a function's, a bound method's, a partial's, an object's class)."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    fn = getattr(hook, "__func__", hook)
+    return getattr(fn, "__module__", None) or type(fn).__module__ or ""
+
+
+def _name(hook: Any) -> str:
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    return getattr(hook, "__qualname__", None) or type(hook).__qualname__
+
+
+def user_hooks(model: nn.Module) -> List[str]:
+    """Where ``model`` has forward hooks (or pre-hooks) of the user's: ``"layer: hook"`` each, the
+    model itself named ``model``; module-wide ones (``register_module_forward_hook``) too."""
+    found = []
+    for layer, module in model.named_modules():
+        for kind, hooks in (("", module._forward_hooks), (" (pre)", module._forward_pre_hooks)):
+            for hook in hooks.values():
+                if not _origin(hook).startswith(OWN):
+                    found.append(f"{layer or 'model'}{kind}: {_name(hook)}")
+    for kind, hooks in (("", torch_module._global_forward_hooks), (" (pre)", torch_module._global_forward_pre_hooks)):
+        for hook in hooks.values():
+            if not _origin(hook).startswith(OWN):
+                found.append(f"every module{kind}: {_name(hook)}")
+    return found
+
+
+def shown(hooks: List[str]) -> str:
+    """The first few of ``hooks`` for a line."""
+    return ", ".join(hooks[:3]) + (f" and {len(hooks) - 3} more" if len(hooks) > 3 else "")
