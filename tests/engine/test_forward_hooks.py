@@ -125,9 +125,9 @@ def bn_hooked():
 
 
 def test_with_forwards_that_wait_for_each_other_it_is_an_error_naming_the_fixes():
-    with pytest.raises(TurnsError, match=r"forward hooks of yours \(2: bn_hooked.<locals>.<lambda>\).* sync_batchnorm's BatchNorm waits "
-                                         r"for every device inside the forward, so they cannot. Train on one device "
-                                         r"\(devices=1\), or as processes"):
+    with pytest.raises(TurnsError, match=r"forward hooks of yours \(2: bn_hooked.<locals>.<lambda>\).* "
+                                         r"sync_batchnorm's BatchNorm waits for every device inside the forward, so "
+                                         r"they cannot. Train on one device \(devices=1\), or as processes"):
         dptrain.fit(bn_hooked(), (X, Y), epochs=1, batch_size=BATCH, devices=2, sync_batchnorm=True, log=None,
                     progress=False)
 

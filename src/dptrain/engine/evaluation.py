@@ -136,7 +136,7 @@ def evaluate(engine, batches, trial: Optional[StatefulMetrics] = None) -> Totals
     # order, as training's forwards (``step_plan.Turns``), so the figures repeat run to run
     # (not known before a training step: in turn too); a model with forward hooks of the user's
     # too, so that each shard's step reads its own outputs (forward_hooks.py).
-    in_turn = bool(updates) and engine.random.draws is not False or bool(engine.hooked)
+    in_turn = (bool(updates) and engine.random.draws is not False) or bool(engine.hooked)
     stateful.reset()
     steps = engine.task.step if isinstance(engine.task.step, LightningSteps) else None     # (a LightningModule's)
     if steps is not None:

@@ -28,6 +28,8 @@ TURNS_ERROR = ("the model has forward hooks of yours ({hooks}): on several devic
                "run one after another, so that a hook keeping a layer's output gives each device's step its own; "
                "{waits} waits for every device inside the forward, so they cannot. Train on one device "
                "(devices=1), or as processes (a device each: dptrain launch --processes N), or without {setting}")
+#: What waits for every device's forward, by its setting.
+WAITS = {"sync_batchnorm": "sync_batchnorm's BatchNorm", "whole_batch": "a whole_batch loss"}
 
 
 class TurnsError(ValueError):
@@ -67,3 +69,11 @@ def user_hooks(model: nn.Module) -> List[str]:
 def shown(hooks: List[str]) -> str:
     """The first few of ``hooks`` for a line."""
     return ", ".join(hooks[:3]) + (f" and {len(hooks) - 3} more" if len(hooks) > 3 else "")
+
+
+def refuse_waiting(hooks: List[str], sync_batchnorm: bool, whole_batch: bool) -> None:
+    """A ``TurnsError`` for ``hooks`` where the forwards wait for each other (``WAITS``), which
+    in turn would wait for ever."""
+    setting = "sync_batchnorm" if sync_batchnorm else "whole_batch" if whole_batch else None
+    if hooks and setting is not None:
+        raise TurnsError(TURNS_ERROR.format(hooks=shown(hooks), setting=setting, waits=WAITS[setting]))

@@ -42,7 +42,7 @@ from .step_plan import StepPlan, StepResult
 from .task import Task
 from .train_figures import TrainFigures, with_logged
 from .updates import several_step
-from .forward_hooks import TURNS_ERROR, TurnsError, shown, user_hooks
+from .forward_hooks import refuse_waiting, user_hooks
 from .whole_batch import gatherings
 
 _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
@@ -132,11 +132,7 @@ class ModelEngine:
         self.random = RandomDraws(self.devices, training, sync_batchnorm or self.gathering is not None, rank())
         #: Forward hooks of the user's on several devices: the forwards in turn too (forward_hooks.py).
         self.hooked = user_hooks(task.model) if len(self.devices) > 1 else []
-        waiting = "sync_batchnorm" if sync_batchnorm else "whole_batch" if (
-            self.gathering or self.evaluation_gathering) is not None else None
-        if self.hooked and waiting is not None:
-            raise TurnsError(TURNS_ERROR.format(hooks=shown(self.hooked), setting=waiting, waits=(
-                "sync_batchnorm's BatchNorm" if waiting == "sync_batchnorm" else "a whole_batch loss")))
+        refuse_waiting(self.hooked, sync_batchnorm, self.gathering is not None or self.evaluation_gathering is not None)
         #: A step function taken as a mean, on several parts: whether it returns a sum is asked once
         #: (step_functions.check_sum; a LightningModule's training_step is its own, a mean).
         self.sum_unchecked = self.trainer is not None and task.reduction is None and not task.several and \
