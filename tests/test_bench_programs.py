@@ -306,3 +306,10 @@ def test_the_swa_benchmark_runs_its_four_variants(tmp_path):
     assert set(figures["raw"]) == {"plain", "plain + SWA", "fit", "fit + SWA"}
     assert all(len(v) == 1 and v[0] > 0 for v in figures["raw"].values())
     assert figures["fit + SWA / plain + SWA (speed)"] > 0
+
+
+def test_the_forward_hooks_benchmark_runs_its_five_variants(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_forward_hooks.py", "--smoke")
+    assert figures["command"].startswith("python benchmarks/bench_forward_hooks.py --smoke")
+    assert len(figures["raw"]) == 5 and all(len(v) == 1 and v[0] > 0 for v in figures["raw"].values())
+    assert figures["in turn / at once (no hook)"] > 0 and figures["auto chose (devices, each round)"][0] in (1, 2)
