@@ -53,17 +53,12 @@ def _name(hook: Any) -> str:
 def user_hooks(model: nn.Module) -> List[str]:
     """Where ``model`` has forward hooks (or pre-hooks) of the user's: ``"layer: hook"`` each, the
     model itself named ``model``; module-wide ones (``register_module_forward_hook``) too."""
-    found = []
-    for layer, module in model.named_modules():
-        for kind, hooks in (("", module._forward_hooks), (" (pre)", module._forward_pre_hooks)):
-            for hook in hooks.values():
-                if not _origin(hook).startswith(OWN):
-                    found.append(f"{layer or 'model'}{kind}: {_name(hook)}")
-    for kind, hooks in (("", torch_module._global_forward_hooks), (" (pre)", torch_module._global_forward_pre_hooks)):
-        for hook in hooks.values():
-            if not _origin(hook).startswith(OWN):
-                found.append(f"every module{kind}: {_name(hook)}")
-    return found
+    places = [(layer or "model", module._forward_hooks, module._forward_pre_hooks)
+              for layer, module in model.named_modules()]
+    places.append(("every module", torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks))
+    return [f"{where}{kind}: {_name(hook)}" for where, after, before in places
+            for kind, hooks in (("", after), (" (pre)", before)) for hook in hooks.values()
+            if not _origin(hook).startswith(OWN)]
 
 
 def shown(hooks: List[str]) -> str:
