@@ -190,6 +190,17 @@ def test_settings_the_run_cannot_meet_are_errors_before_it(swa, message):
         fitted(1, swa=swa)
 
 
+def test_optimizers_taking_turns_are_an_error_naming_them():
+    model = nn.Sequential(nn.Linear(6, 4), nn.Linear(4, 3)).double()
+    steps = {"first": lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
+             "second": lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])}
+    optimizers = {"first": torch.optim.SGD(model[0].parameters(), lr=0.1),
+                  "second": torch.optim.SGD(model[1].parameters(), lr=0.1)}
+    with pytest.raises(TypeError, match=r"this run's optimizers take turns \(first, second\)"):
+        dptrain.fit(model, (X, Y), step=steps, optimizer=optimizers, epochs=2, batch_size=BATCH, devices=1, log=None,
+                    callbacks=[SWA(0.1, swa_epoch_start=1)])
+
+
 class Rows(Dataset):
     """Dict samples, as a Hugging Face-style dataset gives them."""
 

@@ -155,8 +155,9 @@ class SWA(Callback):
     def on_fit_start(self, run: Any) -> None:
         groups = getattr(run.optimizer, "param_groups", None)
         if groups is None:
-            raise TypeError(f"SWA anneals one optimizer's learning rate; this run has several "
-                            f"({', '.join(map(str, run.optimizer))}): average a run of one optimizer")
+            raise TypeError(f"SWA anneals the learning rate of the optimizer every update trains; this run's "
+                            f"optimizers take turns ({', '.join(map(str, run.optimizer))}): average a run of one "
+                            f"optimizer, or of several on one loss (a CombinedOptimizer)")
         if isinstance(self.swa_lrs, list) and len(self.swa_lrs) != len(groups):
             raise ValueError(f"swa_lrs has {len(self.swa_lrs)} rates, the optimizer {len(groups)} parameter groups: "
                              f"give one rate for all, or one per group")
