@@ -69,6 +69,52 @@ def test_an_optimizer_holding_the_losss_parameters_is_refused_with_the_fix():
                     optimizer=torch.optim.Adam([*model.parameters(), *loss.parameters()]), devices="cpu:0")
 
 
+class Uncertainty(nn.Module):
+    """A learned weighting (Kendall et al.): a parameter of the loss's own."""
+
+    def __init__(self):
+        super().__init__()
+        self.log_var = nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+    def forward(self, output, target):
+        return nn.functional.cross_entropy(output, target) * torch.exp(-self.log_var) + self.log_var
+
+
+def test_a_loss_whose_parameters_would_not_train_is_said_with_the_fix_which_trains_them():
+    """Given with an optimizer factory, the loss's own parameters trained in no optimizer, unsaid
+    (the plain loop's optimizer holds them). The line names them; its fix trains as the plain loop."""
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(64, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (64,), generator=g)
+    lines = []
+    torch.manual_seed(0)
+    dptrain.fit(nn.Linear(4, 3).double(), (X, Y), loss=Uncertainty(), epochs=1, batch_size=16, log=lines.append,
+                optimizer=torch.optim.SGD, lr=0.1, devices=1, progress=False)
+    assert [line for line in lines if "the loss's parameters" in line] == [
+        "dptrain: the loss's parameters log_var require gradients, and fit trains the model's alone: to train them "
+        "too, make the loss a submodule of the model (model.criterion = loss) and pass step=lambda model, batch: "
+        "model.criterion(model(batch[0]), batch[1]); a network the loss holds frozen: loss.requires_grad_(False) "
+        "quiets this line"]
+    torch.manual_seed(0)
+    plain, criterion = nn.Linear(4, 3).double(), Uncertainty()
+    opt = torch.optim.SGD([*plain.parameters(), *criterion.parameters()], lr=0.1)
+    for i in range(0, 64, 16):
+        opt.zero_grad()
+        criterion(plain(X[i:i + 16]), Y[i:i + 16]).backward()
+        opt.step()
+    for devices in (1, 2):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 3).double()
+        model.criterion = Uncertainty()
+        dptrain.fit(model, (X, Y), step=lambda m, batch: m.criterion(m(batch[0]), batch[1]), epochs=1, batch_size=16,
+                    optimizer=torch.optim.SGD, lr=0.1, devices=devices, shuffle=False, log=None, progress=False)
+        torch.testing.assert_close(model.criterion.log_var, criterion.log_var, rtol=1e-12, atol=1e-12)
+    lines.clear()
+    for quiet in (Uncertainty().requires_grad_(False), nn.CrossEntropyLoss(weight=torch.ones(3, dtype=torch.float64))):
+        dptrain.fit(nn.Linear(4, 3).double(), (X, Y), loss=quiet, epochs=1, batch_size=16, log=lines.append,
+                    optimizer=torch.optim.SGD, lr=0.1, devices=1, progress=False)
+    assert not [line for line in lines if "the loss's parameters" in line]
+
+
 def test_a_copy_follows_what_a_callback_edits_in_the_loss():
     """An attribute replaced, a tensor edited in place or replaced: the copy on another device
     is made again before its next use; left alone, it is the same copy."""

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, TensorBoard, Trace
 from ..core.stage import noted, stage
@@ -168,6 +169,13 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                              compile=config.compile, clip_grad_norm=config.max_norm,
                              clip_grad_value=config.clip_grad_value)
     engine.trainer.norms_by_parameter = config.log_grad_norm == "parameters"
+    learning = [n for n, p in task.loss.named_parameters() if p.requires_grad] if isinstance(task.loss, nn.Module) \
+        else []
+    if learning:        # (a learnable loss: metric learning's ArcFace weights, a multi-task weighting)
+        log(f"dptrain: the loss's parameters {', '.join(learning[:3])}{' and more' if len(learning) > 3 else ''} "
+            f"require gradients, and fit trains the model's alone: to train them too, make the loss a submodule "
+            f"of the model (model.criterion = loss) and pass step=lambda model, batch: model.criterion(model("
+            f"batch[0]), batch[1]); a network the loss holds frozen: loss.requires_grad_(False) quiets this line")
     if engine.hooked:
         log(f"dptrain: the model has forward hooks of yours ({shown(engine.hooked)}): on {len(devices)} devices of a "
             f"process their forwards run one after another, so that a hook keeping a layer's output gives each "
