@@ -56,7 +56,7 @@ def update_bn(model: nn.Module, data: Any, *, batch_size: int = 256, forward: Op
     ``forward(model, batch)``: how a batch meets the model (default: as in ``predict``, the
     target left out); ``device``: where batches go (default: the model's). One process alone.
 
-    >>> dptrain.update_bn(averaged, train_set, batch_size=128)   # averaged(x) for x, y in batches
+    >>> dptrain.update_bn(averaged, fashion_mnist_train, batch_size=128)   # averaged(x) for x, y: 60,000 / 128
     469
     """
     layers = batchnorm_layers(model)
@@ -111,7 +111,7 @@ class SWA(Callback):
     are the model's.
 
     >>> swa = SWA(swa_lrs=1e-2); dptrain.fit(model, data, epochs=20, callbacks=[swa]); swa.averaged
-    4
+    5
     """
 
     def __init__(self, swa_lrs: Union[float, Sequence[float]], swa_epoch_start: Union[int, float] = 0.8,
