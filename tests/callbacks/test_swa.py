@@ -109,6 +109,20 @@ def test_a_resumed_run_ends_as_the_unbroken_one(tmp_path):
     assert swa.averaged == 4
 
 
+def test_one_object_given_to_two_runs_averages_each_afresh_and_a_resume_goes_on(tmp_path):
+    """The second run's optimizer annealed, not the first's, and its average its own; the same
+    object through a stop and a resume ends as the unbroken run."""
+    swa = SWA(0.02, swa_epoch_start=START, annealing_epochs=2)
+    fitted(1, swa=swa)
+    again, result, _ = fitted(1, swa=swa)
+    assert_same(again, plain()[0], 0)
+    assert swa.averaged == EPOCHS - START + 1 == result["swa_epochs"]
+    unbroken, _, _ = fitted(2)
+    fitted(2, epochs=6, checkpoint_dir=str(tmp_path), swa=swa)
+    resumed, _, _ = fitted(2, checkpoint_dir=str(tmp_path), resume=True, swa=swa)
+    assert_same(resumed, unbroken, 0)
+
+
 def test_lightnings_stochastic_weight_averaging_runs_as_swa():
     """Its stand-in keeps what Lightning 2.6's __init__ keeps (the peers are not installed in CI)."""
     cls = type("StochasticWeightAveraging", (), {"__module__": "lightning.pytorch.callbacks.stochastic_weight_avg",

@@ -145,6 +145,7 @@ class SWA(Callback):
         self.start: Optional[int] = None              # the first averaged epoch, once the run's are known
         self._annealing: Optional[SWALR] = None
         self._annealed: Optional[Dict[str, Any]] = None   # SWALR's state from a checkpoint
+        self._resumed = False                             # load_state_dict gave the state this run goes on from
 
     def first_epoch(self, epochs: int) -> int:
         """The first averaged epoch of a run of ``epochs`` (counted from 1)."""
@@ -166,6 +167,12 @@ class SWA(Callback):
             raise ValueError(f"SWA(swa_epoch_start={self.swa_epoch_start!r}) starts at epoch {self.start}, after the "
                              f"run's last ({run.epochs}): nothing would be averaged; give swa_epoch_start <= "
                              f"{run.epochs}, or a fraction of the epochs (0.8)")
+        # Each run anneals its own optimizer, and averages afresh unless it resumes (an object
+        # given to a second fit would have annealed the first run's optimizer, with its average).
+        self._annealing = None
+        if not self._resumed:
+            self.weights, self.averaged, self._annealed = {}, 0, None
+        self._resumed = False
         params = dict(run.model.named_parameters())
         self.weights = {k: v.to(params[k].device) for k, v in self.weights.items()}   # (resumed: from the CPU)
 
@@ -244,7 +251,7 @@ class SWA(Callback):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.weights = {k: v.clone() for k, v in state["weights"].items()}
-        self.averaged, self._annealed = state["averaged"], state.get("annealing")
+        self.averaged, self._annealed, self._resumed = state["averaged"], state.get("annealing"), True
 
 
 def _positive(rate: Any) -> bool:
