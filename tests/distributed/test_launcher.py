@@ -395,3 +395,31 @@ def test_the_rank_killed_for_not_answering_is_reported_by_the_one_that_named_it(
     (tmp_path / "attempt_0" / str(blamer) / "error.json").unlink()
     assert f"rank {stopped} of 2 failed (killed by SIGKILL)" in _report(
         {stopped: failure(stopped, -signal.SIGKILL)}, str(tmp_path), 2)
+
+
+def test_a_signal_that_torchs_agent_turns_into_another_error_is_still_the_ctrl_c(monkeypatch, capsys):
+    """A Ctrl-C landing on the first line of torch's metrics wrapper (``start = time.time()``)
+    unwound into its ``finally``, which reads ``start``: an UnboundLocalError, reported as an
+    error in "your code", exit 1 (seen once in CI). The signal in its chain is the Ctrl-C."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from dptrain.distributed import launcher
+
+    def elastic_launch(config, entrypoint):
+        def run(*args):
+            try:
+                raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
+                start = 0
+            finally:
+                print(start)       # noqa: F821 - as the wrapper's finally reads it
+        return run
+    for name in ("OMP_NUM_THREADS", "DPTRAIN_LAUNCHED", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "GLOO_SOCKET_IFNAME",
+                 "DPTRAIN_JOB_START"):
+        monkeypatch.setenv(name, os.environ.get(name, "1"))       # (launch sets them: put back after)
+    monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch", elastic_launch)
+    assert launcher.launch(["-c", "pass"], 1) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "dptrain: SIGINT: all workers stopped"
+    monkeypatch.setattr("torch.distributed.launcher.api.elastic_launch",
+                        lambda config, entrypoint: lambda *args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):          # another error, no signal in it: as it is
+        launcher.launch(["-c", "pass"], 1)

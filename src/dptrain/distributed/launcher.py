@@ -197,13 +197,29 @@ def launch(command: Sequence[str], processes: int, nnodes: str = "1", rdzv_endpo
                 return INTERRUPTED
             print(_report(e.failures, log_dir, processes * parse_nnodes(nnodes)[1]), file=sys.stderr)
             return 1
-        except SignalException as e:
-            print(f"dptrain: {signal.Signals(e.sigval).name}: all workers stopped", file=sys.stderr)
-            return INTERRUPTED
         except RendezvousError as e:
             print(_rendezvous_failed(e, rdzv_endpoint or "this machine", nnodes, timeout_s,
                                      started=bool(os.listdir(log_dir))), file=sys.stderr)
             return 1
+        except Exception as e:
+            sigval = _signal_of(e, SignalException)
+            if sigval is None:
+                raise
+            print(f"dptrain: {signal.Signals(sigval).name}: all workers stopped", file=sys.stderr)
+            return INTERRUPTED
+
+
+def _signal_of(e: BaseException, kind: type) -> Optional[int]:
+    """The signal that ended the agent: a ``SignalException`` (``kind``) in ``e``'s chain. torch's
+    agent may raise another error as one unwinds it (its metrics wrapper's ``finally`` reads a
+    ``start`` the signal came before: UnboundLocalError); it stopped the workers all the same."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return e.sigval
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _rendezvous_failed(e: BaseException, where: str, nnodes: str, timeout_s: float, started: bool) -> str:
