@@ -36,17 +36,21 @@ class TurnsError(ValueError):
     """Forward hooks of the user's on several devices where the forwards wait for each other."""
 
 
-def _origin(hook: Any) -> str:
-    """The module a hook's code comes from (a function's, a bound method's, a partial's, an object's class)."""
+def _unwrapped(hook: Any) -> Any:
+    """The function a hook calls (a partial's, however deep)."""
     while isinstance(hook, functools.partial):
         hook = hook.func
-    fn = getattr(hook, "__func__", hook)
+    return hook
+
+
+def _origin(hook: Any) -> str:
+    """The module a hook's code comes from (a function's, a bound method's, a partial's, an object's class)."""
+    fn = getattr(_unwrapped(hook), "__func__", _unwrapped(hook))
     return getattr(fn, "__module__", None) or type(fn).__module__ or ""
 
 
 def _name(hook: Any) -> str:
-    while isinstance(hook, functools.partial):
-        hook = hook.func
+    hook = _unwrapped(hook)
     return getattr(hook, "__qualname__", None) or type(hook).__qualname__
 
 
