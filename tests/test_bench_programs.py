@@ -313,3 +313,10 @@ def test_the_forward_hooks_benchmark_runs_its_five_variants(tmp_path):
     assert figures["command"].startswith("python benchmarks/bench_forward_hooks.py --smoke")
     assert len(figures["raw"]) == 5 and all(len(v) == 1 and v[0] > 0 for v in figures["raw"].values())
     assert figures["in turn / at once (no hook)"] > 0 and figures["auto chose (devices, each round)"][0] in (1, 2)
+
+
+def test_the_gradients_benchmark_runs_its_six_variants(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_gradients.py", "--smoke")
+    assert figures["command"].startswith("python benchmarks/bench_gradients.py --smoke")
+    assert len(figures["raw"]) == 6 and all(len(v) == 1 and v[0] > 0 for v in figures["raw"].values())
+    assert figures["fit, 2 device(s): on_gradients / without"] > 0

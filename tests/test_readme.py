@@ -89,3 +89,43 @@ def test_several_models_snippet_trains_a_gan_on_two_devices():
     after = generator(torch.randn(512, latent)).mean(0).detach()
     target = torch.tensor([2.0, -1.0])
     assert (after - target).norm() < 0.5 * (before - target).norm(), (before, after)
+
+
+def test_gradient_histograms_snippet_runs():
+    """The README's on_gradients callback, on 2 devices: a histogram of each parameter's
+    gradient every 2 steps, of the plain loop's gradient there."""
+    import torch
+    from torch import nn
+    import dptrain
+    text = README.read_text()
+    code = re.search(r"```python\n(class GradientHistograms.*?)```", text[text.index("### Callbacks"):],
+                     re.S).group(1)
+    scope = {"dptrain": dptrain}
+    exec(compile(code, "README.md", "exec"), scope)           # noqa: S102 - our own README
+
+    class Writer:
+        def __init__(self):
+            self.calls = []
+
+        def add_histogram(self, tag, values, step):
+            self.calls.append((tag, values.clone(), step))
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(64, 3, generator=g), torch.randint(0, 2, (64,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    reference = nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    writer = Writer()
+    dptrain.fit(model, (X, y), epochs=1, batch_size=16, shuffle=False, devices=2, log=None, progress=False,
+                optimizer=lambda p: torch.optim.SGD(p, lr=0.1), callbacks=[scope["GradientHistograms"](writer, every=2)])
+    assert [(tag, step) for tag, _, step in writer.calls] == [("grad/weight", 2), ("grad/bias", 2),
+                                                              ("grad/weight", 4), ("grad/bias", 4)]
+    opt, want = torch.optim.SGD(reference.parameters(), lr=0.1), []
+    for i in range(4):
+        opt.zero_grad()
+        nn.functional.cross_entropy(reference(X[16 * i:16 * i + 16]), y[16 * i:16 * i + 16]).backward()
+        if i % 2:
+            want += [reference.weight.grad.clone(), reference.bias.grad.clone()]
+        opt.step()
+    for (_, got, _), grad in zip(writer.calls, want):
+        torch.testing.assert_close(got, grad)

@@ -33,6 +33,11 @@ class AfterBackward(dptrain.Callback):
         pass
 
 
+class BeforeOptimizerStep(dptrain.Callback):
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        pass
+
+
 class Fine(dptrain.Callback):
     """Its own helper named on_*, a hook taking *args, and one set on the instance."""
     def __init__(self):
@@ -52,6 +57,7 @@ class Fine(dptrain.Callback):
     (Typo(), "def on_epoch_end(self, run, epoch, row)"),
     (SavesCheckpoint(), "def state_dict(self)"),
     (AfterBackward(), "p.register_hook"),
+    (BeforeOptimizerStep(), "read each update's gradients in def on_gradients(self, run, batch, grads)"),
 ])
 def test_a_hook_the_run_would_not_call_is_refused_with_the_one_to_write(callback, named):
     with pytest.raises(TypeError) as error:

@@ -143,3 +143,73 @@ def test_devices_auto_keeps_one_device_for_hooks_with_a_whole_batch_loss(capsys,
     assert said == ["dptrain: devices auto: cpu:0: the model has forward hooks of yours, which 2 virtual devices would "
                     "run in turn, and a whole_batch loss waits for every device inside the forward; pass devices= to "
                     "choose"]
+
+
+class RegistersHooks(dptrain.Callback):
+    """Registers, in on_fit_start, a hook keeping the body's output for the step (and, with
+    ``stats``, one counting the samples each forward of the body sees); removes the latter after
+    ``remove_after`` steps."""
+    def __init__(self, kept, stats=False, remove_after=None, with_kwargs=False):
+        self.kept, self.stats, self.remove_after, self.with_kwargs = kept, stats, remove_after, with_kwargs
+        self.seen, self.handle = [], None
+
+    def on_fit_start(self, run):
+        if self.with_kwargs:
+            run.model.body.register_forward_hook(lambda m, args, kwargs, out: self.kept.__setitem__("body", out),
+                                                 with_kwargs=True)
+        else:
+            run.model.body.register_forward_hook(lambda m, i, out: self.kept.__setitem__("body", out))
+        if self.stats:
+            self.handle = run.model.body.register_forward_pre_hook(
+                lambda m, inputs: self.seen.append(len(inputs[0])) if m.training else None)
+
+    def on_batch_end(self, run, batch):
+        if self.remove_after is not None and batch.step == self.remove_after:
+            self.handle.remove()
+
+
+def kept_step(kept):
+    def step(model, batch):
+        x, y = batch
+        out = model(x)
+        time.sleep(0.002)       # (concurrent forwards would overwrite the kept features then)
+        body = kept.pop("body", None)       # (none in fit's trial of the model, before on_fit_start)
+        loss = nn.functional.cross_entropy(out, y)
+        return loss if body is None else loss + 0.5 * nn.functional.cross_entropy(model.aux(body), y)
+    return step
+
+
+@pytest.mark.parametrize("devices, with_kwargs", [(1, False), (2, False), (3, False), (2, True)])
+def test_hooks_a_callback_registers_are_on_every_device_and_train_as_the_plain_loop(devices, with_kwargs):
+    reference, test_loss = plain()
+    kept, lines = {}, []
+    net = Net()
+    result = dptrain.fit(net, (X, Y), (X[:64], Y[:64]), step=kept_step(kept), optimizer=functools.partial(
+        torch.optim.SGD, lr=0.1, momentum=0.9), epochs=EPOCHS, batch_size=BATCH, shuffle=False, devices=devices,
+        log=lines.append, progress=False, callbacks=[RegistersHooks(kept, with_kwargs=with_kwargs)])
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(net.state_dict()[key], value, rtol=1e-12, atol=1e-12, msg=key)
+    assert result["test_loss"] == pytest.approx(test_loss, rel=1e-12)
+    said = [line for line in lines if "forward hooks of yours" in line]
+    assert said == ([] if devices == 1 else [
+        f"dptrain: a callback registered forward hooks of yours (body: RegistersHooks.on_fit_start.<locals>.<lambda>): "
+        f"on {devices} devices of a process their forwards run one after another, so that a hook keeping a layer's "
+        f"output gives each device's step its own (the backward passes still run at once) and every device's copy of "
+        f"the model has them"])
+
+
+def test_a_hook_a_callback_removes_is_removed_from_every_device():
+    kept = {}
+    callback = RegistersHooks(kept, stats=True, remove_after=3)
+    dptrain.fit(Net(), (X, Y), step=kept_step(kept), epochs=1, batch_size=BATCH, shuffle=False, devices=2, log=None,
+                progress=False, callbacks=[callback])
+    assert callback.seen == [BATCH // 2] * 6      # 3 steps, each device's part (it saw device 0's alone: 3 x 16)
+
+
+def test_a_hook_registered_mid_run_where_forwards_wait_is_an_error_naming_the_fixes():
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)).double()
+    hooks = type("Hooks", (dptrain.Callback,), {"on_fit_start": lambda self, run: run.model[2].register_forward_hook(
+        lambda m, i, o: None)})()
+    with pytest.raises(TurnsError, match=r"forward hooks of yours \(2: .*<lambda>\).* sync_batchnorm's BatchNorm waits"):
+        dptrain.fit(net, (X, Y), epochs=1, batch_size=BATCH, devices=2, sync_batchnorm=True, log=None,
+                    progress=False, callbacks=[hooks])

@@ -481,3 +481,37 @@ def test_grad_norms_of_parameter_lists_are_named_by_index():
     (params[0].sum() + params[1].sum()).backward()
     trainer.step(1)                             # no max_norm: no norm computed
     assert trainer.grad_norms() == {}
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local", "ring"])
+def test_kept_grads_are_the_summed_divided_gradients_before_clipping_taken_once(kvstore):
+    """``keep_grads``: a copy of each parameter's summed gradient divided by the step's
+    denominator, before clipping (what ``p.grad`` holds on one device), by name, on the first
+    device; taken once; none after a skipped step, nor without ``keep_grads``."""
+    devices = [dptrain.cpu(0), dptrain.cpu(1)]
+    torch.manual_seed(0)
+    ref = GluonLeNet()
+    X, y = batches(steps=1)[0]
+    nn.functional.cross_entropy(ref(X), y).backward()
+    replicas = dptrain.replicate(copy.deepcopy(ref), devices)
+    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1}, kvstore=kvstore)
+    trainer.keep_grads = True
+    Xs, ys = dptrain.split_batch(X, y, devices)
+    replicas.forward_backward(Xs, ys)
+    trainer.step(len(X), max_norm=0.01)
+    got = trainer.take_grads()
+    assert list(got) == [name for name, _ in ref.named_parameters()]
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7)
+        assert got[name].device.type == "cpu"
+    assert trainer.take_grads() == {}
+    for p in replicas[0].parameters():           # a NaN gradient: the step is skipped
+        p.grad = torch.full_like(p, float("nan"))
+    for p in replicas[1].parameters():
+        p.grad = torch.zeros_like(p)
+    assert not trainer.step(len(X), skip_nonfinite=True)
+    assert trainer.take_grads() == {}
+    trainer.keep_grads = False
+    replicas.forward_backward(Xs, ys)
+    trainer.step(len(X))
+    assert trainer.take_grads() == {}

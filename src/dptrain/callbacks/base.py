@@ -82,6 +82,15 @@ class Callback:
     def on_batch_start(self, run: Any, epoch: int, batch: int) -> None:
         """Before every training step (``run.step`` is the number of steps done before it)."""
 
+    def on_gradients(self, run: Any, batch: BatchEnd, grads: Dict[str, torch.Tensor]) -> None:
+        """After every update, before ``on_batch_end``: ``grads`` is ``{name: gradient}`` for each
+        parameter it updated, in the model's order, on the model's device: the gradient summed
+        over every device and process and divided as the loss's mean is, before clipping (what
+        ``p.grad`` holds before ``clip_grad_norm_`` and ``optimizer.step()`` in a plain loop on
+        the whole batch; Lightning's ``on_before_optimizer_step`` reads it). A copy is kept for
+        it each update, only in a run whose callbacks define this hook. Read-only: the update
+        is made (writing to one is an error naming ``p.register_hook`` and ``clip_grad_norm=``)."""
+
     def on_batch_end(self, run: Any, batch: BatchEnd) -> None:
         """After every training step."""
 

@@ -14,7 +14,7 @@ from ..core.signatures import takes
 # each hook's arguments after self, as the run passes them
 HOOK_ARGS: Dict[str, str] = {
     "on_fit_start": "run", "on_epoch_start": "run, epoch", "on_batch_start": "run, epoch, batch",
-    "on_batch_end": "run, batch", "on_train_log": "run, row", "on_evaluate_start": "run, epoch",
+    "on_gradients": "run, batch, grads", "on_batch_end": "run, batch", "on_train_log": "run, row", "on_evaluate_start": "run, epoch",
     "on_evaluate_end": "run, epoch, metrics", "on_epoch_end": "run, epoch, row", "on_checkpoint": "run, path",
     "on_fit_end": "run, result", "on_exception": "run, error"}
 
@@ -35,7 +35,8 @@ PEER_NAMES: Dict[str, str] = {
 # peer_callbacks.py takes their EarlyStopping as ours and names what does the others' work)
 FRAMEWORKS = ("lightning", "pytorch_lightning", "keras", "tensorflow", "transformers", "accelerate")
 
-# Lightning's hooks around backward and the optimizer step: no callback hook here
+# Lightning's hooks around backward and the optimizer step: none inside the step here
+# (``on_gradients`` is told each update's gradient after it)
 STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
 
 
@@ -76,9 +77,11 @@ def _ours(name: str) -> Optional[str]:
 
 def _write(ours: str) -> str:
     if ours in STEP_HOOKS:
-        return ("dptrain has no hook inside the step; change gradients with a hook on a parameter "
-                "(p.register_hook in on_fit_start) or a step function of your own (fit(..., step=...)), "
-                "and see each batch in on_batch_end(self, run, batch)")
+        return ("dptrain has no hook inside the step; read each update's gradients in def on_gradients(self, "
+                "run, batch, grads) ({name: the gradient summed over every device and process, before clipping}, "
+                "told after the update), change them with a hook on a parameter (p.register_hook in on_fit_start), "
+                "clip_grad_norm= or a step function of your own (fit(..., step=...)), and see each batch in "
+                "on_batch_end(self, run, batch)")
     if ours in HOOK_ARGS:
         return f"write it as def {ours}(self, {HOOK_ARGS[ours]}) (see dptrain.Callback)"
     return ("what a checkpoint should keep of a callback is what its def state_dict(self) returns; "

@@ -27,7 +27,8 @@ evaluation's (what ``step`` returns, the loss before the update); the training f
 leaves the model as it was (no update has happened yet).
 
 Not with ``accumulate_grad_batches`` (a closure evaluates one batch), float16 loss scaling,
-or gradient clipping (the line search's gradients are the loss's own): each is refused.
+gradient clipping (the line search's gradients are the loss's own), or a callback's
+``on_gradients`` (no one gradient makes the update): each is refused.
 """
 from __future__ import annotations
 
@@ -68,7 +69,9 @@ def check(engine: Any, batch: Batch) -> None:
                "amp='fp16' (a loss scale changing between evaluations; amp='bf16' needs none)"
                if engine.loss_scale is not None else
                "clip_grad_norm or clip_grad_value (the line search needs the loss's own gradient)"
-               if engine.clip_grad_norm is not None or engine.clip_grad_value is not None else None)
+               if engine.clip_grad_norm is not None or engine.clip_grad_value is not None else
+               "a callback's on_gradients (there is no one gradient of the update to give it: read the closure's "
+               "in a step function of your own)" if getattr(engine.trainer, "keep_grads", False) else None)
     if refused:
         raise ValueError(f"{name}.step needs a closure, which evaluates the loss several times a step: it does not "
                          f"go with {refused}")

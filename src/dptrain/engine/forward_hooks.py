@@ -18,7 +18,7 @@ Hooks of torch's own keep to their module (quantization's observers, the old ``w
 from __future__ import annotations
 
 import functools
-from typing import Any, List
+from typing import Any, Callable, List
 
 from torch import nn
 from torch.nn.modules import module as torch_module
@@ -63,6 +63,35 @@ def user_hooks(model: nn.Module) -> List[str]:
     return [f"{where}{kind}: {_name(hook)}" for where, after, before in places
             for kind, hooks in (("", after), (" (pre)", before)) for hook in hooks.values()
             if not _origin(hook).startswith(OWN)]
+
+
+def look(engine: Any) -> List[str]:
+    """Set ``engine.hooked`` to the forward hooks of the user's its model has (on several devices;
+    none on one), refused where the forwards wait for each other (``refuse_waiting``); at the start,
+    and again when a callback registered or removed one. Returns those new since the last look."""
+    was = engine.hooked
+    engine.hooked = user_hooks(engine.task.model) if len(engine.devices) > 1 else []
+    refuse_waiting(engine.hooked, engine.sync_batchnorm,
+                   engine.gathering is not None or engine.evaluation_gathering is not None)
+    return [h for h in engine.hooked if h not in was]
+
+
+def followed(engine: Any, log: Callable[[str], None]) -> Callable[[], None]:
+    """What a run does once a callback's forward hooks are on every device's copy (``ModelEdits``):
+    look again (the forwards in turn from the next step and evaluation), and say so of new ones."""
+    def changed() -> None:
+        new = look(engine)
+        if new:
+            log(in_turn_line(new, len(engine.devices), registered=True))
+    return changed
+
+
+def in_turn_line(hooks: List[str], devices: int, registered: bool = False) -> str:
+    """The line saying the forwards run in turn for ``hooks`` (``registered``: by a callback, mid-run)."""
+    return (f"dptrain: {'a callback registered ' if registered else 'the model has '}forward hooks of yours "
+            f"({shown(hooks)}): on {devices} devices of a process their forwards run one after another, so that a "
+            f"hook keeping a layer's output gives each device's step its own (the backward passes still run at once)"
+            + (" and every device's copy of the model has them" if registered else ""))
 
 
 def shown(hooks: List[str]) -> str:

@@ -193,7 +193,7 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
     if others:
         notes.append(f"the module's {', '.join(others)} (Lightning hooks) are not called: give their work to a "
                      f"dptrain.Callback (on_fit_start, on_epoch_end, on_evaluate_end...; run.model is the module; "
-                     f"a gradient's, to p.register_hook)")
+                     f"reading a gradient, to on_gradients; changing one, to p.register_hook)")
     called = overridden(model, COURSE_HOOKS + BATCH_HOOKS)
     if called:
         notes.append(f"the module's {', '.join(called)} (Lightning hooks) are called where Lightning's Trainer calls "

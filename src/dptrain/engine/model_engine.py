@@ -42,7 +42,7 @@ from .step_plan import StepPlan, StepResult
 from .task import Task
 from .train_figures import TrainFigures, with_logged
 from .updates import several_step
-from .forward_hooks import refuse_waiting, user_hooks
+from . import forward_hooks
 from .whole_batch import gatherings
 
 _NO_CHANGE = contextlib.nullcontext()      # shared: a step costs no new object
@@ -131,8 +131,8 @@ class ModelEngine:
         # where the forwards wait for each other: synchronised BatchNorm, a whole_batch loss).
         self.random = RandomDraws(self.devices, training, sync_batchnorm or self.gathering is not None, rank())
         #: Forward hooks of the user's on several devices: the forwards in turn too (forward_hooks.py).
-        self.hooked = user_hooks(task.model) if len(self.devices) > 1 else []
-        refuse_waiting(self.hooked, sync_batchnorm, self.gathering is not None or self.evaluation_gathering is not None)
+        self.hooked: List[str] = []
+        forward_hooks.look(self)
         #: A step function taken as a mean, on several parts: whether it returns a sum is asked once
         #: (step_functions.check_sum; a LightningModule's training_step is its own, a mean).
         self.sum_unchecked = self.trainer is not None and task.reduction is None and not task.several and \

@@ -17,7 +17,9 @@ and the devices drifted apart, silently. So after each hook that runs user code 
   the next step on; see ``trainable.py``).
 
 - a hook on a parameter's gradient registered or removed (``p.register_hook(fn)``) is
-  registered or removed on them;
+  registered or removed on them, and so is a forward hook or pre-hook on a module (activation
+  statistics, a layer's output kept for a loss: ``forward_hooks``, told so, then runs the
+  forwards in turn);
 - a change of structure (parameters, buffers or submodules added or removed: a layer pruned
   by ``torch.nn.utils.prune``) is a ValueError naming the fix (two ``fit`` calls around it).
 
@@ -27,7 +29,7 @@ dicts, tensors assigned anew: assign a new ``nn.Parameter``/buffer through ``loa
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
@@ -47,7 +49,8 @@ class ModelEdits:
     >>> callbacks.on_batch_end(...); edits.after("in on_batch_end")
     """
 
-    def __init__(self, replicas: Replicas, trainer: Optional[Trainer] = None):
+    def __init__(self, replicas: Replicas, trainer: Optional[Trainer] = None,
+                 forward_hooks_changed: Optional[Callable[[], None]] = None):
         self.trainable = TrainableSet(replicas[0])
         self._trainer = trainer
         if trainer is not None:
@@ -63,6 +66,8 @@ class ModelEdits:
         self._params = [list(m.parameters()) for m in replicas]
         self._hooks = [_hook_keys(p) for p in self._params[0]]     # the copies have these (replicas.py)
         self._handles: dict = {}        # (parameter, hook key) -> the copies' handles of a hook added since
+        self._forward = [_forward_keys(m) for m in self._modules[0]]
+        self._forward_changed = forward_hooks_changed
         self._versions: List[int] = []
         self.stepped()
 
@@ -95,6 +100,7 @@ class ModelEdits:
             self._check_structure(where)
             self._follow_attributes()
             self._follow_hooks()
+            self._follow_forward_hooks()
         elif not always:
             return False
         versions = [t._version for t in self._first]
@@ -143,6 +149,35 @@ class ModelEdits:
                     self._handles[(j, key)] = [params[j].register_hook(hook) for params in self._params[1:]]
             self._hooks[j] = now
 
+    def _follow_forward_hooks(self) -> None:
+        """Forward hooks and pre-hooks registered on a module of the first replica since the last
+        look (in ``on_fit_start``: activation statistics, a layer's output kept for a loss) are put
+        on the copies' same module, under the same key and with the same flags (``with_kwargs``,
+        ``always_call``), and those removed are removed there: a copy without one ran its forward
+        unhooked, so a hook counting activations saw device 0's part alone, silently."""
+        changed = False
+        for j, module in enumerate(self._modules[0]):
+            now = _forward_keys(module)
+            if now == self._forward[j]:
+                continue
+            changed = True
+            for kind, keys, was in zip(_FORWARD, now, self._forward[j]):
+                hooks = getattr(module, kind)
+                for others in self._modules[1:]:
+                    for key in was:
+                        if key not in keys:
+                            for table in (kind, *_FLAGS[kind]):
+                                getattr(others[j], table, {}).pop(key, None)
+                    for key in keys:
+                        if key not in was:
+                            getattr(others[j], kind)[key] = hooks[key]
+                            for flag in _FLAGS[kind]:
+                                if key in getattr(module, flag, {}):
+                                    getattr(others[j], flag)[key] = getattr(module, flag)[key]
+            self._forward[j] = now
+        if changed and self._forward_changed is not None:
+            self._forward_changed()
+
     def _follow_attributes(self) -> None:
         second = self._modules[1]
         for j, module in enumerate(self._modules[0]):
@@ -159,6 +194,17 @@ def _structure(module: Any) -> tuple:
     """What a structural edit of ``module`` changes: its class, the names of its own
     parameters and buffers, and its submodules (a head replaced by another is another object)."""
     return type(module), tuple(module._parameters), tuple(module._buffers), tuple(map(id, module._modules.values()))
+
+
+#: A module's tables of forward hooks, and the tables of their flags (by the hook's key).
+_FORWARD = ("_forward_hooks", "_forward_pre_hooks")
+_FLAGS = {"_forward_hooks": ("_forward_hooks_with_kwargs", "_forward_hooks_always_called"),
+          "_forward_pre_hooks": ("_forward_pre_hooks_with_kwargs",)}
+
+
+def _forward_keys(module: Any) -> tuple:
+    """The keys of ``module``'s forward hooks and of its pre-hooks, in order."""
+    return tuple(tuple(getattr(module, kind)) for kind in _FORWARD)
 
 
 def _hook_keys(p: torch.Tensor) -> tuple:

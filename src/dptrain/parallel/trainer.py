@@ -106,6 +106,10 @@ class Trainer:
         #: ``grad_norms()`` gives the last update's.
         self.norms_by_parameter = False
         self._parameter_norms: List[Tuple[Sequence[int], torch.Tensor, Any]] = []
+        #: Keep a copy of each update's summed, divided gradients, before clipping:
+        #: ``take_grads()`` gives the last update's (``fit``'s ``on_gradients`` callbacks).
+        self.keep_grads = False
+        self._kept_grads: List[Tuple[List[int], List[torch.Tensor]]] = []
         if self._replicas is None or self._replicas.initialized:
             # Now, before any backward: several processes start from rank 0's parameters.
             self._setup()
@@ -210,7 +214,7 @@ class Trainer:
         """
         self._check_denominator(batch_size)
         self._ready()
-        self._parameter_norms = []
+        self._parameter_norms, self._kept_grads = [], []
         if self.layout.trainable is not None:
             self.layout.trainable.check("between two Trainer.step calls", NEW_TRAINER)
         if skip_nonfinite and self.collective.world_size == 1 and not self._grads_finite():
@@ -220,7 +224,8 @@ class Trainer:
         self.optimizer.push(zip(self._optimizers, self._origins))
         # several processes: checked on the summed gradients (the buckets were sent in backward)
         step = SyncStep(batch_size, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
-                        max_norm=max_norm, max_value=max_value, by_parameter=self.norms_by_parameter)
+                        max_norm=max_norm, max_value=max_value, by_parameter=self.norms_by_parameter,
+                        keep_grads=self.keep_grads)
         self.sync.step(self._groups, active, step, self._optimizers)
         return self._finish_step(step)
 
@@ -244,14 +249,15 @@ class Trainer:
             return StepOutcome(outputs, stepped, extras if self.collective.world_size == 1 else None)
         self.optimizer.push(zip(self._optimizers, self._origins))
         step = SyncStep(batch_size, extras, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
-                        max_norm=max_norm, max_value=max_value, by_parameter=self.norms_by_parameter)
+                        max_norm=max_norm, max_value=max_value, by_parameter=self.norms_by_parameter,
+                        keep_grads=self.keep_grads)
         self.sync.prepare(step)
         phases = self.sync.phases(self._groups, step, self._optimizers)
         local_check = skip_nonfinite and self.collective.world_size == 1
         outputs, skipped = run_fused(self.runner, compute, phases, lambda: self._active(ignore_stale_grad),
                                      self._grads_finite if local_check else None, self._clear_grads)
         if skipped:
-            self._parameter_norms = []
+            self._parameter_norms, self._kept_grads = [], []
         stepped = False if skipped else self._finish_step(step)
         return StepOutcome(outputs, stepped, step.summed_extras, step.grad_norm)
 
@@ -268,7 +274,7 @@ class Trainer:
         ``optimizer.step(); optimizer.zero_grad()``, with ``step``'s NaN check and clipping;
         ``loss_scale``: what the loss was multiplied by (float16), divided out first.
         Returns whether it updated and the norm before clipping (with ``max_norm``)."""
-        self._parameter_norms = []
+        self._parameter_norms, self._kept_grads = [], []
         if loss_scale is not None:      # divided out and checked in one pass, as GradScaler does
             skip_nonfinite = unscale_and_check_(self._groups[0], loss_scale)
             if skip_nonfinite:
@@ -279,6 +285,11 @@ class Trainer:
             return False, None
         optimizer, norm = self._optimizers[0], None
         self.optimizer.push(((optimizer, self._origins[0]),))
+        if self.keep_grads:
+            held = [j for j, p in enumerate(self._groups[0]) if p.grad is not None]
+            kept = SyncStep(keep_grads=True)
+            kept.keep(held, [self._groups[0][j].grad for j in held])
+            self._kept_grads = kept.kept_grads
         if max_norm is not None or max_value is not None:
             held = [j for j, p in enumerate(self._groups[0]) if p.grad is not None]
             grads = [self._groups[0][j].grad for j in held]
@@ -295,6 +306,7 @@ class Trainer:
     def _finish_step(self, step: SyncStep) -> bool:
         self._broadcast_buffers()
         self._parameter_norms = [] if step.skipped else step.parameter_norms
+        self._kept_grads = [] if step.skipped else step.kept_grads
         if not step.skipped:
             self.optimizer.step()      # marks the step for lr schedulers
         return not step.skipped
@@ -308,6 +320,19 @@ class Trainer:
         norms = parameter_norms(self._parameter_norms)
         names = self.layout.names() if norms else []
         return {names[j]: norms[j] for j in sorted(norms)}
+
+    def take_grads(self) -> Dict[str, torch.Tensor]:
+        """The last update's gradients, by name as ``grad_norms`` (the summed gradient over
+        every device and process, divided as the loss's mean is, before clipping: what
+        ``p.grad`` holds before ``clip_grad_norm_`` and ``optimizer.step()`` in a plain loop
+        on the whole batch), each on the first device; then forgotten (its memory freed). Kept
+        with ``keep_grads = True``; empty otherwise, and after a skipped update."""
+        kept, self._kept_grads = self._kept_grads, []
+        if not kept:
+            return {}
+        names, first = self.layout.names(), self.devices[0]
+        by_index = {j: g.to(first) for indices, grads in kept for j, g in zip(indices, grads)}   # (no copy if there)
+        return {names[j]: by_index[j] for j in sorted(by_index)}
 
     def _grads_finite(self) -> bool:
         # One fused check and one wait per device (a wait per parameter took a GPU's lead away).

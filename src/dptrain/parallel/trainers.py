@@ -122,6 +122,23 @@ class Trainers:
         """Each trainable parameter's gradient norm in its optimizer's last update, by name."""
         return {name: norm for t in self.trainers.values() for name, norm in t.grad_norms().items()}
 
+    @property
+    def keep_grads(self) -> bool:
+        """Keep each update's gradients (``Trainer.keep_grads``)."""
+        return self._first.keep_grads
+
+    @keep_grads.setter
+    def keep_grads(self, keep: bool) -> None:
+        for t in self.trainers.values():
+            t.keep_grads = keep
+
+    def take_grads(self) -> Dict[str, torch.Tensor]:
+        """Each trainable parameter's gradient in its optimizer's last update (``Trainer.take_grads``),
+        in the model's order."""
+        grads = {name: g for t in self.trainers.values() for name, g in t.take_grads().items()}
+        order = [name for name, _ in self.replicas[0].named_parameters() if name in grads]
+        return {name: grads[name] for name in order + [n for n in grads if n not in set(order)]}
+
     def follow_edits(self) -> None:
         for t in self.trainers.values():
             t.follow_edits()

@@ -19,7 +19,7 @@ from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
 from ..engine.balance import Balancer
-from ..engine.forward_hooks import shown
+from ..engine.forward_hooks import in_turn_line
 from ..engine.lightning_module import LightningSteps
 from ..engine.lightning_trainer import BATCHES, UPDATES
 from ..engine.model_engine import ModelEngine
@@ -177,9 +177,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
             f"of the model (model.criterion = loss) and pass step=lambda model, batch: model.criterion(model("
             f"batch[0]), batch[1]); a network the loss holds frozen: loss.requires_grad_(False) quiets this line")
     if engine.hooked:
-        log(f"dptrain: the model has forward hooks of yours ({shown(engine.hooked)}): on {len(devices)} devices of a "
-            f"process their forwards run one after another, so that a hook keeping a layer's output gives each "
-            f"device's step its own (the backward passes still run at once)")
+        log(in_turn_line(engine.hooked, len(devices)))
     if config.train_metrics:
         engine.keep_train_figures()
         if not engine.train_figures.keys and not engine.train_figures.objects:

@@ -27,12 +27,13 @@ from ..data.choose_loader import read_as_samples
 from ..data.loader import prefetch
 from ..data.lookahead import Lookahead
 from ..distributed import DistEnv, get_collective
+from ..engine import forward_hooks
 from ..engine.evaluation import sum_keys
 from ..engine.lightning_module import LightningSteps
 from ..engine.losses import add_counts
 from ..engine.task import Task
 from ..parallel.model_edits import ModelEdits
-from . import auto_devices, report, resume
+from . import auto_devices, gradients, report, resume
 from .agreement import what_it_trains
 from .build import (build_balancer, build_engine, builtin_callbacks, planned_counts, renormalised_in_forward,
                     run_ahead, torch_sync_batchnorm, train_mode)
@@ -88,7 +89,7 @@ class Run(RunView):
             task, config, env, devices, self.batch_size, self.lr, self.log, self.epochs)
         self.lr = self.engine.trainer.learning_rate
         # What callbacks do to run.model (and which of its layers train), on every device.
-        self.edits = ModelEdits(self.engine.replicas, self.engine.trainer)
+        self.edits = ModelEdits(self.engine.replicas, self.engine.trainer, forward_hooks.followed(self.engine, self.log))
         # An epoch's batches; None: an open-ended stream's (read to its end, counted as they come).
         self.batches: Optional[int] = None if getattr(self.train_loader, "open_ended", False) \
             else len(self.train_loader)
@@ -132,7 +133,9 @@ class Run(RunView):
         self.balancer = build_balancer(config, self.collective, devices, self.train_loader, env.rank)
         self.callbacks = CallbackList(first + list(task.callbacks) + outputs)
         users = CallbackList(list(task.callbacks))      # (dptrain's outputs edit no model)
-        self.watch_batches = any(users.wants(hook) for hook in ("on_batch_start", "on_batch_end", "on_train_log"))
+        self.watch_batches = any(users.wants(hook) for hook in ("on_batch_start", "on_gradients", "on_batch_end",
+                                                                "on_train_log"))
+        self.grads_told = gradients.keep_for(self)
         resume.own_random_streams(config.seed, env.rank, devices)     # dropout masks differ by rank
         if config.resume:                                               # (and this restores them)
             with stage(f"resuming from {config.checkpoint_dir}"):
@@ -260,7 +263,8 @@ class Run(RunView):
         # --balance with accumulation: each micro-batch of a group split by the update's weights
         sizes_of = getattr(self.train_loader, "global_batch_sizes", self.train_loader.global_batch_size)
         every = self.config.checkpoint_every
-        tell, ask = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start")
+        tell, ask, grads_told = self.callbacks.wants("on_batch_end"), self.callbacks.wants("on_batch_start"), \
+            self.grads_told
         ending = [False]
         last = self.limit.last_batch(first_step, self.batches)
         step_log = self.step_log
@@ -327,12 +331,15 @@ class Run(RunView):
                 elif skip_nan:           # the engine skipped it in every process
                     self.skipped += 1
                 self.step = first_step + b
+                end = BatchEnd(epoch, b, self.batches, self.step, self.train_loader.global_batch_size(b - 1), result,
+                               tally) if tell or grads_told else None
+                if grads_told:
+                    gradients.tell(self, end)
+                    edits.after("in on_gradients")
                 if step_log is not None:
                     log_step(self, tally, epoch, b, result)
                 if tell:
-                    self.callbacks.on_batch_end(self, BatchEnd(epoch, b, self.batches, self.step,
-                                                               self.train_loader.global_batch_size(b - 1), result,
-                                                               tally))
+                    self.callbacks.on_batch_end(self, end)
                     if watch:
                         edits.after("in on_batch_end")
                 if clocked and self.clock.up():

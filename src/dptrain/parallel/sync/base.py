@@ -44,7 +44,9 @@ class SyncStep:
     ``check_finite``: skip the update if a summed gradient is NaN or infinite. ``max_norm``:
     clip the whole summed gradient (every parameter, device and process) to this norm;
     ``max_value``: then clip each of its elements to ``[-max_value, max_value]``.
-    ``by_parameter``: with ``max_norm``, also keep each parameter's norm.
+    ``by_parameter``: with ``max_norm``, also keep each parameter's norm. ``keep_grads``:
+    keep a copy of the summed, divided gradient of every parameter updated, before clipping
+    (``kept_grads``: ``(indices, copies)``, one for each device that updates a part).
     Filled in by the phases: ``skipped`` (also when the summed denominator is 0: a batch
     with no counted target, whose mean is 0/0), ``summed_extras`` (None if they could not
     ride), ``grad_norm`` (the norm before clipping, when clipping) and, ``by_parameter``,
@@ -64,6 +66,8 @@ class SyncStep:
     grad_norm: Optional[torch.Tensor] = None
     by_parameter: bool = False
     parameter_norms: List[Tuple[Sequence[int], torch.Tensor, object]] = field(default_factory=list)
+    keep_grads: bool = False
+    kept_grads: List[Tuple[List[int], List[torch.Tensor]]] = field(default_factory=list)
 
     def keep_norms(self, indices: Sequence[int], norms: torch.Tensor, scale=None) -> None:
         """With ``by_parameter``: keep the norms of ``indices``' summed gradients and the
@@ -71,6 +75,30 @@ class SyncStep:
         several owner threads may each keep theirs: a list's append is one step)."""
         if self.by_parameter:
             self.parameter_norms.append((list(indices), norms, scale))
+
+
+    def keep(self, indices: Sequence[int], grads: Sequence[torch.Tensor], scale=None) -> None:
+        """With ``keep_grads``: keep copies of ``indices``' summed gradients ``grads`` times
+        ``scale`` (``1 / denominator``; None: 1), made now, before clipping changes them in
+        place and the optimizer's ``zero_grad`` lets them go (or a bucket reuses their memory).
+        One fused call; several owner threads may each keep theirs (a list's append is one step)."""
+        if self.keep_grads and grads:
+            self.kept_grads.append((list(indices), scaled_copies(list(grads), scale)))
+
+
+def scaled_copies(grads: List[torch.Tensor], scale) -> List[torch.Tensor]:
+    """``grads`` times ``scale`` (None: 1), as new tensors. Torch 2.3's fused call takes no
+    sparse tensor (``mul_``): then each alone."""
+    if scale is None:
+        return [g.clone() for g in grads]
+    if isinstance(scale, torch.Tensor):
+        scale = scale.to(grads[0].device, non_blocking=True)
+    try:
+        return list(torch._foreach_mul(grads, scale))
+    except NotImplementedError:
+        if not any(g.is_sparse for g in grads):
+            raise
+        return [g * scale for g in grads]
 
 
 def parameter_norms(parts: Sequence[Tuple[Sequence[int], torch.Tensor, object]]) -> dict:
@@ -262,6 +290,8 @@ class GradientSync:
         def update(i: int, active: Sequence[int]) -> None:
             grads = [params[i][j].grad for j in active]
             scale = reciprocal(step.denominator, self.devices[i])
+            if i == 0:      # (every device holds the whole sum)
+                step.keep(active, grads, scale)
             if step.max_norm is None:
                 scale_(grads, scale)
             else:           # every device holds the whole sum: the same norm

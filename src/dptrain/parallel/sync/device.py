@@ -84,6 +84,7 @@ class OwnerDeviceSync(GradientSync):
                 totals.append(total)
                 indices.append(j)
             scale = reciprocal(step.denominator, dev)
+            step.keep(indices, totals, scale)
             if clipping:            # each owner holds part of the sum: the norm needs them all
                 totals_of[k], parts[k], scales[k] = totals, grad_norm(totals, dev, step, indices, scale), scale
                 return
