@@ -25,7 +25,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dptrain  # noqa: E402
-from common import paired, rounds_parser, save_result  # noqa: E402
+from common import in_turns, paired, rounds_parser, save_result  # noqa: E402
 
 BATCH = 256
 
@@ -93,10 +93,7 @@ def main() -> None:
                 "fit, 2 devices (in turn)": lambda: fitted(data, epochs, 2)[0], "fit, auto": auto,
                 "fit, 2 devices, no hook (at once)": lambda: fitted(data, epochs, 2, hook=False)[0]}
     names = list(variants)
-    raw = {k: [] for k in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            raw[name].append(variants[name]())
+    raw = in_turns(variants, rounds)
     figures = {"samples_per_s": {k: statistics.median(v) for k, v in raw.items()},
                **{f"{k} / plain": paired(raw, k, "plain") for k in names[1:]},
                "in turn / at once (no hook)": paired(raw, "fit, 2 devices (in turn)",

@@ -25,7 +25,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dptrain  # noqa: E402
-from common import paired, rounds_parser, save_result  # noqa: E402
+from common import in_turns, paired, rounds_parser, save_result  # noqa: E402
 
 BATCH = 128
 
@@ -84,11 +84,7 @@ def main() -> None:
     for devices in (1, 2):
         variants[f"fit, {devices} device(s)"] = lambda d=devices: fitted(data, epochs, d, False)
         variants[f"fit, {devices} device(s), on_gradients"] = lambda d=devices: fitted(data, epochs, d, True)
-    names = list(variants)
-    raw = {k: [] for k in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            raw[name].append(variants[name]())
+    raw = in_turns(variants, rounds)
     figures = {"samples_per_s": {k: statistics.median(v) for k, v in raw.items()},
                "plain, p.grad copied / plain": paired(raw, "plain, p.grad copied", "plain"),
                **{f"fit, {d} device(s): on_gradients / without": paired(raw, f"fit, {d} device(s), on_gradients",

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dptrain  # noqa: E402
-from common import paired, rounds_parser, save_result  # noqa: E402
+from common import in_turns, paired, rounds_parser, save_result  # noqa: E402
 from dptrain.callbacks import SWA  # noqa: E402
 
 BATCH, SWA_LR = 128, 0.01
@@ -90,10 +90,7 @@ def main() -> None:
                 "fit": lambda: fitted(data, epochs, False), "fit + SWA": lambda: fitted(data, epochs, True)}
     names = list(variants)
     variants[names[0]]()                    # a warm-up call (first-call costs of torch's kernels)
-    raw = {k: [] for k in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            raw[name].append(variants[name]())
+    raw = in_turns(variants, rounds)
     speed = {k: [1 / s for s in v] for k, v in raw.items()}       # (paired takes rates: higher is faster)
     figures = {"seconds": {k: statistics.median(v) for k, v in raw.items()},
                "fit + SWA / plain + SWA (speed)": paired(speed, "fit + SWA", "plain + SWA"),

@@ -60,6 +60,18 @@ def measure(variants, loader, repeats):
     return {k: statistics.median(v) for k, v in rates.items()}, rates
 
 
+def in_turns(variants, rounds):
+    """Run each of ``variants`` (name -> function giving a figure) once a round, in turns, the
+    order rotating by one each round (no variant always first, after the machine idled); the
+    figures by name, a round each."""
+    names = list(variants)
+    raw = {k: [] for k in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            raw[name].append(variants[name]())
+    return raw
+
+
 def paired(raw, a, b):
     """Median over repetitions of rate(a) / rate(b), each pair measured back to back."""
     return statistics.median(x / y for x, y in zip(raw[a], raw[b]))

@@ -445,28 +445,40 @@ def test_an_optimizer_object_is_lent_to_the_trainer_and_given_back_by_close(n_de
         assert float(optimizer.state[p]["step"]) == 3
 
 
-@pytest.mark.parametrize("kvstore", ["device", "local", "ring"])
-def test_grad_norms_by_parameter_are_the_summed_gradients_norms_by_name(kvstore):
-    """``norms_by_parameter``: each parameter's norm of the summed, divided gradient, before
-    clipping (what ``clip_grad_norm_`` sees on one device); nothing after a skipped step."""
+def lenet_on_two_devices(kvstore, **settings):
+    """A LeNet with its one-device gradient of a batch, and a Trainer of 2 devices (``settings``
+    set on it) whose replicas have computed that batch's: ``(reference, replicas, trainer, X)``."""
     devices = [dptrain.cpu(0), dptrain.cpu(1)]
     torch.manual_seed(0)
     ref = GluonLeNet()
     X, y = batches(steps=1)[0]
     nn.functional.cross_entropy(ref(X), y).backward()
-    want = {name: float(p.grad.norm()) for name, p in ref.named_parameters()}
     replicas = dptrain.replicate(copy.deepcopy(ref), devices)
     trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1}, kvstore=kvstore)
-    trainer.norms_by_parameter = True
-    Xs, ys = dptrain.split_batch(X, y, devices)
-    replicas.forward_backward(Xs, ys)
-    trainer.step(len(X), max_norm=0.1)
-    got = trainer.grad_norms()
-    assert list(got) == list(want) and got == pytest.approx(want, rel=1e-5)
-    for p in replicas[0].parameters():           # a NaN gradient: the step is skipped
+    for key, value in settings.items():
+        setattr(trainer, key, value)
+    replicas.forward_backward(*dptrain.split_batch(X, y, devices))
+    return ref, replicas, trainer, X
+
+
+def nan_on_one_device(replicas):
+    """A NaN gradient on device 0, zeros on device 1: a step that skips."""
+    for p in replicas[0].parameters():
         p.grad = torch.full_like(p, float("nan"))
     for p in replicas[1].parameters():
         p.grad = torch.zeros_like(p)
+
+
+@pytest.mark.parametrize("kvstore", ["device", "local", "ring"])
+def test_grad_norms_by_parameter_are_the_summed_gradients_norms_by_name(kvstore):
+    """``norms_by_parameter``: each parameter's norm of the summed, divided gradient, before
+    clipping (what ``clip_grad_norm_`` sees on one device); nothing after a skipped step."""
+    ref, replicas, trainer, X = lenet_on_two_devices(kvstore, norms_by_parameter=True)
+    want = {name: float(p.grad.norm()) for name, p in ref.named_parameters()}
+    trainer.step(len(X), max_norm=0.1)
+    got = trainer.grad_norms()
+    assert list(got) == list(want) and got == pytest.approx(want, rel=1e-5)
+    nan_on_one_device(replicas)
     assert not trainer.step(len(X), skip_nonfinite=True, max_norm=0.1)
     assert trainer.grad_norms() == {}
 
@@ -488,16 +500,7 @@ def test_kept_grads_are_the_summed_divided_gradients_before_clipping_taken_once(
     """``keep_grads``: a copy of each parameter's summed gradient divided by the step's
     denominator, before clipping (what ``p.grad`` holds on one device), by name, on the first
     device; taken once; none after a skipped step, nor without ``keep_grads``."""
-    devices = [dptrain.cpu(0), dptrain.cpu(1)]
-    torch.manual_seed(0)
-    ref = GluonLeNet()
-    X, y = batches(steps=1)[0]
-    nn.functional.cross_entropy(ref(X), y).backward()
-    replicas = dptrain.replicate(copy.deepcopy(ref), devices)
-    trainer = dptrain.Trainer(replicas, "sgd", {"learning_rate": 0.1}, kvstore=kvstore)
-    trainer.keep_grads = True
-    Xs, ys = dptrain.split_batch(X, y, devices)
-    replicas.forward_backward(Xs, ys)
+    ref, replicas, trainer, X = lenet_on_two_devices(kvstore, keep_grads=True)
     trainer.step(len(X), max_norm=0.01)
     got = trainer.take_grads()
     assert list(got) == [name for name, _ in ref.named_parameters()]
@@ -505,13 +508,10 @@ def test_kept_grads_are_the_summed_divided_gradients_before_clipping_taken_once(
         torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7)
         assert got[name].device.type == "cpu"
     assert trainer.take_grads() == {}
-    for p in replicas[0].parameters():           # a NaN gradient: the step is skipped
-        p.grad = torch.full_like(p, float("nan"))
-    for p in replicas[1].parameters():
-        p.grad = torch.zeros_like(p)
+    nan_on_one_device(replicas)
     assert not trainer.step(len(X), skip_nonfinite=True)
     assert trainer.take_grads() == {}
     trainer.keep_grads = False
-    replicas.forward_backward(Xs, ys)
+    replicas.forward_backward(*dptrain.split_batch(*batches(steps=1)[0], trainer.devices))
     trainer.step(len(X))
     assert trainer.take_grads() == {}
