@@ -76,7 +76,6 @@ class SyncStep:
         if self.by_parameter:
             self.parameter_norms.append((list(indices), norms, scale))
 
-
     def keep(self, indices: Sequence[int], grads: Sequence[torch.Tensor], scale=None) -> None:
         """With ``keep_grads``: keep copies of ``indices``' summed gradients ``grads`` times
         ``scale`` (``1 / denominator``; None: 1), made now, before clipping changes them in

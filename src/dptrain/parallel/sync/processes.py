@@ -90,12 +90,12 @@ class ProcessSync(GradientSync):
         def update(i: int, active: Sequence[int]) -> None:
             if not step.skipped:
                 self.reducer.scatter(i, state["used"], state["scale"])
-                if i == 0 and step.keep_grads:      # (divided already; the same sum in every process)
-                    held = [j for j, p in enumerate(params[i]) if p.grad is not None]
-                    step.keep(held, [params[i][j].grad for j in held])
-                if step.max_norm is not None or step.max_value is not None:   # the same sum in every process
+                clipping = step.max_norm is not None or step.max_value is not None
+                if clipping or (i == 0 and step.keep_grads):    # the same sum in every process
                     held = [j for j, p in enumerate(params[i]) if p.grad is not None]
                     grads = [params[i][j].grad for j in held]
+                    if i == 0:
+                        step.keep(held, grads)      # (divided already, before clipping)
                     if step.max_norm is not None:
                         norm = clip_(grads, grad_norm(grads, self.devices[i], step if i == 0 else None, held),
                                      step.max_norm)
