@@ -43,7 +43,8 @@ from .step_checks import active_parameters, check_denominator
 from .step_traits import closure_error, step_traits
 from .trainable import NEW_TRAINER, agree
 from .sync import Denominator, GradientSync, SyncStep
-from .sync.base import Extras, clamp_, grad_norm, parameter_norms, scale_and_clip_, unscale_and_check_
+from .sync.base import Extras, parameter_norms
+from .sync.grad_ops import clamp_, grad_norm, scale_and_clip_, unscale_and_check_
 from .sync.buckets import DEFAULT_BUCKET_MB
 
 T = TypeVar("T")

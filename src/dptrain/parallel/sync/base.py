@@ -10,11 +10,11 @@ allreduce), ``processes.py`` (several processes, buckets sent during backward). 
 A step is a list of *phases*, each a function of the device index: phase p+1 starts on any
 device only once phase p is done on all of them. What a step asks (denominator, numbers to
 sum alongside, whether to check for NaN) and what it tells back (skipped, those sums) travel
-in a ``SyncStep`` made for that step, not on the strategy's attributes.
+in a ``SyncStep`` made for that step, not on the strategy's attributes. The operations on
+lists of gradients that the strategies share (scale, norm, clip) are in ``grad_ops.py``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, List, Optional, Sequence, Tuple, Union
 import contextlib
@@ -23,6 +23,7 @@ import torch
 
 from ...core.runner import DeviceRunner
 from .. import bare_step
+from .grad_ops import clamp_, grad_norm, scale_, scale_and_clip_, scaled_copies
 
 Grads = List[List[Optional[torch.Tensor]]]     # [device][parameter]
 Params = List[List[torch.Tensor]]               # [device][parameter]
@@ -85,21 +86,6 @@ class SyncStep:
             self.kept_grads.append((list(indices), scaled_copies(list(grads), scale)))
 
 
-def scaled_copies(grads: List[torch.Tensor], scale) -> List[torch.Tensor]:
-    """``grads`` times ``scale`` (None: 1), as new tensors. Torch 2.3's fused call takes no
-    sparse tensor (``mul_``): then each alone."""
-    if scale is None:
-        return [g.clone() for g in grads]
-    if isinstance(scale, torch.Tensor):
-        scale = scale.to(grads[0].device, non_blocking=True)
-    try:
-        return list(torch._foreach_mul(grads, scale))
-    except NotImplementedError:
-        if not any(g.is_sparse for g in grads):
-            raise
-        return [g * scale for g in grads]
-
-
 def parameter_norms(parts: Sequence[Tuple[Sequence[int], torch.Tensor, object]]) -> dict:
     """``SyncStep.parameter_norms`` as numbers by parameter index (waits for the devices)."""
     out = {}
@@ -128,108 +114,6 @@ def reciprocal(denominator: Denominator, device: Optional[torch.device] = None):
         d = denominator.to(device or denominator.device, torch.float64, non_blocking=True)
         return torch.reciprocal(d.reshape(()))
     return 1.0 / denominator
-
-
-def mul_(grads: List[torch.Tensor], factor) -> None:
-    """``grads`` times ``factor`` in place: one fused call. Torch 2.3 has no fused kernel for
-    sparse tensors (an ``nn.Embedding(sparse=True)``'s gradient), and refuses the whole call
-    before it changes any: then each is multiplied alone."""
-    try:
-        torch._foreach_mul_(grads, factor)
-    except NotImplementedError:
-        if not any(g.is_sparse for g in grads):
-            raise
-        for g in grads:
-            g.mul_(factor)
-
-
-def scale_(grads: List[torch.Tensor], scale) -> None:
-    """Multiply gradients by ``scale`` in place (one fused call; nothing when None)."""
-    if scale is None or not grads:
-        return
-    if isinstance(scale, torch.Tensor):
-        scale = scale.to(grads[0].device, non_blocking=True)
-    mul_(grads, scale)
-
-
-def tensor_norms(grads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The 2-norm of each of ``grads`` (a 1-d tensor on ``device``): one fused call."""
-    if not grads:
-        return torch.zeros((0,), device=device)
-    norms = torch._foreach_norm(list(grads), 2)
-    if any(n.device != device for n in norms):
-        norms = [n.to(device) for n in norms]
-    return torch.stack(norms)
-
-
-def grad_norm(grads: Sequence[torch.Tensor], device: torch.device,
-              step: Optional[SyncStep] = None, indices: Optional[Sequence[int]] = None, scale=None) -> torch.Tensor:
-    """The 2-norm of ``grads`` together (a 0-d tensor on ``device``): the norm of each, then
-    the norm of those, as ``clip_grad_norm_`` computes it. With ``step``, each one's is kept
-    too (``SyncStep.keep_norms``: ``grads`` are the parameters ``indices``', to be scaled by
-    ``scale``)."""
-    norms = tensor_norms(grads, device)
-    if step is not None:
-        step.keep_norms(indices, norms, scale)
-    return torch.linalg.vector_norm(norms, 2)
-
-
-def clip_(grads: Sequence[torch.Tensor], norm: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Scale ``grads`` in place so that the gradient whose norm is ``norm`` (it may cover more
-    than ``grads``: every owner's part) is at most ``max_norm``, as ``clip_grad_norm_`` does
-    (the factor ``max_norm / (norm + 1e-6)``, at most 1); return ``norm``. No wait for the device.
-    An infinite ``max_norm`` (the norm wanted, no clipping: ``log_grad_norm``) changes nothing."""
-    if grads and not math.isinf(max_norm):
-        factor = (max_norm / (norm + 1e-6)).clamp_(max=1.0)
-        mul_(list(grads), factor if factor.device == grads[0].device else factor.to(grads[0].device))
-    return norm
-
-
-def scale_and_clip_(grads: Sequence[torch.Tensor], scale, max_norm: float, norm: torch.Tensor) -> torch.Tensor:
-    """Divide the summed gradient (multiply by ``scale``, ``1 / denominator``; None: 1) and clip
-    it to ``max_norm`` in one pass over ``grads``, not two. ``norm``: the norm of the summed,
-    undivided gradient (it may cover more than ``grads``: every owner's part); the divided
-    one's is ``norm * scale``, which is returned (what ``clip_grad_norm_`` reports). An
-    infinite ``max_norm`` divides only (the norm wanted, no clipping: ``log_grad_norm``)."""
-    factor = None
-    if scale is not None:
-        scale = scale.to(norm.device, norm.dtype) if isinstance(scale, torch.Tensor) else scale
-        norm, factor = norm * scale, scale
-    if math.isinf(max_norm):
-        scale_(list(grads), factor)
-        return norm
-    clip = (max_norm / (norm + 1e-6)).clamp_(max=1.0)
-    if grads:
-        factor = clip if factor is None else clip * factor
-        mul_(list(grads), factor if factor.device == grads[0].device else factor.to(grads[0].device))
-    return norm
-
-
-def clamp_(grads: Sequence[torch.Tensor], max_value: Optional[float]) -> None:
-    """Clip every element of the final (summed, divided) gradients to ``[-max_value,
-    max_value]`` in place, as ``clip_grad_value_`` does on one device (nothing when None):
-    element by element, so each device or process clamping its copy gives the same step."""
-    if max_value is not None and grads:
-        grads = list(grads)
-        torch._foreach_clamp_min_(grads, -max_value)
-        torch._foreach_clamp_max_(grads, max_value)
-
-
-def unscale_and_check_(params: Sequence[torch.Tensor], loss_scale: float) -> bool:
-    """Divide the gradients of ``params`` by ``loss_scale`` in place (float16's loss scaling;
-    1: none) and say whether any is inf or NaN: one fused pass per device and one wait,
-    torch's own (``torch.amp.GradScaler``'s unscale)."""
-    by_device: dict = {}
-    for p in params:
-        if p.grad is not None:
-            by_device.setdefault(p.grad.device, []).append(p.grad)
-    found = []
-    for device, grads in by_device.items():
-        flag = torch.zeros(1, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, torch.full((1,), 1.0 / loss_scale,
-                                                                                  device=device))
-        found.append(flag)
-    return bool(sum(f.item() for f in found))
 
 
 def fill_unused(params: Params, active: Sequence[int]) -> None:

@@ -15,7 +15,8 @@ import torch
 
 from ...core.devices import format_device
 from .. import bare_step
-from .base import GradientSync, Params, Phase, SyncStep, clamp_, grad_norm, reciprocal, scale_, scale_and_clip_
+from .base import GradientSync, Params, Phase, SyncStep, reciprocal
+from .grad_ops import clamp_, grad_norm, scale_, scale_and_clip_
 
 
 def balanced_placement(sizes: Sequence[int], n_devices: int) -> List[int]:

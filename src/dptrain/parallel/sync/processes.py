@@ -9,7 +9,8 @@ import torch
 from ...core.runner import DeviceRunner
 from .. import bare_step
 from ...distributed.collective import Collective
-from .base import GradientSync, Params, Phase, SyncStep, clamp_, clip_, grad_norm, reciprocal, resolve
+from .base import GradientSync, Params, Phase, SyncStep, reciprocal, resolve
+from .grad_ops import clamp_, clip_, grad_norm
 from .buckets import DEFAULT_BUCKET_MB, BucketReducer
 
 
