@@ -11,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_gpu_suite_runs_in_smoke_mode(data_dir, tmp_path):
     out = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_suite.sh"), str(tmp_path), "--data-dir", data_dir,
                           "--smoke"], capture_output=True, text=True, timeout=600, cwd=REPO,

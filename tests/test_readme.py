@@ -129,3 +129,11 @@ def test_gradient_histograms_snippet_runs():
         opt.step()
     for (_, got, _), grad in zip(writer.calls, want):
         torch.testing.assert_close(got, grad)
+
+
+def test_ci_runs_the_readmes_test_command():
+    """The README's first screen names the test command; CI (``.ci/run``) runs that command."""
+    first_screen = README.read_text().split("```")[1]
+    command = re.search(r"^(python -m pytest[^#\n]*?)\s*#", first_screen, re.M).group(1)
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert command in [line.strip() for line in ci if not line.startswith("#")], (command, ci)
