@@ -10,9 +10,14 @@ DataLoader (its way). Set-up and the evaluation are outside the epochs' clocks. 
 Lightning programs do (the plain loop calls LightningModule.log, which does nothing there
 without a Trainer; dptrain records them, each epoch's train_acc). With ``--batch-hook`` the
 module also keeps a target copy of its MLP, which its ``on_train_batch_end`` moves towards the
-trained one after each update (a momentum encoder's habit; the plain loop calls the hook).
+trained one after each update (a momentum encoder's habit; the plain loop calls the hook). With
+``--grad-norm`` its ``on_before_optimizer_step`` logs each parameter's gradient norm and the
+total (Lightning's documented ``self.log_dict(grad_norm(self, norm_type=2))``, by hand): the
+plain loop calls it between backward and step (its log does nothing), dptrain and Lightning
+log every 50 steps (Lightning's default ``log_every_n_steps``; dptrain copies each update's
+gradients for the hook).
 
-    python benchmarks/bench_lightning.py --rounds 5 --epochs 4 [--log-train] [--batch-hook]
+    python benchmarks/bench_lightning.py --rounds 5 --epochs 4 [--log-train] [--batch-hook] [--grad-norm]
 """
 import os
 import statistics
@@ -35,6 +40,8 @@ BATCH = 128
 LOG_TRAIN = "--log-train" in sys.argv
 #: Whether the module has an on_train_batch_end (--batch-hook): a momentum update of a target copy.
 BATCH_HOOK = "--batch-hook" in sys.argv
+#: Whether the module logs its gradients' norms in on_before_optimizer_step (--grad-norm).
+GRAD_NORM = "--grad-norm" in sys.argv
 
 
 def _module_class():
@@ -78,8 +85,13 @@ def _module_class():
     def on_train_batch_end(self, outputs, batch, batch_idx):
         with torch.no_grad():
             torch._foreach_lerp_(list(self.target.parameters()), list(self.net.parameters()), 0.01)
+    def on_before_optimizer_step(self, optimizer):
+        each = {f"grad_2.0_norm/{n}": p.grad.norm() for n, p in self.named_parameters() if p.grad is not None}
+        self.log_dict({**each, "grad_2.0_norm_total": torch.stack(list(each.values())).norm()})
     if BATCH_HOOK:
         Lit.on_train_batch_end = on_train_batch_end
+    if GRAD_NORM:
+        Lit.on_before_optimizer_step = on_before_optimizer_step
     return Lit
 
 
@@ -104,6 +116,8 @@ def run_plain(samples, epochs, gate=None):
             loss = model.training_step((X[idx], y[idx]), i)
             opt.zero_grad()
             loss.backward()
+            if GRAD_NORM:
+                model.on_before_optimizer_step(opt)
             opt.step()
             if BATCH_HOOK:
                 model.on_train_batch_end({"loss": loss.detach()}, (X[idx], y[idx]), i)
@@ -122,7 +136,8 @@ def run_dptrain(samples, epochs, gate=None):
                 gate()
     X, y = _data(samples)
     result = dptrain.fit(model, (X, y), (X[:1024], y[:1024]), epochs=epochs, batch_size=BATCH, devices=1,
-                         log=None, progress=False, callbacks=[Gate()])
+                         log=None, progress=False, callbacks=[Gate()],
+                         **({"log_every_n_steps": 50} if GRAD_NORM else {}))
     return {"epochs": [row["sec"] for row in result["history"]], "test_acc": result["test_acc"]}
 
 
@@ -171,6 +186,8 @@ def main():
                         help="training_step logs train_loss and train_acc (on_epoch=True)")
     parser.add_argument("--batch-hook", action="store_true",
                         help="the module's on_train_batch_end moves a target copy towards the trained MLP")
+    parser.add_argument("--grad-norm", action="store_true",
+                        help="the module's on_before_optimizer_step logs its gradients' norms")
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.epochs, args.samples = 1, 2, 1_024

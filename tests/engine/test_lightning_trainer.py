@@ -267,7 +267,8 @@ def test_the_modules_hooks_of_the_runs_course_are_called_where_lightning_calls_t
                               ("on_train_epoch_start", 1, 6), ("on_train_end", 2, 12), ("on_fit_end", 2, 12)]
     assert "dptrain: the module's on_fit_start, on_train_start, on_train_epoch_start, on_train_end, on_fit_end " \
            "(Lightning hooks) are called where Lightning's Trainer calls them, once a process, on the module (what " \
-           "they change, every device's copy gets; what they log, the epoch's row)" in lines
+           "they change, every device's copy gets; what they log, the epoch's row; a batch's hook, its step's row, " \
+           "as Lightning's on_step)" in lines
 
 
 def test_the_stand_in_holds_the_data_module_and_the_accumulation_and_self_print_prints(capsys):

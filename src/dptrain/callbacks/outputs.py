@@ -92,7 +92,7 @@ class EpochLog(Callback):
 
     def on_train_log(self, run: Any, row: Row) -> None:
         figures = "".join(f", {said(k, v)}" for k, v in step_figures(row).items()
-                          if not k.startswith("grad_norm/"))     # each parameter's: too many for a line
+                          if "/" not in k)     # each parameter's (grad_norm/<name>): too many for a line
         run.log(f"step {row['step']} (epoch {row['epoch']}, batch {row['batch']}){figures}")
 
 

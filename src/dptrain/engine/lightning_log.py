@@ -62,6 +62,8 @@ class Recording:
         self.samples: Optional[int] = None      # the batch's, once a log needs them
         self.figures: Dict[str, Tuple[torch.Tensor, int]] = {}
         self.objects: Dict[str, Any] = {}       # torchmetrics objects logged, by figure name
+        #: Each number's ``(on_step, on_epoch)`` as given (None: not said), by logged name.
+        self.options: Dict[str, Tuple[Optional[bool], Optional[bool]]] = {}
         self._had: Dict[str, Any] = {}
 
     def _figure(self, name: str) -> str:
@@ -95,10 +97,12 @@ class Recording:
                 self.samples = size_of(self.batch)
             n = self.samples
         self.figures[self._figure(name)] = (value, n)
+        self.options[name] = (kwargs.get("on_step", args[2] if len(args) > 2 else None),     # (Lightning's order:
+                              kwargs.get("on_epoch", args[3] if len(args) > 3 else None))    # prog_bar, logger, ...)
 
     def log_dict(self, dictionary: Dict[str, Any], *args: Any, **kwargs: Any) -> None:
         for name, value in dictionary.items():
-            self.log(name, value, batch_size=kwargs.get("batch_size"), reduce_fx=kwargs.get("reduce_fx", "mean"))
+            self.log(name, value, *args, **kwargs)
 
     def __enter__(self) -> "Recording":
         for name in ("log", "log_dict"):         # (an instance's attribute comes before its class's method)

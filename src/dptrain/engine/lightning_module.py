@@ -155,15 +155,16 @@ STEP_HOOKS = ("optimizer_step", "backward", "lr_scheduler_step", "configure_grad
 #: Lightning's hooks of the run's course that fit calls (``callbacks/lightning_hooks.py``).
 COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
                 *EPOCH_END_HOOKS, "on_train_end", "on_fit_end")
+#: ... with each update's gradients in ``p.grad`` (given after the update: ``Callback.on_gradients``).
+GRADIENT_HOOKS = ("on_after_backward", "on_before_optimizer_step")
 #: ... and around each training batch (``callbacks/lightning_batch_hooks.py``).
-BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")
+BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", *GRADIENT_HOOKS, "on_train_batch_end")
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
 OTHER_HOOKS = ("on_validation_start", "on_validation_end",
                "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
                "on_validation_model_train", "configure_callbacks", "on_save_checkpoint",
                "on_load_checkpoint", "transfer_batch_to_device", "on_before_batch_transfer",
-               "on_after_batch_transfer", "optimizer_zero_grad", "on_before_zero_grad", "on_before_backward",
-               "on_after_backward", "on_before_optimizer_step")
+               "on_after_batch_transfer", "optimizer_zero_grad", "on_before_backward")
 
 
 def _theirs(cls: type) -> bool:
@@ -198,7 +199,12 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
     if called:
         notes.append(f"the module's {', '.join(called)} (Lightning hooks) are called where Lightning's Trainer calls "
                      f"them, once a process, on the module (what they change, every device's copy gets; what they "
-                     f"log, the epoch's row)")
+                     f"log, the epoch's row; a batch's hook, its step's row, as Lightning's on_step)")
+    grads = overridden(model, GRADIENT_HOOKS)
+    if grads:
+        notes.append(f"the module's {' and '.join(grads)} see each update's whole gradient in p.grad (summed over "
+                     f"every device and process, before clipping), given after the update: read-only, and a copy of "
+                     f"the gradients each update")
 
 
 def adopted(model: nn.Module, what: Dict[str, Any]) -> bool:

@@ -123,6 +123,7 @@ class Run(RunView):
         self.step_evaluation_hooks: List[Any] = []
         self.reuse_step_evaluation = True
         self.evaluated_epoch = False                 # whether the latest epoch was evaluated (eval_every)
+        self.batch_end: Optional[BatchEnd] = None    # the latest update's, as the callbacks are told of it
         self.run_ahead = run_ahead(devices)
         figures = self.engine.train_figures       # train_metrics: the sums behind train_acc...
         self.figure_keys: List[str] = figures.keys if figures is not None else []
@@ -333,6 +334,7 @@ class Run(RunView):
                 self.step = first_step + b
                 end = BatchEnd(epoch, b, self.batches, self.step, self.train_loader.global_batch_size(b - 1), result,
                                tally) if tell or grads_told else None
+                self.batch_end = end
                 if grads_told:
                     gradients.tell(self, end)
                     edits.after("in on_gradients")
