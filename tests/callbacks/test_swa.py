@@ -38,12 +38,13 @@ def decaying(opt):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.97 ** step)
 
 
-def plain(strategy="cos", batchnorm=True, epochs=EPOCHS, interval="epoch"):
+def plain(strategy="cos", batchnorm=True, epochs=EPOCHS, interval="epoch", make=None):
     """torch's recipe as its documentation writes it; returns the average and each epoch's lr.
     With a scheduler stepped every batch, it steps until the averaged epochs."""
     model = net(batchnorm)
     opt = optimizer(model)
-    scheduler, swa_model = (cosine if interval == "epoch" else decaying)(opt), AveragedModel(model)
+    make = make or (cosine if interval == "epoch" else decaying)
+    scheduler, swa_model = make(opt), AveragedModel(model)
     swa_scheduler = SWALR(opt, swa_lr=0.02, anneal_epochs=2, anneal_strategy=strategy)
     loader = DataLoader(TensorDataset(X, Y), batch_size=BATCH, shuffle=False)
     rates = []
@@ -99,6 +100,30 @@ def test_it_trains_as_torchs_recipe_and_the_result_scores_the_average(devices, s
         expected = nn.functional.cross_entropy(reference.eval()(X[:64]), Y[:64]).item()
     assert result["test_loss"] == pytest.approx(expected, rel=1e-9)
     assert result["test_loss"] != pytest.approx(result["history"]["test_loss"][-1])     # the trained weights'
+
+
+def one_cycle(total_steps):
+    return lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=total_steps)
+
+
+def test_a_one_cycle_schedule_needs_only_the_steps_before_the_averaged_epochs():
+    """Lightning's StochasticWeightAveraging swaps the scheduler at its start: a OneCycleLR
+    counting the updates before it trains (it was refused as too short for the whole run)."""
+    before = (START - 1) * len(X) // BATCH
+    reference, rates = plain(batchnorm=False, interval="batch", make=one_cycle(before))
+    model = net(batchnorm=False)
+    swa = SWA(0.02, swa_epoch_start=START, annealing_epochs=2)
+    result = dptrain.fit(model, (X, Y), optimizer=optimizer(model), scheduler=one_cycle(before),
+                         scheduler_interval="batch", epochs=EPOCHS, batch_size=BATCH, shuffle=False, devices=2,
+                         callbacks=[swa], log=None)
+    assert_same(model, reference, 1e-12)
+    assert result["history"]["lr"][START - 1:] == pytest.approx(rates[START - 1:], rel=1e-12)
+    model = net()
+    with pytest.raises(ValueError, match=rf"OneCycleLR\(total_steps={before - 1}\) is stepped every update, "
+                                         rf"{before} times in this run, .*give it total_steps={before}"):
+        dptrain.fit(model, (X, Y), optimizer=optimizer(model), scheduler=one_cycle(before - 1),
+                    scheduler_interval="batch", epochs=EPOCHS, batch_size=BATCH, devices=1, log=None,
+                    callbacks=[SWA(0.02, swa_epoch_start=START)])
 
 
 def test_a_resumed_run_ends_as_the_unbroken_one(tmp_path):

@@ -175,6 +175,7 @@ class SWA(Callback):
         self._resumed = False
         params = dict(run.model.named_parameters())
         self.weights = {k: v.to(params[k].device) for k, v in self.weights.items()}   # (resumed: from the CPU)
+        run.hold_scheduler(from_epoch=self.start)      # (a OneCycleLR need count only the steps before it)
 
     def on_epoch_start(self, run: Any, epoch: int) -> None:
         if epoch < self.start:

@@ -165,12 +165,13 @@ class Run(RunView):
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> Dict[str, Any]:
         keys = sum_keys(self.engine) if self.eval_loader is not None else []
-        self.schedule.check_length(*self.limit.left(self.step, self.position.epoch, self.epochs, self.batches),
-                                   self.log)
         self.schedule.check_start(self)
         with stage("running the callbacks' on_fit_start"):
             self.callbacks.on_fit_start(self)
         try:
+            held = self.schedule.held_from      # (a callback holds the scheduler from then: SWA)
+            last = self.epochs if held is None else min(self.epochs, held - 1)
+            self.schedule.check_length(*self.limit.left(self.step, self.position.epoch, last, self.batches), self.log)
             with self.stops.catching():
                 first = self.epochs + 1 if self.limit.reached(self.step) else self.position.epoch
                 if self.step_log is not None:
@@ -240,6 +241,7 @@ class Run(RunView):
         first_step = (epoch - 1) * self.batches if self.batches is not None else self.step - at.batch
         self.train_loader.set_epoch(epoch - 1, first_step if self.batches is None else None)
         self.batch = at.batch + 1           # a failure from here on names the batch trained next
+        self.schedule.epoch_start(epoch)
         self.callbacks.on_epoch_start(self, epoch)
         edits = self.edits
         edits.after("in on_epoch_start")

@@ -99,6 +99,9 @@ class Schedule:
         self.per_batch = scheduler is not None and (interval == "batch" or self.counted)
         self.per_epoch = scheduler is not None and (interval == "epoch" or self.counted)
         self.asked, self.monitor = monitor, None if monitor is None else peer_figure(monitor)
+        #: The epoch from whose start a callback holds the scheduler (``hold(from_epoch)``), once said.
+        self.held_from: Optional[int] = None
+        self.held = False
         if monitor is not None and not self.plateau and not self.counted:
             which = "there is no scheduler" if scheduler is None else f"{type(scheduler).__name__} is none"
             raise ValueError(f"scheduler_monitor={monitor!r} names the figure a ReduceLROnPlateau decides on, and "
@@ -139,8 +142,11 @@ class Schedule:
     def check_length(self, updates: Optional[int], epochs: int, log: Callable[[str], None]) -> None:
         """A scheduler that counts its steps (``OneCycleLR``'s ``total_steps``) raises at the step
         past them: stepped more times than that by this run (``updates`` and ``epochs`` it has
-        left at most), an error now, not hours in; stepped every epoch far fewer times than it
-        counts, a line saying its schedule is counted in steps."""
+        left at most, until a callback holds it: ``held_from``), an error now, not hours in;
+        stepped every epoch far fewer times than it counts, a line saying its schedule is counted
+        in steps."""
+        if self.held:
+            return
         for scheduler in self._each():
             total = getattr(scheduler, "total_steps", None)
             if not isinstance(total, int) or self.plateau or scheduler is None:
@@ -166,11 +172,22 @@ class Schedule:
                              f"({', '.join(k for k in row if k not in ('epoch', 'sec', 'step'))}): name one of them")
         return row[self.monitor]
 
-    def hold(self) -> None:
+    def hold(self, from_epoch: Optional[int] = None, epoch: int = 0) -> None:
         """Step the scheduler no more in this run: a callback sets the learning rate from here
-        on (``SWA``'s annealing). Its state stays as it was, so checkpoints keep it so and a
-        resumed run holds it again at the same point."""
+        on (``SWA``'s annealing); with ``from_epoch`` after the run's ``epoch`` now, from that
+        epoch's start (``epoch_start``), said before the run's first batch so that the length
+        check counts the steps it takes until then. Its state stays as it was, so checkpoints
+        keep it so and a resumed run holds it again at the same point."""
+        if from_epoch is not None and from_epoch > epoch:
+            self.held_from = from_epoch if self.held_from is None else min(self.held_from, from_epoch)
+            return
         self.per_batch = self.per_epoch = self.counted = False
+        self.held = True
+
+    def epoch_start(self, epoch: int) -> None:
+        """An epoch starts: from ``held_from`` on, held."""
+        if self.held_from is not None and epoch >= self.held_from and not self.held:
+            self.hold()
 
     def after_batch(self, updates: int) -> None:
         """An update was made (not a skipped batch): the run's ``updates``-th batch."""

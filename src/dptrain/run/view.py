@@ -20,7 +20,7 @@ optimizer, and the few things a callback may do to the run.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -45,12 +45,14 @@ class RunView:
         with ``validation_split``, the part it trains on)."""
         return self.train_loader.source
 
-    def hold_scheduler(self) -> None:
-        """Step the run's learning-rate scheduler no more in this run, from the next batch on: the
-        callback sets the learning rate itself (``SWA`` anneals it, as Lightning's swaps the
-        scheduler). Call it in every process, and again in a resumed run (the checkpoint keeps
-        the scheduler as it was held)."""
-        self.schedule.hold()
+    def hold_scheduler(self, from_epoch: Optional[int] = None) -> None:
+        """Step the run's learning-rate scheduler no more in this run, from the next batch on (or
+        from epoch ``from_epoch``'s start, counted from 1): the callback sets the learning rate
+        itself (``SWA`` anneals it, as Lightning's swaps the scheduler). Call it in every process,
+        and again in a resumed run (the checkpoint keeps the scheduler as it was held). Said in
+        ``on_fit_start`` with ``from_epoch``, a scheduler counting its steps (``OneCycleLR``) needs
+        only those until then."""
+        self.schedule.hold(from_epoch, self.epoch)
 
     def evaluate(self) -> Dict[str, float]:
         """The ``test_*`` figures (and each other set's ``test_<name>_*``) of the model as it is
