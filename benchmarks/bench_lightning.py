@@ -54,6 +54,9 @@ def _module_class():
             def log(self, *args, **kwargs):         # (LightningModule's without a Trainer: nothing)
                 pass
 
+            def log_dict(self, *args, **kwargs):
+                pass
+
     class Lit(Base):
         def __init__(self):
             super().__init__()
