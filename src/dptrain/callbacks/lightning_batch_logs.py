@@ -38,7 +38,7 @@ class BatchLogs:
         self.at_step: Dict[str, float] = {}                 # the step row's figures, by row name
         self.sums: Dict[str, List[float]] = {}              # [sum, count] of the epoch's, by row name
         self._names: Dict[str, str] = {}                    # figure names by logged name (Recording's)
-        self.unrowed: List[str] = []                        # names logged on_step with no step rows (told once)
+        self.told = False                                   # the line of step figures with no step rows: once
 
     def call(self, hook: str, step: int, *args: Any) -> Any:
         """Call the module's ``hook(*args)`` for update ``step``, keeping what it logs."""
@@ -75,13 +75,13 @@ class BatchLogs:
 
     def tell_unrowed(self, log: Callable[[str], None], hooks: Tuple[str, ...]) -> None:
         """No step rows are asked for: say once which step figures go unkept."""
-        new = [name for name in self.at_step if name not in self.unrowed]
-        if new and not self.unrowed:
-            log(f"dptrain: the module's {', '.join(hooks)} log {', '.join(map(repr, new[:3]))}"
-                f"{' and others' if len(new) > 3 else ''} each step (Lightning's on_step), kept in step rows: give "
-                f"log_every_n_steps=N for a row every N updates (Lightning's default is 50), or log with "
-                f"on_epoch=True for the epoch's mean in its row")
-        self.unrowed.extend(new)
+        if self.told or not self.at_step:
+            return
+        self.told, names = True, list(self.at_step)
+        log(f"dptrain: the module's {', '.join(hooks)} log {', '.join(map(repr, names[:3]))}"
+            f"{' and others' if len(names) > 3 else ''} each step (Lightning's on_step), kept in step rows: give "
+            f"log_every_n_steps=N for a row every N updates (Lightning's default is 50), or log with "
+            f"on_epoch=True for the epoch's mean in its row")
 
     def into_epoch_row(self, row: Dict[str, Any]) -> None:
         """Add the epoch's means (``on_epoch``) and start the next epoch's sums."""
