@@ -186,6 +186,6 @@ def test_a_run_whose_callbacks_do_not_ask_keeps_no_copy():
     class Look(dptrain.Callback):
         def on_batch_end(self, run, batch):
             trainer = run.engine.trainer
-            seen.append((trainer.keep_grads, len(trainer._kept_grads)))
+            seen.append((trainer.keep_grads, trainer.report.holds_grads))
     fitted(net(), keep=Look(), devices=2)
     assert seen and all(s == (False, 0) for s in seen)

@@ -22,6 +22,8 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Sequence
 
 import torch
 
+from ..core.runner import DeviceRunner
+from ..distributed.collective import Collective
 from .optim import OptimizerPlan, OptimizerSpec
 from .replicated_optimizer import ReplicatedOptimizer, step_hooks
 from .step_traits import custom
@@ -90,6 +92,22 @@ class Layout:
         self.optimizer.user_hooks = self.hooks
         self.trainable = TrainableSet(self.replicas[0]) if self.replicas is not None else None
         self.mask = [p.requires_grad for p in self.params]
+
+    def broadcast_buffers(self, runner: DeviceRunner, collective: Collective) -> None:
+        """Every replica's buffers (running statistics) set to device 0's of rank 0, as
+        DistributedDataParallel does after each step, so that every replica evaluates the same model."""
+        if self.replicas is None or not self.buffers:
+            return
+        several = len(self.replicas.devices) > 1
+        if not several and collective.world_size == 1:
+            return
+        collective.broadcast_tensors(self.buffers)
+        if several:
+            def copy(i: int) -> None:
+                if i:
+                    for b, s in zip(self.replicas[i].buffers(), self.buffers):
+                        b.copy_(s, non_blocking=True)
+            runner.map(copy)
 
     def lend(self, new: Sequence[int]) -> None:
         """The state the user's optimizer object holds for the kept parameters ``new``

@@ -30,10 +30,11 @@ from torch import nn
 from ..core.devices import DeviceLike
 from ..core.runner import get_runner
 from ..distributed.collective import get_collective
-from . import bare_step, sync
+from . import sync
 from .params import devices_of, parameter_lists
 from .combined import CombinedOptimizer
 from .layout import Layout
+from .local_step import local_step
 from .optim import OptimizerSpec, check_learning_rate, check_optimizer
 from .replicated_optimizer import ReplicatedOptimizer
 from .optim_state import load_optimizer_state, optimizer_state
@@ -42,9 +43,10 @@ from .replicas import Replicas
 from .step_checks import active_parameters, check_denominator
 from .step_traits import closure_error, step_traits
 from .trainable import NEW_TRAINER, agree
+from .update_report import UpdateReport
 from .sync import Denominator, GradientSync, SyncStep
-from .sync.base import Extras, parameter_norms
-from .sync.grad_ops import clamp_, grad_norm, scale_and_clip_, unscale_and_check_
+from .sync.base import Extras
+from .sync.grad_ops import unscale_and_check_
 from .sync.buckets import DEFAULT_BUCKET_MB
 
 T = TypeVar("T")
@@ -103,14 +105,9 @@ class Trainer:
         self.sync: GradientSync = sync.create(kvstore, self.runner, self.collective, bucket_cap_mb)
         self.layout: Optional[Layout] = None        # what trains, and the per-device optimizers
         self.optimizer: Optional[ReplicatedOptimizer] = None
-        #: With ``max_norm`` (``math.inf`` clips nothing), keep each parameter's norm too:
-        #: ``grad_norms()`` gives the last update's.
-        self.norms_by_parameter = False
-        self._parameter_norms: List[Tuple[Sequence[int], torch.Tensor, Any]] = []
-        #: Keep a copy of each update's summed, divided gradients, before clipping:
-        #: ``take_grads()`` gives the last update's (``fit``'s ``on_gradients`` callbacks).
-        self.keep_grads = False
-        self._kept_grads: List[Tuple[List[int], List[torch.Tensor]]] = []
+        #: The last update's per-parameter norms and gradients, when asked for
+        #: (``norms_by_parameter``, ``keep_grads``; ``update_report.py``).
+        self.report = UpdateReport()
         if self._replicas is None or self._replicas.initialized:
             # Now, before any backward: several processes start from rank 0's parameters.
             self._setup()
@@ -215,7 +212,7 @@ class Trainer:
         """
         self._check_denominator(batch_size)
         self._ready()
-        self._parameter_norms, self._kept_grads = [], []
+        self.report.clear()
         if self.layout.trainable is not None:
             self.layout.trainable.check("between two Trainer.step calls", NEW_TRAINER)
         if skip_nonfinite and self.collective.world_size == 1 and not self._grads_finite():
@@ -224,9 +221,8 @@ class Trainer:
         active = self._active(ignore_stale_grad)
         self.optimizer.push(zip(self._optimizers, self._origins))
         # several processes: checked on the summed gradients (the buckets were sent in backward)
-        step = SyncStep(batch_size, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
-                        max_norm=max_norm, max_value=max_value, by_parameter=self.norms_by_parameter,
-                        keep_grads=self.keep_grads)
+        step = self.report.request(batch_size, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
+                                   max_norm=max_norm, max_value=max_value)
         self.sync.step(self._groups, active, step, self._optimizers)
         return self._finish_step(step)
 
@@ -249,16 +245,15 @@ class Trainer:
             stepped = self.step(batch_size, ignore_stale_grad, skip_nonfinite, max_norm, max_value)
             return StepOutcome(outputs, stepped, extras if self.collective.world_size == 1 else None)
         self.optimizer.push(zip(self._optimizers, self._origins))
-        step = SyncStep(batch_size, extras, ignore_stale_grad=ignore_stale_grad, check_finite=skip_nonfinite,
-                        max_norm=max_norm, max_value=max_value, by_parameter=self.norms_by_parameter,
-                        keep_grads=self.keep_grads)
+        step = self.report.request(batch_size, extras, ignore_stale_grad=ignore_stale_grad,
+                                   check_finite=skip_nonfinite, max_norm=max_norm, max_value=max_value)
         self.sync.prepare(step)
         phases = self.sync.phases(self._groups, step, self._optimizers)
         local_check = skip_nonfinite and self.collective.world_size == 1
         outputs, skipped = run_fused(self.runner, compute, phases, lambda: self._active(ignore_stale_grad),
                                      self._grads_finite if local_check else None, self._clear_grads)
         if skipped:
-            self._parameter_norms, self._kept_grads = [], []
+            self.report.clear()
         stepped = False if skipped else self._finish_step(step)
         return StepOutcome(outputs, stepped, step.summed_extras, step.grad_norm)
 
@@ -275,39 +270,32 @@ class Trainer:
         ``optimizer.step(); optimizer.zero_grad()``, with ``step``'s NaN check and clipping;
         ``loss_scale``: what the loss was multiplied by (float16), divided out first.
         Returns whether it updated and the norm before clipping (with ``max_norm``)."""
-        self._parameter_norms, self._kept_grads = [], []
-        if loss_scale is not None:      # divided out and checked in one pass, as GradScaler does
-            skip_nonfinite = unscale_and_check_(self._groups[0], loss_scale)
-            if skip_nonfinite:
-                self._clear_grads()
-                return False, None
-        if skip_nonfinite and not self._grads_finite():
-            self._clear_grads()
-            return False, None
-        optimizer, norm = self._optimizers[0], None
-        self.optimizer.push(((optimizer, self._origins[0]),))
-        if self.keep_grads:
-            held = [j for j, p in enumerate(self._groups[0]) if p.grad is not None]
-            kept = SyncStep(keep_grads=True)
-            kept.keep(held, [self._groups[0][j].grad for j in held])
-            self._kept_grads = kept.kept_grads
-        if max_norm is not None or max_value is not None:
-            held = [j for j, p in enumerate(self._groups[0]) if p.grad is not None]
-            grads = [self._groups[0][j].grad for j in held]
-            if max_norm is not None:
-                step = SyncStep(by_parameter=self.norms_by_parameter)
-                norm = scale_and_clip_(grads, None, max_norm, grad_norm(grads, self.devices[0], step, held))
-                self._parameter_norms = step.parameter_norms
-            clamp_(grads, max_value)
-        bare_step.step(optimizer)
-        bare_step.zero_grad(optimizer)
-        self.optimizer.step()       # marks the step for lr schedulers
-        return True, norm
+        return local_step(self._groups[0], self._optimizers[0], self.optimizer, self._origins[0], self.devices[0],
+                          self.report, skip_nonfinite, max_norm, max_value, loss_scale)
+
+    @property
+    def norms_by_parameter(self) -> bool:
+        """With ``max_norm`` (``math.inf`` clips nothing), keep each parameter's norm too:
+        ``grad_norms()`` gives the last update's."""
+        return self.report.norms_by_parameter
+
+    @norms_by_parameter.setter
+    def norms_by_parameter(self, keep: bool) -> None:
+        self.report.norms_by_parameter = keep
+
+    @property
+    def keep_grads(self) -> bool:
+        """Keep a copy of each update's summed, divided gradients, before clipping:
+        ``take_grads()`` gives the last update's (``fit``'s ``on_gradients`` callbacks)."""
+        return self.report.keep_grads
+
+    @keep_grads.setter
+    def keep_grads(self, keep: bool) -> None:
+        self.report.keep_grads = keep
 
     def _finish_step(self, step: SyncStep) -> bool:
         self._broadcast_buffers()
-        self._parameter_norms = [] if step.skipped else step.parameter_norms
-        self._kept_grads = [] if step.skipped else step.kept_grads
+        self.report.read(step)
         if not step.skipped:
             self.optimizer.step()      # marks the step for lr schedulers
         return not step.skipped
@@ -318,9 +306,7 @@ class Trainer:
         before clipping, whose norm together is the ``grad_norm`` of that update. Kept with
         ``norms_by_parameter = True`` by the updates given a ``max_norm`` (``math.inf``
         clips nothing); empty otherwise, and after a skipped update. Waits for the devices."""
-        norms = parameter_norms(self._parameter_norms)
-        names = self.layout.names() if norms else []
-        return {names[j]: norms[j] for j in sorted(norms)}
+        return self.report.grad_norms(self.layout.names()) if self.layout is not None else {}
 
     def take_grads(self) -> Dict[str, torch.Tensor]:
         """The last update's gradients, by name as ``grad_norms`` (the summed gradient over
@@ -328,12 +314,9 @@ class Trainer:
         ``p.grad`` holds before ``clip_grad_norm_`` and ``optimizer.step()`` in a plain loop
         on the whole batch), each on the first device; then forgotten (its memory freed). Kept
         with ``keep_grads = True``; empty otherwise, and after a skipped update."""
-        kept, self._kept_grads = self._kept_grads, []
-        if not kept:
+        if not self.report.holds_grads:
             return {}
-        names, first = self.layout.names(), self.devices[0]
-        by_index = {j: g.to(first) for indices, grads in kept for j, g in zip(indices, grads)}   # (no copy if there)
-        return {names[j]: by_index[j] for j in sorted(by_index)}
+        return self.report.take_grads(self.layout.names(), self.devices[0])
 
     def _grads_finite(self) -> bool:
         # One fused check and one wait per device (a wait per parameter took a GPU's lead away).
@@ -393,22 +376,7 @@ class Trainer:
         return active_parameters(self._groups, ignore_stale_grad, self.devices, self._name)
 
     def _broadcast_buffers(self) -> None:
-        # As DistributedDataParallel does: running statistics follow device 0 of rank 0, so
-        # every replica evaluates the same model.
-        if self._replicas is None:
-            return
-        source = self.layout.buffers
-        if not source or (len(self.devices) == 1 and self.collective.world_size == 1):
-            return
-        self.collective.broadcast_tensors(source)
-        if len(self.devices) == 1:
-            return
-
-        def copy(i: int) -> None:
-            if i:
-                for b, s in zip(self._replicas[i].buffers(), source):
-                    b.copy_(s, non_blocking=True)
-        self.runner.map(copy)
+        self.layout.broadcast_buffers(self.runner, self.collective)
 
     def state_dict(self) -> dict:
         """The optimizer state per parameter (by its index among the trainable ones) and the

@@ -1,7 +1,7 @@
 """Operations on lists of gradients, each in place where its name ends in ``_`` and in as few
 fused calls (``torch._foreach_*``) as torch allows: scale, norms, clip by norm or by value,
 float16's unscale-and-check, and copies. Every gradient strategy (``base.py``, ``device.py``,
-``processes.py``) and the one-device step (``Trainer.local_step``) divide and clip with these,
+``processes.py``) and the one-device step (``local_step.py``) divide and clip with these,
 so each gives what ``clip_grad_norm_`` and ``clip_grad_value_`` give on one device.
 """
 from __future__ import annotations
