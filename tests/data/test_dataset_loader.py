@@ -404,6 +404,35 @@ def test_the_watch_reads_a_quiet_dataset_once_and_a_drawing_ones_first_part_twic
     assert noisy.dataset.reads == 4 * _Seeded.WATCH + 4 and noisy._draws == {"torch"}
 
 
+class _TorchThenPython(Dataset):
+    """Draws from torch for every sample, and from Python's ``random`` too from sample 12 on
+    (the 4th watched part of 4): counts its reads."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return (torch.rand(()).item(), random.random() if i >= 12 else None)
+
+
+def test_a_generator_first_drawn_in_a_later_watched_part_is_caught_there_and_that_part_read_again():
+    """After the first draw the watch seeds the drawn generators per sample and watches the
+    others over the whole part (their states, taken per sample, cost ~50 us a sample); a part
+    where one of them moved is read again: its samples are what a per-sample read gives."""
+    from dptrain.data.seeded_reads import _Seeded
+    watched = _Seeded(_TorchThenPython())
+    during = [watched.__getitems__(p) for p in _parts(_Seeded.WATCH)]
+    assert watched._draws == {"torch", "random"}
+    assert watched.dataset.reads == 4 * _Seeded.WATCH + 4 + 4       # the 1st part and the 4th read twice
+    known = _Seeded(_TorchThenPython())
+    known._watch, known._draws = 0, {"torch", "random"}             # read as after the watch
+    assert [known.__getitems__(p) for p in _parts(_Seeded.WATCH)] == during
+
+
 class _OpenedPerWorker(Dataset):
     """A file handle opened per worker by the DataLoader's worker_init_fn (h5py, LMDB)."""
     handle = None
