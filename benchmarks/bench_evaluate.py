@@ -6,6 +6,8 @@ pair; medians of the paired ratios (plain seconds / dptrain seconds: above 1 is 
 
     python benchmarks/bench_evaluate.py --data-dir ../shared/datasets --pairs 21 \
         --out benchmarks/results/evaluate.json
+    python benchmarks/bench_evaluate.py --programs lenet,cnn-augment --devices 1 --batch-sizes 64,256,1000 \
+        --pairs 11 --out benchmarks/results/evaluate_batches.json      # fit's eval_batch_size, both sides
 """
 from __future__ import annotations
 
@@ -22,22 +24,22 @@ import everyday  # noqa: E402
 from common import save_result  # noqa: E402
 
 
-def plain_call(program, model, data) -> float:
+def plain_call(program, model, data, batch) -> float:
     """What a user of the plain loop writes: a DataLoader over the set, then the loop."""
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data) if isinstance(data, tuple) else data,
-                                         batch_size=program.batch, collate_fn=program.collate,
+                                         batch_size=batch, collate_fn=program.collate,
                                          num_workers=program.workers)
     return everyday._evaluate(program, model, loader, torch.device("cpu"))
 
 
-def dptrain_call(program, model, data, devices):
+def dptrain_call(program, model, data, devices, batch):
     import dptrain
-    return dptrain.evaluate(model, data, batch_size=program.batch, collate_fn=program.collate,
+    return dptrain.evaluate(model, data, batch_size=batch, collate_fn=program.collate,
                             num_workers=program.workers, step=program.step, devices=devices)
 
 
-def pairs_of(program, devices, pairs: int):
-    """``pairs`` timed pairs after one warm-up pair; the order swaps every pair."""
+def pairs_of(program, devices, pairs: int, batch: int):
+    """``pairs`` timed pairs after one warm-up pair, both reading by ``batch``; the order swaps every pair."""
     torch.manual_seed(0)
     model, data = program.model(), everyday.held_out(program)
     ratios, plain, mine = [], [], []
@@ -45,7 +47,8 @@ def pairs_of(program, devices, pairs: int):
         times = {}
         for who in (("plain", "dptrain") if k % 2 else ("dptrain", "plain")):
             start = time.perf_counter()
-            plain_call(program, model, data) if who == "plain" else dptrain_call(program, model, data, devices)
+            plain_call(program, model, data, batch) if who == "plain" else \
+                dptrain_call(program, model, data, devices, batch)
             times[who] = time.perf_counter() - start
         if k:
             ratios.append(times["plain"] / times["dptrain"])
@@ -60,6 +63,8 @@ def main() -> None:
     parser.add_argument("--programs", default="tiny-mlp,text,hf-style,cnn-augment")
     parser.add_argument("--devices", default="1,auto", help="dptrain's devices= values to measure")
     parser.add_argument("--pairs", type=int, default=21)
+    parser.add_argument("--batch-sizes", default=None,
+                        help="evaluation batch sizes to measure, comma-separated (default: each program's own)")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -68,11 +73,14 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     figures = {}
     for name in args.programs.split(","):
+        program = everyday.PROGRAMS[name]
         for devices in args.devices.split(","):
-            got = pairs_of(everyday.PROGRAMS[name], int(devices) if devices.isdigit() else devices, args.pairs)
-            figures[f"{name}, devices={devices}"] = got
-            print(f"{name:12s} devices={devices:5s} plain {got['plain_s'] * 1e3:8.1f} ms  dptrain "
-                  f"{got['dptrain_s'] * 1e3:8.1f} ms  ratio {got['ratio']:.3f}", flush=True)
+            for batch in ([int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else [program.batch]):
+                got = pairs_of(program, int(devices) if devices.isdigit() else devices, args.pairs, batch)
+                key = f"{name}, devices={devices}" + (f", batch={batch}" if args.batch_sizes else "")
+                figures[key] = got
+                print(f"{name:12s} devices={devices:5s} batch {batch:5d} plain {got['plain_s'] * 1e3:8.1f} ms  "
+                      f"dptrain {got['dptrain_s'] * 1e3:8.1f} ms  ratio {got['ratio']:.3f}", flush=True)
     save_result({"pairs": args.pairs, "programs": figures}, " ".join(sys.argv), args.out)
 
 

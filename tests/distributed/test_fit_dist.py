@@ -15,7 +15,8 @@ from tests.run.test_fit import Recorded
 
 def fit_both(rank, world, devices_per_rank):
     """Two user models (an MLP with MSE on tensors, a dict-batch model with cross-entropy),
-    SGD with momentum and AdamW, per-batch schedules; returns weights and histories."""
+    SGD with momentum and AdamW, per-batch schedules; returns weights and histories. Several
+    processes evaluate by batches of 4, one device by the training's 10."""
     out = []
     g = torch.Generator().manual_seed(5)
     for make, kind, loss, opt in ((mlp, "regression", nn.MSELoss(), "sgd"),
@@ -26,6 +27,7 @@ def fit_both(rank, world, devices_per_rank):
         result = dptrain.fit(model, train, data(kind, 13, g), loss=loss, optimizer=OPTIMIZERS[opt],
                              scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=2),
                              scheduler_interval="batch", epochs=2, batch_size=10,
+                             eval_batch_size=4 if world > 1 else None,      # (the figures: the same sums)
                              devices=devices_per_rank[rank] if world > 1 else devices_per_rank, log=None)
         out.append(([p.detach().tolist() for p in model.parameters()],
                     [{k: v for k, v in h.items() if k != "sec"} for h in result["history"]]))
@@ -370,7 +372,9 @@ def disagreeing(rank, world, what):
     n = 1000 if odd and what == "data" else 1024
     X, y = torch.randn(n, 4, generator=torch.Generator().manual_seed(1)), torch.zeros(n, dtype=torch.long)
     try:
-        dptrain.fit(model, (X, y), epochs=1, batch_size=32, lr=0.5 if odd and what == "lr" else 0.1,
+        dptrain.fit(model, (X, y), (X[:64], y[:64]), epochs=1, batch_size=32,
+                    eval_batch_size=16 if odd and what == "eval_batch_size" else None,
+                    lr=0.5 if odd and what == "lr" else 0.1,
                     optimizer="adam" if odd and what == "optimizer" else "sgd", devices=1, log=None,
                     eval_every=2 if odd and what == "eval_every" else 1)
     except ValueError as e:
@@ -383,6 +387,7 @@ def disagreeing(rank, world, what):
     ("optimizer", "the processes disagree on the optimizer: rank 0 has sgd, rank 1 has adam."),
     ("eval_every", "the processes disagree on the eval_every: rank 0 has 1, rank 1 has 2."),
     ("data", "the processes disagree on the training data: rank 0 has 1024 samples, content "),
+    ("eval_batch_size", "the processes disagree on the evaluation batch size: rank 0 has [32], rank 1 has [16]."),
     ("model", "the processes disagree on the model: rank 0 has Sequential: 0.weight 8x4 float32"),
 ])
 def test_processes_that_disagree_are_stopped_before_any_batch_naming_the_setting(what, says):

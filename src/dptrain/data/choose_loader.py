@@ -46,6 +46,21 @@ def samples_listed(data: Any) -> bool:
     return False
 
 
+def own_batch_size(data: Any) -> Optional[int]:
+    """A ``DataLoader``'s ``batch_size`` (what an evaluation reads it by, as Lightning and
+    Accelerate read each loader by its own), or None: other data, or a loader whose batch
+    sampler or dataset makes the batches."""
+    return data.batch_size if isinstance(data, DataLoader) else None      # (None with a batch_sampler)
+
+
+def reading_batch_size(data: Any, given: Optional[int], default: int = 256) -> int:
+    """The global batch ``evaluate`` and ``predict`` read ``data`` by: ``given``, else its
+    ``DataLoader``'s own, else ``default``. A ValueError for a ``given`` that is no count."""
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+        raise ValueError(f"batch_size must be a whole number >= 1 (the global batch), got {given!r}")
+    return given or own_batch_size(data) or default
+
+
 def read_as_samples(loader: Any) -> Optional[str]:
     """The line saying a stream's items, which look like whole batches, are read as samples (the
     advice of an error in the first steps), or None (``StreamLoader.read_as_samples``)."""

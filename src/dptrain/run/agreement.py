@@ -96,8 +96,12 @@ def describe_settings(task: Task, config: TrainConfig, epochs: Optional[int], ba
 
 def describe_data(train_loader: Any, eval_loader: Any, others: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     """The data every process must hold (each reads its own part of every batch)."""
+    evaluations = {"test": eval_loader, **(others or {})}
     return {"training data": fingerprint(train_loader), "evaluation data": fingerprint(eval_loader),
-            **{f"evaluation set {name!r}": fingerprint(loader) for name, loader in (others or {}).items()}}
+            **{f"evaluation set {name!r}": fingerprint(loader) for name, loader in (others or {}).items()},
+            # (another batch: another number of evaluation steps, each with its collectives)
+            "evaluation batch size": repr([getattr(loader, "batch_size", None) for loader in evaluations.values()
+                                           if loader is not None])}
 
 
 def what_it_trains(task: Task, train_loader: Any) -> Dict[str, str]:

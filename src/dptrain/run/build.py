@@ -14,7 +14,7 @@ from torch import nn
 from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, TensorBoard, Trace
 from ..core.stage import noted, stage
 from ..data.accumulate import Accumulating
-from ..data.choose_loader import make_loader, read_as_samples
+from ..data.choose_loader import make_loader, own_batch_size, read_as_samples
 from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
@@ -91,6 +91,16 @@ def shard_of(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.
                 worker_timeout=config.worker_timeout, dispatch=config.dispatch_batches,
                 collate_fn=task.collate_fn, pin_memory=any(d.type == "cuda" for d in devices),
                 lower_priority=len(devices) > 1 and all(d.type == "cpu" for d in devices))
+
+
+def eval_batch_size(name: str, data: Any, given: Optional[int], batch_size: int, log: Callable[[str], None]) -> int:
+    """The global batch an evaluation set is read by: ``--eval-batch-size``, else its
+    DataLoader's own (as Lightning and Accelerate read each loader), else the training's."""
+    own = own_batch_size(data)
+    if given and own and given != own:
+        log(f"dptrain: the {'evaluation' if name == 'test' else repr(name)} DataLoader's batch_size={own} is not "
+            f"used: --eval-batch-size gives {given}")
+    return given or own or batch_size
 
 
 def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dict[str, Any]) -> Tuple[Any, Any]:
@@ -203,7 +213,9 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                     f"quiets this line)")
     with stage("loading the evaluation data"):
         sets = evaluation_sets(eval_data, task.metrics)
-        loaders = {name: make_loader(data, batch_size, max_batches=config.eval_batches, optional_workers=True,
+        sizes = {name: eval_batch_size(name, data, config.eval_batch_size, batch_size, log)
+                 for name, data in sets.items()}
+        loaders = {name: make_loader(data, sizes[name], max_batches=config.eval_batches, optional_workers=True,
                                      sharded=config.sharded_stream, to_the_end=True, **shard)
                    for name, data in sets.items()}
         eval_loader = next(iter(loaders.values()), None)

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..core.modes import evaluating
 from ..core.stage import stage
-from ..data.choose_loader import make_loader
+from ..data.choose_loader import make_loader, reading_batch_size
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_module import LightningSteps, steps_of
 from ..engine.metric_names import metrics_copied
@@ -38,7 +38,7 @@ from .session import ALL_CALL, inference_job
 @keywords_checked(EVALUATE_PEERS)
 def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = None, reduction: Optional[str] = None,
              forward: Optional[Callable] = None, step: Union[None, Callable, Dict[str, Callable]] = None,
-             metrics: Union[None, Mapping[str, Any], Sequence[str]] = None, batch_size: int = 256,
+             metrics: Union[None, Mapping[str, Any], Sequence[str]] = None, batch_size: Optional[int] = None,
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
              num_workers: int = 0, amp: Optional[str] = None, dispatch_batches: bool = False,
              sharded_stream: bool = False, local: bool = False,
@@ -52,7 +52,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
     ``num_workers`` are what ``fit`` takes (a LightningModule with none of ``loss``, ``forward``
     and ``step``: its ``test_step`` evaluates, as Lightning's ``trainer.test``, else its
     ``validation_step``, what it gives ``self.log`` the figures: ``test_acc``); ``batch_size``
-    is global; ``amp``: ``"bf16"`` or ``"fp16"``; ``devices`` as ``predict``'s (``auto``: every
+    is global (default: a ``DataLoader``'s own, else 256); ``amp``: ``"bf16"`` or ``"fp16"``; ``devices`` as ``predict``'s (``auto``: every
     GPU, else one CPU device). In eval mode, without gradients; the model's mode is restored. With several
     processes (``WORLD_SIZE`` > 1) each evaluates its part and every one gets the figures;
     their models must hold the same weights (as after ``fit``), which is checked.
@@ -76,7 +76,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
                     metrics=metrics_copied(metrics),
                     collate_fn=collate_fn, name="evaluate")
         sets = evaluation_sets(data, task.metrics)
-        loaders = {name: make_loader(one, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
+        loaders = {name: make_loader(one, reading_batch_size(one, batch_size), num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                                      world_size=env.world_size, optional_workers=len(sets) > 1,   # (workers: for some)
                                      dispatch=dispatch_batches, sharded=sharded_stream, to_the_end=True)
                    for name, one in sets.items()}

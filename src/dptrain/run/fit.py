@@ -113,13 +113,14 @@ PEER_KEYWORDS = {
     "save_strategy": "checkpoint_dir (a checkpoint every epoch; checkpoint_every=N also every N batches)",
     "save_total_limit": "none: checkpoint_dir keeps the latest checkpoint; BestCheckpoint(path, save_top_k=N) "
                         "keeps the N best epochs' weights",
-    "per_device_eval_batch_size": "none: the evaluation's batches are batch_size's, split over the devices",
+    "per_device_eval_batch_size": "eval_batch_size (the global batch: the size per device times the devices and "
+                                  "processes)",
     "gradient_checkpointing": "none: call model.gradient_checkpointing_enable() (or torch.utils.checkpoint in "
                               "forward) before fit",
     "label_smoothing_factor": "loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1)",
     "report_to": "tensorboard (a folder) or metrics_file", "logging_dir": "tensorboard (a folder)",
     "disable_tqdm": "progress (progress=False)",
-    "validation_batch_size": "none: the evaluation's batches are batch_size's, split over the devices",
+    "validation_batch_size": "eval_batch_size",
     "auto_find_batch_size": "none: give batch_size (the global batch, split over the devices and processes)",
     "max_queue_size": "none: num_workers=N reads the data ahead in N processes",
     "eval_accumulation_steps": "none: an evaluation keeps sums, not outputs (dptrain.whole_set(fn) keeps them)",

@@ -22,7 +22,7 @@ from ..core.parts import even_parts
 from ..core.stage import stage
 from ..core.runner import get_runner
 from ..data.batch import Batch, batch_size as size_of, join_structure, map_tensors, split_structure, to_device
-from ..data.choose_loader import make_loader
+from ..data.choose_loader import make_loader, reading_batch_size
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
 from ..engine.forward_hooks import user_hooks
@@ -79,14 +79,15 @@ def concatenate(parts: List[Any]) -> Any:
 @keyword_errors
 @keywords_checked(PREDICT_PEERS)
 @torch.no_grad()
-def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Union[str, int, Sequence[Any]] = "auto",
+def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, devices: Union[str, int, Sequence[Any]] = "auto",
             forward: Optional[Callable[[nn.Module, Any], Any]] = None, collate_fn: Optional[Callable] = None,
             num_workers: int = 0, dispatch_batches: bool = False, sharded_stream: bool = False,
             local: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Return ``model``'s outputs for every sample of ``data``, in order (on the CPU).
 
     ``data``: what ``fit`` takes (tensors, ``(X, y)``, a dict of tensors, a ``Dataset``, a
-    ``DataLoader``); a target in it is left out (``engine/batch_call.py``). ``forward(model,
+    ``DataLoader``); a target in it is left out (``engine/batch_call.py``). ``batch_size``: global
+    (default: a ``DataLoader``'s own, else 256). ``forward(model,
     batch) -> output`` when a batch meets the model otherwise; with none, a LightningModule's
     own ``predict_step(batch, batch_idx)`` gives each batch's outputs (Lightning's
     ``trainer.predict``; the batch as the loader gives it, a target too). In eval mode, without
@@ -106,7 +107,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: int = 256, devices: Unio
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     # A LightningDataModule's data (trainer.predict); float64 arrays named in a dtype error.
     with float64_named(model, data), stage_data(data, "predict", local) as data:
-        loader = make_loader(data, batch_size, num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
+        loader = make_loader(data, reading_batch_size(data, batch_size), num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                              world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
                              to_the_end=True)
         model = unwrapped(model)
