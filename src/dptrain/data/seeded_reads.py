@@ -66,17 +66,17 @@ class _Seeded(Dataset):
         if where is None or not (watching or self._draws):
             return self._read(indices)
         self._watch -= watching
+        seed_, epoch, start = where
+        if watching and not self._batched:
+            return self._read_watched(indices, seed_, epoch, start)
         # torch's generator stays seeded for any dataset that draws (its numbers are the ones
         # that must not depend on the processes, and a rare draw can hide from the watch).
         uses = list(_GENERATORS) if watching else sorted(self._draws | {"torch"})
-        seed_, epoch, start = where
         saved = {name: _GENERATORS[name][0]() for name in uses}
         try:
             if self._batched:
                 part_seed = hash((seed_, epoch, start, 1)) % 2**32     # ints (not str) hash alike in every run
                 return self._seeded(watching, uses, part_seed, lambda: self.dataset.__getitems__(list(indices)))
-            if watching:
-                return self._read_watched(indices, seed_, epoch, start)
             return self._read_seeded(indices, seed_, epoch, start)
         finally:
             for name, state in saved.items():
@@ -100,25 +100,30 @@ class _Seeded(Dataset):
 
     def _read_watched(self, indices: List[int], seed_: int, epoch: int, start: int) -> List[Any]:
         """A watched part: read with the generators already seen drawing seeded per sample
-        (none before the first draw) and the others watched over the whole part; read again,
-        sample by sample under each sample's seeds, only if one of those moved. Seeding and
-        comparing every generator for every sample cost 6.5 us a sample with torch's alone
-        (~2 ms a fresh ``dptrain.evaluate`` of the text classifier, session 18), and ~50 us
-        with Python's and NumPy's (their states are 2.5 kB each: 145 ms of a fresh evaluation
-        of 3,072 augmented images, 0.67x the plain loop, session 55); a part-level watch
-        costs a few states a part, and a part that drew from a new generator is read twice."""
+        (none before the first draw), the others left as the caller had them and compared
+        after the part; read again, sample by sample under each sample's seeds, only if one of
+        those moved (then restored). Seeding and comparing every generator for every sample
+        cost 6.5 us a sample with torch's alone (~2 ms a fresh ``dptrain.evaluate`` of the text
+        classifier, session 18), and ~50 us with Python's and NumPy's (NumPy's state takes
+        50 us to read and 54 to set: 145 ms of a fresh evaluation of 3,072 augmented images,
+        0.67x the plain loop, session 55); a part's watch costs each generator's state read
+        twice (~130 us), and a part that drew from a new generator is read twice."""
         seeded = self._draws | {"torch"} if self._draws else set()
-        watched = [name for name in _GENERATORS if name not in seeded]
-        part_seed = hash((seed_, epoch, start, 1)) % 2**32
-        for name in watched:
-            _GENERATORS[name][2](part_seed)
-        before = {name: _GENERATORS[name][0]() for name in watched}
-        out = self._read_seeded(indices, seed_, epoch, start) if seeded else self._read(indices)
-        moved = {name for name, state in before.items() if not _same_state(state, _GENERATORS[name][0]())}
-        if not moved:
-            return out
-        self._draws |= moved
-        return self._read_seeded(indices, seed_, epoch, start)
+        caller = {name: get() for name, (get, _, _) in _GENERATORS.items()}
+        restore = set(_GENERATORS)          # (all, should the read fail)
+        try:
+            out = self._read_seeded(indices, seed_, epoch, start) if seeded else self._read(indices)
+            moved = {name for name, (get, _, _) in _GENERATORS.items()
+                     if name not in seeded and not _same_state(caller[name], get())}
+            restore = seeded | moved
+            if not moved:
+                return out
+            self._draws |= moved
+            restore = self._draws | {"torch"}
+            return self._read_seeded(indices, seed_, epoch, start)
+        finally:
+            for name in restore:
+                _GENERATORS[name][1](caller[name])
 
     def _seeded(self, watching: bool, uses: List[str], seed: int, read: Callable[[], Any]) -> Any:
         """``read()`` with the generators ``uses`` seeded by ``seed`` (noting, while

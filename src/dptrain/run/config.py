@@ -160,7 +160,7 @@ class TrainConfig:
                                        "reads every sample)", Switch(), action=argparse.BooleanOptionalAction)
     eval_batch_size: Optional[int] = option(None, "global batch size of the evaluations (default: an evaluation "
                                             "DataLoader's own, else --batch-size); no gradient is kept, so a "
-                                            "larger one fits, and reads faster (as Keras's validation_batch_size)",
+                                            "larger one fits (as Keras's validation_batch_size)",
                                             Whole(1), metavar="N")
     eval_every: int = option(1, "evaluate after every N-th epoch only (and after the last, and one a stop "
                              "ended), as Keras's validation_freq", Whole(1), metavar="N")
