@@ -54,7 +54,7 @@ def own_batch_size(data: Any) -> Optional[int]:
 
 
 def reading_batch_size(data: Any, given: Optional[int], default: int = 256) -> int:
-    """The global batch ``evaluate`` and ``predict`` read ``data`` by: ``given``, else its
+    """The global batch an evaluation or ``predict`` reads ``data`` by: ``given``, else its
     ``DataLoader``'s own, else ``default``. A ValueError for a ``given`` that is no count."""
     if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
         raise ValueError(f"batch_size must be a whole number >= 1 (the global batch), got {given!r}")

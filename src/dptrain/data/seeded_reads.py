@@ -115,8 +115,8 @@ class _Seeded(Dataset):
             out = self._read_seeded(indices, seed_, epoch, start) if seeded else self._read(indices)
             moved = {name for name, (get, _, _) in _GENERATORS.items()
                      if name not in seeded and not _same_state(caller[name], get())}
-            restore = seeded | moved
             if not moved:
+                restore = seeded
                 return out
             self._draws |= moved
             restore = self._draws | {"torch"}

@@ -14,7 +14,7 @@ from torch import nn
 from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, TensorBoard, Trace
 from ..core.stage import noted, stage
 from ..data.accumulate import Accumulating
-from ..data.choose_loader import make_loader, own_batch_size, read_as_samples
+from ..data.choose_loader import make_loader, own_batch_size, read_as_samples, reading_batch_size
 from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
@@ -100,7 +100,7 @@ def eval_batch_size(name: str, data: Any, given: Optional[int], batch_size: int,
     if given and own and given != own:
         log(f"dptrain: the {'evaluation' if name == 'test' else repr(name)} DataLoader's batch_size={own} is not "
             f"used: --eval-batch-size gives {given}")
-    return given or own or batch_size
+    return reading_batch_size(data, given, batch_size)
 
 
 def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dict[str, Any]) -> Tuple[Any, Any]:
