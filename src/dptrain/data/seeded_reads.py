@@ -9,7 +9,9 @@ those from then on.
 """
 from __future__ import annotations
 
+import ctypes
 import random
+import weakref
 from typing import Any, Callable, Dict, List, Set, Tuple
 
 import numpy as np
@@ -38,6 +40,9 @@ class _Seeded(Dataset):
     seeding cost 1-2 us a sample and 30 us a part, 4-6% of a text classifier's step, issue
     22); one that drew keeps torch's generator seeded, and Python's and NumPy's only if it
     drew from them (torch-only augmentation does not pay for their states: 68 us a part).
+    What the watch found is kept for the Dataset object (weakly): a later loader of it in this
+    process (each ``evaluate`` call, each ``fit``) watches one part, not ``WATCH``, so a drawing
+    transform added since is still caught; its data workers' watches are not brought back.
     """
     WATCH = 8
 
@@ -50,6 +55,9 @@ class _Seeded(Dataset):
         self._getitems = getattr(dataset, "__getitems__", None)
         self._watch = self.WATCH
         self._draws: Set[str] = set()       # the generators it drew from while watched
+        known = _seen_draws(dataset)
+        if known is not None:       # watched by an earlier loader of this process: one part, to see it still is
+            self._watch, self._draws = 1, set(known)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -66,6 +74,12 @@ class _Seeded(Dataset):
         if where is None or not (watching or self._draws):
             return self._read(indices)
         self._watch -= watching
+        out = self._read_part(indices, where, watching)
+        if watching and not self._watch:
+            _remember(self.dataset, self._draws)
+        return out
+
+    def _read_part(self, indices: List[int], where: Tuple[int, int, int], watching: bool) -> List[Any]:
         seed_, epoch, start = where
         if watching and not self._batched:
             return self._read_watched(indices, seed_, epoch, start)
@@ -105,16 +119,19 @@ class _Seeded(Dataset):
         those moved (then restored). Seeding and comparing every generator for every sample
         cost 6.5 us a sample with torch's alone (~2 ms a fresh ``dptrain.evaluate`` of the text
         classifier, session 18), and ~50 us with Python's and NumPy's (NumPy's state takes
-        50 us to read and 54 to set: 145 ms of a fresh evaluation of 3,072 augmented images,
-        0.67x the plain loop, session 55); a part's watch costs each generator's state read
-        twice (~130 us), and a part that drew from a new generator is read twice."""
+        50-75 us to read and 54 to set: 145 ms of a fresh evaluation of 3,072 augmented images,
+        0.67x the plain loop, session 55). A part's watch reads each generator's state once (to
+        restore it, should it move), and after the part compares torch's and Python's states
+        and NumPy's position (``_numpy_mark``: 1.3 us, not a second 75 us read): ~120 us a
+        part, ~200 before session 56; a part that drew from a new generator is read twice."""
         seeded = self._draws | {"torch"} if self._draws else set()
         caller = {name: get() for name, (get, _, _) in _GENERATORS.items()}
+        marks = {**caller, "numpy": _numpy_mark()}
         restore = set(_GENERATORS)          # (all, should the read fail)
         try:
             out = self._read_seeded(indices, seed_, epoch, start) if seeded else self._read(indices)
-            moved = {name for name, (get, _, _) in _GENERATORS.items()
-                     if name not in seeded and not _same_state(caller[name], get())}
+            moved = {name for name in _GENERATORS
+                     if name not in seeded and not _same_state(marks[name], _MARKS[name]())}
             if not moved:
                 restore = seeded
                 return out
@@ -134,6 +151,25 @@ class _Seeded(Dataset):
         out = read()
         self._draws.update(name for name, state in fresh.items() if not _same_state(state, _GENERATORS[name][0]()))
         return out
+
+
+_SEEN: Dict[int, Tuple["weakref.ref[Any]", frozenset]] = {}      # id(dataset): (it, what its watch found)
+
+
+def _seen_draws(dataset: Any) -> Any:
+    """The generators an earlier watch of ``dataset`` (this very object) saw it draw from, or None."""
+    entry = _SEEN.get(id(dataset))
+    return entry[1] if entry is not None and entry[0]() is dataset else None
+
+
+def _remember(dataset: Any, draws: Set[str]) -> None:
+    """Keep what the watch found for as long as ``dataset`` lives (an object with no weak
+    references, a class with ``__slots__``: not kept)."""
+    key = id(dataset)
+    try:
+        _SEEN[key] = (weakref.ref(dataset, lambda _, seen=_SEEN: seen.pop(key, None)), frozenset(draws))
+    except TypeError:
+        pass
 
 
 def reads_in_batches(dataset: Any) -> bool:
@@ -169,9 +205,27 @@ def _same_state(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _numpy_mark() -> Any:
+    """Where NumPy's global generator stands, cheaply: the bytes of its MT19937 key and
+    position, read in place (1.3 us; ``np.random.get_state`` takes 50-75 us: it copies the key
+    a word at a time). Any draw moves the position, save one: a legacy normal served from the
+    cached second of a pair (then seen at the part's next draw, or the next part's). Another
+    bit generator behind ``np.random`` (``set_bit_generator``): its whole state."""
+    bit_generator = _numpy_bit_generator()
+    if type(bit_generator).__name__ != "MT19937":
+        return np.random.get_state(legacy=False)
+    return ctypes.string_at(bit_generator.ctypes.state_address, _MT19937_BYTES)
+
+
+_MT19937_BYTES = 624 * 4 + 4            # numpy/random/src/mt19937/mt19937.h: uint32 key[624]; int pos
+_numpy_bit_generator = getattr(np.random, "get_bit_generator", None) or (lambda: np.random.mtrand._rand._bit_generator)
+
+
 # name: (get the state, set it, seed it)
 _GENERATORS: Dict[str, Tuple[Callable[[], Any], Callable[[Any], None], Callable[[int], None]]] = {
     "torch": (torch.get_rng_state, torch.set_rng_state, torch.default_generator.manual_seed),
     "random": (random.getstate, random.setstate, random.seed),
     "numpy": (np.random.get_state, np.random.set_state, np.random.seed),
 }
+# name: a cheap mark of where it stands (changed by any draw)
+_MARKS: Dict[str, Callable[[], Any]] = {"torch": torch.get_rng_state, "random": random.getstate, "numpy": _numpy_mark}
