@@ -142,8 +142,9 @@ def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
 def _number(value: Any, what: str) -> Any:
     """A figure the rows can hold: a number (NumPy's and one-element tensors made floats), a
     string, or a list (a tensor of several numbers, as a confusion matrix)."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().numpy()
+    if isinstance(value, torch.Tensor):         # (tolist: NumPy has no bfloat16)
+        value = value.detach().cpu()
+        return value.item() if value.numel() == 1 else value.tolist()
     if isinstance(value, (np.ndarray, np.generic)):
         return value.item() if value.size == 1 else value.tolist()
     if isinstance(value, (int, float, str, list)) and not isinstance(value, bool):

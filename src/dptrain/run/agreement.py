@@ -69,7 +69,8 @@ def fingerprint(loader: Any) -> str:
             if isinstance(t, torch.Tensor) and t.shape[0]:
                 for row in (t[0], t[-1]):
                     row = row.to_dense() if row.layout != torch.strided else row      # (a sparse matrix's rows)
-                    digest.update(row.detach().cpu().contiguous().numpy().tobytes())
+                    row = row.detach().cpu().contiguous()      # (as bytes: NumPy has no bfloat16)
+                    digest.update(row.reshape(-1).view(torch.uint8).numpy().tobytes())
         text += f", {'its first sample' if stream else 'content'} {digest.hexdigest()[:12]}"
     return text
 
