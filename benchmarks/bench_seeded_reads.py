@@ -8,6 +8,12 @@ generator) through ``_Seeded``, past its watch, against the same reads unseeded 
 ``[dataset[i] for i in part]``), in turns, medians of paired ratios.
 
     python benchmarks/bench_seeded_reads.py --rounds 7 --out benchmarks/results/seeded_reads.json
+
+The watch itself (a fresh loader's first ``WATCH`` parts, where it learns which generators
+the Dataset draws from), for a quiet Dataset and drawing ones: a fresh watch, the one-part
+watch of a Dataset a loader of this process watched before, and the unseeded reads:
+
+    python benchmarks/bench_seeded_reads.py --watch --rounds 21 --out benchmarks/results/seeded_watch.json
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import argparse
 import random
 import statistics
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -34,6 +41,8 @@ class Augmenting(Dataset):
         return 64
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        if self.generator is None:          # a quiet Dataset: no draw
+            return self.images[i]
         draw = {"torch": lambda: (int(torch.randint(0, 5, ())), float(torch.rand(()))),
                 "numpy": lambda: (int(np.random.randint(0, 5)), float(np.random.rand())),
                 "random": lambda: (random.randint(0, 4), random.random())}[self.generator]
@@ -63,12 +72,48 @@ def read_seconds(generator: str, seeded: bool, n: int) -> float:
     return time.perf_counter() - start
 
 
+def watch_seconds(generator: Optional[str], how: str) -> float:
+    """``WATCH`` parts read by a fresh watch (``how="fresh"``), by the one-part watch of a
+    Dataset watched before (``"kept"``), or unseeded (``"unseeded"``)."""
+    dataset = Augmenting(generator)
+    if how == "kept":
+        first = _Seeded(dataset)
+        for part in parts(_Seeded.WATCH):
+            first.__getitems__(part)
+    reader = _Seeded(dataset)
+    start = time.perf_counter()
+    for part in parts(_Seeded.WATCH):
+        reader.__getitems__(part) if how != "unseeded" else [dataset[i] for i in part]
+    return time.perf_counter() - start
+
+
+def watch_figures(rounds: int) -> dict:
+    figures = {}
+    for generator in (None, "torch", "numpy", "random"):
+        times = {how: [] for how in ("fresh", "kept", "unseeded")}
+        for r in range(rounds):
+            for how in (list(times) if r % 2 else list(times)[::-1]):
+                times[how].append(watch_seconds(generator, how))
+        per_part = 1e6 / _Seeded.WATCH
+        figures[generator or "quiet"] = {
+            f"{how}_us_per_part": round(statistics.median(t) * per_part, 1) for how, t in times.items()}
+        figures[generator or "quiet"].update({
+            f"{how}_watch_us_per_part": round(statistics.median(a - b for a, b in zip(t, times["unseeded"])) * per_part, 1)
+            for how, t in times.items() if how != "unseeded"})
+    return figures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--parts", type=int, default=200)
+    ap.add_argument("--watch", action="store_true", help="time the watch of a fresh loader's first parts instead")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.watch:
+        save_result({"figures": watch_figures(args.rounds)},
+                    f"python benchmarks/bench_seeded_reads.py --watch --rounds {args.rounds}", args.out)
+        return
     figures = {}
     for generator in ("torch", "numpy", "random"):
         plain, seeded = [], []
