@@ -473,11 +473,13 @@ def test_numpys_mark_moves_with_every_draw_and_follows_another_bit_generator():
     assert _same_state(cached, _numpy_mark())           # ...without moving the words (the docstring's one miss)
     if hasattr(np.random, "set_bit_generator"):         # (NumPy >= 1.25)
         legacy = np.random.get_bit_generator()
-        np.random.set_bit_generator(np.random.PCG64(0))
         try:
-            other = _numpy_mark()
-            np.random.rand()
-            assert not _same_state(other, _numpy_mark())
+            for other_kind in (np.random.PCG64, np.random.SFC64, np.random.Philox):     # (arrays in the last two)
+                np.random.set_bit_generator(other_kind(0))
+                other = _numpy_mark()
+                assert _same_state(other, _numpy_mark())
+                np.random.rand()
+                assert not _same_state(other, _numpy_mark())
         finally:
             np.random.set_bit_generator(legacy)
 

@@ -10,6 +10,7 @@ those from then on.
 from __future__ import annotations
 
 import ctypes
+import pickle
 import random
 import weakref
 from typing import Any, Callable, Dict, List, Set, Tuple
@@ -212,8 +213,8 @@ def _numpy_mark() -> Any:
     cached second of a pair (then seen at the part's next draw, or the next part's). Another
     bit generator behind ``np.random`` (``set_bit_generator``): its whole state."""
     bit_generator = _numpy_bit_generator()
-    if type(bit_generator).__name__ != "MT19937":
-        return np.random.get_state(legacy=False)
+    if type(bit_generator).__name__ != "MT19937":       # (its state a dict, arrays in some: as bytes)
+        return pickle.dumps(np.random.get_state(legacy=False))
     return ctypes.string_at(bit_generator.ctypes.state_address, _MT19937_BYTES)
 
 
