@@ -123,8 +123,9 @@ class _Seeded(Dataset):
         50-75 us to read and 54 to set: 145 ms of a fresh evaluation of 3,072 augmented images,
         0.67x the plain loop, session 55). A part's watch reads each generator's state once (to
         restore it, should it move), and after the part compares torch's and Python's states
-        and NumPy's position (``_numpy_mark``: 1.3 us, not a second 75 us read): ~120 us a
-        part, ~200 before session 56; a part that drew from a new generator is read twice."""
+        and NumPy's position (``_numpy_mark``: 1.3 us, not a second 75 us read): 190 us a
+        quiet part, 252 before session 56 (``bench_seeded_reads.py --watch``); a part that drew
+        from a new generator is read twice."""
         seeded = self._draws | {"torch"} if self._draws else set()
         caller = {name: get() for name, (get, _, _) in _GENERATORS.items()}
         marks = {**caller, "numpy": _numpy_mark()}
