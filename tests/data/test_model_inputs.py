@@ -32,3 +32,60 @@ def test_a_batch_object_meets_the_model_whole_against_its_y():
                                          r"forward=lambda model, batch: \(model\(batch\), batch.<its target>\)"):
         input_and_target(Graphs(None))
     assert target_of(Graphs(None)) is None
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(4, 3), torch.nn.Linear(2, 3)
+
+    def forward(self, image, extra):
+        return self.a(image) + self.b(extra)
+
+
+class _WholeDict(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seen = None
+
+    def forward(self, inputs):          # research code's forward of a dict, under another name
+        self.seen = inputs
+        return inputs["image"].sum(1, keepdim=True)
+
+
+def test_a_dict_input_goes_in_by_name_where_forward_names_its_keys_else_whole():
+    from dptrain.data.model_inputs import call_inputs
+    x, e = torch.randn(5, 4), torch.randn(5, 2)
+    two = _TwoInputs()
+    assert torch.equal(call_inputs(two, ({"image": x, "extra": e},)), two(x, e))
+    whole = _WholeDict()
+    inputs = {"image": x, "extra": e}
+    call_inputs(whole, (inputs,))
+    assert whole.seen is inputs
+    with pytest.raises(TypeError, match="extra"):      # a key forward does not name: the dict whole, Python's error
+        call_inputs(two, ({"image": x, "other": e},))
+
+
+def test_kerass_dict_of_inputs_trains_as_the_plain_loop_on_one_and_two_devices():
+    """``fit(model, ({"image": X, "extra": E}, y))``, Keras's ``fit({"image": X, "extra": E}, y)``:
+    it failed on "forward() missing 1 required positional argument"."""
+    import copy
+
+    import dptrain
+    torch.manual_seed(1)
+    X, E, y = torch.randn(64, 4), torch.randn(64, 2), torch.randint(0, 3, (64,))
+    base = _TwoInputs()
+    plain = copy.deepcopy(base)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for i in range(0, 64, 16):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(plain(X[i:i + 16], E[i:i + 16]), y[i:i + 16]).backward()
+        opt.step()
+    for devices in (1, 2):
+        model = copy.deepcopy(base)
+        dptrain.fit(model, ({"image": X, "extra": E}, y), epochs=1, batch_size=16, lr=0.1, devices=devices,
+                    log=None, shuffle=False)
+        assert max((p - q).abs().max().item() for p, q in zip(model.parameters(), plain.parameters())) < 1e-6
+    out = dptrain.predict(model, ({"image": X, "extra": E}, y), devices=2)
+    assert torch.allclose(out, model(X, E), atol=1e-6)

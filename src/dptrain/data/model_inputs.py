@@ -4,6 +4,8 @@ inputs given to a forward taking them one by one).
 
     (x, y)            -> model(x) against y
     (x1, x2, ..., y)  -> model(x1, x2, ...) against y
+    ({"a": xa, "b": xb}, y) -> model(a=xa, b=xb) against y, where forward names a and b
+                         (Keras's fit({"a": xa, "b": xb}, y)); else model({"a": ..., "b": ...})
     {"image": x, "label": y}  -> model(image=x) against y (the key among TARGET_KEYS)
     a batch object of one's own (PyG's Batch) -> model(batch) against batch.y
 
@@ -11,8 +13,9 @@ inputs given to a forward taking them one by one).
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
@@ -61,16 +64,41 @@ def input_and_target(batch: Batch) -> Tuple[Tuple[tuple, dict], Any]:
 
 
 def call_inputs(model: Callable, args: tuple) -> Any:
-    """``model(*args)``; an input that is itself a tuple or list of several, ``((x1, x2), y)``
-    (Keras's ``fit([x1, x2], y)``), given to a forward taking them one by one, is a TypeError
-    naming the fix (it was Python's "missing 1 required positional argument")."""
+    """``model(*args)``; one input that is a dict whose keys all name arguments of the
+    model's forward, ``({"a": xa, "b": xb}, y)`` (Keras's ``fit({"a": xa, "b": xb}, y)``),
+    goes in by name, ``model(a=xa, b=xb)`` (it failed on Python's "missing 1 required
+    positional argument"; decided once per model class and keys: a dict lookup a step). An
+    input that is a tuple or list of several, ``((x1, x2), y)`` (Keras's ``fit([x1, x2], y)``),
+    given to a forward taking them one by one, is a TypeError naming the fix."""
+    one = args[0] if len(args) == 1 else None
+    if type(one) is not torch.Tensor and isinstance(one, Mapping) and _by_name(model, one):    # (the usual x: 40 ns)
+        return model(**one)
     try:
         return model(*args)
     except TypeError as e:
-        one = args[0] if len(args) == 1 else None
         if not isinstance(one, (tuple, list)) or len(one) < 2 or "required positional argument" not in str(e):
             raise
         raise TypeError(f"{type(model).__name__}.forward takes its inputs one by one ({e}), but each batch's input is "
                         f"one {type(one).__name__} of {len(one)}: give the data as (x1, x2, ..., y) for model(x1, x2, "
                         f"...) (Keras's fit([x1, x2], y) is fit(model, (x1, x2, y))), or pass forward=lambda model, "
                         f"batch: (model(*batch[0]), batch[1])") from e
+
+
+#: (model class, a dict input's keys): whether its forward takes them by name.
+_BY_NAME: Dict[Tuple[type, Tuple[Any, ...]], bool] = {}
+
+
+def _by_name(model: Any, inputs: Mapping) -> bool:
+    """Whether every key of ``inputs`` names an argument of ``model``'s forward (not a forward
+    taking the dict whole under another name: ``def forward(self, batch)``)."""
+    key = (type(model), tuple(inputs))
+    known = _BY_NAME.get(key)
+    if known is None:
+        try:
+            parameters = inspect.signature(getattr(model, "forward", model)).parameters
+        except (TypeError, ValueError):
+            parameters = {}
+        named = {n for n, p in parameters.items()
+                 if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        known = _BY_NAME[key] = bool(inputs) and all(isinstance(k, str) and k in named for k in inputs)
+    return known
