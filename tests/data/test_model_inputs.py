@@ -89,3 +89,35 @@ def test_kerass_dict_of_inputs_trains_as_the_plain_loop_on_one_and_two_devices()
         assert max((p - q).abs().max().item() for p, q in zip(model.parameters(), plain.parameters())) < 1e-6
     out = dptrain.predict(model, ({"image": X, "extra": E}, y), devices=2)
     assert torch.allclose(out, model(X, E), atol=1e-6)
+
+
+def test_kerass_sample_weights_as_a_third_item_name_the_recipe_which_trains_as_the_weighted_plain_loop():
+    """``(X, y, w)`` is ``model(X, y)`` against ``w`` by default: the error gives the forward and
+    the loss (it was Python's "forward() takes 2 positional arguments but 3 were given"), and
+    they train as the plain loop's weighted mean on 1 and 2 devices."""
+    import copy
+
+    import dptrain
+    from torch.nn import functional as F
+    torch.manual_seed(2)
+    X, y, w = torch.randn(64, 4), torch.randint(0, 3, (64,)), torch.rand(64)
+    torch.manual_seed(3)
+    base = torch.nn.Linear(4, 3)
+    with pytest.raises(TypeError, match=r"Linear.forward takes fewer inputs than the batch gives it .*a batch of 3 "
+                                        r"items.*Keras's sample_weight\) pass forward=lambda model, batch: "
+                                        r"\(model\(batch\[0\]\), batch\[1\]\)"):
+        dptrain.fit(copy.deepcopy(base), (X, y, w), epochs=1, batch_size=16, devices=1, log=None)
+    plain = copy.deepcopy(base)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for i in range(0, 64, 16):
+        opt.zero_grad()
+        part = slice(i, i + 16)
+        ((F.cross_entropy(plain(X[part]), y[part], reduction="none") * w[part]).sum() / w[part].sum()).backward()
+        opt.step()
+    for devices in (1, 2):
+        model = copy.deepcopy(base)
+        dptrain.fit(model, (X, y, w), epochs=1, batch_size=16, lr=0.1, devices=devices, log=None, shuffle=False,
+                    forward=lambda model, batch: (model(batch[0]), batch[1]),
+                    loss=lambda out, y, batch: ((F.cross_entropy(out, y, reduction='none') * batch[2]).sum(),
+                                                batch[2].sum()))
+        assert max((p - q).abs().max().item() for p, q in zip(model.parameters(), plain.parameters())) < 1e-6

@@ -21,8 +21,10 @@ from typing import Any, Callable, Dict, Sequence, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Peers' names every entry point answers alike (fit's ``PEER_KEYWORDS`` takes them too).
-COMMON_PEERS = {"sample_weight": "a loss of three arguments, loss(output, target, batch), reading the weights from "
-                                 "the batch (see the README's Loss)",
+COMMON_PEERS = {"sample_weight": "forward=lambda model, batch: (model(batch[0]), batch[1]) for data (x, y, w), and a "
+                                 "loss of three arguments reading the weights from the batch, loss=lambda out, y, "
+                                 "batch: ((F.cross_entropy(out, y, reduction='none') * batch[2]).sum(), "
+                                 "batch[2].sum()) (see the README's Loss)",
                 "workers": "num_workers", "use_multiprocessing": "num_workers (worker processes load the data)"}
 
 _SHARED = {**COMMON_PEERS,
