@@ -81,8 +81,7 @@ def call_inputs(model: Callable, args: tuple) -> Any:
         if len(args) >= 2 and "positional argument" in str(e) and "were given" in str(e):
             raise TypeError(f"{type(model).__name__}.forward takes fewer inputs than the batch gives it ({e}): a "
                             f"batch of {len(args) + 1} items, (x1, ..., y), is model(x1, ..., x{len(args)}) against its "
-                            f"last. "
-                            f"For (x, y, sample_weight) (Keras's sample_weight) pass forward=lambda model, batch: "
+                            f"last. For (x, y, sample_weight) (Keras's sample_weight) pass forward=lambda model, batch: "
                             f"(model(batch[0]), batch[1]) and a loss reading the weights from the batch: loss=lambda "
                             f"out, y, batch: ((F.cross_entropy(out, y, reduction='none') * batch[2]).sum(), "
                             f"batch[2].sum())") from e
