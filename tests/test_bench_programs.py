@@ -320,3 +320,10 @@ def test_the_gradients_benchmark_runs_its_six_variants(tmp_path):
     assert figures["command"].startswith("python benchmarks/bench_gradients.py --smoke")
     assert len(figures["raw"]) == 6 and all(len(v) == 1 and v[0] > 0 for v in figures["raw"].values())
     assert figures["fit, 2 device(s): on_gradients / without"] > 0
+
+
+def test_the_manual_optimization_benchmark_pairs_each_way_with_the_plain_loop(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_manual.py", "--smoke", "--devices", "1,2", "--no-lightning")
+    assert set(figures["x plain (speed)"]) == {f"fit, {kind}, {d} device" for kind in ("manual", "steps in turn")
+                                               for d in (1, 2)}
+    assert all(s > 0 for s in figures["seconds"].values())

@@ -300,12 +300,6 @@ def test_what_cannot_be_kept_as_a_mean_is_an_error_naming_the_fix():
 
 
 def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
-    class Manual(Lit):
-        automatic_optimization = False
-    with pytest.raises(ValueError, match="turns Lightning's automatic_optimization off .its training_step steps its "
-                                         "optimizers itself., which fit does not run: give fit step="):
-        dptrain.fit(Manual(), data(), epochs=1, log=None)
-
     class NoLoss(Lit):
         def training_step(self, batch):              # (no batch_idx: Lightning passes it when asked)
             return None

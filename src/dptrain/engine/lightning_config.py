@@ -14,9 +14,11 @@ setting given both ways with two values is an error naming both.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+
+from .user_scheduler import LentScheduler
 
 #: The keys of Lightning's ``lr_scheduler_config`` and of ``configure_optimizers``'s dict.
 SCHEDULER_KEYS = frozenset({"scheduler", "interval", "frequency", "monitor", "strict", "name"})
@@ -81,3 +83,40 @@ def unpack(optimizer: Any, scheduler: Any, interval: Optional[str],
             and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         return optimizer, scheduler, interval, None     # (Lightning takes one for any scheduler; a plateau reads it)
     return optimizer, scheduler, interval, _agreed("scheduler_monitor", monitor, config_monitor, None)
+
+
+def manual_optimizers(configured: Any) -> Tuple[Dict[str, torch.optim.Optimizer], Dict[str, Any]]:
+    """A manual-optimization module's optimizers and schedulers (``manual_optimization.py``), by
+    their place in what ``configure_optimizers`` returned ("0", "1"...): one optimizer, a list of
+    them, ``([optimizers], [schedulers])``, a dict ``{"optimizer": ..., "lr_scheduler": ...}`` or
+    a list of such dicts. Each scheduler (or ``lr_scheduler_config``) goes with the optimizer it
+    was built on, lent to the run's (``LentScheduler``); a ``TypeError`` names any other form."""
+    optimizers: List[Any] = []
+    schedulers: List[Any] = []
+    items = configured if isinstance(configured, (list, tuple)) else [configured]
+    if isinstance(configured, tuple) and len(configured) == 2 and all(isinstance(v, list) for v in configured):
+        optimizers, schedulers = list(configured[0]), list(configured[1])
+    else:
+        for item in items:
+            if isinstance(item, dict) and "optimizer" in item and set(item) <= OPTIMIZER_KEYS:
+                optimizers.append(item["optimizer"])
+                if item.get("lr_scheduler") is not None:
+                    schedulers.append(item["lr_scheduler"])
+            else:
+                optimizers.append(item)
+    if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
+        raise TypeError(f"configure_optimizers() gave {type(configured).__name__}: with automatic_optimization off, "
+                        f"training_step steps the optimizers it returns, so return them (one optimizer, a list, "
+                        f"([optimizers], [schedulers]) or {{'optimizer': ..., 'lr_scheduler': ...}} dicts)")
+    named = {str(k): o for k, o in enumerate(optimizers)}
+    lent: Dict[str, Any] = {}
+    for scheduler in schedulers:
+        scheduler = scheduler["scheduler"] if is_scheduler_config(scheduler) else scheduler
+        home = next((k for k, o in named.items() if getattr(scheduler, "optimizer", None) is o), None)
+        if home is None:
+            raise TypeError(f"configure_optimizers() gave a {type(scheduler).__name__} not built on one of its "
+                            f"optimizers: build each scheduler on the optimizer it schedules")
+        if home in lent:
+            raise ValueError(f"configure_optimizers() gave two schedulers of optimizer {home}: give one each")
+        lent[home] = LentScheduler(scheduler, named[home])
+    return named, lent

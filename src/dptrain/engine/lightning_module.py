@@ -19,6 +19,7 @@ batches, as Lightning's ``on_epoch=True``; a metric object over the epoch), besi
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -29,6 +30,7 @@ from ..parallel.given_model import unwrapped
 from .kept_outputs import KeptOutputs, outputs_kept
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 from .lightning_trainer import LateConfigure, TrainerStandIn, attach, explain_trainer
+from .manual_calls import ManualOptimization
 
 
 #: Lightning's hooks of an epoch's end, which read what the steps kept (``kept_outputs.py``).
@@ -67,6 +69,8 @@ class LightningSteps:
         self.trained = StepLogs("training_step", TRAIN_PREFIXES)
         self.clock: Optional[TrainerStandIn] = None        # the module's trainer while fit trains it
         self.kept: Optional[KeptOutputs] = None            # its devices' copies' kept outputs (several devices)
+        #: Its optimizers' calls, where training_step steps them (automatic_optimization off)
+        self.manual: Optional[ManualOptimization] = None
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
         """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the
@@ -87,6 +91,9 @@ class LightningSteps:
             module.__dict__["_trainer"] = self.clock        # (a copy for another device: its trainer left out)
         method = getattr(type(module), name).__get__(model)
         try:
+            if self.manual is not None and name == "training_step":
+                with self.manual.installed(model, module):
+                    return method(batch, self.index) if self.takes_index[name] else method(batch)
             return method(batch, self.index) if self.takes_index[name] else method(batch)
         except RuntimeError as e:
             explain_trainer(e, name, "read what you need from the run in a callback (run.epoch, run.step) and "
@@ -116,10 +123,20 @@ class LightningSteps:
         with outputs_kept(model, self.ends_epoch):
             return self._train(model, batch)
 
-    def _train(self, model: nn.Module, batch: Any) -> Any:
+    def train_step(self, model: nn.Module, batch: Any) -> Any:
+        """A manual-optimization step on one device: what ``training_step`` returns (None too)."""
+        if self.kept is not None:
+            self.kept.count(model)
+        return self._train(model, batch, as_returned=True)
+
+    def _train(self, model: nn.Module, batch: Any, as_returned: bool = False) -> Any:
         with self.trained.recording(model, batch) as logged:
             out = self._call(model, "training_step", batch)
         self.trained.keep(model, logged)
+        if as_returned:
+            return out
+        if out is None and self.manual is not None:     # (a trial, an evaluation's loss: no figure)
+            return torch.full((), math.nan)
         if out is None:
             raise ValueError("model.training_step returned None: return the loss (or a dict with 'loss'); a step "
                              "returning None skips the batch in Lightning, which dptrain does not do (on_nan='skip' "
@@ -220,6 +237,12 @@ def steps_of(model: nn.Module, what: Dict[str, Any], testing: bool = False) -> O
     if not adopted(model, what):
         return None
     model = unwrapped(model)
+    if testing and getattr(model, "automatic_optimization", True) is False \
+            and not overridden(model, ["test_step", "validation_step"]):
+        raise ValueError("the module turns Lightning's automatic_optimization off (its training_step steps its "
+                         "optimizers) and has no test_step or validation_step to evaluate it: give it one returning "
+                         "(or self.log-ging) the loss, or give evaluate loss= (with forward= if model(x) is not the "
+                         "output)")
     if testing:
         return LightningSteps(model, "test_step" if overridden(model, ["test_step"]) else "validation_step", False)
     return LightningSteps(model)
@@ -250,9 +273,10 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
         steps.clock = stand_in
     if steps is not None:
         if getattr(model, "automatic_optimization", True) is False:
-            raise ValueError("the model turns Lightning's automatic_optimization off (its training_step steps its "
-                             "optimizers itself), which fit does not run: give fit step=fn(model, batch) -> loss, "
-                             "and optimizer= (a dict of them, with step= a dict, for updates in turn: a GAN)")
+            steps.manual = ManualOptimization()
+            notes.append("model.automatic_optimization is False: its training_step steps its optimizers "
+                         "(self.optimizers(), self.manual_backward), each opt.step() on the gradient summed over "
+                         "every device and process, of the batch's mean loss")
         _check_hooks(model, notes)
         what["step"] = steps
         notes.append("model.training_step is the step and validation_step evaluates (a LightningModule's): what "

@@ -42,6 +42,7 @@ from .step_plan import StepPlan, StepResult
 from .task import Task
 from .train_figures import TrainFigures, with_logged
 from .updates import several_step
+from .manual_optimization import manual_step
 from . import forward_hooks
 from .whole_batch import gatherings
 
@@ -95,6 +96,9 @@ class ModelEngine:
                 raise TypeError("optimizer is None: training a dict of steps takes optimizer={name: an optimizer "
                                 "built on the parameters that step trains}")
             self.trainer = Trainers(self.replicas, task.optimizer, kvstore=kvstore, bucket_cap_mb=bucket_cap_mb)
+        elif training and task.manual:      # a LightningModule stepping its own: every device updates all
+            self.trainer = Trainers(self.replicas, task.optimizer, kvstore="local", bucket_cap_mb=bucket_cap_mb)
+            task.step.manual.trainers = self.trainer
         elif training:
             self.trainer = Trainer(self.replicas, task.optimizer, task.optimizer_params, kvstore=kvstore,
                                    bucket_cap_mb=bucket_cap_mb, closure=True)
@@ -267,6 +271,8 @@ class ModelEngine:
                      timed: bool) -> StepResult:
         if self.task.several:
             return several_step(self, batch, skip_nonfinite, extras, timed, sizes)
+        if self.task.manual:            # (a LightningModule's training_step steps its optimizers)
+            return manual_step(self, batch, skip_nonfinite, sizes, timed)
         if closure.applies(self):       # (LBFGS: the loss evaluated several times a step)
             return closure.closure_step(self, batch, skip_nonfinite, sizes, timed)
         if direct.applies(self, batch, sizes, timed):

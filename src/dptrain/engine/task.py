@@ -29,6 +29,7 @@ from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
 from ..parallel.optim import OptimizerSpec, check_learning_rate
 from ..parallel.given_model import unwrapped
+from ..parallel.trainers import check_optimizers
 
 Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, count)
 SCHEDULER_INTERVALS = ("epoch", "batch")
@@ -162,6 +163,17 @@ class Task:
     def _take_optimizer(self) -> None:
         """The optimizer and its schedule as the run takes them (Lightning's forms unpacked,
         several on one loss combined, a scheduler built on the optimizer lent), checked."""
+        if self.manual:         # (a LightningModule stepping its optimizers: each by its place, "0", "1"...)
+            if self.lr is not None:
+                raise ValueError("lr= with automatic_optimization off: set each optimizer's lr in configure_optimizers")
+            if self.scheduler is not None:
+                raise ValueError("scheduler= with automatic_optimization off: the module's training_step steps "
+                                 "its schedulers (self.lr_schedulers()); build them in configure_optimizers")
+            self.optimizer, self.scheduler = lightning_config.manual_optimizers(self.optimizer)
+            self.step.manual.schedulers = {name: lent.scheduler for name, lent in self.scheduler.items()}
+            self.scheduler_interval = "epoch"       # (held: the module steps them)
+            check_optimizers(self.optimizer, self.model)
+            return
         self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor = lightning_config.unpack(
             self.optimizer, self.scheduler, self.scheduler_interval, self.scheduler_monitor)
         if self.scheduler_interval is None:
@@ -212,6 +224,12 @@ class Task:
         made = self.optimizer(count)
         self.optimizer = "sgd" if made is None else made
         self._take_optimizer()
+
+    @property
+    def manual(self) -> bool:
+        """Whether it is a LightningModule whose ``training_step`` steps its optimizers
+        (``automatic_optimization`` off: ``manual_optimization.py``)."""
+        return isinstance(self.step, LightningSteps) and self.step.manual is not None
 
     @property
     def several(self) -> bool:

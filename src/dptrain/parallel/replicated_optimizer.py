@@ -87,19 +87,28 @@ class ReplicatedOptimizer(torch.optim.Optimizer):
                 self.param_groups.append({**{k: v for k, v in hyper[g].items() if k != "params"}, "params": chosen})
 
     def step(self, closure=None):   # noqa: D102 - see the class docstring
-        self._opt_called = True         # what torch's schedulers check (below; torch < 2.4: the count)
+        self.mark()
+        self.pull()
+        for part in self._parts.values():       # (their schedulers see them stepped)
+            part.step()
+        if self._optimizer_step_post_hooks or self._optimizer_step_pre_hooks or any(h for _, h in self.user_hooks):
+            self._hooked()
+        return None
+
+    def mark(self) -> None:
+        """An update was made: what torch's schedulers check (torch < 2.4: the count)."""
+        self._opt_called = True
         self._step_count = getattr(self, "_step_count", 0) + 1
+
+    def pull(self) -> None:
+        """The groups' values an optimizer of another kind changed in its step (``pulled``:
+        Prodigy's ``d``), taken from the per-device optimizers."""
         for optimizer, origin in self.pulled:
             for group, g in zip(optimizer.param_groups, origin):
                 mine = self.param_groups[g]
                 params = mine["params"]
                 mine.update(group)
                 mine["params"] = params
-        for part in self._parts.values():       # (their schedulers see them stepped)
-            part.step()
-        if self._optimizer_step_post_hooks or self._optimizer_step_pre_hooks or any(h for _, h in self.user_hooks):
-            self._hooked()
-        return None
 
     def _hooked(self) -> None:
         """After an update, as torch's ``step`` would: the step post-hooks (the user's optimizer

@@ -66,6 +66,10 @@ def pick(task: Task, config: TrainConfig, devices: List[torch.device], distribut
         log(f"dptrain: devices auto: resuming on {len(kept)} of the {len(devices)} devices, as the checkpoint's run "
             f"chose; pass devices= to choose")
         return task, kept
+    if task.manual and _automatic(config, task, devices, distributed, batch_size):
+        say(f"dptrain: devices auto: {format_device(devices[0])}: the module steps its optimizers itself, whose "
+            f"copies on {len(devices)} virtual CPU devices would run in turn (one core); pass devices= to choose")
+        return task, devices[:1]
     if wanted(config, task, devices, distributed, batch_size):
         with stage("choosing the devices (a few steps on each choice)"):
             return choose(task, config, devices, batch_size, epochs, say)

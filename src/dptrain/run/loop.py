@@ -106,6 +106,8 @@ class Run(RunView):
             self.scheduler = make_scheduler(task.scheduler, self.engine.trainer.optimizer)
         self.schedule = Schedule(self.scheduler, task.scheduler_interval, config.eval_every_n_steps,
                                  task.scheduler_monitor)
+        if task.manual:         # (the module's training_step steps them: self.lr_schedulers())
+            self.schedule.hold()
         if isinstance(task.step, LightningSteps) and task.step.clock is not None:     # (self.optimizers() reads)
             task.step.clock.lend(self.engine.trainer.optimizer, self.scheduler, task.scheduler_interval,
                                  task.scheduler_monitor)

@@ -1,0 +1,307 @@
+"""A LightningModule's manual optimization (``automatic_optimization = False``) on any devices and processes.
+
+Lightning 2 trains several optimizers (a GAN) only this way: ``training_step`` steps them itself,
+
+    opt_g, opt_d = self.optimizers()
+    self.toggle_optimizer(opt_g)
+    self.manual_backward(g_loss); opt_g.step(); opt_g.zero_grad()
+    self.untoggle_optimizer(opt_g)
+
+Under DDP each process's backward sums its gradients with the other processes'. Here each device's
+copy of the module runs ``training_step`` on its part of the batch, in the device's thread, and
+each ``opt.step()`` is an exchange: every device (of every process) gives that optimizer's
+gradients and its samples (``manual_backward`` took its part's mean loss times its samples: a
+sum), and every device gets their sum divided by the batch's samples, the whole batch's mean
+gradient; then every device's optimizer (each updates all of its parameters) takes the same
+step. So N devices train as one device on the whole batch, and as DDP's processes of equal
+batches. One device of one process has nothing to sum: the plain loop's calls, as written.
+
+``self.clip_gradients(opt, gradient_clip_val=v)`` clips at that optimizer's next step, the summed
+gradient (Lightning clips the gradient DDP summed in backward); ``self.lr_schedulers()`` gives the
+schedulers ``configure_optimizers`` built (held from fit's own stepping: the module steps them,
+device 0's calls counting once); ``opt.zero_grad()``, ``self.toggle_optimizer``,
+``untoggle_optimizer``, ``toggled_optimizer`` and ``opt.toggle_model()`` act on each device's copy.
+Outside a training step (the trial before training, an evaluation's loss) they do nothing.
+
+On several CPU devices the copies run in turn between the exchanges, in device order (they share
+one random generator: a GAN's noise is drawn in the same order every run). Every device and process
+must step the same optimizers in the same order each batch: one that steps another, or returns
+while the others step, is an error naming both, not a hang. A device without a sample of a short
+batch follows the others' exchanges with nothing. Refused, as Lightning refuses them with manual
+optimization: ``accumulate_grad_batches`` (step every N batches in the step), fit's
+``clip_grad_norm``/``clip_grad_value`` (``self.clip_gradients``), ``amp='fp16'`` (no loss scale);
+and a callback's ``on_gradients``, ``--balance``, an optimizer needing a closure.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from ..data.accumulate import MicroBatches
+from ..data.batch import Batch, batch_size
+from ..distributed.collective import get_collective
+from ..distributed.env import DEFAULT_TIMEOUT_S
+from ..parallel.syncbn import ThreadGroup
+from .manual_calls import Part, ManualOptimization, local
+from .step_plan import StepResult
+
+_STEP, _END, _FOLLOW = "step", "end", "follow"
+_LATE = ("a device did not reach the optimizer's step in time: every device runs the same training_step, stepping "
+         "the same optimizers in the same order; a device that failed says why above")
+
+
+class _Turns:
+    """The devices' code between two exchanges run one device after another, in device order."""
+
+    def __init__(self, n: int):
+        self.n, self.turn, self.broken = n, 0, False
+        self.cond = threading.Condition()
+
+    def wait(self, i: int) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.broken or self.turn == i, DEFAULT_TIMEOUT_S):
+                raise RuntimeError(_LATE)
+            if self.broken:
+                raise threading.BrokenBarrierError
+
+    def pass_on(self, i: int) -> None:
+        with self.cond:
+            self.turn = (i + 1) % self.n
+            self.cond.notify_all()
+
+    def abort(self) -> None:
+        with self.cond:
+            self.broken = True
+            self.cond.notify_all()
+
+
+class _Step:
+    """One batch's exchanges (see the module docstring)."""
+
+    def __init__(self, manual: ManualOptimization, engine: Any, skip_nonfinite: bool):
+        self.manual, self.engine, self.skip_nonfinite = manual, engine, skip_nonfinite
+        devices = engine.devices
+        self.world = get_collective().world_size
+        self.alone = len(devices) == 1 and self.world == 1
+        self.turns = _Turns(len(devices)) if len(devices) > 1 and devices[0].type == "cpu" else None
+        if not self.alone and manual.group is None:     # (every process makes it at its first step, alike)
+            manual.group = ThreadGroup(len(devices), collective=get_collective(new_group=True), late=_LATE)
+        self.skipped = False
+
+    def wait(self, i: int) -> None:
+        if self.turns is not None:
+            self.turns.wait(i)
+
+    def abort(self) -> None:
+        if self.manual.group is not None:
+            self.manual.group.abort()
+        if self.turns is not None:
+            self.turns.abort()
+
+    def exchange(self, part: Part, name: str) -> None:
+        """Device ``part.i``'s ``opt.step()`` of optimizer ``name``."""
+        trainer = self.manual.trainers.trainers[name]
+        i, clip = part.i, part.clip.pop(name, None)
+        if self.alone:
+            trainer.optimizer.push(zip(trainer._optimizers, trainer._origins))     # (a scheduler's rates)
+            self._update(trainer, 0, clip)
+            trainer.optimizer.pull()
+            return
+        params = trainer._groups[i]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params]
+                         + [torch.tensor([float(p.grad is not None) for p in params] + [float(part.n)],
+                                         dtype=torch.float64, device=params[0].device)])
+        head, total = self._share(i, (_STEP, name, clip), flat)
+        self._apply(trainer, i, total, head[2])
+
+    def end(self, i: int) -> None:
+        """Device ``i``'s ``training_step`` returned: a last round, where every device must end."""
+        if not self.alone:
+            self._share(i, (_END, None, None), None)
+
+    def follow(self, i: int) -> None:
+        """A device without a sample: the others' exchanges, with nothing of its own, to their end."""
+        while True:
+            head, total = self._share(i, (_FOLLOW, None, None), None)
+            if head[0] == _END:
+                return
+            self._apply(self.manual.trainers.trainers[head[1]], i, total, head[2])
+
+    def _share(self, i: int, head: Tuple[Any, ...], flat: Optional[torch.Tensor]) -> Tuple[Tuple[Any, ...], Any]:
+        if self.turns is not None:
+            self.turns.pass_on(i)
+        out = self.manual.group.share(i, (head, flat), self._across)[0]
+        if self.turns is not None and out[0][0] == _STEP:
+            self.turns.wait(i)
+        return out
+
+    def _across(self, local: List[Tuple[Tuple[Any, ...], Any]]) -> List[Any]:
+        """Thread 0, every device's ``(head, gradients)`` given: their agreed head and sum (over
+        every process too), the learning rates pushed to every device's optimizer first."""
+        head = _agreed([(f"device {k}", h) for k, (h, _) in enumerate(local)])
+        collective = self.manual.group.collective
+        if self.world > 1:
+            gathered = collective.all_gather_object(head)
+            head = _agreed([(f"process {r}", h) for r, h in enumerate(gathered)])
+        for trainer in self.manual.trainers.trainers.values():
+            trainer.optimizer.pull()        # (what the last steps changed of their groups)
+        if head[0] != _STEP:
+            return [(head, None)]
+        trainer = self.manual.trainers.trainers[head[1]]
+        trainer.optimizer.push(zip(trainer._optimizers, trainer._origins))
+        device = trainer._groups[0][0].device
+        flats = [f.to(device) for h, f in local if h[0] == _STEP]
+        if flats:
+            total = torch.stack(flats).sum(0) if len(flats) > 1 else flats[0]
+        else:
+            total = torch.zeros(sum(p.numel() + 1 for p in trainer._groups[0]) + 1, dtype=torch.float64, device=device)
+        if self.world > 1:
+            total = torch.stack(collective.all_gather(total)).sum(0)
+        return [(head, total)]
+
+    def _apply(self, trainer: Any, i: int, total: torch.Tensor, clip: Optional[Tuple[str, float]]) -> None:
+        """The summed gradient (over the batch's samples) into device ``i``'s copy, then its update."""
+        params = trainer._groups[i]
+        total = total.to(params[0].device)
+        samples = float(total[-1])
+        given = total[-1 - len(params):-1].tolist()
+        start = 0
+        with torch.no_grad():
+            for p, had in zip(params, given):
+                size = p.numel()
+                if had:
+                    mean = (total[start:start + size] / samples).view(p.shape).to(p.dtype)
+                    if p.grad is None:
+                        p.grad = mean
+                    else:
+                        p.grad.copy_(mean)
+                start += size
+        self._update(trainer, i, clip)
+
+    def _update(self, trainer: Any, i: int, clip: Optional[Tuple[str, float]]) -> None:
+        grads = [p for p in trainer._groups[i] if p.grad is not None]
+        if clip is not None and grads:
+            if clip[0] == "norm":
+                torch.nn.utils.clip_grad_norm_(grads, clip[1])
+            else:
+                torch.nn.utils.clip_grad_value_(grads, clip[1])
+        if self.skip_nonfinite and grads and not all(bool(torch.isfinite(p.grad).all()) for p in grads):
+            for p in grads:         # (the same sum on every device: each skips alike)
+                p.grad = None
+            self.skipped = True
+            return
+        trainer._optimizers[i].step()
+        if i == 0:
+            trainer.optimizer.mark()
+
+
+def _agreed(heads: List[Tuple[str, Tuple[Any, ...]]]) -> Tuple[Any, ...]:
+    """The one head of the devices (or processes) that are not following (all following: a
+    follower's); a ValueError naming two that differ."""
+    taking = [(who, h) for who, h in heads if h[0] != _FOLLOW]
+    if not taking:
+        return heads[0][1]
+    first = taking[0]
+    for who, h in taking[1:]:
+        if h[:2] != first[1][:2]:
+            raise ValueError(f"training_step stepped its optimizers differently on the devices and processes: "
+                             f"{first[0]} {_said(first[1])}, {who} {_said(h)}; every one runs the same optimizer "
+                             f"steps in the same order each batch (a step taken on a condition of the data must "
+                             f"decide alike everywhere)")
+    return first[1]
+
+
+def _said(head: Tuple[Any, ...]) -> str:
+    return f"called optimizer {head[1]}'s step()" if head[0] == _STEP else "returned"
+
+
+def check(engine: Any, batch: Batch, sizes: Any, timed: bool) -> None:
+    """A ValueError for a setting a manual-optimization step cannot keep."""
+    refused = ("accumulate_grad_batches > 1 (accumulate in training_step: step every N batches, if (batch_idx + 1) "
+               "% N == 0: opt.step(); opt.zero_grad())" if isinstance(batch, MicroBatches) else
+               "amp='fp16' (no loss scale with manual_backward: give amp='bf16')"
+               if engine.loss_scale is not None else
+               "clip_grad_norm or clip_grad_value (clip in training_step: self.clip_gradients(opt, "
+               "gradient_clip_val=1.0) before opt.step())"
+               if engine.clip_grad_norm is not None or engine.clip_grad_value is not None else
+               "a callback's on_gradients (each opt.step() has its own gradient: read it in training_step)"
+               if engine.trainer.keep_grads else
+               "balance (the devices run their steps in turn)" if sizes is not None or timed else None)
+    if refused:
+        raise ValueError(f"the module turns Lightning's automatic_optimization off (its training_step steps its "
+                         f"optimizers), which does not go with {refused}")
+
+
+def manual_step(engine: Any, batch: Batch, skip_nonfinite: bool = False, sizes: Any = None,
+                timed: bool = False) -> StepResult:
+    """One batch of a manual-optimization module on this process's devices; the result's loss is
+    what ``training_step`` returned (its mean over the batch), a sum of nothing where it returned
+    none (the epoch's ``train_loss`` is then NaN; what it logs are the figures)."""
+    check(engine, batch, sizes, timed)
+    steps = engine.task.step
+    manual = steps.manual
+    step = _Step(manual, engine, skip_nonfinite)
+    plan = engine._plan(batch, None)
+    figures = engine.train_figures
+    flags = [[p.requires_grad for p in m.parameters()] for m in engine.replicas]
+
+    def on_device(i: int) -> Any:
+        shard = plan.shards[i]
+        n = batch_size(shard) if shard is not None else 0
+        local.part = Part(step, i, n)
+        try:
+            if shard is None:
+                if step.turns is not None:
+                    step.turns.wait(i)
+                step.follow(i)
+                return None
+            step.wait(i)
+            net = engine._net(i)
+            with engine._autocast(engine.devices[i]):
+                out = steps.train_step(net, shard)
+            if figures is not None:
+                figures.add_step_output(i, net, shard, out if isinstance(out, dict) else None)
+            step.end(i)
+            return _loss_of(out), n
+        except BaseException as e:      # noqa: BLE001 - handed back: the failed device's error is raised
+            step.abort()
+            return e
+        finally:
+            local.part = None
+
+    with contextlib.ExitStack() as stack:
+        for trainer in engine.trainer.trainers.values():
+            stack.enter_context(trainer.no_sync())
+        results = engine.runner.map(on_device)
+    for m, was in zip(engine.replicas, flags):       # (a toggle left on by the step)
+        for p, flag in zip(m.parameters(), was):
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+    for i, shard in enumerate(plan.shards):         # (a follower's gradients: as the others left theirs)
+        if shard is None:
+            for p, q in zip(engine.replicas[i].parameters(), engine.replicas[0].parameters()):
+                p.grad = None if q.grad is None else q.grad.detach().to(p.device, copy=True)
+    engine.trainer._first._broadcast_buffers()
+    losses = [(v, n) for v, n in (r for r in results if r is not None) if v is not None]
+    device = engine.devices[0]
+    loss = torch.zeros((), dtype=torch.float64, device=device)
+    for value, n in losses:
+        loss = loss + value.detach().double().to(device) * n
+    count = sum(n for _, n in losses)
+    if step.skipped:
+        loss = torch.full_like(loss, math.nan)
+    return StepResult(loss, count, not step.skipped)
+
+
+def _loss_of(out: Any) -> Optional[torch.Tensor]:
+    """The loss ``training_step`` returned (a number, or a dict's ``loss``), or None."""
+    if isinstance(out, dict):
+        out = out.get("loss")
+    return out.reshape(()) if isinstance(out, torch.Tensor) and out.numel() == 1 else None
