@@ -7,6 +7,7 @@ from torch import nn
 
 import dptrain
 from tests.distributed.helpers import run_workers
+from tests.engine.test_lightning_module import LightningLike
 
 
 class GAN(nn.Module):
@@ -163,3 +164,50 @@ def test_an_evaluation_steps_nothing_and_evaluate_needs_a_validation_step():
     with pytest.raises(ValueError, match="automatic_optimization off .* and has no test_step or validation_step to "
                                          "evaluate it: give it one"):
         dptrain.evaluate(GAN(), data(), devices=2)
+
+
+class Accumulating(LightningLike):
+    """Lightning's manual accumulation (a step every second batch) and an epoch's scheduler
+    stepped in on_train_epoch_end, as Lightning's lr_schedulers() reads the trainer there."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)).double()
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = F.mse_loss(self.net(batch[0]), batch[1])
+        self.manual_backward(loss)
+        if (batch_idx + 1) % 2 == 0:
+            opt.step()
+            opt.zero_grad()
+        return loss
+
+    def on_train_epoch_end(self):
+        self.trainer.lr_scheduler_configs[0].scheduler.step()
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)}
+
+
+@pytest.mark.parametrize("devices", [1, 3])
+def test_steps_every_second_batch_and_an_epoch_end_scheduler_train_as_the_plain_loop(devices):
+    X, Y = data(128)
+    reference = Accumulating()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+    for _ in range(3):
+        for b, s in enumerate(range(0, 128, 32)):
+            F.mse_loss(reference.net(X[s:s + 32]), Y[s:s + 32]).backward()
+            if (b + 1) % 2 == 0:
+                opt.step()
+                opt.zero_grad()
+        scheduler.step()
+    model = Accumulating()
+    result = dptrain.fit(model, (X, Y), epochs=3, batch_size=32, devices=devices, shuffle=False, log=None,
+                         progress=False)
+    torch.testing.assert_close(flat(model), flat(reference), rtol=1e-12, atol=1e-12)
+    assert result["history"][-1]["lr_0"] == pytest.approx(0.1 * 0.5 ** 2)      # (the rate epoch 3 trained at)
