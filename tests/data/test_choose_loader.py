@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+import dptrain
 from dptrain.data import DatasetLoader, TensorLoader, make_loader
 from dptrain.data.stream_loader import StreamLoader
 from tests.data.test_dataset_loader import Indexed
@@ -57,3 +58,23 @@ def test_numpy_arrays_give_batches_of_the_right_shape():
     batches = list(make_loader((X, y), 2))
     assert [tuple(b[0].shape) for b in batches] == [(2, 2), (2, 2), (1, 2)]
     assert isinstance(batches[-1][1], torch.Tensor)
+
+
+def test_a_list_of_whole_batches_is_an_error_giving_both_readings_and_the_fix_trains():
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(256, 8, generator=g), torch.randint(0, 2, (256,), generator=g)
+    batches = [(X[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)]      # (what list(DataLoader(...)) gives)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    for call in (lambda: dptrain.fit(model, batches, epochs=1, log=None, progress=False),
+                 lambda: dptrain.evaluate(model, batches, devices=1)):
+        with pytest.raises(ValueError, match=r"the data is a list of 8 items, each a tuple of the same make, which "
+                                             r"would be read as 8 columns .* if each item is a batch, give "
+                                             r"DataLoader\(items, batch_size=None\)"):
+            call()
+    stepped = dptrain.fit(model, torch.utils.data.DataLoader(batches, batch_size=None), epochs=1, log=None,
+                          progress=False, devices=1)
+    assert stepped["history"][-1]["batches"] == 8
+    for fine in ([X, y], [(X[i], y[i]) for i in range(256)]):     # columns, samples
+        assert "test_loss" in dptrain.evaluate(model, fine, devices=1)
+    assert isinstance(make_loader((X[:, :4], X[:, 4:], y), 32), TensorLoader)      # three columns: no batches

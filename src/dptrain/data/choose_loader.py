@@ -46,6 +46,33 @@ def samples_listed(data: Any) -> bool:
     return False
 
 
+def _structure(x: Any) -> Any:
+    """What a batch or sample is made of (containers, keys, tensors' ranks), not its sizes."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return x.ndim
+    if isinstance(x, dict):
+        return ("dict", tuple((k, _structure(v)) for k, v in x.items()))
+    if isinstance(x, (tuple, list)):
+        return ("seq", tuple(_structure(v) for v in x))
+    return type(x)
+
+
+def check_not_batches(data: Any) -> None:
+    """A ``ValueError`` for a list read as columns (``(X, y)``) whose items look like whole batches
+    or samples instead: 3 or more, each a tuple, list or dict of the same make (a list of the
+    batches a loader gave). Read as columns it fed ``model(x1, ..., x7)`` against the last item."""
+    if not isinstance(data, (list, tuple)) or len(data) < 3 or hasattr(data, "_fields") or samples_listed(data):
+        return
+    first = _structure(data[0])
+    if not isinstance(first, tuple) or any(_structure(item) != first for item in data[1:]):
+        return
+    kind = type(data[0]).__name__
+    raise ValueError(f"the data is a {type(data).__name__} of {len(data)} items, each a {kind} of the same make, which "
+                     f"would be read as {len(data)} columns of every sample's values (as (X, y) is): if each item is "
+                     f"a batch, give DataLoader(items, batch_size=None) (a step per item); if each is a sample, "
+                     f"DataLoader(items, batch_size=B) or the list in a Dataset")
+
+
 def own_batch_size(data: Any) -> Optional[int]:
     """A ``DataLoader``'s ``batch_size`` (what an evaluation reads it by, as Lightning and
     Accelerate read each loader by its own), or None: other data, or a loader whose batch
@@ -114,6 +141,7 @@ def make_loader(data: Any, batch_size: int, num_workers: int = 0, collate_fn: Op
         listed = isinstance(data, (list, tuple))    # a DataLoader over a list of samples reads them one by one
     else:
         no_sparse(data)         # (SciPy's matrix would be read as a list of samples)
+        check_not_batches(data)     # (a list of batches would be read as columns)
         listed = samples_listed(data)
     plan["drop_last"] = bool(drop_last)
     if drop_last and batch_sampler is not None:
