@@ -113,22 +113,24 @@ def test_a_device_without_a_sample_follows_the_others_steps():
 
 
 def _two_processes(rank, world):
-    model, result = fitted(GAN(returns=True), 2)
+    model, result = fitted(GAN(returns=True), 2, n=97)
     return flat(model).tolist(), [row["train_loss"] for row in result["history"]]
 
 
 def test_two_processes_of_two_devices_train_as_the_plain_loop():
+    """97 samples: the last batch's one sample leaves the second process none (its devices follow)."""
     (first, losses), (second, _) = run_workers(_two_processes)
     assert first == second
-    torch.testing.assert_close(torch.tensor(first, dtype=torch.float64), flat(plain(GAN(), *data())),
+    torch.testing.assert_close(torch.tensor(first, dtype=torch.float64), flat(plain(GAN(), *data(97))),
                                rtol=1e-10, atol=1e-10)
-    _, one = fitted(GAN(returns=True), 1)
+    _, one = fitted(GAN(returns=True), 1, n=97)
     assert losses == pytest.approx([row["train_loss"] for row in one["history"]], rel=1e-10)
 
 
 def test_steps_that_differ_between_devices_are_an_error_naming_them():
     with pytest.raises(ValueError, match=r"training_step stepped its optimizers differently on the devices and "
-                                         r"processes: device 0 called optimizer 0's step\(\), device 1 returned"):
+                                         r"processes: device 0 called optimizer 0's step\(\), device 1 stepped optimizer 1's "
+                                         r"scheduler"):
         dptrain.fit(GAN(extra_step=True), data(66), epochs=1, batch_size=33, devices=2, log=None, progress=False)
 
 
@@ -211,3 +213,15 @@ def test_steps_every_second_batch_and_an_epoch_end_scheduler_train_as_the_plain_
                          progress=False)
     torch.testing.assert_close(flat(model), flat(reference), rtol=1e-12, atol=1e-12)
     assert result["history"][-1]["lr_0"] == pytest.approx(0.1 * 0.5 ** 2)      # (the rate epoch 3 trained at)
+
+
+class Failing(GAN):
+    def training_step(self, batch, batch_idx):
+        if len(batch[0]) == 16:         # (device 1's part of 33 samples)
+            raise RuntimeError("the second part fails")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_device_failing_mid_step_raises_its_error_and_the_others_do_not_wait():
+    with pytest.raises(RuntimeError, match="the second part fails"):
+        dptrain.fit(Failing(), data(66), epochs=1, batch_size=33, devices=2, log=None, progress=False)

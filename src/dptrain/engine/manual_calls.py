@@ -66,7 +66,7 @@ class _Calls:
         return made[0] if len(made) == 1 else made
 
     def lr_schedulers(self) -> Any:
-        made = [ManualScheduler(s) for s in self.manual.schedulers.values()]
+        made = [ManualScheduler(name, s) for name, s in self.manual.schedulers.items()]
         return None if not made else made[0] if len(made) == 1 else made
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
@@ -154,15 +154,16 @@ class ManualOptimizer:
 
 
 class ManualScheduler:
-    """One of ``self.lr_schedulers()``: its ``step`` counts once a batch (device 0's call)."""
+    """One of ``self.lr_schedulers()`` (of optimizer ``name``): its ``step`` is a round of the
+    step's exchanges, the scheduler stepped once a process (a process without a sample too)."""
 
-    def __init__(self, scheduler: Any):
-        self.scheduler = scheduler
+    def __init__(self, name: str, scheduler: Any):
+        self.name, self.scheduler = name, scheduler
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         part = _part()
-        if part is not None and part.i == 0:
-            self.scheduler.step(*args, **kwargs)
+        if part is not None:
+            part.step.schedule(part, self.name, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.scheduler, name)

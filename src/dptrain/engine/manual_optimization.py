@@ -49,7 +49,7 @@ from ..parallel.syncbn import ThreadGroup
 from .manual_calls import Part, ManualOptimization, local
 from .step_plan import StepResult
 
-_STEP, _END, _FOLLOW = "step", "end", "follow"
+_STEP, _SCHEDULE, _END, _FOLLOW = "step", "schedule", "end", "follow"
 _LATE = ("a device did not reach the optimizer's step in time: every device runs the same training_step, stepping "
          "the same optimizers in the same order; a device that failed says why above")
 
@@ -118,24 +118,38 @@ class _Step:
         head, total = self._share(i, (_STEP, name, clip), flat)
         self._apply(trainer, i, total, head[2])
 
+    def schedule(self, part: Part, name: str, args: tuple, kwargs: dict) -> None:
+        """Device ``part.i``'s ``sch.step(...)`` of optimizer ``name``'s scheduler: once a process."""
+        if self.alone:
+            self.manual.schedulers[name].step(*args, **kwargs)
+            return
+        args = tuple(float(a) if isinstance(a, torch.Tensor) and a.numel() == 1 else a for a in args)   # (a metric)
+        self._share(part.i, (_SCHEDULE, name, (args, kwargs)), None)
+
     def end(self, i: int) -> None:
-        """Device ``i``'s ``training_step`` returned: a last round, where every device must end."""
+        """Device ``i``'s ``training_step`` returned: a last round, where every device must end,
+        saying which parameters it left a gradient (a follower then keeps the same ones)."""
         if not self.alone:
-            self._share(i, (_END, None, None), None)
+            kept = tuple(p.grad is not None for p in self.engine.replicas[i].parameters())
+            self._share(i, (_END, None, kept), None)
 
     def follow(self, i: int) -> None:
         """A device without a sample: the others' exchanges, with nothing of its own, to their end."""
         while True:
             head, total = self._share(i, (_FOLLOW, None, None), None)
-            if head[0] == _END:
+            if head[0] == _END:         # (the others' zero_grad: its gradients as theirs, the exchanged ones)
+                for p, kept in zip(self.engine.replicas[i].parameters(), head[2] or ()):
+                    if not kept:
+                        p.grad = None
                 return
-            self._apply(self.manual.trainers.trainers[head[1]], i, total, head[2])
+            if head[0] == _STEP:
+                self._apply(self.manual.trainers.trainers[head[1]], i, total, head[2])
 
     def _share(self, i: int, head: Tuple[Any, ...], flat: Optional[torch.Tensor]) -> Tuple[Tuple[Any, ...], Any]:
         if self.turns is not None:
             self.turns.pass_on(i)
         out = self.manual.group.share(i, (head, flat), self._across)[0]
-        if self.turns is not None and out[0][0] == _STEP:
+        if self.turns is not None and out[0][0] != _END:
             self.turns.wait(i)
         return out
 
@@ -149,6 +163,9 @@ class _Step:
             head = _agreed([(f"process {r}", h) for r, h in enumerate(gathered)])
         for trainer in self.manual.trainers.trainers.values():
             trainer.optimizer.pull()        # (what the last steps changed of their groups)
+        if head[0] == _SCHEDULE:        # (every thread waits: nothing else reads the rates now)
+            args, kwargs = head[2]
+            self.manual.schedulers[head[1]].step(*args, **kwargs)
         if head[0] != _STEP:
             return [(head, None)]
         trainer = self.manual.trainers.trainers[head[1]]
@@ -216,7 +233,8 @@ def _agreed(heads: List[Tuple[str, Tuple[Any, ...]]]) -> Tuple[Any, ...]:
 
 
 def _said(head: Tuple[Any, ...]) -> str:
-    return f"called optimizer {head[1]}'s step()" if head[0] == _STEP else "returned"
+    return f"called optimizer {head[1]}'s step()" if head[0] == _STEP else \
+        f"stepped optimizer {head[1]}'s scheduler" if head[0] == _SCHEDULE else "returned"
 
 
 def check(engine: Any, batch: Batch, sizes: Any, timed: bool) -> None:
@@ -284,10 +302,6 @@ def manual_step(engine: Any, batch: Batch, skip_nonfinite: bool = False, sizes: 
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
-    for i, shard in enumerate(plan.shards):         # (a follower's gradients: as the others left theirs)
-        if shard is None:
-            for p, q in zip(engine.replicas[i].parameters(), engine.replicas[0].parameters()):
-                p.grad = None if q.grad is None else q.grad.detach().to(p.device, copy=True)
     engine.trainer._first._broadcast_buffers()
     losses = [(v, n) for v, n in (r for r in results if r is not None) if v is not None]
     device = engine.devices[0]
