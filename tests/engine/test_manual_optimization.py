@@ -225,3 +225,53 @@ class Failing(GAN):
 def test_a_device_failing_mid_step_raises_its_error_and_the_others_do_not_wait():
     with pytest.raises(RuntimeError, match="the second part fails"):
         dptrain.fit(Failing(), data(66), epochs=1, batch_size=33, devices=2, log=None, progress=False)
+
+
+class Penalized(GAN):
+    """A WGAN-GP's critic steps: a gradient penalty taken with torch.autograd.grad in the step
+    (the trial before training and an evaluation call it too: with gradients, its steps idle)."""
+
+    def training_step(self, batch, batch_idx):
+        x, real = batch
+        opt_g, opt_d = self.optimizers()
+        for _ in range(2):
+            fake = self.g(x).detach()
+            eps = torch.sigmoid(x[:, :1])
+            mix = (eps * real + (1 - eps) * fake).requires_grad_(True)
+            grad, = torch.autograd.grad(self.d(mix).sum(), mix, create_graph=True)
+            d_loss = self.d(fake).mean() - self.d(real).mean() + 10 * ((grad.norm(dim=1) - 1) ** 2).mean()
+            opt_d.zero_grad()
+            self.manual_backward(d_loss)
+            opt_d.step()
+        opt_g.zero_grad()
+        self.manual_backward(-self.d(self.g(x)).mean())
+        opt_g.step()
+        return d_loss
+
+    def configure_optimizers(self):
+        return [torch.optim.Adam(self.g.parameters(), 1e-3), torch.optim.Adam(self.d.parameters(), 1e-3)]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_gradient_penalty_taken_in_the_step_trains_as_the_plain_loop(devices):
+    X, R = data()
+    reference = Penalized()
+    opt_g, opt_d = reference.configure_optimizers()
+    for _ in range(2):
+        for s in range(0, 96, 32):
+            x, real = X[s:s + 32], R[s:s + 32]
+            for _ in range(2):
+                fake = reference.g(x).detach()
+                eps = torch.sigmoid(x[:, :1])
+                mix = (eps * real + (1 - eps) * fake).requires_grad_(True)
+                grad, = torch.autograd.grad(reference.d(mix).sum(), mix, create_graph=True)
+                opt_d.zero_grad()
+                (reference.d(fake).mean() - reference.d(real).mean() + 10 * ((grad.norm(dim=1) - 1) ** 2).mean()
+                 ).backward()
+                opt_d.step()
+            opt_g.zero_grad()
+            (-reference.d(reference.g(x)).mean()).backward()
+            opt_g.step()
+    model, result = fitted(Penalized(), devices, eval_data=data(32))
+    torch.testing.assert_close(flat(model), flat(reference), rtol=1e-10, atol=1e-10)
+    assert result["history"][-1]["test_loss"] == result["history"][-1]["test_loss"]       # (evaluated)

@@ -92,7 +92,9 @@ class LightningSteps:
         method = getattr(type(module), name).__get__(model)
         try:
             if self.manual is not None and name == "training_step":
-                with self.manual.installed(model, module):
+                # (with gradients even in a trial or an evaluation: a step may take torch.autograd.grad,
+                # a WGAN-GP's penalty; its steps then do nothing)
+                with self.manual.installed(model, module), torch.enable_grad():
                     return method(batch, self.index) if self.takes_index[name] else method(batch)
             return method(batch, self.index) if self.takes_index[name] else method(batch)
         except RuntimeError as e:
