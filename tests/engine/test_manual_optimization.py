@@ -275,3 +275,24 @@ def test_a_gradient_penalty_taken_in_the_step_trains_as_the_plain_loop(devices):
     model, result = fitted(Penalized(), devices, eval_data=data(32))
     torch.testing.assert_close(flat(model), flat(reference), rtol=1e-10, atol=1e-10)
     assert result["history"][-1]["test_loss"] == result["history"][-1]["test_loss"]       # (evaluated)
+
+
+class Counting(GAN, LightningLike):             # (Lightning's global_step reads its trainer)
+    def training_step(self, batch, batch_idx):
+        if self.training:
+            self.seen.append(self.global_step)
+        return super().training_step(batch, batch_idx)
+
+
+def counting():
+    model = Counting()
+    model.seen = []
+    return model
+
+
+def test_global_step_counts_every_optimizers_steps_as_lightnings_and_resumes(tmp_path):
+    model, _ = fitted(counting(), 2)
+    assert model.seen == [0, 2, 4, 6, 8, 10]            # two optimizers, 3 batches an epoch
+    fitted(counting(), 2, epochs=1, checkpoint_dir=str(tmp_path))
+    resumed, _ = fitted(counting(), 2, epochs=2, checkpoint_dir=str(tmp_path), resume=True)
+    assert resumed.seen == [6, 8, 10]

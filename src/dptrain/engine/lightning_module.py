@@ -80,8 +80,8 @@ class LightningSteps:
         self.index = index
         if batch is not None:
             self.batch = batch
-        if self.clock is not None and epoch is not None:
-            self.clock.at(epoch, step)
+        if self.clock is not None and epoch is not None:       # (manual optimization: its optimizers' steps)
+            self.clock.at(epoch, step if self.manual is None else self.manual.steps_done)
 
     def _call(self, model: nn.Module, name: str, batch: Any) -> Any:
         # A compiled replica (--compile) is the module's class's method on its wrapper, so that
@@ -276,6 +276,7 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
     if steps is not None:
         if getattr(model, "automatic_optimization", True) is False:
             steps.manual = ManualOptimization()
+            steps.manual.clock = steps.clock
             notes.append("model.automatic_optimization is False: its training_step steps its optimizers "
                          "(self.optimizers(), self.manual_backward), each opt.step() on the gradient summed over "
                          "every device and process, of the batch's mean loss")

@@ -28,6 +28,16 @@ class ManualOptimization:
         self.trainers: Any = None
         self.schedulers: Dict[str, Any] = {}
         self.group: Any = None          # (the step's exchange across the device threads: a ThreadGroup)
+        #: The optimizer steps taken in the run, which the module's ``self.global_step`` says
+        #: (Lightning's, with manual optimization: every optimizer's steps); ``clock``: its trainer.
+        self.steps_done = 0
+        self.clock: Any = None
+
+    def stepped(self) -> None:
+        """An optimizer stepped (once a process, every device waiting in the exchange)."""
+        self.steps_done += 1
+        if self.clock is not None:
+            self.clock.global_step = self.steps_done
 
     @contextlib.contextmanager
     def installed(self, model: nn.Module, module: nn.Module) -> Iterator[None]:

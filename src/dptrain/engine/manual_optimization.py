@@ -110,6 +110,7 @@ class _Step:
             trainer.optimizer.push(zip(trainer._optimizers, trainer._origins))     # (a scheduler's rates)
             self._update(trainer, 0, clip)
             trainer.optimizer.pull()
+            self.manual.stepped()
             return
         params = trainer._groups[i]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params]
@@ -170,6 +171,7 @@ class _Step:
             return [(head, None)]
         trainer = self.manual.trainers.trainers[head[1]]
         trainer.optimizer.push(zip(trainer._optimizers, trainer._origins))
+        self.manual.stepped()
         device = trainer._groups[0][0].device
         flats = [f.to(device) for h, f in local if h[0] == _STEP]
         if flats:

@@ -364,6 +364,8 @@ class ModelEngine:
         state = {"model": self.replicas[0].state_dict(), "trainer": self.trainer.state_dict()}
         if self.loss_scale is not None:
             state["loss_scale"] = self.loss_scale.state_dict()
+        if self.task.manual:            # (a LightningModule's global_step: its optimizers' steps)
+            state["manual_steps"] = self.task.step.manual.steps_done
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -371,6 +373,8 @@ class ModelEngine:
         self.trainer.load_state_dict(state["trainer"])
         if self.loss_scale is not None and "loss_scale" in state:
             self.loss_scale.load_state_dict(state["loss_scale"])
+        if self.task.manual:
+            self.task.step.manual.steps_done = state.get("manual_steps", 0)
 
     def load_weights(self, weights: dict, what: str = "the weights") -> None:
         """Copy a model ``state_dict`` into the model on every device, in place (the
