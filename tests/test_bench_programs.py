@@ -327,3 +327,9 @@ def test_the_manual_optimization_benchmark_pairs_each_way_with_the_plain_loop(tm
     assert set(figures["x plain (speed)"]) == {f"fit, {kind}, {d} device" for kind in ("manual", "steps in turn")
                                                for d in (1, 2)}
     assert all(s > 0 for s in figures["seconds"].values())
+
+
+def test_the_lr_find_benchmark_pairs_the_range_test_with_the_plain_loops(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_lr_find.py", "--smoke", "--no-lightning")["programs"]
+    assert set(figures) == {"tiny-mlp", "text"}
+    assert all(set(f["x plain loop (speed)"]) == {"lr_find"} for f in figures.values())

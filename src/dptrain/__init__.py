@@ -32,6 +32,7 @@ from .parallel.trainer import Trainer
 from .run.fit import fit
 from .run.evaluate import evaluate
 from .run.predict import predict
+from .run.lr_find import LRFinder, lr_find
 from .run.resume import load_weights
 # The chapter's blocks under the names users already call.
 from .scratch import (ScratchDataParallel, allreduce, count_correct, evaluate_accuracy, get_params, sgd,
@@ -41,7 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the product
-    "fit", "evaluate", "predict", "load_weights", "update_bn", "whole_batch", "whole_set", "Task", "Callback",
+    "fit", "evaluate", "predict", "lr_find", "LRFinder", "load_weights", "update_bn", "whole_batch", "whole_set", "Task", "Callback",
     "BatchEnd",
     "Trainer", "CombinedOptimizer",
     "Replicas", "replicate", "NotInitializedError",

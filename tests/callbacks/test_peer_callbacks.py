@@ -119,3 +119,14 @@ def test_a_subclass_of_a_peers_early_stopping_is_not_taken_for_it():
     with pytest.raises(TypeError, match=r"MyStopping is a lightning.pytorch.callbacks.early_stopping.EarlyStopping"
                                         r".*write it as a dptrain.Callback"):
         run([mine])
+
+
+def test_lightnings_lr_finder_names_the_range_test_with_its_settings():
+    finder = peer("lightning.pytorch.callbacks.lr_finder", "LearningRateFinder", _min_lr=1e-6, _max_lr=0.5,
+                  _num_training_steps=50)
+    with pytest.raises(TypeError, match=re.escape("here give fit lr=dptrain.lr_find(model, data, min_lr=1e-06, "
+                                                  "max_lr=0.5, num_training=50, loss=..., optimizer=...).suggestion()")):
+        run([finder])
+    lr = dptrain.lr_find(nn.Linear(4, 2), (X, Y), min_lr=1e-6, max_lr=0.5, num_training=50, batch_size=16,
+                         devices=1).suggestion()
+    assert 1e-6 <= lr <= 0.5

@@ -58,6 +58,10 @@ def unpack(optimizer: Any, scheduler: Any, interval: Optional[str],
     the config's, when it has one, replaces)."""
     config_monitor = None
     if is_optimizer_config(optimizer):
+        if getattr(scheduler, "replaces_configured", False):      # (lr_find's rising rates: the config's left out)
+            optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+            optimizer = optimizer[0][0] if isinstance(optimizer, tuple) and len(optimizer[0]) == 1 else optimizer
+            return optimizer, scheduler, interval, monitor
         if scheduler is not None:
             raise ValueError("optimizer= is Lightning's configure_optimizers() output, which holds the scheduler: "
                              "drop scheduler=")
