@@ -89,7 +89,7 @@ def test_update_attr_sets_the_models_learning_rate():
     model = made()
     model.lr = 0.5
     finder = dptrain.lr_find(model, data(), loss=nn.MSELoss(), batch_size=32, devices=1, min_lr=1e-4,
-                             num_training=30, update_attr=True)
+                             num_training=30, update_attr=True, eval_data=data())     # (not evaluated)
     assert model.lr == finder.suggestion() != 0.5
 
 

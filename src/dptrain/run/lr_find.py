@@ -123,6 +123,7 @@ def lr_find(model: nn.Module, data: Any, *, min_lr: float = 1e-8, max_lr: float 
     recorder = _Recorder(early_stop_threshold)
     given = fit_keywords.pop("callbacks", None)
     callbacks = ([] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]) + [recorder]
+    fit_keywords.pop("eval_data", None)       # (the test evaluates nothing, as Lightning's validates nothing)
     fit_keywords.setdefault("log", None)
     fit_keywords.setdefault("progress", False)
     try:
