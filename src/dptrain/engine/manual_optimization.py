@@ -113,11 +113,11 @@ class _Step:
             self.manual.stepped()
             return
         params = trainer._groups[i]
+        had = tuple(p.grad is not None for p in params)      # (in the head: no read of the device's for it)
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params]
-                         + [torch.tensor([float(p.grad is not None) for p in params] + [float(part.n)],
-                                         dtype=torch.float64, device=params[0].device)])
-        head, total = self._share(i, (_STEP, name, clip), flat)
-        self._apply(trainer, i, total, head[2])
+                         + [torch.full((1,), float(part.n), dtype=torch.float64, device=params[0].device)])
+        head, total = self._share(i, (_STEP, name, clip, had), flat)
+        self._apply(trainer, i, total, head)
 
     def schedule(self, part: Part, name: str, args: tuple, kwargs: dict) -> None:
         """Device ``part.i``'s ``sch.step(...)`` of optimizer ``name``'s scheduler: once a process."""
@@ -144,7 +144,7 @@ class _Step:
                         p.grad = None
                 return
             if head[0] == _STEP:
-                self._apply(self.manual.trainers.trainers[head[1]], i, total, head[2])
+                self._apply(self.manual.trainers.trainers[head[1]], i, total, head)
 
     def _share(self, i: int, head: Tuple[Any, ...], flat: Optional[torch.Tensor]) -> Tuple[Tuple[Any, ...], Any]:
         if self.turns is not None:
@@ -177,20 +177,20 @@ class _Step:
         if flats:
             total = torch.stack(flats).sum(0) if len(flats) > 1 else flats[0]
         else:
-            total = torch.zeros(sum(p.numel() + 1 for p in trainer._groups[0]) + 1, dtype=torch.float64, device=device)
+            total = torch.zeros(sum(p.numel() for p in trainer._groups[0]) + 1, dtype=torch.float64, device=device)
         if self.world > 1:
             total = torch.stack(collective.all_gather(total)).sum(0)
         return [(head, total)]
 
-    def _apply(self, trainer: Any, i: int, total: torch.Tensor, clip: Optional[Tuple[str, float]]) -> None:
-        """The summed gradient (over the batch's samples) into device ``i``'s copy, then its update."""
+    def _apply(self, trainer: Any, i: int, total: torch.Tensor, head: Tuple[Any, ...]) -> None:
+        """The summed gradient (over the batch's samples) into device ``i``'s copy, then its update
+        (``head``: the round's clipping, and which parameters have a gradient on some device)."""
         params = trainer._groups[i]
         total = total.to(params[0].device)
-        samples = float(total[-1])
-        given = total[-1 - len(params):-1].tolist()
+        samples = total[-1]         # (a tensor: on a GPU, nothing waits for the device here)
         start = 0
         with torch.no_grad():
-            for p, had in zip(params, given):
+            for p, had in zip(params, head[3]):
                 size = p.numel()
                 if had:
                     mean = (total[start:start + size] / samples).view(p.shape).to(p.dtype)
@@ -199,7 +199,7 @@ class _Step:
                     else:
                         p.grad.copy_(mean)
                 start += size
-        self._update(trainer, i, clip)
+        self._update(trainer, i, head[2])
 
     def _update(self, trainer: Any, i: int, clip: Optional[Tuple[str, float]]) -> None:
         grads = [p for p in trainer._groups[i] if p.grad is not None]
@@ -231,7 +231,10 @@ def _agreed(heads: List[Tuple[str, Tuple[Any, ...]]]) -> Tuple[Any, ...]:
                              f"{first[0]} {_said(first[1])}, {who} {_said(h)}; every one runs the same optimizer "
                              f"steps in the same order each batch (a step taken on a condition of the data must "
                              f"decide alike everywhere)")
-    return first[1]
+    if first[1][0] != _STEP:
+        return first[1]
+    had = tuple(any(flags) for flags in zip(*(h[3] for _, h in taking)))     # (a gradient on any device)
+    return (*first[1][:3], had)
 
 
 def _said(head: Tuple[Any, ...]) -> str:
