@@ -84,6 +84,7 @@ def call_inputs(model: Callable, args: tuple) -> Any:
                             f"last. For (x, y, sample_weight) (Keras's sample_weight) pass forward=lambda model, batch: "
                             f"(model(batch[0]), batch[1]) and a loss reading the weights from the batch: loss=lambda "
                             f"out, y, batch: ((F.cross_entropy(out, y, reduction='none') * batch[2]).sum(), "
+                            f"batch[2].sum()), the weighted mean (Keras's divides by the samples: len(y) for "
                             f"batch[2].sum())") from e
         if not isinstance(one, (tuple, list)) or len(one) < 2 or "required positional argument" not in str(e):
             raise

@@ -24,7 +24,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 COMMON_PEERS = {"sample_weight": "forward=lambda model, batch: (model(batch[0]), batch[1]) for data (x, y, w), and a "
                                  "loss of three arguments reading the weights from the batch, loss=lambda out, y, "
                                  "batch: ((F.cross_entropy(out, y, reduction='none') * batch[2]).sum(), "
-                                 "batch[2].sum()) (see the README's Loss)",
+                                 "batch[2].sum()), the weighted mean (Keras's divides by the samples: len(y) for "
+                                 "batch[2].sum(); see the README's Loss)",
                 "workers": "num_workers", "use_multiprocessing": "num_workers (worker processes load the data)"}
 
 _SHARED = {**COMMON_PEERS,
