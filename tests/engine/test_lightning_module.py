@@ -326,12 +326,12 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
                                            r"in a callback"):
         dptrain.fit(EpochFromTheTrainer(), data(), epochs=1, log=None, optimizer=torch.optim.SGD, lr=0.1)
 
-    class WarmUp(Lit):                               # a warm-up written in Lightning's optimizer_step
-        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+    class OwnBackward(Lit):                          # (its own optimizer_step is taken: test_lightning_optimizer_step)
+        def backward(self, loss, *args, **kwargs):
             raise AssertionError("not to be called")
-    with pytest.raises(ValueError, match="the module overrides optimizer_step, Lightning's hooks deciding how a step "
+    with pytest.raises(ValueError, match="the module overrides backward, Lightning's hooks deciding how a step "
                                          "trains, which fit does not call: give fit step="):
-        dptrain.fit(WarmUp(), data(), epochs=1, log=None)
+        dptrain.fit(OwnBackward(), data(), epochs=1, log=None)
 
     class Hooks(Lit):
         def on_validation_batch_end(self, *args):

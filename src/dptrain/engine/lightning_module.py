@@ -30,6 +30,7 @@ from ..parallel.given_model import unwrapped
 from .kept_outputs import KeptOutputs, outputs_kept
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 from .lightning_trainer import LateConfigure, TrainerStandIn, attach, explain_trainer
+from .lightning_optimizer_step import ModuleStep
 from .manual_calls import ManualOptimization
 
 
@@ -71,6 +72,8 @@ class LightningSteps:
         self.kept: Optional[KeptOutputs] = None            # its devices' copies' kept outputs (several devices)
         #: Its optimizers' calls, where training_step steps them (automatic_optimization off)
         self.manual: Optional[ManualOptimization] = None
+        #: Its own optimizer_step, which makes each update (a warm-up written there)
+        self.optimizer_step: Optional[ModuleStep] = None
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
         """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the
@@ -169,8 +172,8 @@ class LightningSteps:
 
 
 #: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
-#: step would leave it out: a warm-up written in ``optimizer_step``, say).
-STEP_HOOKS = ("optimizer_step", "backward", "lr_scheduler_step", "configure_gradient_clipping")
+#: step would leave it out; its own ``optimizer_step`` is taken: ``lightning_optimizer_step.py``).
+STEP_HOOKS = ("backward", "lr_scheduler_step", "configure_gradient_clipping")
 #: Lightning's hooks of the run's course that fit calls (``callbacks/lightning_hooks.py``).
 COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
                 *EPOCH_END_HOOKS, "on_train_end", "on_fit_end")
@@ -277,6 +280,12 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
         if getattr(model, "automatic_optimization", True) is False:
             steps.manual = ManualOptimization()
             steps.manual.clock = steps.clock
+        elif overridden(model, ["optimizer_step"]):
+            steps.optimizer_step = ModuleStep(model, steps.clock)
+            notes.append("the module's optimizer_step makes each update, once a process, on the module: "
+                         "optimizer.step(closure=optimizer_closure) is dptrain's whole step (every device's forward "
+                         "and backward, the sum, the update), and what it sets in optimizer.param_groups the next "
+                         "update takes")
             notes.append("model.automatic_optimization is False: its training_step steps its optimizers "
                          "(self.optimizers(), self.manual_backward), each opt.step() on the gradient summed over "
                          "every device and process, of the batch's mean loss")
