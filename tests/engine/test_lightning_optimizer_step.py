@@ -1,4 +1,5 @@
-"""A LightningModule's own optimizer_step (Lightning's documented warm-up) makes each update, as
+"""A LightningModule's own optimizer_step (Lightning's documented warm-up) makes each update, and its own
+lr_scheduler_step (a timm scheduler's) steps its schedulers, as
 Lightning's Trainer calls it (lightning_optimizer_step.py)."""
 import pytest
 import torch
@@ -82,3 +83,71 @@ def test_a_warm_up_in_optimizer_step_trains_as_lightnings_trainer_calls_it(devic
 def test_a_hook_that_does_not_make_the_update_once_is_an_error_naming_the_fix(hook, said):
     with pytest.raises(ValueError, match=said):
         dptrain.fit(WarmUp(hook), data(), epochs=1, batch_size=16, devices=1, log=None, progress=False)
+
+
+class Halving:
+    """A scheduler of timm's shape (not torch's): ``step(epoch)`` sets each group's rate."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.base = optimizer, [g["lr"] for g in optimizer.param_groups]
+
+    def step(self, epoch, metric=None):
+        for group, base in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = base * 0.5 ** epoch
+
+    def step_update(self, num_updates, metric=None):
+        raise AssertionError("the module's lr_scheduler_step decides how it steps")
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class OwnSchedulerStep(LightningLike):
+    """Lightning's way to step a timm scheduler: the module's lr_scheduler_step."""
+
+    def __init__(self, interval):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)).double()
+        self.interval, self.calls = interval, []
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def lr_scheduler_step(self, scheduler, metric):
+        self.calls.append((self.current_epoch, self.global_step, metric))
+        scheduler.step(epoch=self.current_epoch + 1 if self.interval == "epoch" else self.global_step // 4)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": Halving(opt), "interval": self.interval}}
+
+
+@pytest.mark.parametrize("interval", ["epoch", "step"])
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_modules_lr_scheduler_step_steps_its_scheduler_as_lightnings_trainer_calls_it(interval, devices):
+    X, y = data()
+    reference = OwnSchedulerStep(interval)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    calls, step = [], 0
+    for epoch in range(2):
+        for b in range(8):
+            F.cross_entropy(reference.net(X[b * 16:(b + 1) * 16]), y[b * 16:(b + 1) * 16]).backward()
+            opt.step()
+            opt.zero_grad()
+            step += 1
+            if interval == "step":
+                calls.append((epoch, step, None))
+                opt.param_groups[0]["lr"] = 0.1 * 0.5 ** (step // 4)
+        if interval == "epoch":
+            calls.append((epoch, step, None))
+            opt.param_groups[0]["lr"] = 0.1 * 0.5 ** (epoch + 1)
+    model = OwnSchedulerStep(interval)
+    dptrain.fit(model, data(), epochs=2, batch_size=16, devices=devices, shuffle=False, log=None, progress=False)
+    assert model.calls == calls         # (epoch, global_step as Lightning's after the update, metric)
+    torch.testing.assert_close(torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+                               torch.cat([p.detach().reshape(-1) for p in reference.parameters()]),
+                               rtol=1e-10, atol=1e-10)

@@ -72,8 +72,10 @@ class LightningSteps:
         self.kept: Optional[KeptOutputs] = None            # its devices' copies' kept outputs (several devices)
         #: Its optimizers' calls, where training_step steps them (automatic_optimization off)
         self.manual: Optional[ManualOptimization] = None
-        #: Its own optimizer_step, which makes each update (a warm-up written there)
+        #: Its own optimizer_step, which makes each update (a warm-up written there), and its own
+        #: lr_scheduler_step(scheduler, metric), which steps the schedulers (a timm scheduler's)
         self.optimizer_step: Optional[ModuleStep] = None
+        self.lr_scheduler_step: Optional[Callable[[Any, Any], None]] = None
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
         """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the
@@ -85,6 +87,15 @@ class LightningSteps:
             self.batch = batch
         if self.clock is not None and epoch is not None:       # (manual optimization: its optimizers' steps)
             self.clock.at(epoch, step if self.manual is None else self.manual.steps_done)
+
+    def scheduler_step_of(self, hook: Callable[[Any, Any], None]) -> Callable[..., None]:
+        """The module's ``lr_scheduler_step`` as the run's schedule calls it: after a batch, its
+        trainer's ``global_step`` the updates done (Lightning's, there)."""
+        def step(scheduler: Any, metric: Any, updates: Optional[int] = None) -> None:
+            if updates is not None and self.clock is not None:
+                self.clock.global_step = updates
+            hook(scheduler, metric)
+        return step
 
     def _call(self, model: nn.Module, name: str, batch: Any) -> Any:
         # A compiled replica (--compile) is the module's class's method on its wrapper, so that
@@ -172,8 +183,9 @@ class LightningSteps:
 
 
 #: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
-#: step would leave it out; its own ``optimizer_step`` is taken: ``lightning_optimizer_step.py``).
-STEP_HOOKS = ("backward", "lr_scheduler_step", "configure_gradient_clipping")
+#: step would leave it out; its own ``optimizer_step`` is taken: ``lightning_optimizer_step.py``, and
+#: its ``lr_scheduler_step``, by the run's schedule: ``run/schedule.py``).
+STEP_HOOKS = ("backward", "configure_gradient_clipping")
 #: Lightning's hooks of the run's course that fit calls (``callbacks/lightning_hooks.py``).
 COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
                 *EPOCH_END_HOOKS, "on_train_end", "on_fit_end")
@@ -280,15 +292,19 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
         if getattr(model, "automatic_optimization", True) is False:
             steps.manual = ManualOptimization()
             steps.manual.clock = steps.clock
-        elif overridden(model, ["optimizer_step"]):
+            notes.append("model.automatic_optimization is False: its training_step steps its optimizers "
+                         "(self.optimizers(), self.manual_backward), each opt.step() on the gradient summed over "
+                         "every device and process, of the batch's mean loss")
+        if overridden(model, ["lr_scheduler_step"]) and steps.manual is None:
+            steps.lr_scheduler_step = steps.scheduler_step_of(model.lr_scheduler_step)
+            notes.append("the module's lr_scheduler_step steps its schedulers at their interval, once a process, on "
+                         "the module (as Lightning's Trainer calls it: the plateau's figure as its metric, else None)")
+        if overridden(model, ["optimizer_step"]) and steps.manual is None:
             steps.optimizer_step = ModuleStep(model, steps.clock)
             notes.append("the module's optimizer_step makes each update, once a process, on the module: "
                          "optimizer.step(closure=optimizer_closure) is dptrain's whole step (every device's forward "
                          "and backward, the sum, the update), and what it sets in optimizer.param_groups the next "
                          "update takes")
-            notes.append("model.automatic_optimization is False: its training_step steps its optimizers "
-                         "(self.optimizers(), self.manual_backward), each opt.step() on the gradient summed over "
-                         "every device and process, of the batch's mean loss")
         _check_hooks(model, notes)
         what["step"] = steps
         notes.append("model.training_step is the step and validation_step evaluates (a LightningModule's): what "

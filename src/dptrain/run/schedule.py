@@ -98,6 +98,10 @@ class Schedule:
         self.counted = kinds == {True}
         self.per_batch = scheduler is not None and (interval == "batch" or self.counted)
         self.per_epoch = scheduler is not None and (interval == "epoch" or self.counted)
+        self.interval = interval
+        #: A LightningModule's ``lr_scheduler_step(scheduler, metric)``, which steps each scheduler
+        #: at its interval in place of ``step()`` (``stepped_by``); None: the scheduler's own.
+        self.hook: Optional[Callable[..., None]] = None
         self.asked, self.monitor = monitor, None if monitor is None else peer_figure(monitor)
         #: The epoch from whose start a callback holds the scheduler (``hold(from_epoch)``), once said.
         self.held_from: Optional[int] = None
@@ -189,17 +193,34 @@ class Schedule:
         if self.held_from is not None and epoch >= self.held_from and not self.held:
             self.hold()
 
+    def stepped_by(self, hook: Callable[..., None]) -> None:
+        """Step every scheduler by ``hook(scheduler, metric, updates)`` (Lightning's
+        ``lr_scheduler_step``: a timm scheduler's ``step(epoch=...)`` written there), at the
+        configured interval only, ``metric`` the plateau's figure, else None (as Lightning passes
+        it), ``updates`` the run's after a batch (None at an epoch's end)."""
+        if self.scheduler is None or self.held:
+            return
+        self.hook, self.counted = hook, False
+        self.per_batch, self.per_epoch = self.interval == "batch", self.interval == "epoch"
+
+    def _step(self, *figure: Any, updates: Optional[int] = None) -> None:
+        if self.hook is None:
+            self.scheduler.step(*figure)
+            return
+        for scheduler in self._each():
+            self.hook(scheduler, figure[0] if figure else None, updates)
+
     def after_batch(self, updates: int) -> None:
         """An update was made (not a skipped batch): the run's ``updates``-th batch."""
         if self.counted:
             self.scheduler.step_update(updates)
         elif self.per_batch and not self.plateau:
-            self.scheduler.step()
+            self._step(updates=updates)
 
     def after_step_evaluation(self, row: Dict[str, Any]) -> bool:
         """An ``eval_every_n_steps`` evaluation's row; whether the scheduler stepped on it."""
         if self.per_batch and self.plateau:
-            self.scheduler.step(self.figure(row))
+            self._step(self.figure(row))
             return True
         return False
 
@@ -211,6 +232,6 @@ class Schedule:
         if self.counted:        # (timm's plateau kind decides on a metric: the row's figure)
             self.scheduler.step(row["epoch"], self.figure(row))
         elif not self.plateau:
-            self.scheduler.step()
+            self._step()
         elif evaluated or not has_eval_set or not (self.monitor or "test_loss").startswith("test_"):
-            self.scheduler.step(self.figure(row))       # (a training figure: every epoch)
+            self._step(self.figure(row))       # (a training figure: every epoch)
