@@ -296,3 +296,10 @@ def test_global_step_counts_every_optimizers_steps_as_lightnings_and_resumes(tmp
     fitted(counting(), 2, epochs=1, checkpoint_dir=str(tmp_path))
     resumed, _ = fitted(counting(), 2, epochs=2, checkpoint_dir=str(tmp_path), resume=True)
     assert resumed.seen == [6, 8, 10]
+
+
+def test_the_epoch_line_leaves_out_a_train_loss_the_step_does_not_return():
+    lines = []
+    dptrain.fit(GAN(), data(), epochs=1, batch_size=32, devices=1, log=lines.append, progress=False)
+    epoch = next(line for line in lines if line.startswith("epoch 1"))
+    assert "train loss" not in epoch.replace("train g loss", "").replace("train d loss", "") and "train d loss" in epoch

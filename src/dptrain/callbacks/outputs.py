@@ -75,9 +75,12 @@ class EpochLog(Callback):
     """``epoch 3, 7.9 sec, train loss 0.512, test loss 0.498, test acc 0.822`` after each epoch."""
 
     def on_epoch_end(self, run: Any, epoch: int, row: Row) -> None:
+        # (a LightningModule stepping its own optimizers whose training_step returns nothing: no train loss to say)
+        unsaid = getattr(getattr(run, "task", None), "manual", False) and row.get("train_loss") != row.get("train_loss")
         line = f"epoch {row['epoch']}, {seconds(row['sec'])} sec, " + ", ".join(
             said(k, v) for k, v in row.items()
-            if k not in ("epoch", "sec", "skipped", "split", "batches", "samples") and isinstance(v, (int, float)))
+            if k not in ("epoch", "sec", "skipped", "split", "batches", "samples") and isinstance(v, (int, float))
+            and not (unsaid and k == "train_loss"))
         if "split" in row:
             line += f", split {'/'.join(map(str, row['split']))}"
         cut = getattr(run, "cut", None)
