@@ -115,3 +115,9 @@ def test_a_lightning_modules_configured_scheduler_is_left_out_of_the_test():
     given = dptrain.lr_find(model, classes(), optimizer=torch.optim.Adam(model.parameters(), lr=0.01), batch_size=16,
                             devices=1, shuffle=False, num_training=30, early_stop_threshold=None)
     assert configured.results == given.results and len(given.results["loss"]) == 30
+
+
+def test_lightnings_auto_lr_find_keyword_names_the_range_test():
+    with pytest.raises(TypeError, match=r"'auto_lr_find'; dptrain has none: run finder = dptrain.lr_find\(model, "
+                                        r"data, ...\)"):
+        dptrain.fit(made(), data(), loss=nn.MSELoss(), auto_lr_find=True)

@@ -85,6 +85,8 @@ PEER_KEYWORDS = {
     "num_nodes": "none: dptrain launch --nnodes N (or torchrun) starts the processes of several machines",
     "gradient_clip_algorithm": "clip_grad_norm=X or clip_grad_value=X",
     "profiler": "trace (a Chrome/Perfetto timeline of a few steps)",
+    "auto_lr_find": "none: run finder = dptrain.lr_find(model, data, ...) (the range test, with fit's keywords) "
+                    "before fit, and give fit lr=finder.suggestion()",
     # Hugging Face's Trainer and TrainingArguments
     "compute_metrics": "metrics=dptrain.whole_set(compute_metrics) (called once on the whole evaluation set's "
                        "(predictions, label_ids); its keys name the test_* figures)",
