@@ -37,7 +37,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..engine.lightning_module import GRADIENT_HOOKS, LightningSteps
+from ..engine.lightning_adopt import GRADIENT_HOOKS
+from ..engine.lightning_module import LightningSteps
 from .base import BatchEnd, Callback
 from .lightning_batch_logs import BatchLogs
 

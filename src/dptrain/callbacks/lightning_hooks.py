@@ -37,7 +37,8 @@ from torch import nn
 from ..engine.kept_outputs import KeptOutputs
 from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, Recording
 from ..engine.lightning_logger import BoardLogger
-from ..engine.lightning_module import BATCH_HOOKS, COURSE_HOOKS, EPOCH_END_HOOKS, LightningSteps, overridden
+from ..engine.lightning_adopt import BATCH_HOOKS, COURSE_HOOKS
+from ..engine.lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
 from ..parallel.given_model import unwrapped
 from .base import Callback
 from .lightning_batch_hooks import ModuleBatchHooks

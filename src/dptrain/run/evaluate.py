@@ -20,7 +20,8 @@ from ..core.modes import evaluating
 from ..core.stage import stage
 from ..data.choose_loader import make_loader, reading_batch_size
 from ..distributed.env import DEFAULT_TIMEOUT_S
-from ..engine.lightning_module import LightningSteps, steps_of
+from ..engine.lightning_adopt import steps_of
+from ..engine.lightning_module import LightningSteps
 from ..engine.metric_names import metrics_copied
 from ..engine.model_engine import ModelEngine
 from ..engine.task import Task

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, SequentialSampler
 from ..callbacks.lightning_hooks import with_module_hooks
 from ..callbacks.peer_callbacks import adopt
 from ..distributed.env import rank
-from ..engine import lightning_module
+from ..engine import lightning_adopt
 from ..engine.lightning_trainer import TrainerStandIn, detach
 from ..engine.metric_names import metrics_copied
 from ..parallel.given_model import unwrapped
@@ -211,7 +211,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         notes: List[str] = []
         if lightning is not None:
             train_data, eval_data, notes = lightning.take(config)
-        notes += lightning_module.adopt(model, what, stand_in)
+        notes += lightning_adopt.adopt(model, what, stand_in)
         what["callbacks"], said = adopt(what.get("callbacks") or ())    # (Keras's, Lightning's EarlyStopping)
         notes += said
         with_module_hooks(model, what)

@@ -8,7 +8,7 @@ In Lightning's order: ``prepare_data()`` (a download) in one process of each mac
 others wait (in one of the whole job with ``prepare_data_per_node = False``;
 ``distributed/once.py``), ``setup("fit")`` in every process, the loaders, and after the run,
 however it ends, ``teardown("fit")``: the data module's, then the module's (a module's hooks
-only where it is taken as a LightningModule, ``lightning_module.adopted``). Loaders given to
+only where it is taken as a LightningModule, ``lightning_adopt.adopted``). Loaders given to
 ``fit`` come first: ``fit(lit_model, train_loader)`` takes only the module's
 ``val_dataloader()``. A loader's ``batch_size`` is the global batch, as for every loader
 given to ``fit``.
@@ -22,7 +22,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..distributed.once import once_per_machine
-from ..engine.lightning_module import adopted, explain_trainer, overridden
+from ..engine.lightning_adopt import adopted
+from ..engine.lightning_module import explain_trainer, overridden
 from .config import TrainConfig
 from .session import join_before_run
 

@@ -26,7 +26,7 @@ from ..data.choose_loader import make_loader, reading_batch_size
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
 from ..engine.forward_hooks import user_hooks
-from ..engine.lightning_module import predict_step_of
+from ..engine.lightning_adopt import predict_step_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
 from .float64_data import float64_named
