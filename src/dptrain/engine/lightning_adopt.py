@@ -43,9 +43,8 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
     steering = overridden(model, STEP_HOOKS)
     if steering:
         raise ValueError(f"the module overrides {', '.join(steering)}, Lightning's hooks deciding how a step "
-                         f"trains, which fit does not call: give fit step=fn(model, batch) -> loss and optimizer= "
-                         f"(a warm-up as scheduler=, clipping as clip_grad_norm= or clip_grad_value=), or remove "
-                         f"them")
+                         f"trains, which fit does not call: give fit step=fn(model, batch) -> loss (clipping as "
+                         f"clip_grad_norm= or clip_grad_value=), or remove them")
     others = overridden(model, OTHER_HOOKS)
     if others:
         notes.append(f"the module's {', '.join(others)} (Lightning hooks) are not called: give their work to a "
