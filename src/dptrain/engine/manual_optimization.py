@@ -18,16 +18,20 @@ batches. One device of one process has nothing to sum: the plain loop's calls, a
 
 ``self.clip_gradients(opt, gradient_clip_val=v)`` clips at that optimizer's next step, the summed
 gradient (Lightning clips the gradient DDP summed in backward); ``self.lr_schedulers()`` gives the
-schedulers ``configure_optimizers`` built (held from fit's own stepping: the module steps them,
-device 0's calls counting once); ``opt.zero_grad()``, ``self.toggle_optimizer``,
-``untoggle_optimizer``, ``toggled_optimizer`` and ``opt.toggle_model()`` act on each device's copy.
-Outside a training step (the trial before training, an evaluation's loss) they do nothing.
+schedulers ``configure_optimizers`` built (held from fit's own stepping: the module steps them),
+whose ``step()`` is a round of the exchange too, the scheduler stepped once a process;
+``opt.zero_grad()``, ``self.toggle_optimizer``, ``untoggle_optimizer``, ``toggled_optimizer`` and
+``opt.toggle_model()`` act on each device's copy; ``self.global_step`` counts every optimizer's
+steps (Lightning's, with manual optimization; kept in checkpoints). Outside a training step (the
+trial before training, an evaluation's loss) the step runs with gradients on and its calls that
+would train do nothing (a WGAN-GP's penalty takes ``torch.autograd.grad`` there too).
 
 On several CPU devices the copies run in turn between the exchanges, in device order (they share
 one random generator: a GAN's noise is drawn in the same order every run). Every device and process
 must step the same optimizers in the same order each batch: one that steps another, or returns
-while the others step, is an error naming both, not a hang. A device without a sample of a short
-batch follows the others' exchanges with nothing. Refused, as Lightning refuses them with manual
+while the others step, is an error naming both, not a hang. A device (or a process) without a
+sample of a short batch follows the others' exchanges with nothing, and keeps the gradients they
+keep (the last round says which). Refused, as Lightning refuses them with manual
 optimization: ``accumulate_grad_batches`` (step every N batches in the step), fit's
 ``clip_grad_norm``/``clip_grad_value`` (``self.clip_gradients``), ``amp='fp16'`` (no loss scale);
 and a callback's ``on_gradients``, ``--balance``, an optimizer needing a closure.
