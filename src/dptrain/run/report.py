@@ -185,6 +185,10 @@ def closing_line(result: Dict[str, Any]) -> str:
         where = f"{result['world_size']} processes x {where}"
     shown = ("test acc", result["test_acc"]) if "test_acc" in result else \
         ("test loss", result["test_loss"]) if "test_loss" in result else ("train loss", result["train_loss"])
+    if shown[1] != shown[1]:        # (a step returning no loss, a manual-optimization module's: its last logged one)
+        logged = next(((k, v) for k, v in (result.get("history") or [{}])[-1].items()
+                       if k.startswith("train_") and k.endswith("loss") and isinstance(v, float) and v == v), None)
+        shown = (logged[0].replace("_", " "), logged[1]) if logged is not None else shown
     weights = f"step {result['restored_step']}" if "restored_step" in result else f"epoch {result.get('restored_epoch')}"
     restored = f" (the weights of {weights}, restored)" if "restored_epoch" in result else ""
     return f"{shown[0]}: {shown[1]:.3f}{restored}, {seconds(result['sec_per_epoch'])} sec/epoch on {where}"
