@@ -207,3 +207,26 @@ def test_a_callbacks_edit_of_a_loss_built_on_the_cpu_reaches_every_gpu_copy(devi
         return [p.detach().cpu() for p in model.parameters()]
     for p, q in zip(run(devices), run("cpu:0")):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("devices", ["cuda:0", "cuda:0,cuda:0"])
+def test_a_lightning_modules_manual_optimization_on_a_gpu_trains_as_the_plain_loop(devices):
+    """Manual optimization's copies run at once on GPUs (no turns): two replicas of one GPU
+    exchange as two GPUs would (manual_optimization.py)."""
+    from tests.engine.test_manual_optimization import GAN, data, flat, plain
+    reference = plain(GAN(), *data())
+    model = GAN()
+    dptrain.fit(model, data(), epochs=2, batch_size=32, devices=devices, shuffle=False, log=None, progress=False)
+    torch.testing.assert_close(flat(model).cpu(), flat(reference), rtol=1e-9, atol=1e-9)
+
+
+def test_the_range_test_on_a_gpu_gives_the_cpus_results():
+    from tests.run.test_lr_find import data as points, made
+    found = {}
+    for devices in ("cpu:0", "cuda:0"):
+        model = made()
+        found[devices] = dptrain.lr_find(model, points(), loss=nn.MSELoss(), batch_size=32, shuffle=False,
+                                         devices=devices, min_lr=1e-4, max_lr=1.0, num_training=30,
+                                         early_stop_threshold=None).results
+    assert found["cuda:0"]["lr"] == found["cpu:0"]["lr"]
+    assert found["cuda:0"]["loss"] == pytest.approx(found["cpu:0"]["loss"], rel=1e-6)
