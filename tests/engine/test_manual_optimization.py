@@ -303,3 +303,14 @@ def test_the_epoch_line_leaves_out_a_train_loss_the_step_does_not_return():
     dptrain.fit(GAN(), data(), epochs=1, batch_size=32, devices=1, log=lines.append, progress=False)
     epoch = next(line for line in lines if line.startswith("epoch 1"))
     assert "train loss" not in epoch.replace("train g loss", "").replace("train d loss", "") and "train d loss" in epoch
+
+
+@pytest.mark.parametrize("n", [96, 97])
+def test_copies_running_at_once_as_on_gpus_train_as_the_plain_loop(monkeypatch, n):
+    """Without turns (GPUs' way), the copies meet only in the rounds: the same updates (a model
+    drawing nothing), a sampleless device following too."""
+    from dptrain.engine import manual_optimization
+    monkeypatch.setattr(manual_optimization, "IN_TURN", ())
+    reference = plain(GAN(), *data(n))
+    model, _ = fitted(GAN(), 3, n=n)
+    torch.testing.assert_close(flat(model), flat(reference), rtol=1e-10, atol=1e-10)

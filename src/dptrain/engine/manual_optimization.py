@@ -54,6 +54,9 @@ from .manual_calls import Part, ManualOptimization, local
 from .step_plan import StepResult
 
 _STEP, _SCHEDULE, _END, _FOLLOW = "step", "schedule", "end", "follow"
+#: The device types whose copies take turns (one random generator for them all); on others (GPUs)
+#: they run at once, and meet only in the rounds.
+IN_TURN = ("cpu",)
 _LATE = ("a device did not reach the optimizer's step in time: every device runs the same training_step, stepping "
          "the same optimizers in the same order; a device that failed says why above")
 
@@ -91,7 +94,7 @@ class _Step:
         devices = engine.devices
         self.world = get_collective().world_size
         self.alone = len(devices) == 1 and self.world == 1
-        self.turns = _Turns(len(devices)) if len(devices) > 1 and devices[0].type == "cpu" else None
+        self.turns = _Turns(len(devices)) if len(devices) > 1 and devices[0].type in IN_TURN else None
         if not self.alone and manual.group is None:     # (every process makes it at its first step, alike)
             manual.group = ThreadGroup(len(devices), collective=get_collective(new_group=True), late=_LATE)
         self.skipped = False
