@@ -92,14 +92,19 @@ def make_task(config=None, samples: int = 8192) -> dptrain.Task:
         callbacks=[Score()], epochs=40, batch_size=256, name="gan")
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(argv: Optional[List[str]], doc: str) -> argparse.Namespace:
+    """The examples' GAN settings (this one's and lightning_gan.py's)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--samples", type=int, default=8192)
     parser.add_argument("--devices", default="auto")
     parser.add_argument("--checkpoint-dir")
     parser.add_argument("--resume", action="store_true")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = arguments(argv, __doc__)
     task = make_task(samples=args.samples)
     return dptrain.fit(task.model, task.train_data, step=task.step, optimizer=task.optimizer,
                        callbacks=task.callbacks, batch_size=task.batch_size, epochs=args.epochs,

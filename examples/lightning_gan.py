@@ -15,7 +15,6 @@ devices train as one does on the whole batch. With Lightning installed the modul
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -27,7 +26,7 @@ from torch import nn
 import dptrain
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gan import GAN, LATENT, MODES, Score, bce, ring  # noqa: E402
+from gan import GAN, LATENT, MODES, Score, arguments, bce, ring  # noqa: E402
 
 if importlib.util.find_spec("lightning") is not None:
     from lightning import LightningModule as Base
@@ -72,13 +71,7 @@ class LitGAN(GAN, Base):
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--devices", default="auto")
-    parser.add_argument("--checkpoint-dir")
-    parser.add_argument("--resume", action="store_true")
-    args = parser.parse_args(argv)
+    args = arguments(argv, __doc__)
     torch.manual_seed(0)
     model = LitGAN()
     return dptrain.fit(model, ring(args.samples, seed=1), callbacks=[Score()], batch_size=256, epochs=args.epochs,
