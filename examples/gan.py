@@ -111,8 +111,12 @@ def main(argv: Optional[List[str]] = None) -> dict:
                        devices=args.devices, checkpoint_dir=args.checkpoint_dir, resume=args.resume)
 
 
-if __name__ == "__main__":
-    result = main()
+def report(result: dict) -> None:
+    """The last epoch's score of the generator, on rank 0."""
     if dptrain.rank() == 0:
         last = result["history"][-1]
         print(f"generated points near a mode: {last['good']:.0%}, modes covered: {last['modes']} of {MODES}")
+
+
+if __name__ == "__main__":
+    report(main())

@@ -26,7 +26,7 @@ from torch import nn
 import dptrain
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gan import GAN, LATENT, MODES, Score, arguments, bce, ring  # noqa: E402
+from gan import GAN, LATENT, Score, arguments, bce, report, ring  # noqa: E402
 
 if importlib.util.find_spec("lightning") is not None:
     from lightning import LightningModule as Base
@@ -79,7 +79,4 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    result = main()
-    if dptrain.rank() == 0:
-        last = result["history"][-1]
-        print(f"generated points near a mode: {last['good']:.0%}, modes covered: {last['modes']} of {MODES}")
+    report(main())
