@@ -121,3 +121,12 @@ def test_lightnings_auto_lr_find_keyword_names_the_range_test():
     with pytest.raises(TypeError, match=r"'auto_lr_find'; dptrain has none: run finder = dptrain.lr_find\(model, "
                                         r"data, ...\)"):
         dptrain.fit(made(), data(), loss=nn.MSELoss(), auto_lr_find=True)
+
+
+def test_a_typo_or_lightnings_name_is_said_as_lr_finds():
+    with pytest.raises(TypeError, match="lr_find\\(\\) got an unexpected keyword argument 'num_training_steps'; "
+                                        "dptrain's is num_training"):
+        dptrain.lr_find(made(), data(), loss=nn.MSELoss(), num_training_steps=20)
+    with pytest.raises(TypeError, match="lr_find\\(\\) got an unexpected keyword argument 'max_lrr'; did you mean "
+                                        "'max_lr'"):
+        dptrain.lr_find(made(), data(), loss=nn.MSELoss(), max_lrr=1.0)

@@ -30,12 +30,17 @@ from torch import nn
 
 from ..callbacks.base import BatchEnd, Callback
 from ..distributed.collective import get_collective
-from .fit import fit
+from .fit import CONFIG_KEYWORDS, PEER_KEYWORDS, TASK_KEYWORDS, fit
+from .keywords import unexpected_keyword
 
 #: fit's keywords the range test sets itself.
 MADE_HERE = ("scheduler", "scheduler_interval", "scheduler_monitor", "lr", "epochs", "max_steps", "resume",
              "checkpoint_dir")
 BETA = 0.98
+#: Lightning's names for the test's own settings (its LearningRateFinder callback's, Tuner.lr_find's).
+PEERS = {"num_training_steps": "num_training", "attr_name": "update_attr (it sets the model's lr or learning_rate)",
+         "train_dataloaders": "data (lr_find's second argument)"}
+OWN = ("min_lr", "max_lr", "num_training", "mode", "early_stop_threshold", "update_attr")
 
 
 @dataclass
@@ -109,6 +114,10 @@ def lr_find(model: nn.Module, data: Any, *, min_lr: float = 1e-8, max_lr: float 
             **fit_keywords: Any) -> LRFinder:
     """The learning-rate range test of ``model`` on ``data`` (see the module docstring); the
     other keywords are ``fit``'s (``loss``, ``optimizer``, ``batch_size``, ``devices``...)."""
+    known = [*OWN, *TASK_KEYWORDS, *CONFIG_KEYWORDS, "log", "eval_data"]
+    for key in fit_keywords:        # (a typo or a peer's name said as lr_find's, not fit's)
+        if key in PEERS or key in PEER_KEYWORDS or key not in known:
+            raise unexpected_keyword("lr_find", key, known, {**PEER_KEYWORDS, **PEERS})
     made = [k for k in MADE_HERE if k in fit_keywords]
     if made:
         raise ValueError(f"lr_find sets {', '.join(made)} itself (the rates of its steps): leave "
