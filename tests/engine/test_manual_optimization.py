@@ -314,3 +314,17 @@ def test_copies_running_at_once_as_on_gpus_train_as_the_plain_loop(monkeypatch, 
     reference = plain(GAN(), *data(n))
     model, _ = fitted(GAN(), 3, n=n)
     torch.testing.assert_close(flat(model), flat(reference), rtol=1e-10, atol=1e-10)
+
+
+class LeavesAToggle(GAN):
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.toggle_optimizer(self.optimizers()[0])         # (never untoggled)
+        return out
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_toggle_the_step_leaves_on_is_undone_after_it(devices):
+    model, _ = fitted(LeavesAToggle(), devices)
+    assert all(p.requires_grad for p in model.parameters())
+    torch.testing.assert_close(flat(model), flat(plain(GAN(), *data())), rtol=1e-10, atol=1e-10)

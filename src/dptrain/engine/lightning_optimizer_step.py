@@ -20,7 +20,7 @@ dptrain's step is the closure and the update in one.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 _CLOSURE = ("optimizer_closure is dptrain's step, forward and backward and the update in one: call "
             "optimizer.step(closure=optimizer_closure) once in optimizer_step (to skip updates, use "
@@ -67,15 +67,19 @@ class ModuleStep:
     def __init__(self, model: Any, clock: Any):
         self.hook, self.clock = model.optimizer_step, clock
 
-    def __call__(self, optimizer: Any, epoch: int, batch_idx: int, run_step: Callable[[], Any]) -> Any:
+    def __call__(self, optimizer: Any, epoch: int, b: int, loader: Any, run_step: Callable[[], Any]) -> Any:
+        """Update ``b`` (from 1) of ``epoch`` (from 0), read from ``loader``, by the hook."""
         stepping = StepOptimizer(optimizer, run_step, self.clock)
-        self.hook(epoch, batch_idx, stepping, _Closure())
+        self.hook(epoch, last_batch(b, loader), stepping, _Closure())
         if stepping.result is None:
             raise ValueError(f"the module's optimizer_step returned without optimizer.step(closure=optimizer_closure): "
                              f"{_CLOSURE}")
         return stepping.result
 
 
-def module_step(steps: Optional[Any]) -> Optional[ModuleStep]:
-    """The LightningSteps' module's own ``optimizer_step`` as a ``ModuleStep``, or None."""
-    return getattr(steps, "optimizer_step", None)
+def last_batch(b: int, loader: Any) -> int:
+    """Lightning's ``batch_idx`` of update ``b``: its group's last batch (``accumulate_grad_batches``:
+    the loader groups ``k`` of the batches ``loader.loader`` gives)."""
+    k, inner = getattr(loader, "k", 1), getattr(loader, "loader", None)
+    return min(b * k, len(inner)) - 1 if inner is not None and hasattr(inner, "__len__") else b * k - 1
+

@@ -51,6 +51,9 @@ class ManualOptimization:
         try:
             yield
         finally:
+            for name in list(calls.toggled):        # (a toggle the step left on: undone)
+                for p, flag in calls.toggled.pop(name):
+                    p.requires_grad_(flag)
             for name in CALLS:
                 model.__dict__.pop(name, None)
             model.__dict__.update(had)

@@ -277,7 +277,6 @@ def manual_step(engine: Any, batch: Batch, skip_nonfinite: bool = False, sizes: 
     step = _Step(manual, engine, skip_nonfinite)
     plan = engine._plan(batch, None)
     figures = engine.train_figures
-    flags = [[p.requires_grad for p in m.parameters()] for m in engine.replicas]
 
     def on_device(i: int) -> Any:
         shard = plan.shards[i]
@@ -307,10 +306,6 @@ def manual_step(engine: Any, batch: Batch, skip_nonfinite: bool = False, sizes: 
         for trainer in engine.trainer.trainers.values():
             stack.enter_context(trainer.no_sync())
         results = engine.runner.map(on_device)
-    for m, was in zip(engine.replicas, flags):       # (a toggle left on by the step)
-        for p, flag in zip(m.parameters(), was):
-            if p.requires_grad != flag:
-                p.requires_grad_(flag)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])

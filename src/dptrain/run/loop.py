@@ -302,10 +302,6 @@ class Run(RunView):
         itself = weakref.ref(resolve)
         lightning = self.task.step.at if isinstance(self.task.step, LightningSteps) else None
         module_step = self.task.step.optimizer_step if isinstance(self.task.step, LightningSteps) else None
-        k, raw = getattr(self.train_loader, "k", 1), getattr(getattr(self.train_loader, "loader", None), "__len__", None)
-
-        def last_batch(b: int) -> int:      # (Lightning's batch_idx of an update: its group's last batch)
-            return min(b * k, raw()) - 1 if raw is not None else b * k - 1
         with self.runner.coordinating():
             b = at.batch
             stream = tracing.timed_batches(batches) if self.config.trace else batches
@@ -324,13 +320,11 @@ class Run(RunView):
                 if self.balancer is not None:
                     sizes = self.balancer.local_sizes(self.step, sizes_of(b - 1))
                     timed = self.balancer.measuring(self.step)
-                if module_step is None:
-                    result = self.engine.train_batch(batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
-                                                     timed=bool(timed), global_size=global_size and global_size(b - 1))
-                else:       # (a LightningModule's own optimizer_step makes the update)
-                    result = module_step(self.engine.trainer.optimizer, epoch - 1, last_batch(b), functools.partial(
-                        self.engine.train_batch, batch, skip_nonfinite=skip_nan, extras=flags, sizes=sizes,
-                        timed=bool(timed), global_size=global_size and global_size(b - 1)))
+                step = functools.partial(self.engine.train_batch, batch, skip_nonfinite=skip_nan, extras=flags,
+                                         sizes=sizes, timed=bool(timed), global_size=global_size and global_size(b - 1))
+                # (a LightningModule's own optimizer_step makes the update)
+                result = step() if module_step is None else \
+                    module_step(self.engine.trainer.optimizer, epoch - 1, b, self.train_loader, step)
                 if watch and edits.several:     # one device: nothing to copy edits to
                     edits.stepped()
                 if b == at.batch + 1 and epoch == self.position.epoch and self.engine.random.draws:   # the first step found it
