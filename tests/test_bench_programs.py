@@ -333,3 +333,13 @@ def test_the_lr_find_benchmark_pairs_the_range_test_with_the_plain_loops(tmp_pat
     figures = run_benchmark(tmp_path, "bench_lr_find.py", "--smoke", "--no-lightning")["programs"]
     assert set(figures) == {"tiny-mlp", "text"}
     assert all(set(f["x plain loop (speed)"]) == {"lr_find"} for f in figures.values())
+
+
+def test_the_class_weight_benchmark_pairs_its_variants_with_the_weighted_plain_loop(tmp_path):
+    figures = run_benchmark(tmp_path, "bench_class_weight.py", "--smoke")["programs"]
+    assert set(figures) == {"tiny-mlp", "text"}
+    for program in figures.values():
+        assert set(program["raw"]) == {"plain loop, weighted", "fit class_weight, 1 device", "fit unweighted, 1 device",
+                                       "fit class_weight, 2 devices"}
+        assert all(len(v) == 1 and v[0] > 0 for v in program["raw"].values())
+        assert all(x > 0 for x in program["x plain loop (speed)"].values())

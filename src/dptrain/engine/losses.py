@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.batch import batch_size
+from .class_weights import ClassWeights
 from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import (check_class_targets, check_classification, classes_last, check_float_targets, check_reduction,
                           check_same_shape, trains_on_integers)
@@ -120,7 +121,7 @@ class LossAdapter:
     >>> # N shards: sum(s_i) / sum(n_i) == nn.MSELoss()(out, y) on the whole batch
     """
 
-    def __init__(self, loss: Optional[Callable] = None, reduction: Optional[str] = None):
+    def __init__(self, loss: Optional[Callable] = None, reduction: Optional[str] = None, class_weight: Any = None):
         loss = nn.CrossEntropyLoss() if loss is None else loss
         loss = as_module(loss)
         if not callable(loss):
@@ -165,6 +166,9 @@ class LossAdapter:
         #: A causal language model's labels, read shifted by one (``own_loss.check_own_loss`` sets
         #: it): the loss, its count and the accuracy compare ``logits[:, t]`` with ``labels[:, t + 1]``.
         self.shift_labels = False
+        #: Keras's ``class_weight``, weighing the training loss only (``measure``, ``whole``): an
+        #: evaluation's (``__call__``) is the plain loss, as Keras's validation loss is.
+        self.class_weights = None if class_weight is None else ClassWeights(class_weight, loss)
 
     def read_target(self, target: Any) -> Any:
         """``target`` as the loss reads it: a causal LM's labels shifted (``shift_labels``)."""
@@ -175,6 +179,8 @@ class LossAdapter:
         """The shard's sum and denominator (None: a sum; not computed unless ``count``, or
         the loss's own second value when it returns ``(sum, count)``)."""
         output, target = output_for(self, output), self.read_target(target)
+        if self.class_weights is not None:
+            return self._weighed(output, target), self._count(target, output) if count else None
         value = self._value(output, target, batch)
         if isinstance(value, tuple):
             return value
@@ -200,6 +206,9 @@ class LossAdapter:
         a sum). The same gradient as ``measure``'s sum divided by its count, without the
         multiplications: what one device of one process runs (``direct_step.py``)."""
         output, target = output_for(self, output), self.read_target(target)
+        if self.class_weights is not None:
+            value, count = self._weighed(output, target), self._count(target, output)
+            return (value, None) if count is None else (value / count, count)
         if self.known:
             output = self._check(output, target)
             loss = self.loss if self._placed is None else self._placed.on(output)[0]
@@ -208,6 +217,12 @@ class LossAdapter:
         if isinstance(value, tuple):
             return value[0] / value[1], value[1]
         return value, samples_of(target, output) if self.reduction == "mean" else None
+
+    def _weighed(self, output: torch.Tensor, target: Any) -> torch.Tensor:
+        """The training shard's sum weighed by ``class_weight`` (``class_weights.py``)."""
+        output = self._check(output, target)
+        loss = self.loss if self._placed is None else self._placed.on(output)[0]
+        return self.class_weights.weighted_sum(loss, output, target)
 
     def _check(self, output: torch.Tensor, target: Any) -> torch.Tensor:
         """``output`` checked against ``target`` (a classification's at the first batch), as the

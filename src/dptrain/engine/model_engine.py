@@ -78,7 +78,7 @@ class ModelEngine:
                  clip_grad_value: Optional[float] = None):
         self.task, self.clip_grad_norm, self.sync_batchnorm = task, clip_grad_norm, sync_batchnorm
         self.clip_grad_value = clip_grad_value
-        self.adapter = LossAdapter(task.loss, task.reduction) if task.step is None else None
+        self.adapter = LossAdapter(task.loss, task.reduction, task.class_weight) if task.step is None else None
         # A step function's forms (steps of several optimizers too), read as the engine needs them
         self.steps = StepFunctions(None if task.several else task.step, task.reduction)
         self.forward = task.forward or default_forward

@@ -24,7 +24,8 @@ from .lightning_trainer import LateConfigure
 from .loss_names import loss_named
 from .metric_names import metrics_named
 from .stateful_metrics import is_stateful
-from .losses import REDUCTIONS, scores_accuracy
+from .class_weights import ClassWeights
+from .losses import REDUCTIONS, as_module, scores_accuracy
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
 from ..parallel.optim import OptimizerSpec, check_learning_rate
@@ -79,6 +80,9 @@ class Task:
     - ``collate_fn``: how a Dataset's samples make a batch (default: PyTorch's).
     - ``callbacks``: hooks into the run (``dptrain.Callback``), before ``fit``'s own.
     - ``name``, ``dataset``: how results and checkpoints name the run.
+    - ``class_weight``: Keras's, ``{class: weight}`` (or one weight a class): each training
+      sample's loss times its class's weight, the sum over the samples; evaluation unweighted
+      (``class_weights.py``). For cross-entropy, NLL and binary cross-entropy.
     """
     model: nn.Module
     train_data: Any
@@ -104,6 +108,7 @@ class Task:
     callbacks: Sequence[Any] = ()
     name: str = "custom"
     dataset: Optional[str] = None
+    class_weight: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -118,6 +123,11 @@ class Task:
             self._take_optimizer()
         if isinstance(self.loss, str):
             self.loss = loss_named(self.loss)
+        if self.class_weight is not None:
+            if self.step is not None:
+                raise ValueError("class_weight weighs fit's loss, and a step function (a LightningModule's "
+                                 "training_step) computes its own: weigh the samples there, or give loss= and no step")
+            ClassWeights(self.class_weight, as_module(self.loss or nn.CrossEntropyLoss()))     # (checked now)
         if isinstance(self.metrics, (list, tuple)) or is_stateful(self.metrics):
             # Keras's metrics=["accuracy", "mae"], metric objects named by their class, or one alone
             # (a Trainer's compute_metrics as whole_set: its keys name the figures)

@@ -44,7 +44,7 @@ from .session import Log, run_task
 #: ``Task`` fields ``fit`` takes as keywords (the model and the data are its arguments).
 TASK_KEYWORDS = ("loss", "reduction", "forward", "step", "optimizer", "optimizer_params", "lr", "scheduler",
                  "scheduler_interval", "scheduler_monitor", "metrics", "init", "collate_fn", "epochs", "batch_size",
-                 "kvstore", "callbacks", "name")
+                 "kvstore", "callbacks", "name", "class_weight")
 #: ``TrainConfig`` settings ``fit`` takes as keywords (each declared once, in ``config.py``).
 CONFIG_KEYWORDS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("fit", True))
 #: Keywords ``fit`` took before each setting had one name everywhere.
@@ -53,6 +53,7 @@ RENAMED = {"bucket_mb": "bucket_cap_mb"}
 #: "none: ...", what to do instead).
 PEER_KEYWORDS = {
     **COMMON_PEERS,
+    "sample_weight": COMMON_PEERS["sample_weight"] + "; weights by class: class_weight={{class: weight}} (Keras's)",
     "validation_data": "eval_data (fit's third argument: fit(model, (X, y), (X_val, y_val)))",
     "val_dataloaders": "eval_data (fit's third argument)", "train_dataloaders": "train_data (fit's second argument)",
     "datamodule": "train_data (fit(model, dm): a LightningDataModule's loaders are taken)",
@@ -63,7 +64,6 @@ PEER_KEYWORDS = {
     "gradient_accumulation_steps": "accumulate_grad_batches", "mixed_precision": "amp ('bf16' or 'fp16')",
     "precision": "amp ('bf16' or 'fp16')", "default_root_dir": "checkpoint_dir",
     "limit_train_batches": "max_batches", "lr_scheduler": "scheduler", "callback": "callbacks",
-    "class_weight": "loss=torch.nn.CrossEntropyLoss(weight=class_weights)",
     "min_epochs": "callbacks=[EarlyStopping(..., start_from_epoch=N)] (no epoch up to N is watched, so none "
                   "stops the run)",
     "limit_val_batches": "eval_batches (the first N evaluation batches)", "validation_steps": "eval_batches",
