@@ -9,7 +9,9 @@ The programs: ``everyday.py``'s tiny MLP (tensors in memory, batch 128, 4 classe
 classifier (token lists, a padding collate_fn, dict batches, batch 64), 4 classes weighted 1, 2, 4,
 8. A figure is an epoch's seconds (the second of a 2-epoch call: set-up left out, as an epoch of
 a long run); the variants take turns each round, the order rotating; ratios are paired (the same
-round), medians over the rounds.
+round), medians over the rounds. "loss op" times the loss alone, forward and backward on one
+thread (a 128 x 4 batch, microseconds a call): the plain loop's expression against
+``ClassWeights.weighted_sum`` (what ``fit`` calls) and the unweighted ``cross_entropy``.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dptrain  # noqa: E402
 import everyday  # noqa: E402
 from common import in_turns, paired, rounds_parser, save_result  # noqa: E402
+from dptrain.engine.class_weights import ClassWeights  # noqa: E402
 
 WEIGHTS = {0: 1.0, 1: 2.0, 2: 4.0, 3: 8.0}
 
@@ -66,12 +69,39 @@ def fitted(program, data, devices, class_weight):
     return result["history"][-1]["sec"]
 
 
+def loss_op(calls):
+    """Microseconds a forward and backward of each weighting of a 128 x 4 batch's loss."""
+    torch.manual_seed(0)
+    logits, y = torch.randn(128, 4), torch.randint(0, 4, (128,))
+    w = torch.tensor([WEIGHTS[c] for c in range(4)])
+    ce = torch.nn.CrossEntropyLoss()
+    weights = ClassWeights(WEIGHTS, ce)
+    ops = {"plain loop's per-sample * w[y]": lambda o: (F.cross_entropy(o, y, reduction="none") * w[y]).mean(),
+           "ClassWeights.weighted_sum": lambda o: weights.weighted_sum(ce, o, y) / len(y),
+           "unweighted cross_entropy": lambda o: F.cross_entropy(o, y)}
+
+    def timed(op):
+        start = time.perf_counter()
+        for _ in range(calls):
+            op(logits.detach().requires_grad_()).backward()
+        return (time.perf_counter() - start) / calls * 1e6
+    return {name: (lambda op=op: timed(op)) for name, op in ops.items()}
+
+
 def main() -> None:
     parser = rounds_parser(__doc__, 0)
     parser.add_argument("--programs", default="tiny-mlp,text")
     parser.add_argument("--devices", default="2")
     args = parser.parse_args()
     rounds = 1 if args.smoke else args.rounds
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ops = loss_op(100 if args.smoke else 3000)
+    for fn in ops.values():
+        fn()
+    op_raw = in_turns(ops, rounds)
+    torch.set_num_threads(threads)
+    op = {"us a call": {k: statistics.median(v) for k, v in op_raw.items()}, "raw": op_raw}
     figures = {}
     for name in args.programs.split(","):
         program = everyday.PROGRAMS[name]
@@ -91,7 +121,7 @@ def main() -> None:
                          "x plain loop (speed)": {k: paired(speed, k, "plain loop, weighted") for k in variants
                                                   if k != "plain loop, weighted"}, "raw": raw}
     command = "python benchmarks/bench_class_weight.py " + " ".join(sys.argv[1:])
-    save_result({"rounds": rounds, "weights": WEIGHTS, "programs": figures}, command, args.out)
+    save_result({"rounds": rounds, "weights": WEIGHTS, "loss op": op, "programs": figures}, command, args.out)
 
 
 if __name__ == "__main__":

@@ -336,7 +336,11 @@ def test_the_lr_find_benchmark_pairs_the_range_test_with_the_plain_loops(tmp_pat
 
 
 def test_the_class_weight_benchmark_pairs_its_variants_with_the_weighted_plain_loop(tmp_path):
-    figures = run_benchmark(tmp_path, "bench_class_weight.py", "--smoke")["programs"]
+    result = run_benchmark(tmp_path, "bench_class_weight.py", "--smoke")
+    assert set(result["loss op"]["us a call"]) == {"plain loop's per-sample * w[y]", "ClassWeights.weighted_sum",
+                                                   "unweighted cross_entropy"}
+    assert all(x > 0 for x in result["loss op"]["us a call"].values())
+    figures = result["programs"]
     assert set(figures) == {"tiny-mlp", "text"}
     for program in figures.values():
         assert set(program["raw"]) == {"plain loop, weighted", "fit class_weight, 1 device", "fit unweighted, 1 device",
