@@ -335,15 +335,17 @@ def test_the_lr_find_benchmark_pairs_the_range_test_with_the_plain_loops(tmp_pat
     assert all(set(f["x plain loop (speed)"]) == {"lr_find"} for f in figures.values())
 
 
-def test_the_class_weight_benchmark_pairs_its_variants_with_the_weighted_plain_loop(tmp_path):
-    result = run_benchmark(tmp_path, "bench_class_weight.py", "--smoke")
+def test_the_weights_benchmark_pairs_its_variants_with_the_plain_loop_weighing_alike(tmp_path):
+    result = run_benchmark(tmp_path, "bench_weights.py", "--smoke")
     assert set(result["loss op"]["us a call"]) == {"plain loop's per-sample * w[y]", "ClassWeights.weighted_sum",
                                                    "unweighted cross_entropy"}
     assert all(x > 0 for x in result["loss op"]["us a call"].values())
     figures = result["programs"]
     assert set(figures) == {"tiny-mlp", "text"}
     for program in figures.values():
-        assert set(program["raw"]) == {"plain loop, weighted", "fit class_weight, 1 device", "fit unweighted, 1 device",
-                                       "fit class_weight, 2 devices"}
+        assert set(program["raw"]) == {"plain loop, class-weighted", "fit class_weight, 1 device",
+                                       "fit unweighted, 1 device", "fit class_weight, 2 devices",
+                                       "plain loop, sample-weighted", "fit sample_weight, 1 device",
+                                       "fit sample_weight, 2 devices"}
         assert all(len(v) == 1 and v[0] > 0 for v in program["raw"].values())
         assert all(x > 0 for x in program["x plain loop (speed)"].values())

@@ -144,8 +144,6 @@ def test_keywords_of_keras_lightning_and_accelerate_and_typos_are_answered_with_
     X, y = torch.randn(8, 2), torch.randint(0, 2, (8,))
     for key, ours in [("validation_data", "eval_data"), ("max_epochs", "epochs"), ("verbose", "log=None"),
                       ("gradient_accumulation_steps", "accumulate_grad_batches"),
-                      ("sample_weight", "forward=lambda model, batch: (model(batch[0]), batch[1]) for data (x, y, w)"),
-                      ("sample_weight", "weights by class: class_weight={class: weight}"),
                       ("limit_val_batches", "eval_batches"),
                       ("min_epochs", "EarlyStopping(..., start_from_epoch=N)"), ("accelerator", "devices ('auto'"),
                       ("gradient_clip_algorithm", "clip_grad_norm=X or clip_grad_value=X"),

@@ -31,7 +31,7 @@ def check_fraction(value: Any) -> float:
 
 def hold_out(data: Any, fraction: float) -> Tuple[Any, Any]:
     """``(training part, held-out part)`` of ``data``: see the module docstring."""
-    n = _length(data)
+    n = data_length(data)
     keep = math.floor(round(n * (1.0 - fraction), 9))      # (0.9 of 10 keeps 1, not 0.99999...: 0)
     if keep < 1 or keep >= n:
         raise ValueError(f"validation_split={fraction:g} of {n} training samples leaves "
@@ -40,24 +40,26 @@ def hold_out(data: Any, fraction: float) -> Tuple[Any, Any]:
     return _part(data, 0, keep), _part(data, keep, n)
 
 
-def _length(data: Any) -> int:
+def data_length(data: Any, asking: str = "validation_split") -> int:
+    """The samples of ``data`` (tensors, a dict of them, a map-style ``Dataset``, a ``DataLoader``'s),
+    or an error naming why they cannot be counted for what is ``asking``."""
     if isinstance(data, DataLoader):
         if not isinstance(data.dataset, IterableDataset) and any(p is not None for p in picks_of(data)):
             picks = next(p for p in picks_of(data) if p is not None)
-            raise ValueError(f"validation_split with the DataLoader's {type(picks).__name__}: its indices "
+            raise ValueError(f"{asking} with the DataLoader's {type(picks).__name__}: its indices "
                              f"cover the whole dataset, not a held-out part: give eval_data")
         data = data.dataset
     if isinstance(data, IterableDataset):
-        raise ValueError("validation_split needs a map-style Dataset (with __len__ and __getitem__); an "
-                         "IterableDataset has no last samples to hold out: give eval_data")
+        raise ValueError(f"{asking} needs a map-style Dataset (with __len__ and __getitem__); an "
+                         f"IterableDataset has no last samples to hold out: give eval_data")
     if isinstance(data, (tuple, list)) and data and all(_is_array(t) for t in data):
-        return _same_length([len(t) for t in data], "the tensors")
+        return _same_length([len(t) for t in data], "the tensors", asking)
     if isinstance(data, dict) and data and all(_is_array(t) for t in data.values()):
-        return _same_length([len(t) for t in data.values()], "the dict's tensors")
+        return _same_length([len(t) for t in data.values()], "the dict's tensors", asking)
     if _is_array(data) or hasattr(data, "__len__"):
         return len(data)
-    raise TypeError(f"validation_split cannot split {type(data).__name__}: give a Dataset, tensors (X, y) or a "
-                    f"dict of tensors, or eval_data")
+    raise TypeError(f"{asking} cannot count the samples of {type(data).__name__}: give a Dataset, tensors (X, y) or "
+                    f"a dict of tensors{', or eval_data' if asking == 'validation_split' else ''}")
 
 
 def _part(data: Any, start: int, stop: int) -> Any:
@@ -79,8 +81,8 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, (torch.Tensor, np.ndarray))
 
 
-def _same_length(lengths: list, what: str) -> int:
+def _same_length(lengths: list, what: str, asking: str) -> int:
     if len(set(lengths)) != 1:
-        raise ValueError(f"validation_split: {what} have different lengths {lengths}: every one needs one row per "
+        raise ValueError(f"{asking}: {what} have different lengths {lengths}: every one needs one row per "
                          f"sample")
     return lengths[0]

@@ -70,8 +70,9 @@ def call_inputs(model: Callable, args: tuple) -> Any:
     positional argument"; decided once per model class and keys: a dict lookup a step). An
     input that is a tuple or list of several, ``((x1, x2), y)`` (Keras's ``fit([x1, x2], y)``),
     given to a forward taking them one by one, is a TypeError naming the fix; so are more
-    inputs than forward takes, ``(x, y, w)`` (Keras's ``sample_weight``: read as ``model(x,
-    y)`` against ``w``, it failed on Python's "takes 2 positional arguments but 3 were given")."""
+    inputs than forward takes, ``(x, y, w)`` (Keras's ``sample_weight``, ``fit``'s
+    ``sample_weight=True``: read as ``model(x, y)`` against ``w``, it failed on Python's "takes 2
+    positional arguments but 3 were given")."""
     one = args[0] if len(args) == 1 else None
     if type(one) is not torch.Tensor and isinstance(one, Mapping) and _by_name(model, one):    # (the usual x: 40 ns)
         return model(**one)
@@ -81,11 +82,8 @@ def call_inputs(model: Callable, args: tuple) -> Any:
         if len(args) >= 2 and "positional argument" in str(e) and "were given" in str(e):
             raise TypeError(f"{type(model).__name__}.forward takes fewer inputs than the batch gives it ({e}): a "
                             f"batch of {len(args) + 1} items, (x1, ..., y), is model(x1, ..., x{len(args)}) against its "
-                            f"last. For (x, y, sample_weight) (Keras's sample_weight) pass forward=lambda model, batch: "
-                            f"(model(batch[0]), batch[1]) and a loss reading the weights from the batch: loss=lambda "
-                            f"out, y, batch: ((F.cross_entropy(out, y, reduction='none') * batch[2]).sum(), "
-                            f"batch[2].sum()), the weighted mean (Keras's divides by the samples: len(y) for "
-                            f"batch[2].sum())") from e
+                            f"last. For (x, y, sample_weight) (Keras's sample_weight) give fit sample_weight=True "
+                            f"(or the data (x, y) and sample_weight=w, one weight a sample)") from e
         if not isinstance(one, (tuple, list)) or len(one) < 2 or "required positional argument" not in str(e):
             raise
         raise TypeError(f"{type(model).__name__}.forward takes its inputs one by one ({e}), but each batch's input is "

@@ -97,7 +97,7 @@ class ClassWeights:
         indices without label smoothing, where torch would weigh the smoothing's classes too; a
         binary target's class is ``target > 0.5`` (Keras's round, half to even). Fused, a 128 x 4
         batch's forward and backward take 80 us against the per-sample product's 103 (unweighted:
-        55; benchmarks/results/class_weight.json's "loss op", 2 CPU cores)."""
+        55; benchmarks/results/weights.json's "loss op", 2 CPU cores)."""
         if self.binary:
             check_binary(target)
             w = self._weights(2, output)
@@ -120,6 +120,17 @@ class ClassWeights:
         per = F.cross_entropy(output, target, ignore_index=loss.ignore_index, reduction="none",
                               label_smoothing=loss.label_smoothing)
         return (per * w[target.clamp(min=0)]).sum()      # (an ignored target's loss is 0)
+
+    def of_elements(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Each sample's class weight, shaped as the loss's unreduced values (the target's,
+        without the classes of probability targets): ``w[target]``, to multiply with the
+        samples' own weights (``sample_weights.py``)."""
+        if self.binary:
+            check_binary(target)
+            w = self._weights(2, output)
+            return torch.where(target.detach() > 0.5, w[1], w[0])
+        w = self._weights(output.shape[1], output)
+        return w[target.argmax(1)] if target.is_floating_point() else w[target.clamp(min=0)]
 
 
 def check_binary(target: torch.Tensor) -> None:

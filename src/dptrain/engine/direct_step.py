@@ -22,6 +22,7 @@ from ..core import tracing as trace
 from ..data.accumulate import MicroBatches
 from ..data.batch import Batch, batch_size, to_device
 from ..parallel.sync.base import Extras
+from .sample_weights import split_weights
 from .step_plan import StepResult
 
 _NO_CHANGE = contextlib.nullcontext()
@@ -69,9 +70,12 @@ def whole_loss(engine: Any, shard: Batch, device: torch.device, scored: bool = T
     (``train_metrics``) count it."""
     net, figures = engine._net(0), engine.train_figures if scored else None
     if engine.adapter is not None:
+        weights = None
+        if engine.weighted:         # (Keras's sample_weight: the shard's last)
+            shard, weights = split_weights(shard)
         with engine._autocast(device):
             output, target = engine.forward(net, shard)
-            whole = engine.adapter.whole(output, target, shard)
+            whole = engine.adapter.whole(output, target, shard, weights)
         if figures is not None:
             figures.add(0, output, target)
         return whole

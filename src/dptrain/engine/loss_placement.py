@@ -27,7 +27,7 @@ def loss_tensors(loss: Any) -> List[torch.Tensor]:
     return [*loss.parameters(), *loss.buffers()] if isinstance(loss, nn.Module) else []
 
 
-_SUMMED: Dict[type, type] = {}
+_TWINS: Dict[Tuple[type, str], type] = {}
 
 
 def summed_twin(loss: nn.Module) -> nn.Module:
@@ -35,23 +35,34 @@ def summed_twin(loss: nn.Module) -> nn.Module:
     ``loss``, not a copy: it shares its attributes (its ``__dict__``), so what a callback
     edits mid-run (``loss.label_smoothing = 0.1``, ``loss.weight``) counts in it too; only
     ``reduction`` is its own (a property of its class, which wins over the shared attribute)."""
+    return twin(loss, "sum")
+
+
+def unreduced_twin(loss: nn.Module) -> nn.Module:
+    """``loss`` with ``reduction="none"``: each sample's (element's) value, to weigh
+    (``sample_weights.py``); a view of ``loss``, as ``summed_twin``."""
+    return twin(loss, "none")
+
+
+def twin(loss: nn.Module, reduction: str) -> nn.Module:
+    """A view of ``loss`` reduced by ``reduction`` (see ``summed_twin``)."""
     kind = type(loss)
-    summed = _SUMMED.get(kind)
-    if summed is None:
-        summed = type(kind.__name__, (kind,), {"reduction": property(lambda self: "sum", lambda self, value: None),
-                                               "__reduce_ex__": _reduce, "__module__": kind.__module__,
-                                               "__qualname__": kind.__qualname__})
-        _SUMMED[kind] = summed
-    twin = object.__new__(summed)
-    twin.__dict__ = loss.__dict__
-    return twin
+    made = _TWINS.get((kind, reduction))
+    if made is None:
+        made = type(kind.__name__, (kind,), {"reduction": property(lambda self: reduction, lambda self, value: None),
+                                             "__reduce_ex__": _reduce, "__module__": kind.__module__,
+                                             "__qualname__": kind.__qualname__, "_twin_reduction": reduction})
+        _TWINS[(kind, reduction)] = made
+    view = object.__new__(made)
+    view.__dict__ = loss.__dict__
+    return view
 
 
-def _reduce(twin: nn.Module, protocol: int) -> Any:
+def _reduce(view: nn.Module, protocol: int) -> Any:
     """A twin pickles (and deep-copies) as the twin of its loss."""
-    loss = object.__new__(type(twin).__mro__[1])
-    loss.__dict__ = twin.__dict__
-    return summed_twin, (loss,)
+    loss = object.__new__(type(view).__mro__[1])
+    loss.__dict__ = view.__dict__
+    return twin, (loss, type(view)._twin_reduction)
 
 
 class LossCopies:

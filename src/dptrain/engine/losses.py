@@ -33,9 +33,10 @@ from .class_weights import ClassWeights
 from .class_counts import KeptTargets, LazyCount, class_count
 from .loss_checks import (check_class_targets, check_classification, classes_last, check_float_targets, check_reduction,
                           check_same_shape, trains_on_integers)
-from .loss_placement import LossCopies, summed_twin
+from .loss_placement import LossCopies, summed_twin, unreduced_twin
 from .model_outputs import output_for
 from .own_loss import next_token
+from .sample_weights import check_weighable, weighted_sum
 from .whole_batch import WholeBatch
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
@@ -44,6 +45,8 @@ REDUCTIONS = ("mean", "sum")
 _ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss,
                 nn.SoftMarginLoss)
 _CLASSIFICATION = (nn.CrossEntropyLoss, nn.NLLLoss)
+#: The losses whose per-sample values ``sample_weight`` weighs (``sample_weights.py``).
+WEIGHABLE = _CLASSIFICATION + _ELEMENTWISE
 #: Elementwise losses torch computes on float targets only (MSE, L1... take integers too, in
 #: torch's recent versions: ``loss_checks.trains_on_integers``).
 _FLOAT_TARGETS = (nn.BCELoss, nn.BCEWithLogitsLoss, nn.HuberLoss)
@@ -121,7 +124,8 @@ class LossAdapter:
     >>> # N shards: sum(s_i) / sum(n_i) == nn.MSELoss()(out, y) on the whole batch
     """
 
-    def __init__(self, loss: Optional[Callable] = None, reduction: Optional[str] = None, class_weight: Any = None):
+    def __init__(self, loss: Optional[Callable] = None, reduction: Optional[str] = None, class_weight: Any = None,
+                 sample_weighted: bool = False):
         loss = nn.CrossEntropyLoss() if loss is None else loss
         loss = as_module(loss)
         if not callable(loss):
@@ -169,18 +173,23 @@ class LossAdapter:
         #: Keras's ``class_weight``, weighing the training loss only (``measure``, ``whole``): an
         #: evaluation's (``__call__``) is the plain loss, as Keras's validation loss is.
         self.class_weights = None if class_weight is None else ClassWeights(class_weight, loss)
+        if sample_weighted:     # Keras's sample_weight: its weights come with each training shard
+            check_weighable(loss, WEIGHABLE)
+        self._unreduced: Optional[Tuple[Any, Any]] = None      # (the loss, its reduction="none" view)
 
     def read_target(self, target: Any) -> Any:
         """``target`` as the loss reads it: a causal LM's labels shifted (``shift_labels``)."""
         return next_token(target) if self.shift_labels else target
 
     # -- per shard ---------------------------------------------------------------------
-    def measure(self, output: Any, target: Any, batch: Any = None, count: bool = True) -> Tuple[torch.Tensor, Count]:
+    def measure(self, output: Any, target: Any, batch: Any = None, count: bool = True,
+                weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Count]:
         """The shard's sum and denominator (None: a sum; not computed unless ``count``, or
-        the loss's own second value when it returns ``(sum, count)``)."""
+        the loss's own second value when it returns ``(sum, count)``); ``weights``: its
+        samples' (Keras's ``sample_weight``), each one's loss times its weight."""
         output, target = output_for(self, output), self.read_target(target)
-        if self.class_weights is not None:
-            return self._weighed(output, target), self._count(target, output) if count else None
+        if self.class_weights is not None or weights is not None:
+            return self._weighed(output, target, weights), self._count(target, output) if count else None
         value = self._value(output, target, batch)
         if isinstance(value, tuple):
             return value
@@ -200,14 +209,16 @@ class LossAdapter:
             return value
         return value * samples_of(target, output) if self.reduction == "mean" else value
 
-    def whole(self, output: Any, target: Any, batch: Any = None) -> Tuple[torch.Tensor, Count]:
+    def whole(self, output: Any, target: Any, batch: Any = None,
+              weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Count]:
         """The loss as one device on the whole batch computes it (the plain loop's value, to
         run backward on: a mean, or a sum with a sum reduction), and its denominator (None for
         a sum). The same gradient as ``measure``'s sum divided by its count, without the
-        multiplications: what one device of one process runs (``direct_step.py``)."""
+        multiplications: what one device of one process runs (``direct_step.py``); ``weights``
+        as ``measure``'s."""
         output, target = output_for(self, output), self.read_target(target)
-        if self.class_weights is not None:
-            value, count = self._weighed(output, target), self._count(target, output)
+        if self.class_weights is not None or weights is not None:
+            value, count = self._weighed(output, target, weights), self._count(target, output)
             return (value, None) if count is None else (value / count, count)
         if self.known:
             output = self._check(output, target)
@@ -218,11 +229,20 @@ class LossAdapter:
             return value[0] / value[1], value[1]
         return value, samples_of(target, output) if self.reduction == "mean" else None
 
-    def _weighed(self, output: torch.Tensor, target: Any) -> torch.Tensor:
-        """The training shard's sum weighed by ``class_weight`` (``class_weights.py``)."""
+    def _weighed(self, output: torch.Tensor, target: Any, weights: Optional[torch.Tensor]) -> torch.Tensor:
+        """The training shard's sum weighed by ``class_weight`` (``class_weights.py``), by its
+        samples' ``weights`` (``sample_weights.py``), or by both (their product, as Keras's)."""
         output = self._check(output, target)
         loss = self.loss if self._placed is None else self._placed.on(output)[0]
-        return self.class_weights.weighted_sum(loss, output, target)
+        if weights is None:
+            return self.class_weights.weighted_sum(loss, output, target)
+        unreduced = self._unreduced
+        if unreduced is None or unreduced[0] is not loss:       # (a view of the loss: made once a loss)
+            unreduced = self._unreduced = (loss, unreduced_twin(loss))
+        per = unreduced[1](output, target)
+        if self.class_weights is not None:
+            per = per * self.class_weights.of_elements(output, target)
+        return weighted_sum(per, weights)
 
     def _check(self, output: torch.Tensor, target: Any) -> torch.Tensor:
         """``output`` checked against ``target`` (a classification's at the first batch), as the

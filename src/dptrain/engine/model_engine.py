@@ -39,6 +39,7 @@ from .own_loss import check_own_loss, model_loss
 from .stateful_metrics import StatefulMetrics
 from .step_functions import StepFunctions, check_sum
 from .step_plan import StepPlan, StepResult
+from .sample_weights import split_weights
 from .task import Task
 from .train_figures import TrainFigures, with_logged
 from .updates import several_step
@@ -78,7 +79,10 @@ class ModelEngine:
                  clip_grad_value: Optional[float] = None):
         self.task, self.clip_grad_norm, self.sync_batchnorm = task, clip_grad_norm, sync_batchnorm
         self.clip_grad_value = clip_grad_value
-        self.adapter = LossAdapter(task.loss, task.reduction, task.class_weight) if task.step is None else None
+        #: Keras's ``sample_weight``: each training batch carries its samples' weights (``sample_weights.py``)
+        self.weighted = task.sample_weight is not None
+        self.adapter = LossAdapter(task.loss, task.reduction, task.class_weight, self.weighted) \
+            if task.step is None else None
         # A step function's forms (steps of several optimizers too), read as the engine needs them
         self.steps = StepFunctions(None if task.several else task.step, task.reduction)
         self.forward = task.forward or default_forward
@@ -153,6 +157,9 @@ class ModelEngine:
     def train_on_model_loss(self) -> None:
         """Train on the loss the model computes from the batch's labels, as the step
         ``model(**batch)`` (``own_loss.py``), in place of the loss the task did not give."""
+        if self.weighted:
+            raise ValueError("sample_weight weighs fit's loss, and the model computes its own from the batch's labels "
+                             "(no loss given): give loss= (nn.CrossEntropyLoss(), 'mse'...) to weigh it")
         self.adapter = self.gathering = self.evaluation_gathering = None
         self.steps = StepFunctions(model_loss, self.task.reduction)
 
@@ -181,11 +188,12 @@ class ModelEngine:
         model fails now, not after an epoch of training)."""
         def run(net: nn.Module, batch: Batch) -> None:
             for step in self.task.updates.values() or [None]:
-                self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0], step=step)
+                self._loss(net, to_device(batch, self.devices[0], self.memory_format), self.devices[0], step=step,
+                           weighted=batch is not eval_example)
         steps = self.task.step if isinstance(self.task.step, LightningSteps) else None
         with outputs_kept(self.task.model, steps is not None and steps.ends_epoch):     # (these calls keep nothing)
             # (a causal LM's labels shifted from now on; labels ours cannot take: its own loss)
-            self.loss_line = check_own_loss(self, example)
+            self.loss_line = check_own_loss(self, self.unweighted(example))
             self.replicas.initialize(example, run)
             if eval_example is not None:
                 with evaluating(self.replicas[0]), torch.no_grad():
@@ -208,17 +216,27 @@ class ModelEngine:
             return _NO_CHANGE
         return torch.autocast(device.type, dtype=self.amp)
 
+    def unweighted(self, batch: Batch) -> Batch:
+        """A training batch without its samples' weights (Keras's ``sample_weight``), as the
+        forward reads it."""
+        return split_weights(batch)[0] if self.weighted else batch
+
     def _loss(self, net: nn.Module, shard: Batch, device: torch.device, count: bool = True,
-              scored: Optional[int] = None, step: Optional[Callable] = None) -> Tuple[torch.Tensor, Count]:
+              scored: Optional[int] = None, step: Optional[Callable] = None,
+              weighted: bool = True) -> Tuple[torch.Tensor, Count]:
         """The shard's loss as a sum, and its denominator (None: a sum, nothing to divide;
         not computed unless ``count``). ``scored``: the device index under which the
         training figures (``train_metrics``) count this shard, if they are kept. ``step``:
-        the step function (several optimizers: the update's; default the task's)."""
+        the step function (several optimizers: the update's; default the task's).
+        ``weighted``: a training shard, carrying its samples' weights with ``sample_weight``."""
         figures = self.train_figures if scored is not None else None
         if self.adapter is not None:
+            weights = None
+            if self.weighted and weighted:
+                shard, weights = split_weights(shard)
             with self._autocast(device):
                 output, target = self.forward(net, shard)
-                value, denominator = self.adapter.measure(output, target, shard, count)
+                value, denominator = self.adapter.measure(output, target, shard, count, weights)
             if figures is not None:
                 figures.add(scored, output, target)
             return value, denominator
@@ -234,7 +252,7 @@ class ModelEngine:
             return self.steps.known_count(batch, step)
         if self.task.forward is not None or self.adapter.pairs is not False:
             return False, None          # the forward or the loss tells it
-        _, target = input_and_target(batch)
+        _, target = input_and_target(self.unweighted(batch))
         return True, host_number(self.adapter.count(target))
 
     def train_batch(self, batch: Batch, skip_nonfinite: bool = False, extras: Extras = None,
@@ -258,7 +276,8 @@ class ModelEngine:
             n = global_size or self.trainer.world_size * sum(batch_size(m) for m in micro)
             # (what the loss's mean counts per sample, from the target before the forward)
             known = micro and self.adapter is not None and self.task.forward is None
-            self.loss_factor = self.loss_scale.factor(n, self.adapter.per_sample(input_and_target(micro[0])[1])
+            self.loss_factor = self.loss_scale.factor(n, self.adapter.per_sample(
+                input_and_target(self.unweighted(micro[0]))[1])
                                                       if known else 1.0)
         if self.sum_unchecked:
             self.sum_unchecked = not check_sum(self, batch)

@@ -25,7 +25,8 @@ from .loss_names import loss_named
 from .metric_names import metrics_named
 from .stateful_metrics import is_stateful
 from .class_weights import ClassWeights
-from .losses import REDUCTIONS, as_module, scores_accuracy
+from .losses import REDUCTIONS, WEIGHABLE, as_module, scores_accuracy
+from .sample_weights import check_weighable
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on
 from ..parallel.optim import OptimizerSpec, check_learning_rate
@@ -83,6 +84,11 @@ class Task:
     - ``class_weight``: Keras's, ``{class: weight}`` (or one weight a class): each training
       sample's loss times its class's weight, the sum over the samples; evaluation unweighted
       (``class_weights.py``). For cross-entropy, NLL and binary cross-entropy.
+    - ``sample_weight``: Keras's, one weight a training sample (an array or list beside
+      ``train_data``; ``data/sample_weights.py``), or ``True`` where the training batches carry
+      them last, ``(x, y, w)`` (a dict batch: its ``"sample_weight"``): each sample's loss times
+      its weight, the sum over the samples; evaluation unweighted (``engine/sample_weights.py``).
+      For torch's classification and element-wise losses; with ``class_weight``, their product.
     """
     model: nn.Module
     train_data: Any
@@ -109,6 +115,7 @@ class Task:
     name: str = "custom"
     dataset: Optional[str] = None
     class_weight: Any = None
+    sample_weight: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, nn.Module):
@@ -128,6 +135,14 @@ class Task:
                 raise ValueError("class_weight weighs fit's loss, and a step function (a LightningModule's "
                                  "training_step) computes its own: weigh the samples there, or give loss= and no step")
             ClassWeights(self.class_weight, as_module(self.loss or nn.CrossEntropyLoss()))     # (checked now)
+        if self.sample_weight is False:
+            self.sample_weight = None
+        if self.sample_weight is not None:
+            if self.step is not None:
+                raise ValueError("sample_weight weighs fit's loss, and a step function (a LightningModule's "
+                                 "training_step) computes its own: weigh the samples there (the batch carries "
+                                 "them), or give loss= and no step")
+            check_weighable(as_module(self.loss or nn.CrossEntropyLoss()), WEIGHABLE)      # (checked now)
         if isinstance(self.metrics, (list, tuple)) or is_stateful(self.metrics):
             # Keras's metrics=["accuracy", "mae"], metric objects named by their class, or one alone
             # (a Trainer's compute_metrics as whole_set: its keys name the figures)

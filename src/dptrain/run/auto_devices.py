@@ -34,6 +34,7 @@ from ..core.devices import format_device
 from ..core.stage import stage
 from ..data.batch import map_tensors
 from ..data.choose_loader import make_loader
+from ..data.sample_weights import weighed, weights_for
 from ..engine.device_streams import ReplayError
 from ..engine.forward_hooks import TurnsError
 from ..engine.model_engine import ModelEngine
@@ -115,7 +116,8 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     its training data loaded (so a data factory runs once)."""
     data = task.load("train_data")
     task = dataclasses.replace(task, train_data=data)
-    loader = make_loader(data, batch_size, collate_fn=task.collate_fn, shuffle=False, seed=0)
+    fed, collate_fn = weighed(data, weights_for(data, task.sample_weight), task.collate_fn)     # (sample_weight)
+    loader = make_loader(fed, batch_size, collate_fn=collate_fn, shuffle=False, seed=0)
     batch = next(iter(loader.batches()))
     whole = _object_in(batch)
     if whole is not None:
@@ -135,7 +137,7 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
         engines[1] = _engine(task, config, devices[:1], loader.example())
         if short:
             slow = _peek(engines, lambda: _engine(task, config, devices[:1], loader.example()),
-                         _first(data, task, batch_size))
+                         _first(fed, collate_fn, batch_size))
         if slow is None:
             engines[n] = _engine(task, config, devices, loader.example())
         for block in range(2 * BLOCKS if slow is None else 0):     # in blocks, as the loop runs them (and alternating)
@@ -185,11 +187,11 @@ def _steps(loader: Any, epochs: Optional[int], max_batches: Optional[int], most:
     return min(steps, most) if most else steps
 
 
-def _first(data: Any, task: Task, batch_size: int) -> Optional[Any]:
+def _first(data: Any, collate_fn: Optional[Callable], batch_size: int) -> Optional[Any]:
     """The first ``PEEK`` samples as a batch, if the batch is larger."""
     if batch_size <= PEEK:
         return None
-    return next(iter(make_loader(data, PEEK, collate_fn=task.collate_fn, shuffle=False, seed=0).batches()))
+    return next(iter(make_loader(data, PEEK, collate_fn=collate_fn, shuffle=False, seed=0).batches()))
 
 
 def _peek(engines: Dict[int, ModelEngine], rebuild: Callable[[], ModelEngine], small: Optional[Any]) -> Optional[str]:

@@ -15,6 +15,7 @@ from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, 
 from ..core.stage import noted, stage
 from ..data.accumulate import Accumulating
 from ..data.choose_loader import make_loader, own_batch_size, read_as_samples, reading_batch_size
+from ..data.sample_weights import weighed, weights_for
 from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
 from ..distributed import DistEnv, get_collective
@@ -107,16 +108,20 @@ def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dic
     """This process's training loader (``validation_split``'s part held out), and the
     evaluation data."""
     train_data, eval_data = task.load("train_data"), task.load("eval_data")
+    weights = weights_for(train_data, task.sample_weight)        # (Keras's sample_weight, checked)
     if config.validation_split is not None:
         if eval_data is not None:
             raise ValueError("both an evaluation set and validation_split were given: give one (eval_data "
                              "evaluates on that set; validation_split holds out the last part of the "
                              "training data)")
         train_data, eval_data = hold_out(train_data, config.validation_split)
+    source = train_data
+    train_data, collate_fn = weighed(train_data, weights, shard.get("collate_fn"))
+    shard = {**shard, "collate_fn": collate_fn}
     loader = make_loader(train_data, batch_size, shuffle=config.shuffle, seed=config.seed,
                          max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch,
                          sharded=config.sharded_stream, drop_last=config.drop_last, **shard)
-    loader.source = train_data
+    loader.source = source
     return loader, eval_data
 
 

@@ -44,7 +44,7 @@ from .session import Log, run_task
 #: ``Task`` fields ``fit`` takes as keywords (the model and the data are its arguments).
 TASK_KEYWORDS = ("loss", "reduction", "forward", "step", "optimizer", "optimizer_params", "lr", "scheduler",
                  "scheduler_interval", "scheduler_monitor", "metrics", "init", "collate_fn", "epochs", "batch_size",
-                 "kvstore", "callbacks", "name", "class_weight")
+                 "kvstore", "callbacks", "name", "class_weight", "sample_weight")
 #: ``TrainConfig`` settings ``fit`` takes as keywords (each declared once, in ``config.py``).
 CONFIG_KEYWORDS = tuple(f.name for f in fields(TrainConfig) if f.metadata.get("fit", True))
 #: Keywords ``fit`` took before each setting had one name everywhere.
@@ -52,8 +52,7 @@ RENAMED = {"bucket_mb": "bucket_cap_mb"}
 #: Keras's, Lightning's and Accelerate's names for what ``fit`` takes: the error names ours (or,
 #: "none: ...", what to do instead).
 PEER_KEYWORDS = {
-    **COMMON_PEERS,
-    "sample_weight": COMMON_PEERS["sample_weight"] + "; weights by class: class_weight={{class: weight}} (Keras's)",
+    **{k: v for k, v in COMMON_PEERS.items() if k != "sample_weight"},        # (fit takes Keras's sample_weight)
     "validation_data": "eval_data (fit's third argument: fit(model, (X, y), (X_val, y_val)))",
     "val_dataloaders": "eval_data (fit's third argument)", "train_dataloaders": "train_data (fit's second argument)",
     "datamodule": "train_data (fit(model, dm): a LightningDataModule's loaders are taken)",
