@@ -155,6 +155,16 @@ def test_validation_split_keeps_the_training_parts_weights_and_evaluates_unweigh
                                                                rel=1e-12)
 
 
+def test_accumulated_micro_batches_weigh_as_their_whole_batch():
+    X, y, w = data()
+    want = plain_loop(lambda o, t: F.cross_entropy(o, t, reduction="none"), X, y, w, epochs=1)
+    for devices in (1, 2):
+        model = net()
+        fit(model, (X, y), sample_weight=w, batch_size=BATCH // 2, accumulate_grad_batches=2, epochs=1,
+            devices=devices)
+        assert_same(model, want)
+
+
 class Stream(IterableDataset):
     def __iter__(self):
         return iter([])
