@@ -8,7 +8,6 @@ and N processes take the step one device takes on the whole global batch.
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 
 from ..core.parts import even_parts
 from ..core.modes import evaluating
-from ..data.accumulate import MicroBatches, micro_batches
+from ..data.accumulate import MicroBatches
 from ..data.batch import Batch, batch_size, split_structure, to_device
 from ..data.model_inputs import call_inputs, input_and_target
 from ..distributed.env import rank
@@ -34,11 +33,12 @@ from .evaluation import Totals, evaluate, try_metrics
 from .kept_outputs import outputs_kept
 from .lightning_module import LightningSteps
 from .loss_scale import LossScale
-from .losses import Count, LossAdapter, add_counts, host_number
+from .losses import Count, LossAdapter, host_number
 from .own_loss import check_own_loss, model_loss
 from .stateful_metrics import StatefulMetrics
 from .step_functions import StepFunctions, check_sum
 from .step_plan import StepPlan, StepResult
+from .summed_step import summed_step
 from .sample_weights import split_weights
 from .task import Task
 from .train_figures import TrainFigures, with_logged
@@ -57,11 +57,6 @@ def default_forward(model: nn.Module, batch: Batch) -> Tuple[Any, Any]:
     if not kwargs:
         return call_inputs(model, args), target
     return call_with_dict(model, batch, kwargs, target), target
-
-
-def nothing_counted(denominator: Count) -> bool:
-    """Whether a known denominator is 0 (a number: no wait): the batch's mean is 0/0."""
-    return not isinstance(denominator, torch.Tensor) and denominator is not None and denominator == 0
 
 
 class ModelEngine:
@@ -296,44 +291,7 @@ class ModelEngine:
             return closure.closure_step(self, batch, skip_nonfinite, sizes, timed)
         if direct.applies(self, batch, sizes, timed):
             return direct.direct_step(self, batch, skip_nonfinite, extras)
-        micro, each = micro_batches(batch, sizes)      # (--balance: each micro-batch's parts)
-        loss: Optional[torch.Tensor] = None
-        denominator: Count = None
-        n = 0
-        if len(micro) > 1:
-            with self.trainer.no_sync():            # the gradients stay on the devices, summed
-                for part, parts in zip(micro[:-1], each[:-1]):
-                    shard_loss, count, size = self._micro_batch(part, parts)
-                    loss = shard_loss if loss is None else loss + shard_loss
-                    denominator, n = add_counts(denominator, count), n + size
-        before = denominator
-        plan = self._plan(micro[-1], each[-1])
-        n += plan.n
-        if plan.known and self.trainer.world_size == 1 and nothing_counted(plan.denominator(before)):
-            self.trainer.discard_gradients()    # every target ignored (or weighing 0): a NaN mean, no update
-            return StepResult(torch.full((), math.nan, dtype=torch.float64, device=self.devices[0]), 0, False)
-        divisor = plan.denominator(before) if plan.known else lambda: add_counts(before, plan.shard_counts())
-        scaler = self.loss_scale
-        outcome = self.trainer.step_with(plan.compute(timed), divisor if scaler is None else
-                                         scaler.scaled_denominator(divisor, self.loss_factor),
-                                         ignore_stale_grad=True, skip_nonfinite=skip_nonfinite or scaler is not None,
-                                         extras=extras, max_norm=self.clip_grad_norm,
-                                         max_value=self.clip_grad_value)
-        last_loss = plan.loss(outcome.outputs)
-        loss = last_loss if loss is None else loss + last_loss
-        denominator = plan.denominator(before) if plan.known else add_counts(before, plan.shard_counts())
-        overflow = scaler is not None and scaler.after_step(outcome.stepped, loss)
-        if not outcome.stepped and not overflow:
-            loss = torch.full_like(loss, math.nan)
-        return StepResult(loss, n if denominator is None else denominator, outcome.stepped, outcome.summed_extras,
-                          plan.seconds if timed else None, outcome.grad_norm, overflow=overflow)
-
-    def _micro_batch(self, batch: Batch, sizes: Optional[Sequence[int]]) -> Tuple[torch.Tensor, Count, int]:
-        """Forward and backward of one micro-batch on every device, nothing sent: its loss
-        sum, its denominator and its number of samples."""
-        plan = self._plan(batch, sizes)
-        outputs = self.runner.map(plan.compute(False))
-        return plan.loss(outputs), plan.denominator(None) if plan.known else plan.shard_counts(), plan.n
+        return summed_step(self, batch, skip_nonfinite, extras, sizes, timed)
 
     def _plan(self, batch: Batch, sizes: Optional[Sequence[int]], step: Optional[Callable] = None) -> StepPlan:
         """``batch``'s shards and their work; ``step``: an update's step function (several
