@@ -1,5 +1,7 @@
 """Keras's ``sample_weight``: each training sample's loss times its own weight, over the samples;
 the same on 1, 2, 3 devices and 2 processes as the plain loop; evaluation unweighted."""
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -165,6 +167,26 @@ def test_accumulated_micro_batches_weigh_as_their_whole_batch():
         assert_same(model, want)
 
 
+def test_an_optimizer_evaluating_a_closure_weighs_each_evaluation():
+    X, y, w = data()
+    want = net()
+    opt = torch.optim.LBFGS(want.parameters(), lr=LR, max_iter=4)
+    for i in range(0, N, BATCH):
+        part = slice(i, i + BATCH)
+
+        def closure():
+            opt.zero_grad()
+            loss = (F.cross_entropy(want(X[part]), y[part], reduction="none") * w[part]).mean()
+            loss.backward()
+            return loss
+        opt.step(closure)
+    for devices in (1, 2):
+        model = net()
+        fit(model, (X, y), sample_weight=w, optimizer=functools.partial(torch.optim.LBFGS, max_iter=4), epochs=1,
+            devices=devices)
+        assert_same(model, want, 0 if devices == 1 else 1e-12)
+
+
 class Stream(IterableDataset):
     def __iter__(self):
         return iter([])
@@ -219,15 +241,18 @@ def test_a_model_computing_its_own_loss_is_an_error_naming_loss():
 
 def two_processes(rank, world):
     X, y, w = data()
-    model = net()
+    model, by_name = net(), ByName()
     result = fit(model, (X, y), (X, y), sample_weight=w, devices=1)
-    return [p.detach().tolist() for p in model.parameters()], result["history"][-1]["test_loss"]
+    fit(by_name, Tokens(X, y), sample_weight=w.numpy(), collate_fn=as_dict, devices=2)     # (a Dataset's pairs)
+    return ([p.detach().tolist() for p in model.parameters()], result["history"][-1]["test_loss"],
+            [p.detach().tolist() for p in by_name.net.parameters()])
 
 
 def test_sample_weights_on_two_processes_train_as_the_plain_loop():
     X, y, w = data()
     want = plain_loop(lambda o, t: F.cross_entropy(o, t, reduction="none"), X, y, w)
-    for params, test_loss in run_workers(two_processes):
-        for p, q in zip(params, want.parameters()):
+    for params, test_loss, of_dataset in run_workers(two_processes):
+        for p, d, q in zip(params, of_dataset, want.parameters()):
             torch.testing.assert_close(torch.tensor(p, dtype=torch.float64), q, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(torch.tensor(d, dtype=torch.float64), q, rtol=1e-12, atol=1e-12)
         assert test_loss == pytest.approx(F.cross_entropy(want(X), y).item(), rel=1e-12)
