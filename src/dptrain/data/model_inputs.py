@@ -83,7 +83,8 @@ def call_inputs(model: Callable, args: tuple) -> Any:
             raise TypeError(f"{type(model).__name__}.forward takes fewer inputs than the batch gives it ({e}): a "
                             f"batch of {len(args) + 1} items, (x1, ..., y), is model(x1, ..., x{len(args)}) against its "
                             f"last. For (x, y, sample_weight) (Keras's sample_weight) give fit sample_weight=True "
-                            f"(or the data (x, y) and sample_weight=w, one weight a sample)") from e
+                            f"(or the data (x, y) and sample_weight=w, one weight a sample): it weighs the training "
+                            f"batches, and an evaluation set is unweighted, given as (x, y)") from e
         if not isinstance(one, (tuple, list)) or len(one) < 2 or "required positional argument" not in str(e):
             raise
         raise TypeError(f"{type(model).__name__}.forward takes its inputs one by one ({e}), but each batch's input is "
