@@ -69,8 +69,10 @@ def fingerprint(loader: Any) -> str:
             if isinstance(t, torch.Tensor) and t.shape[0]:
                 for row in (t[0], t[-1]):
                     row = row.to_dense() if row.layout != torch.strided else row      # (a sparse matrix's rows)
-                    row = row.detach().cpu().contiguous()      # (as bytes: NumPy has no bfloat16)
-                    digest.update(row.reshape(-1).view(torch.uint8).numpy().tobytes())
+                    # (as bytes: NumPy has no bfloat16; a fresh copy, as a NumPy column y[:, None] of
+                    # stride 0 is "contiguous" to torch, and its view as bytes was an error)
+                    row = row.detach().cpu().reshape(-1).clone(memory_format=torch.contiguous_format)
+                    digest.update(row.view(torch.uint8).numpy().tobytes())
         text += f", {'its first sample' if stream else 'content'} {digest.hexdigest()[:12]}"
     return text
 
