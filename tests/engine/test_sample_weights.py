@@ -187,6 +187,26 @@ def test_an_optimizer_evaluating_a_closure_weighs_each_evaluation():
         assert_same(model, want, 0 if devices == 1 else 1e-12)
 
 
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_evaluate_weighs_its_loss_as_kerass_evaluate_and_leaves_the_accuracy_unweighted(devices):
+    X, y, w = data()
+    model = net()
+    figures = dptrain.evaluate(model, (X, y), sample_weight=w, batch_size=BATCH, devices=devices)
+    with torch.no_grad():
+        out = model(X)
+    assert figures["test_loss"] == pytest.approx((F.cross_entropy(out, y, reduction="none") * w).mean().item(),
+                                                 rel=1e-12)
+    assert figures["test_acc"] == pytest.approx((out.argmax(1) == y).double().mean().item())
+    two = torch.stack([X[:, 0], X[:, 1]], 1)
+    head = net(2)
+    with torch.no_grad():
+        mse = ((head(X) - two) ** 2).mean(1)
+    assert dptrain.evaluate(head, (X, two), loss="mse", sample_weight=w, devices=devices)["test_loss"] == \
+        pytest.approx((mse * w).mean().item(), rel=1e-12)
+    with pytest.raises(ValueError, match=r"sample_weight weighs one set's samples, and the data holds 2 sets"):
+        dptrain.evaluate(model, {"val": (X, y), "ood": (X, y)}, sample_weight=w, devices=devices)
+
+
 class Stream(IterableDataset):
     def __iter__(self):
         return iter([])
@@ -245,13 +265,17 @@ def two_processes(rank, world):
     result = fit(model, (X, y), (X, y), sample_weight=w, devices=1)
     fit(by_name, Tokens(X, y), sample_weight=w.numpy(), collate_fn=as_dict, devices=2)     # (a Dataset's pairs)
     return ([p.detach().tolist() for p in model.parameters()], result["history"][-1]["test_loss"],
-            [p.detach().tolist() for p in by_name.net.parameters()])
+            [p.detach().tolist() for p in by_name.net.parameters()],
+            dptrain.evaluate(model, (X, y), sample_weight=w, batch_size=BATCH, devices=2)["test_loss"])
 
 
 def test_sample_weights_on_two_processes_train_as_the_plain_loop():
     X, y, w = data()
     want = plain_loop(lambda o, t: F.cross_entropy(o, t, reduction="none"), X, y, w)
-    for params, test_loss, of_dataset in run_workers(two_processes):
+    with torch.no_grad():
+        weighted = (F.cross_entropy(want(X), y, reduction="none") * w).mean().item()
+    for params, test_loss, of_dataset, evaluated in run_workers(two_processes):
+        assert evaluated == pytest.approx(weighted, rel=1e-12)
         for p, d, q in zip(params, of_dataset, want.parameters()):
             torch.testing.assert_close(torch.tensor(p, dtype=torch.float64), q, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(torch.tensor(d, dtype=torch.float64), q, rtol=1e-12, atol=1e-12)

@@ -20,6 +20,7 @@ from ..data.model_inputs import target_of
 from .class_counts import LazyCount, class_count_total
 from .lightning_module import LightningSteps
 from .model_outputs import output_for
+from .sample_weights import split_weights
 from .stateful_metrics import COMPUTED, StatefulMetrics, pair_metric_names, raised_by
 
 Totals = Dict[str, torch.Tensor]
@@ -74,6 +75,7 @@ def evaluate(engine, batches, trial: Optional[StatefulMetrics] = None) -> Totals
     moves: List[Optional[bool]] = [None] * len(engine.devices)
 
     gathering = engine.evaluation_gathering      # a whole_batch loss's, over this process's devices
+    weighs = engine.weighs_evaluation       # (dptrain.evaluate's sample_weight: the batches carry them)
 
     def shard_totals(i: int, shard: Batch) -> None:
         if shard is None:
@@ -86,6 +88,9 @@ def evaluate(engine, batches, trial: Optional[StatefulMetrics] = None) -> Totals
             move = moves[i] = needs_move(shard, device, engine.memory_format)
         if move:
             shard = to_device(shard, device, engine.memory_format)
+        weights = None
+        if weighs:
+            shard, weights = split_weights(shard)
         if updates:         # several optimizers: each step's loss; metrics score forward's output
             size = batch_size(shard)        # (once a shard, not once a step)
             for name, step in updates.items():
@@ -111,7 +116,9 @@ def evaluate(engine, batches, trial: Optional[StatefulMetrics] = None) -> Totals
                 output, target = forward(net, shard)
         output = output_for(adapter, output)
         if adapter is not None:
-            if gathering is None:
+            if weights is not None:
+                value = adapter.weighed(output, target, weights)
+            elif gathering is None:
                 value = adapter(output, target, shard)
             else:
                 with gathering.part(i):

@@ -229,6 +229,11 @@ class LossAdapter:
             return value[0] / value[1], value[1]
         return value, samples_of(target, output) if self.reduction == "mean" else None
 
+    def weighed(self, output: torch.Tensor, target: Any, weights: torch.Tensor) -> torch.Tensor:
+        """The shard's sum, each sample's loss times its weight (an evaluation's, Keras's
+        ``evaluate(..., sample_weight=w)``; ``output`` as ``output_for`` gives it)."""
+        return self._weighed(output, self.read_target(target), weights)
+
     def _weighed(self, output: torch.Tensor, target: Any, weights: Optional[torch.Tensor]) -> torch.Tensor:
         """The training shard's sum weighed by ``class_weight`` (``class_weights.py``), by its
         samples' ``weights`` (``sample_weights.py``), or by both (their product, as Keras's)."""

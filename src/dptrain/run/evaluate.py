@@ -19,6 +19,7 @@ from torch import nn
 from ..core.modes import evaluating
 from ..core.stage import stage
 from ..data.choose_loader import make_loader, reading_batch_size
+from ..data.sample_weights import weighed, weights_for
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_adopt import steps_of
 from ..engine.lightning_module import LightningSteps
@@ -42,7 +43,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
              metrics: Union[None, Mapping[str, Any], Sequence[str]] = None, batch_size: Optional[int] = None,
              devices: Union[str, int, Sequence[Any]] = "auto", collate_fn: Optional[Callable] = None,
              num_workers: int = 0, amp: Optional[str] = None, dispatch_batches: bool = False,
-             sharded_stream: bool = False, local: bool = False,
+             sharded_stream: bool = False, local: bool = False, sample_weight: Any = None,
              timeout: float = DEFAULT_TIMEOUT_S) -> Dict[str, Any]:
     """Return ``model``'s figures over every sample of ``data``: ``test_loss``, ``test_acc``
     (classification losses) and ``test_<name>`` for each metric, as ``fit``'s rows name them
@@ -61,6 +62,9 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
     rank 0 alone, which sends the others their parts; ``sharded_stream``: each process's
     stream is its own share of the set, read to its end (as ``fit``'s). ``local=True``: this
     process alone scores every sample, with no other process (a script's ``if rank == 0:``).
+    ``sample_weight``: Keras's, one weight a sample of ``data`` (or ``True``: its batches carry
+    them last), as ``fit``'s: ``test_loss`` is each sample's loss times its weight over the
+    samples; the accuracy and metrics are unweighted (Keras weighs only its ``weighted_metrics``).
 
     >>> dptrain.evaluate(model, (X, y), devices=2)     # half of each batch on cpu:0, half on cpu:1
     {'test_loss': 0.412, 'test_acc': 0.861}
@@ -75,9 +79,16 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
         task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                     optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
                     metrics=metrics_copied(metrics),
-                    collate_fn=collate_fn, name="evaluate")
+                    collate_fn=collate_fn, name="evaluate", sample_weight=sample_weight)
         sets = evaluation_sets(data, task.metrics)
-        loaders = {name: make_loader(one, reading_batch_size(one, batch_size), num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
+        if sample_weight is not None and len(sets) > 1:
+            raise ValueError(f"sample_weight weighs one set's samples, and the data holds {len(sets)} sets "
+                             f"({', '.join(sets)}): evaluate each set on its own, with its weights")
+        collates = {}
+        for name, one in sets.items():      # (Keras's sample_weight: the batches made to carry them)
+            sets[name], collates[name] = weighed(one, weights_for(one, sample_weight), collate_fn)
+        loaders = {name: make_loader(one, reading_batch_size(one, batch_size), num_workers=num_workers,
+                                     collate_fn=collates[name], rank=env.rank,
                                      world_size=env.world_size, optional_workers=len(sets) > 1,   # (workers: for some)
                                      dispatch=dispatch_batches, sharded=sharded_stream, to_the_end=True)
                    for name, one in sets.items()}

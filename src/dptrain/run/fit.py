@@ -52,7 +52,7 @@ RENAMED = {"bucket_mb": "bucket_cap_mb"}
 #: Keras's, Lightning's and Accelerate's names for what ``fit`` takes: the error names ours (or,
 #: "none: ...", what to do instead).
 PEER_KEYWORDS = {
-    **{k: v for k, v in COMMON_PEERS.items() if k != "sample_weight"},        # (fit takes Keras's sample_weight)
+    **COMMON_PEERS,
     "validation_data": "eval_data (fit's third argument: fit(model, (X, y), (X_val, y_val)))",
     "val_dataloaders": "eval_data (fit's third argument)", "train_dataloaders": "train_data (fit's second argument)",
     "datamodule": "train_data (fit(model, dm): a LightningDataModule's loaders are taken)",

@@ -21,12 +21,7 @@ from typing import Any, Callable, Dict, Sequence, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Peers' names every entry point answers alike (fit's ``PEER_KEYWORDS`` takes them too).
-COMMON_PEERS = {"sample_weight": "forward=lambda model, batch: (model(batch[0]), batch[1]) for data (x, y, w), and a "
-                                 "loss of three arguments reading the weights from the batch, loss=lambda out, y, "
-                                 "batch: ((F.cross_entropy(out, y, reduction='none') * batch[2]).sum(), "
-                                 "batch[2].sum()), the weighted mean (Keras's divides by the samples: len(y) for "
-                                 "batch[2].sum(); see the README's Loss)",
-                "workers": "num_workers", "use_multiprocessing": "num_workers (worker processes load the data)"}
+COMMON_PEERS = {"workers": "num_workers", "use_multiprocessing": "num_workers (worker processes load the data)"}
 
 _SHARED = {**COMMON_PEERS,
            "x": "data (the second argument: {name}(model, (x, y)))", "y": "data ({name}(model, (x, y)))",
@@ -41,6 +36,8 @@ EVALUATE_PEERS = {**_SHARED, "verbose": "none: evaluate prints nothing", "return
                   "validation_data": "data (the second argument)"}
 #: Keras's ``predict`` and Lightning's ``trainer.predict`` keywords.
 PREDICT_PEERS = {**_SHARED, "verbose": "none: predict prints nothing",
+                 "sample_weight": "none: predict's outputs are not weighed (weights weigh a loss: fit's and "
+                                  "evaluate's sample_weight=)",
                  "return_predictions": "none: the outputs are returned"}
 
 
