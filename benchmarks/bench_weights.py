@@ -15,6 +15,9 @@ round, the order rotating; ratios are paired (the same round), medians over the 
 against the plain loop weighing alike. "loss op" times the loss alone, forward and backward on one
 thread (a 128 x 4 batch, microseconds a call): the plain loop's expression against
 ``ClassWeights.weighted_sum`` (what ``fit`` calls) and the unweighted ``cross_entropy``.
+"evaluation": a whole ``dptrain.evaluate(..., sample_weight=w)`` call (set-up included) against
+the plain loop's weighted evaluation (its ``DataLoader`` made, ``no_grad``) and ``evaluate``
+unweighted, on the training set.
 """
 from __future__ import annotations
 
@@ -60,12 +63,9 @@ def pairs_collate(collate, pairs):
     return collate([s for s, _ in pairs]), torch.stack([v for _, v in pairs])
 
 
-def plain(program, data, sample_weights=None, epochs=2):
-    """The plain loop's weighted epochs (by class, or by ``sample_weights``); the last one's seconds."""
-    torch.manual_seed(0)
-    model = program.model()
-    opt = program.optimizer(model.parameters(), lr=program.lr)
-    w = torch.tensor([WEIGHTS[c] for c in range(4)])
+def plain_loader(program, data, sample_weights, shuffle):
+    """The plain loop's ``DataLoader`` (over the samples and their weights, with them) and a
+    reader of its batches: ``batch -> (inputs, y, weights or None)``."""
     collate = program.collate
     if sample_weights is None:
         dataset = torch.utils.data.TensorDataset(*data) if isinstance(data, tuple) else data
@@ -73,19 +73,29 @@ def plain(program, data, sample_weights=None, epochs=2):
         dataset = torch.utils.data.TensorDataset(*data, sample_weights)
     else:
         dataset, collate = Paired(data, sample_weights), functools.partial(pairs_collate, program.collate)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=program.batch, shuffle=True, collate_fn=collate)
+
+    def read(batch):
+        if sample_weights is None:
+            return (*_inputs_and_labels(batch), None)
+        if isinstance(data, tuple):
+            return (*_inputs_and_labels(batch[:2]), batch[2])
+        return (*_inputs_and_labels(batch[0]), batch[1])
+    return torch.utils.data.DataLoader(dataset, batch_size=program.batch, shuffle=shuffle, collate_fn=collate), read
+
+
+def plain(program, data, sample_weights=None, epochs=2):
+    """The plain loop's weighted epochs (by class, or by ``sample_weights``); the last one's seconds."""
+    torch.manual_seed(0)
+    model = program.model()
+    opt = program.optimizer(model.parameters(), lr=program.lr)
+    w = torch.tensor([WEIGHTS[c] for c in range(4)])
+    loader, read = plain_loader(program, data, sample_weights, shuffle=True)
     for _ in range(epochs):
         start = time.perf_counter()
         total = torch.zeros(())
         for batch in loader:
-            if sample_weights is None:
-                inputs, y = _inputs_and_labels(batch)
-                weight = w[y]
-            elif isinstance(data, tuple):
-                (inputs, y), weight = _inputs_and_labels(batch[:2]), batch[2]
-            else:
-                (inputs, y), weight = _inputs_and_labels(batch[0]), batch[1]
-            loss = (F.cross_entropy(model(*inputs), y, reduction="none") * weight).mean()
+            inputs, y, weight = read(batch)
+            loss = (F.cross_entropy(model(*inputs), y, reduction="none") * (w[y] if weight is None else weight)).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -93,6 +103,28 @@ def plain(program, data, sample_weights=None, epochs=2):
         float(total)
         seconds = time.perf_counter() - start
     return seconds
+
+
+def plain_evaluation(program, model, data, sample_weights):
+    """Seconds of the plain loop's weighted evaluation loss over ``data`` (its loader made too)."""
+    start = time.perf_counter()
+    loader, read = plain_loader(program, data, sample_weights, shuffle=False)
+    total, n = torch.zeros((), dtype=torch.float64), 0
+    model.eval()
+    with torch.no_grad():
+        for batch in loader:
+            inputs, y, weight = read(batch)
+            total += (F.cross_entropy(model(*inputs), y, reduction="none") * weight).sum()
+            n += len(y)
+    float(total / n)
+    return time.perf_counter() - start
+
+
+def evaluated(model, program, data, **weights):
+    """Seconds of a ``dptrain.evaluate`` call on one device, set-up included."""
+    start = time.perf_counter()
+    dptrain.evaluate(model, data, batch_size=program.batch, collate_fn=program.collate, devices=1, **weights)
+    return time.perf_counter() - start
 
 
 def fitted(program, data, devices, **weights):
@@ -161,6 +193,18 @@ def main() -> None:
                    for k in variants if not k.startswith("plain")}
         figures[name] = {"epoch seconds": {k: statistics.median(v) for k, v in raw.items()},
                          "x plain loop (speed)": {k: paired(speed, k, b) for k, b in against.items()}, "raw": raw}
+        model = program.model()
+        checks = {"plain evaluation, sample-weighted": lambda: plain_evaluation(program, model, data, sw),
+                  "evaluate sample_weight, 1 device": lambda: evaluated(model, program, data, sample_weight=sw),
+                  "evaluate unweighted, 1 device": lambda: evaluated(model, program, data)}
+        for fn in checks.values():
+            fn()
+        raw = in_turns(checks, rounds)
+        speed = {k: [1 / s for s in v] for k, v in raw.items()}
+        figures[name]["evaluation"] = {
+            "call seconds": {k: statistics.median(v) for k, v in raw.items()},
+            "x plain evaluation (speed)": {k: paired(speed, k, "plain evaluation, sample-weighted")
+                                           for k in checks if not k.startswith("plain")}, "raw": raw}
     command = "python benchmarks/bench_weights.py " + " ".join(sys.argv[1:])
     save_result({"rounds": rounds, "weights": WEIGHTS, "loss op": op, "programs": figures}, command, args.out)
 

@@ -349,3 +349,6 @@ def test_the_weights_benchmark_pairs_its_variants_with_the_plain_loop_weighing_a
                                        "fit sample_weight, 2 devices"}
         assert all(len(v) == 1 and v[0] > 0 for v in program["raw"].values())
         assert all(x > 0 for x in program["x plain loop (speed)"].values())
+        assert set(program["evaluation"]["x plain evaluation (speed)"]) == {"evaluate sample_weight, 1 device",
+                                                                           "evaluate unweighted, 1 device"}
+        assert all(x > 0 for x in program["evaluation"]["x plain evaluation (speed)"].values())
