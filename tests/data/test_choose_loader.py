@@ -78,3 +78,29 @@ def test_a_list_of_whole_batches_is_an_error_giving_both_readings_and_the_fix_tr
     for fine in ([X, y], [(X[i], y[i]) for i in range(256)]):     # columns, samples
         assert "test_loss" in dptrain.evaluate(model, fine, devices=1)
     assert isinstance(make_loader((X[:, :4], X[:, 4:], y), 32), TensorLoader)      # three columns: no batches
+
+
+def test_a_column_given_as_a_python_list_is_a_tensor_column():
+    """``(X, labels)`` with the labels a list (appended in a loop; Keras takes them) was read as
+    two samples and failed in torch's collate ("stack expects each tensor to be equal size")."""
+    import copy
+
+    from dptrain.data.choose_loader import lists_as_columns
+    X = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    labels = [int(v > 0) for v in X[:, 0]]
+    columns = lists_as_columns((X, labels))
+    assert isinstance(columns, tuple) and torch.equal(columns[1], torch.tensor(labels))
+    assert columns[1].dtype == torch.int64 and lists_as_columns((X, [0.5] * 40))[1].dtype == torch.float32
+    samples = [(X[i], labels[i]) for i in range(40)]
+    assert lists_as_columns(samples) is samples             # (a list of samples, as it was)
+    short = (X, labels[:39])
+    assert lists_as_columns(short) is short                 # (rows that differ: as it was, the loader's error)
+    torch.manual_seed(0)
+    base = torch.nn.Linear(3, 2)
+    fitted = []
+    for y in (labels, np.array(labels)):
+        model = copy.deepcopy(base)
+        result = dptrain.fit(model, (X, y), (X, y), epochs=1, batch_size=8, devices=2, log=None, shuffle=False)
+        fitted.append((model.weight.detach().clone(), result["test_acc"]))
+    assert torch.equal(fitted[0][0], fitted[1][0]) and fitted[0][1] == fitted[1][1]
+    assert dptrain.evaluate(model, (X, labels), devices=1)["test_acc"] == fitted[1][1]

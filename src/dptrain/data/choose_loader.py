@@ -46,6 +46,31 @@ def samples_listed(data: Any) -> bool:
     return False
 
 
+def lists_as_columns(data: Any) -> Any:
+    """``data`` with a column given as a Python list made a tensor: ``(X, y)`` where ``X`` is an
+    array of N rows and ``y`` a list of N numbers (labels appended in a loop, as Keras takes them),
+    which was read as a list of two samples and failed in torch's collate ("stack expects each
+    tensor to be equal size"). Anything else is returned as it is."""
+    if not isinstance(data, (list, tuple)) or len(data) < 2 or hasattr(data, "_fields"):
+        return data
+    rows = {x.shape[0] for x in data if isinstance(x, (torch.Tensor, np.ndarray)) and x.ndim}
+    lists = [i for i, x in enumerate(data) if isinstance(x, list)]
+    if len(rows) != 1 or not lists or len(lists) + sum(isinstance(x, (torch.Tensor, np.ndarray)) for x in data) \
+            != len(data):
+        return data
+    n = next(iter(rows))
+    columns = list(data)
+    for i in lists:
+        if len(columns[i]) != n or not all(isinstance(v, (bool, int, float, list, tuple, np.generic))
+                                           for v in columns[i]):
+            return data
+        try:
+            columns[i] = torch.tensor(columns[i])      # (torch's dtypes: floats float32, ints int64)
+        except (TypeError, ValueError, RuntimeError):
+            return data
+    return type(data)(columns)
+
+
 def _structure(x: Any) -> Any:
     """What a batch or sample is made of (containers, keys, tensors' ranks), not its sizes."""
     if isinstance(x, (torch.Tensor, np.ndarray)):

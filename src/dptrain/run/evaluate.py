@@ -18,7 +18,7 @@ from torch import nn
 
 from ..core.modes import evaluating
 from ..core.stage import stage
-from ..data.choose_loader import make_loader, reading_batch_size
+from ..data.choose_loader import lists_as_columns, make_loader, reading_batch_size
 from ..data.sample_weights import weighed, weights_for
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_adopt import steps_of
@@ -73,6 +73,7 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
         raise ValueError(f"amp must be 'bf16', 'fp16' or None, got {amp!r}")
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     # A LightningDataModule's data (Lightning's trainer.test); float64 arrays named in a dtype error.
+    data = lists_as_columns(data)       # ((X, labels_list): a list column made a tensor)
     with float64_named(model, data), stage_data(data, "test", local) as data:
         # A LightningModule's own steps: its test_step evaluates (Lightning's trainer.test), else validation_step.
         step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step

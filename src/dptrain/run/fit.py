@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, SequentialSampler
 from ..callbacks.lightning_hooks import with_module_hooks
 from ..callbacks.peer_callbacks import adopt
 from ..distributed.env import rank
+from ..data.choose_loader import lists_as_columns
 from ..engine import lightning_adopt
 from ..engine.lightning_trainer import TrainerStandIn, detach
 from ..engine.metric_names import metrics_copied
@@ -201,6 +202,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
     log = keyword_log(log)      # (its lines name the keywords, as its errors do: flag_words.py)
     config = TrainConfig(**settings)
+    train_data, eval_data = lists_as_columns(train_data), lists_as_columns(eval_data)     # ((X, labels_list))
     lightning = data_of(model, train_data, eval_data, what)     # (a data module, the module's own data)
     # A LightningModule's trainer for the run: a stand-in (engine/lightning_trainer.py).
     stand_in = TrainerStandIn(what.get("epochs") or (DEFAULT_EPOCHS if config.max_steps is None else -1),

@@ -22,7 +22,7 @@ from ..core.parts import even_parts
 from ..core.stage import stage
 from ..core.runner import get_runner
 from ..data.batch import Batch, batch_size as size_of, join_structure, map_tensors, split_structure, to_device
-from ..data.choose_loader import make_loader, reading_batch_size
+from ..data.choose_loader import lists_as_columns, make_loader, reading_batch_size
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
 from ..engine.forward_hooks import user_hooks
@@ -106,6 +106,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
     """
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     # A LightningDataModule's data (trainer.predict); float64 arrays named in a dtype error.
+    data = lists_as_columns(data)       # ((X, labels_list): a list column made a tensor)
     with float64_named(model, data), stage_data(data, "predict", local) as data:
         loader = make_loader(data, reading_batch_size(data, batch_size), num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                              world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
