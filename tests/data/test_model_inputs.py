@@ -121,3 +121,16 @@ def test_kerass_sample_weights_as_a_third_item_name_sample_weight_and_the_recipe
                     loss=lambda out, y, batch: ((F.cross_entropy(out, y, reduction='none') * batch[2]).sum(),
                                                 batch[2].sum()))
         assert max((p - q).abs().max().item() for p, q in zip(model.parameters(), plain.parameters())) < 1e-6
+
+
+def test_a_dict_input_whose_keys_name_no_argument_of_forward_is_an_error_naming_the_fix():
+    """``({"x": X}, y)`` to ``nn.Sequential`` (whose forward takes ``input``) went whole and failed in
+    torch's linear ("must be Tensor, not dict")."""
+    import dptrain
+    X, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    with pytest.raises(TypeError, match=r"Sequential.forward failed on the batch's input, a dict of the keys 'x', "
+                                        r"given whole .*its keys name none of forward's arguments \(input\).*name "
+                                        r"the keys after forward's arguments, or give the tensor itself"):
+        dptrain.fit(torch.nn.Sequential(torch.nn.Linear(3, 2)), ({"x": X}, y), epochs=1, devices=1, log=None)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    dptrain.fit(model, ({"input": X}, y), epochs=1, devices=1, log=None)     # (named after the argument)

@@ -85,12 +85,27 @@ def call_inputs(model: Callable, args: tuple) -> Any:
                             f"last. For (x, y, sample_weight) (Keras's sample_weight) give fit sample_weight=True "
                             f"(or the data (x, y) and sample_weight=w, one weight a sample): it weighs the training "
                             f"batches, and an evaluation set is unweighted, given as (x, y)") from e
+        if isinstance(one, Mapping) and "dict" in str(e):      # (a dict input that went whole, unnamed)
+            raise TypeError(f"{type(model).__name__}.forward failed on the batch's input, a dict of the keys "
+                            f"{', '.join(map(repr, one))}, given whole ({e}): its keys name none of forward's "
+                            f"arguments ({', '.join(_argument_names(model)) or 'none'}), so it was not given by name "
+                            f"(Keras's fit({{'name': X}}, y) is model(name=X) where forward takes name): name the "
+                            f"keys after forward's arguments, or give the tensor itself, (X, y)") from e
         if not isinstance(one, (tuple, list)) or len(one) < 2 or "required positional argument" not in str(e):
             raise
         raise TypeError(f"{type(model).__name__}.forward takes its inputs one by one ({e}), but each batch's input is "
                         f"one {type(one).__name__} of {len(one)}: give the data as (x1, x2, ..., y) for model(x1, x2, "
                         f"...) (Keras's fit([x1, x2], y) is fit(model, (x1, x2, y))), or pass forward=lambda model, "
                         f"batch: (model(*batch[0]), batch[1])") from e
+
+
+def _argument_names(model: Any) -> list:
+    """The names ``model``'s forward takes (none where they cannot be read)."""
+    try:
+        parameters = inspect.signature(getattr(model, "forward", model)).parameters
+    except (TypeError, ValueError):
+        return []
+    return [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 #: (model class, a dict input's keys): whether its forward takes them by name.
@@ -103,11 +118,6 @@ def _by_name(model: Any, inputs: Mapping) -> bool:
     key = (type(model), tuple(inputs))
     known = _BY_NAME.get(key)
     if known is None:
-        try:
-            parameters = inspect.signature(getattr(model, "forward", model)).parameters
-        except (TypeError, ValueError):
-            parameters = {}
-        named = {n for n, p in parameters.items()
-                 if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        named = set(_argument_names(model))
         known = _BY_NAME[key] = bool(inputs) and all(isinstance(k, str) and k in named for k in inputs)
     return known
