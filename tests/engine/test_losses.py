@@ -96,7 +96,8 @@ def test_a_dict_output_gives_its_logits_and_other_outputs_name_the_fix():
     assert loss_input({"loss": None, "logits": logits}) is logits
     with pytest.raises(TypeError, match=r"keys out, hidden.*forward=lambda model, batch"):
         loss_input({"out": logits, "hidden": logits})
-    with pytest.raises(TypeError, match=r"returned a tuple of 2.*model\(x\)\[0\]"):
+    with pytest.raises(TypeError, match=r"returned a tuple of 2.*forward=lambda model, batch: "
+                                        r"\(model\(batch\[0\]\)\[0\], batch\[1\]\)"):
         loss_input((logits, logits))
     # A loss of the user's own gets them whole, autocast's bf16 widened to float32.
     whole = loss_input({"out": logits.bfloat16(), "hidden": (logits, 3)}, whole=True)

@@ -42,7 +42,7 @@ def loss_input(output: Any, whole: bool = False) -> Any:
         if whole:
             return map_tensors(loss_input, output)
         raise TypeError(f"the model returned a {type(output).__name__} of {len(output)}, not a tensor: pass "
-                        f"forward=lambda model, batch: (model(x)[0], y) to say which output the loss compares, "
+                        f"forward=lambda model, batch: (model(batch[0])[0], batch[1]) to say which output the loss compares, "
                         f"or a loss of your own (it gets the whole {type(output).__name__}: loss=fn(output, target))")
     if isinstance(getattr(output, "logits", None), torch.Tensor):     # an output object (a dataclass)
         return loss_input(output.logits)
