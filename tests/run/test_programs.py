@@ -87,7 +87,7 @@ def test_an_output_object_with_loss_and_logits_trains_and_predicts_as_the_dict_o
 
 
 def test_an_output_object_without_logits_names_the_fix():
-    with pytest.raises(TypeError, match=r"returned a Hidden, not a tensor.*model\(x\)\.FIELD"):
+    with pytest.raises(TypeError, match=r"returned a Hidden, not a tensor.*model\(batch\[0\]\)\.FIELD, batch\[1\]"):
         dptrain.fit(nn.Sequential(nn.Linear(4, 3), Wrap()), (torch.randn(8, 4), torch.randint(0, 3, (8,))),
                     devices=1, log=None)
 

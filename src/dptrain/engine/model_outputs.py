@@ -48,8 +48,8 @@ def loss_input(output: Any, whole: bool = False) -> Any:
         return loss_input(output.logits)
     if not whole and output is not None:
         raise TypeError(f"the model returned a {type(output).__name__}, not a tensor, and no tensor 'logits' to "
-                        f"compare with the target: pass forward=lambda model, batch: (model(x).FIELD, y), or a loss "
-                        f"of your own (it gets the whole output: loss=fn(output, target))")
+                        f"compare with the target: pass forward=lambda model, batch: (model(batch[0]).FIELD, "
+                        f"batch[1]), or a loss of your own (it gets the whole output: loss=fn(output, target))")
     return output
 
 
