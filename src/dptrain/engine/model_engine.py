@@ -35,11 +35,11 @@ from .lightning_module import LightningSteps
 from .loss_scale import LossScale
 from .losses import Count, LossAdapter, host_number
 from .own_loss import check_own_loss, model_loss
+from .sample_weights import split_weights
 from .stateful_metrics import StatefulMetrics
 from .step_functions import StepFunctions, check_sum
 from .step_plan import StepPlan, StepResult
 from .summed_step import summed_step
-from .sample_weights import split_weights
 from .task import Task
 from .train_figures import TrainFigures, with_logged
 from .updates import several_step
