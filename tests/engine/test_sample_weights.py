@@ -146,6 +146,15 @@ def test_batches_carrying_their_weights_last_train_with_sample_weight_true(devic
         fit(net(), (X, y), sample_weight=True, devices=devices, epochs=1)
 
 
+def test_dict_columns_get_the_weights_under_their_key_and_dict_batches_carrying_them_train_alike():
+    X, y, w = data()
+    want = plain_loop(lambda o, t: F.cross_entropy(o, t, reduction="none"), X, y, w)
+    for columns, weights in (({"x": X, "labels": y}, w), ({"x": X, "labels": y, "sample_weight": w}, True)):
+        model = ByName()
+        fit(model, columns, sample_weight=weights, devices=2)
+        assert_same(model.net, want)
+
+
 def test_validation_split_keeps_the_training_parts_weights_and_evaluates_unweighted():
     X, y, w = data()
     keep = int(N * 0.8)
