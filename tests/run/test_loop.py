@@ -1,10 +1,11 @@
-"""Metrics file, progress bar and the non-finite loss guard."""
+"""Metrics file, progress bar, the non-finite loss guard, and the loop's plain and watched steps."""
 import io
 import json
 
 import pytest
 import torch
 
+import dptrain
 from dptrain.cli.main import main
 from dptrain.outputs.metrics_file import read_metrics
 from dptrain.outputs.progress import ProgressBar
@@ -150,3 +151,61 @@ def test_a_full_disk_for_metrics_is_one_line(tmp_path):
                 log.append({"epoch": epoch, "train_loss": 1.0, "padding": "x" * 200})
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+class _Steps(dptrain.Callback):
+    """Keeps each epoch's way (``run.plain_epoch``); ``watched``: every step the watched way."""
+
+    def __init__(self, watched=False):
+        self.watched, self.plain = watched, []
+
+    def on_fit_start(self, run):
+        run.plain_steps = not self.watched
+
+    def on_epoch_end(self, run, epoch, row):
+        self.plain.append(run.plain_epoch)
+
+
+@pytest.mark.parametrize("settings, plain", [
+    ({}, [True, True, True]),
+    ({"max_steps": 7}, [True, True]),
+    ({"on_nan": "skip", "clip_grad_norm": 0.5}, [True, True, True]),
+    ({"devices": 2}, [False, True, True]),          # (the first step finds whether the model draws)
+    ({"accumulate_grad_batches": 2, "checkpoint_every": 2}, [True, True, True]),
+    ({"callbacks": [dptrain.callbacks.EarlyStopping(patience=5)]}, [True, True, True]),
+    ({"callbacks": [dptrain.callbacks.EMA(decay=0.9)]}, [True, True, True]),     # (told after each step)
+])
+def test_plain_and_watched_steps_train_the_same_numbers(settings, plain, tmp_path):
+    """The loop's plain way (nothing listening around a step) and its watched way train
+    the same parameters to the same figures, bit for bit."""
+    torch.manual_seed(0)
+    X, y = torch.randn(40, 6), torch.randint(0, 3, (40,))
+    results = []
+    for watched in (False, True):
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                    torch.nn.Linear(8, 3))
+        steps = _Steps(watched)
+        kwargs = {"devices": 1, **settings, "callbacks": settings.get("callbacks", []) + [steps]}
+        if "checkpoint_every" in kwargs:
+            kwargs["checkpoint_dir"] = str(tmp_path / f"ckpt{watched}")
+        result = dptrain.fit(model, (X, y), (X, y), optimizer="adam", lr=0.01, epochs=3, batch_size=8, log=None,
+                             progress=False, **kwargs)
+        results.append((result["history"], model.state_dict(), steps.plain))
+    (history, state, ways), (watched_history, watched_state, watched_ways) = results
+    assert ways == plain and watched_ways == [False] * len(plain)
+    assert [(r["train_loss"], r["test_loss"]) for r in history] == \
+        [(r["train_loss"], r["test_loss"]) for r in watched_history]
+    assert all(torch.equal(state[k], watched_state[k]) for k in state)
+
+
+def test_a_callback_before_each_batch_takes_the_watched_way():
+    class Count(dptrain.Callback):
+        batches = 0
+
+        def on_batch_start(self, run, epoch, batch):
+            Count.batches += 1
+    steps = _Steps()
+    dptrain.fit(torch.nn.Linear(4, 2), (torch.randn(16, 4), torch.randint(0, 2, (16,))), epochs=2, batch_size=4,
+                devices=1, log=None, progress=False, callbacks=[Count(), steps])
+    assert steps.plain == [False, False] and Count.batches == 8

@@ -11,10 +11,15 @@ operation a step costs host time: 27-40 us a step here, issue 22).
 >>> lazy = LazyCount(y, nn.CrossEntropyLoss(ignore_index=0))
 >>> float(lazy)                                  # computed when asked
 >>> class_counts([lazy1, lazy2, lazy3])          # a float64 tensor of 3, in one go
+
+When the training data are tensors in memory, their whole target column is read once at
+set-up (``none_ignored``): if none of it is ``ignore_index`` and the loss weighs no class,
+a step's count is its targets' number, a Python int: no LazyCount kept, nothing folded (on
+this CPU the LazyCounts cost the tiny MLP's 240 us step 8-10 us, benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -28,6 +33,16 @@ def class_count(target: torch.Tensor, loss: nn.Module, dtype: Optional[torch.dty
     if weight is None:
         return kept.sum(dtype=dtype)
     return weight.to(target.device)[target.clamp(min=0) * kept].mul(kept).sum(dtype=dtype)
+
+
+def none_ignored(loss: nn.Module, targets: Any) -> bool:
+    """Whether ``loss``'s mean over any batch of ``targets`` (a training set's whole target
+    column) divides by the batch's targets' number: integer targets, none of them the loss's
+    ``ignore_index``, and no class ``weight`` (one operation, once)."""
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or \
+            getattr(loss, "weight", None) is not None or not hasattr(loss, "ignore_index"):
+        return False
+    return not bool((targets == loss.ignore_index).any())
 
 
 class KeptTargets:

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..data.batch import batch_size
 from .class_weights import ClassWeights
-from .class_counts import KeptTargets, LazyCount, class_count
+from .class_counts import KeptTargets, LazyCount, class_count, none_ignored
 from .loss_checks import (check_class_targets, check_classification, classes_last, check_float_targets, check_reduction,
                           check_same_shape, trains_on_integers)
 from .loss_placement import LossCopies, summed_twin, unreduced_twin
@@ -176,6 +176,15 @@ class LossAdapter:
         if sample_weighted:     # Keras's sample_weight: its weights come with each training shard
             check_weighable(loss, WEIGHABLE)
         self._unreduced: Optional[Tuple[Any, Any]] = None      # (the loss, its reduction="none" view)
+        #: Every training target counts in the mean (``count_from``): ``whole``'s count is their number.
+        self.all_counted = False
+
+    def count_from(self, targets: Any) -> None:
+        """Read the training set's whole target column (tensors in memory) once: if the loss's
+        mean counts each of them (``class_counts.none_ignored``), ``whole``'s count is then a
+        batch's targets' number, with no tensor operation a step."""
+        self.all_counted = self.known and self.classification and self.reduction == "mean" and \
+            self.class_weights is None and none_ignored(self.loss, self.read_target(targets))
 
     def read_target(self, target: Any) -> Any:
         """``target`` as the loss reads it: a causal LM's labels shifted (``shift_labels``)."""
@@ -223,7 +232,7 @@ class LossAdapter:
         if self.known:
             output = self._check(output, target)
             loss = self.loss if self._placed is None else self._placed.on(output)[0]
-            return loss(output, target), self._lazy_count(target)
+            return loss(output, target), target.numel() if self.all_counted else self._lazy_count(target)
         value = self._own(output, target, batch)
         if isinstance(value, tuple):
             return value[0] / value[1], value[1]

@@ -18,6 +18,7 @@ from ..data.choose_loader import make_loader, own_batch_size, read_as_samples, r
 from ..data.sample_weights import weighed, weights_for
 from ..data.holdout import hold_out
 from ..data.loader import TensorLoader
+from ..data.model_inputs import input_and_target
 from ..distributed import DistEnv, get_collective
 from ..engine.balance import Balancer
 from ..engine.forward_hooks import in_turn_line
@@ -237,6 +238,9 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
     if engine.loss_line:
         log(engine.loss_line)
+    if isinstance(train_loader, TensorLoader) and engine.adapter is not None and task.forward is None \
+            and not engine.weighted:        # (each batch a slice of its data: their targets are its target's)
+        engine.adapter.count_from(input_and_target(train_loader.data)[1])
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one (if known)
         for first in {0} if getattr(train_loader, "open_ended", False) else {0, len(train_loader) - 1}:
             engine.compile(next(iter(train_loader.batches(first))))
