@@ -16,7 +16,6 @@ import torch
 
 from . import bare_step
 from .replicated_optimizer import ReplicatedOptimizer
-from .sync import SyncStep
 from .sync.grad_ops import clamp_, grad_norm, scale_and_clip_, unscale_and_check_
 from .update_report import UpdateReport
 
