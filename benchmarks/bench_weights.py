@@ -17,7 +17,10 @@ thread (a 128 x 4 batch, microseconds a call): the plain loop's expression again
 ``ClassWeights.weighted_sum`` (what ``fit`` calls) and the unweighted ``cross_entropy``.
 "evaluation": a whole ``dptrain.evaluate(..., sample_weight=w)`` call (set-up included) against
 the plain loop's weighted evaluation (its ``DataLoader`` made, ``no_grad``) and ``evaluate``
-unweighted, on the training set.
+unweighted, on the training set. "fit's evaluation": the second epoch's evaluation inside ``fit``
+(timed by a callback, from ``on_evaluate_start`` to ``on_evaluate_end``) of ``validation_split=0.2``'s
+held-out part, weighed by its ``sample_weight`` (Keras's ``val_loss``) or not, against the plain
+loop's weighted evaluation of that part.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dptrain  # noqa: E402
 import everyday  # noqa: E402
 from common import in_turns, paired, rounds_parser, save_result  # noqa: E402
+from dptrain.data.holdout import data_length, hold_out  # noqa: E402
 from dptrain.engine.class_weights import ClassWeights  # noqa: E402
 
 WEIGHTS = {0: 1.0, 1: 2.0, 2: 4.0, 3: 8.0}
@@ -135,6 +139,29 @@ def fitted(program, data, devices, **weights):
     return result["history"][-1]["sec"]
 
 
+class EvaluationTime(dptrain.Callback):
+    """The seconds of each evaluation inside ``fit``."""
+
+    def __init__(self):
+        self.began, self.seconds = 0.0, []
+
+    def on_evaluate_start(self, run, epoch):
+        self.began = time.perf_counter()
+
+    def on_evaluate_end(self, run, epoch, metrics):
+        self.seconds.append(time.perf_counter() - self.began)
+
+
+def fit_evaluation(program, data, **weights):
+    """The second epoch's evaluation seconds of ``fit(..., validation_split=0.2)``."""
+    timer = EvaluationTime()
+    torch.manual_seed(0)
+    dptrain.fit(program.model(), data, optimizer=program.optimizer, lr=program.lr, batch_size=program.batch,
+                collate_fn=program.collate, epochs=2, devices=1, validation_split=0.2, log=None, progress=False,
+                callbacks=[timer], **weights)
+    return timer.seconds[-1]
+
+
 def loss_op(calls):
     """Microseconds a forward and backward of each weighting of a 128 x 4 batch's loss."""
     torch.manual_seed(0)
@@ -205,6 +232,20 @@ def main() -> None:
             "call seconds": {k: statistics.median(v) for k, v in raw.items()},
             "x plain evaluation (speed)": {k: paired(speed, k, "plain evaluation, sample-weighted")
                                            for k in checks if not k.startswith("plain")}, "raw": raw}
+        held = hold_out(data, 0.2)[1]
+        held_weights = sw[-data_length(held):]
+        checks = {"plain evaluation of the held-out part, sample-weighted":
+                  lambda: plain_evaluation(program, model, held, held_weights),
+                  "fit validation_split, held-out part weighed": lambda: fit_evaluation(program, data, sample_weight=sw),
+                  "fit validation_split, unweighted": lambda: fit_evaluation(program, data)}
+        for fn in checks.values():
+            fn()
+        raw = in_turns(checks, rounds)
+        speed = {k: [1 / s for s in v] for k, v in raw.items()}
+        first = next(iter(checks))
+        figures[name]["fit's evaluation"] = {
+            "evaluation seconds": {k: statistics.median(v) for k, v in raw.items()},
+            "x plain evaluation (speed)": {k: paired(speed, k, first) for k in checks if k != first}, "raw": raw}
     command = "python benchmarks/bench_weights.py " + " ".join(sys.argv[1:])
     save_result({"rounds": rounds, "weights": WEIGHTS, "loss op": op, "programs": figures}, command, args.out)
 

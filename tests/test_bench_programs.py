@@ -348,6 +348,9 @@ def test_the_weights_benchmark_pairs_its_variants_with_the_plain_loop_weighing_a
                                        "plain loop, sample-weighted", "fit sample_weight, 1 device",
                                        "fit sample_weight, 2 devices"}
         assert all(len(v) == 1 and v[0] > 0 for v in program["raw"].values())
+        assert set(program["fit's evaluation"]["x plain evaluation (speed)"]) == {
+            "fit validation_split, held-out part weighed", "fit validation_split, unweighted"}
+        assert all(v > 0 for v in program["fit's evaluation"]["evaluation seconds"].values())
         assert all(x > 0 for x in program["x plain loop (speed)"].values())
         assert set(program["evaluation"]["x plain evaluation (speed)"]) == {"evaluate sample_weight, 1 device",
                                                                            "evaluate unweighted, 1 device"}

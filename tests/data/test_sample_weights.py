@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from dptrain.data.sample_weights import WEIGHT_KEY, WeightedSamples, WeightsLast, as_weights, weighed, weights_for
+from dptrain.data.sample_weights import (WEIGHT_KEY, WeightedSamples, WeightsLast, as_weights, weighed,
+                                        weights_carried, weights_for)
 
 
 def test_columns_a_tensor_dataset_and_a_dict_get_the_weights_as_their_last_column():
@@ -43,3 +44,14 @@ def test_weights_are_read_from_lists_arrays_and_tensors_and_checked():
         as_weights(torch.ones(2, dtype=torch.bool), 2)
     with pytest.raises(TypeError, match="sample_weight is one weight a training sample .*got str"):
         weights_for((torch.zeros(2, 1), torch.zeros(2)), "balanced")
+
+
+def test_an_evaluation_set_with_one_column_more_than_a_training_sample_carries_its_weights():
+    X, y, w = torch.randn(6, 2), torch.arange(6), np.linspace(0.0, 1.0, 6)
+    assert torch.equal(weights_carried((X, y, w), 2), torch.from_numpy(w))
+    assert torch.equal(weights_carried([X, y, w.reshape(6, 1)], 2), weights_carried((X, y, w), 2))   # (Keras's (N, 1))
+    assert weights_carried((X, y, w), 3) is None            # (x1, x2, y) of a model of two inputs
+    assert weights_carried((X, y), 2) is None and weights_carried((X, y, w), None) is None
+    assert weights_carried((X, y, X), 2) is None            # not one number a sample
+    assert weights_carried((X, y, w[:5]), 2) is None        # not one a sample
+    assert weights_carried([(X[0], y[0], 1.0)] * 3, 2) is None      # a list of samples, not columns

@@ -155,15 +155,24 @@ def test_dict_columns_get_the_weights_under_their_key_and_dict_batches_carrying_
         assert_same(model.net, want)
 
 
-def test_validation_split_keeps_the_training_parts_weights_and_evaluates_unweighted():
+@pytest.mark.parametrize("as_dataset", [False, True])
+def test_validation_split_keeps_each_parts_weights_as_keras(as_dataset):
+    """The training part trains on its rows' weights; the held-out part's test_loss is
+    weighed by its own (Keras splits sample_weight with x and y), its accuracy is not."""
     X, y, w = data()
     keep = int(N * 0.8)
     want = plain_loop(lambda o, t: F.cross_entropy(o, t, reduction="none"), X, y, w, n=keep)
-    model = net()
-    result = fit(model, (X, y), sample_weight=w, validation_split=0.2, devices=2)
-    assert_same(model, want)
-    assert result["history"][-1]["test_loss"] == pytest.approx(F.cross_entropy(want(X[keep:]), y[keep:]).item(),
-                                                               rel=1e-12)
+    model = ByName() if as_dataset else net()
+    train = Tokens(X, y) if as_dataset else (X, y)
+    result = fit(model, train, sample_weight=w, validation_split=0.2, devices=2,
+                 **({"collate_fn": as_dict} if as_dataset else {}))
+    assert_same(model.net if as_dataset else model, want)
+    with torch.no_grad():
+        out = want(X[keep:])
+    row = result["history"][-1]
+    assert row["test_loss"] == pytest.approx((F.cross_entropy(out, y[keep:], reduction="none") * w[keep:]).mean()
+                                             .item(), rel=1e-12)
+    assert row["test_acc"] == pytest.approx((out.argmax(1) == y[keep:]).double().mean().item())
 
 
 def test_accumulated_micro_batches_weigh_as_their_whole_batch():
@@ -214,6 +223,64 @@ def test_evaluate_weighs_its_loss_as_kerass_evaluate_and_leaves_the_accuracy_unw
         pytest.approx((mse * w).mean().item(), rel=1e-12)
     with pytest.raises(ValueError, match=r"sample_weight weighs one set's samples, and the data holds 2 sets"):
         dptrain.evaluate(model, {"val": (X, y), "ood": (X, y)}, sample_weight=w, devices=devices)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_an_evaluation_set_carrying_weights_last_weighs_fits_test_loss_as_kerass_validation_data(devices):
+    """Keras's validation_data=(x_val, y_val, val_sample_weight): each evaluation's test_loss
+    weighed as dptrain.evaluate's, its accuracy not; trained unweighted or weighted alike."""
+    X, y, w = data()
+    Xv, yv, wv = data(seed=3)
+    lines = []
+    for train_weights in (None, w):
+        model = net()
+        result = fit(model, (X, y), (Xv, yv, wv), epochs=1, devices=devices, sample_weight=train_weights,
+                     log=lines.append)
+        with torch.no_grad():
+            out = model(Xv)
+        row = result["history"][-1]
+        assert row["test_loss"] == pytest.approx((F.cross_entropy(out, yv, reduction="none") * wv).mean().item(),
+                                                 rel=1e-12)
+        assert row["test_acc"] == pytest.approx((out.argmax(1) == yv).double().mean().item())
+        assert row["test_loss"] == pytest.approx(dptrain.evaluate(model, (Xv, yv), sample_weight=wv,
+                                                                  devices=devices)["test_loss"], rel=1e-12)
+    assert sum("(x, y, w): w weighs the samples" in line for line in lines) == 2
+    # several sets: each weighed by its own, or not at all
+    model = net()
+    row = fit(model, (X, y), {"val": (Xv, yv, wv), "ood": (X, y)}, epochs=1, devices=devices)["history"][-1]
+    with torch.no_grad():
+        per_val, per_ood = F.cross_entropy(model(Xv), yv, reduction="none"), F.cross_entropy(model(X), y)
+    assert row["test_loss"] == pytest.approx((per_val * wv).mean().item(), rel=1e-12)
+    assert row["test_ood_loss"] == pytest.approx(per_ood.item(), rel=1e-12)
+
+
+def test_a_model_of_two_inputs_evaluates_its_three_columns_unweighted():
+    X, y, _ = data()
+    Xv, yv, _ = data(seed=3)
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = net()
+
+        def forward(self, a, b):
+            return self.inner(a + b)
+    model = Two()
+    row = fit(model, (X, X, y), (Xv, Xv, yv), epochs=1, devices=1)["history"][-1]
+    with torch.no_grad():
+        assert row["test_loss"] == pytest.approx(F.cross_entropy(model(Xv, Xv), yv).item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("eval_data, keywords, match", [
+    (lambda v: (v[0], v[1], -torch.ones(N)), {}, r"sample_weight\[0\] is -1.0: every weight must be a finite number"),
+    (lambda v: v, {"loss": lambda out, y: F.cross_entropy(out, y)}, r"sample_weight weighs a torch loss's per-sample"),
+    (lambda v: v, {"step": lambda model, batch: F.cross_entropy(model(batch[0]), batch[1])},
+     r"the evaluation set 'test' carries sample weights \(its third item\), which weigh fit's loss, and a step"),
+])
+def test_evaluation_weights_fit_cannot_take_are_errors_naming_the_fix(eval_data, keywords, match):
+    X, y, _ = data()
+    with pytest.raises(ValueError, match=match):
+        fit(net(), (X, y), eval_data(data(seed=3)), epochs=1, devices=1, **keywords)
 
 
 class Stream(IterableDataset):
@@ -271,9 +338,10 @@ def test_a_model_computing_its_own_loss_is_an_error_naming_loss():
 def two_processes(rank, world):
     X, y, w = data()
     model, by_name = net(), ByName()
-    result = fit(model, (X, y), (X, y), sample_weight=w, devices=1)
+    result = fit(model, (X, y), {"plain": (X, y), "weighed": (X, y, w)}, sample_weight=w, devices=1)
     fit(by_name, Tokens(X, y), sample_weight=w.numpy(), collate_fn=as_dict, devices=2)     # (a Dataset's pairs)
     return ([p.detach().tolist() for p in model.parameters()], result["history"][-1]["test_loss"],
+            result["history"][-1]["test_weighed_loss"],
             [p.detach().tolist() for p in by_name.net.parameters()],
             dptrain.evaluate(model, (X, y), sample_weight=w, batch_size=BATCH, devices=2)["test_loss"])
 
@@ -283,8 +351,8 @@ def test_sample_weights_on_two_processes_train_as_the_plain_loop():
     want = plain_loop(lambda o, t: F.cross_entropy(o, t, reduction="none"), X, y, w)
     with torch.no_grad():
         weighted = (F.cross_entropy(want(X), y, reduction="none") * w).mean().item()
-    for params, test_loss, of_dataset, evaluated in run_workers(two_processes):
-        assert evaluated == pytest.approx(weighted, rel=1e-12)
+    for params, test_loss, weighed_loss, of_dataset, evaluated in run_workers(two_processes):
+        assert evaluated == pytest.approx(weighted, rel=1e-12) and weighed_loss == pytest.approx(weighted, rel=1e-12)
         for p, d, q in zip(params, of_dataset, want.parameters()):
             torch.testing.assert_close(torch.tensor(p, dtype=torch.float64), q, rtol=1e-12, atol=1e-12)
             torch.testing.assert_close(torch.tensor(d, dtype=torch.float64), q, rtol=1e-12, atol=1e-12)

@@ -6,9 +6,15 @@ column (a dict of them, the key ``"sample_weight"``), a ``TensorDataset`` a last
 map-style ``Dataset`` (or list of samples) gives ``(sample, w[i])`` pairs, which the collate
 function (yours or torch's) makes into the batch of samples with the weights put last. The engine
 takes them out before the forward (``engine/sample_weights.py``). With ``validation_split`` the
-weights are the training part's, the first rows' (the held-out part evaluates unweighted).
+training part's weights are its rows', the first (the held-out part's, the last, weigh its
+``test_loss``, as Keras splits ``sample_weight`` with ``x`` and ``y``: ``run/build.py``).
+
+An evaluation set given as Keras's ``validation_data=(x_val, y_val, val_sample_weight)``, one
+column more than a training sample's items, carries its weights last too (``weights_carried``):
+its ``test_loss`` is weighed as ``dptrain.evaluate(..., sample_weight=w)``'s.
 
 >>> data, collate = weighed((X, y), as_weights(w, 1000), None)      # ((X, y, w), None)
+>>> weights_carried((X_val, y_val, w_val), 2)                        # w_val checked, as a tensor
 """
 from __future__ import annotations
 
@@ -66,6 +72,21 @@ def weights_for(data: Any, weights: Any) -> Any:
         raise ValueError("sample_weight beside an IterableDataset: its samples have no index to weigh by; let it "
                          "yield (x, y, w) and give sample_weight=True")
     return as_weights(weights, data_length(data, "sample_weight"))
+
+
+def weights_carried(data: Any, items: Optional[int]) -> Optional[torch.Tensor]:
+    """The weights of an evaluation set of columns with one more than a training sample's
+    ``items`` (weights left out), whose last is one number a sample: Keras's
+    ``validation_data=(x_val, y_val, val_sample_weight)``, checked as ``as_weights``; None for
+    any other set (a model of two inputs evaluates on ``(x1, x2, y)`` as it trains)."""
+    if items is None or not isinstance(data, (tuple, list)) or len(data) != items + 1 or samples_listed(data):
+        return None
+    last = data[-1]
+    if not isinstance(last, (torch.Tensor, np.ndarray)) or not (last.ndim == 1 or last.ndim == 2
+                                                                and last.shape[1] == 1):
+        return None
+    samples = data_length(type(data)(data[:-1]), "validation weights")
+    return as_weights(last, samples) if len(last) == samples else None
 
 
 def weighed(data: Any, weights: Any, collate_fn: Optional[Callable]) -> Tuple[Any, Optional[Callable]]:

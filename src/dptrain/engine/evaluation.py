@@ -75,7 +75,8 @@ def evaluate(engine, batches, trial: Optional[StatefulMetrics] = None) -> Totals
     moves: List[Optional[bool]] = [None] * len(engine.devices)
 
     gathering = engine.evaluation_gathering      # a whole_batch loss's, over this process's devices
-    weighs = engine.weighs_evaluation       # (dptrain.evaluate's sample_weight: the batches carry them)
+    # Keras's sample_weight (dptrain.evaluate's, fit's validation_data=(x, y, w)): the batches carry them
+    weighs = getattr(batches, "weighs", False)
 
     def shard_totals(i: int, shard: Batch) -> None:
         if shard is None:

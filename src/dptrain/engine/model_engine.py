@@ -76,9 +76,6 @@ class ModelEngine:
         self.clip_grad_value = clip_grad_value
         #: Keras's ``sample_weight``: each training batch carries its samples' weights (``sample_weights.py``)
         self.weighted = task.sample_weight is not None
-        #: ... and an evaluation alone (``dptrain.evaluate(..., sample_weight=w)``) weighs its loss
-        #: (Keras's ``evaluate``: its metrics unweighted); ``fit``'s evaluation sets are unweighted.
-        self.weighs_evaluation = self.weighted and not training
         self.adapter = LossAdapter(task.loss, task.reduction, task.class_weight, self.weighted) \
             if task.step is None else None
         # A step function's forms (steps of several optimizers too), read as the engine needs them

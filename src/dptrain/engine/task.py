@@ -87,7 +87,8 @@ class Task:
     - ``sample_weight``: Keras's, one weight a training sample (an array or list beside
       ``train_data``; ``data/sample_weights.py``), or ``True`` where the training batches carry
       them last, ``(x, y, w)`` (a dict batch: its ``"sample_weight"``): each sample's loss times
-      its weight, the sum over the samples; evaluation unweighted (``engine/sample_weights.py``).
+      its weight, the sum over the samples (``engine/sample_weights.py``); an evaluation set's
+      ``test_loss`` is weighed only by weights of its own (``(x, y, w)``, ``validation_split``'s part).
       For torch's classification and element-wise losses; with ``class_weight``, their product.
     """
     model: nn.Module

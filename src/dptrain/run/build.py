@@ -15,8 +15,8 @@ from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, 
 from ..core.stage import noted, stage
 from ..data.accumulate import Accumulating
 from ..data.choose_loader import make_loader, own_batch_size, read_as_samples, reading_batch_size
-from ..data.sample_weights import weighed, weights_for
-from ..data.holdout import hold_out
+from ..data.sample_weights import weighed, weights_carried, weights_for
+from ..data.holdout import data_length, hold_out
 from ..data.loader import TensorLoader
 from ..data.model_inputs import input_and_target
 from ..distributed import DistEnv, get_collective
@@ -24,7 +24,9 @@ from ..engine.balance import Balancer
 from ..engine.forward_hooks import in_turn_line
 from ..engine.lightning_module import LightningSteps
 from ..engine.lightning_trainer import BATCHES, UPDATES
+from ..engine.losses import WEIGHABLE
 from ..engine.model_engine import ModelEngine
+from ..engine.sample_weights import check_weighable, split_weights
 from ..engine.task import Task
 from .agreement import check_agreement, describe_data, describe_settings
 from .config import TrainConfig
@@ -105,17 +107,22 @@ def eval_batch_size(name: str, data: Any, given: Optional[int], batch_size: int,
     return reading_batch_size(data, given, batch_size)
 
 
-def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dict[str, Any]) -> Tuple[Any, Any]:
-    """This process's training loader (``validation_split``'s part held out), and the
-    evaluation data."""
+def training_loader(task: Task, config: TrainConfig, batch_size: int,
+                    shard: Dict[str, Any]) -> Tuple[Any, Any, Optional[torch.Tensor]]:
+    """This process's training loader (``validation_split``'s part held out), the evaluation
+    data, and the weights of a held-out part's samples (``sample_weight`` with
+    ``validation_split``: its last rows', as Keras's; else None)."""
     train_data, eval_data = task.load("train_data"), task.load("eval_data")
     weights = weights_for(train_data, task.sample_weight)        # (Keras's sample_weight, checked)
+    held_out = None
     if config.validation_split is not None:
         if eval_data is not None:
             raise ValueError("both an evaluation set and validation_split were given: give one (eval_data "
                              "evaluates on that set; validation_split holds out the last part of the "
                              "training data)")
         train_data, eval_data = hold_out(train_data, config.validation_split)
+        if isinstance(weights, torch.Tensor):
+            held_out = weights[data_length(train_data, "sample_weight"):]
     source = train_data
     train_data, collate_fn = weighed(train_data, weights, shard.get("collate_fn"))
     shard = {**shard, "collate_fn": collate_fn}
@@ -123,7 +130,7 @@ def training_loader(task: Task, config: TrainConfig, batch_size: int, shard: Dic
                          max_batches=config.max_batches, steps_per_epoch=config.steps_per_epoch,
                          sharded=config.sharded_stream, drop_last=config.drop_last, **shard)
     loader.source = source
-    return loader, eval_data
+    return loader, eval_data, held_out
 
 
 def planned_counts(task: Task, config: TrainConfig, env: DistEnv, devices: List[torch.device],
@@ -136,7 +143,7 @@ def planned_counts(task: Task, config: TrainConfig, env: DistEnv, devices: List[
 
     def count(name: str) -> float:
         if not counts:
-            loader, _ = training_loader(task, config, batch_size, shard_of(task, config, env, devices))
+            loader, _, _ = training_loader(task, config, batch_size, shard_of(task, config, env, devices))
             counts.update(trainer_counts(loader, config, epochs))
             data.append(type(getattr(loader, "dataset", loader)).__name__)
             if hasattr(loader, "close"):
@@ -201,7 +208,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                 "loss, and no (sum, count) metric given (metrics={'name': fn(output, target) -> (sum, count)})")
     shard = shard_of(task, config, env, devices)
     with stage("loading the training data"):
-        train_loader, eval_data = training_loader(task, config, batch_size, shard)
+        train_loader, eval_data, held_out_weights = training_loader(task, config, batch_size, shard)
         train_loader.least_part = engine.least_part     # (a process's part too: see ModelEngine.least_part)
         if any(getattr(train_loader, "unread", ())):
             log(f"dptrain: sharded_stream: an epoch is {len(train_loader)} batches of {batch_size}, the parts every "
@@ -219,11 +226,21 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                     f"quiets this line)")
     with stage("loading the evaluation data"):
         sets = evaluation_sets(eval_data, task.metrics)
+        weighing = carried_weights(sets, train_loader, engine, log)     # (Keras's validation_data=(x, y, w))
+        collates = {name: shard.get("collate_fn") for name in sets}
+        if held_out_weights is not None:        # (validation_split's part: its samples' weights, as Keras's)
+            sets["test"], collates["test"] = weighed(sets["test"], held_out_weights, collates["test"])
+            weighing.append("test")
+            log("dptrain: validation_split's held-out samples keep their sample_weight (as Keras's): test_loss "
+                "weighed, accuracy and metrics not")
         sizes = {name: eval_batch_size(name, data, config.eval_batch_size, batch_size, log)
                  for name, data in sets.items()}
         loaders = {name: make_loader(data, sizes[name], max_batches=config.eval_batches, optional_workers=True,
-                                     sharded=config.sharded_stream, to_the_end=True, **shard)
+                                     sharded=config.sharded_stream, to_the_end=True,
+                                     **{**shard, "collate_fn": collates[name]})
                    for name, data in sets.items()}
+        for name in weighing:
+            loaders[name].weighs = True     # (its batches carry their weights last: evaluation.py)
         eval_loader = next(iter(loaders.values()), None)
         others = dict(list(loaders.items())[1:])
     check_agreement(collective, env.rank, describe_data(train_loader, eval_loader, others))
@@ -235,7 +252,10 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                              task.scheduler_monitor)      # (the module's own, for the trial call; the run's later)
     with stage("trying the model on a training and an evaluation batch, before training"), \
             noted(lambda: read_as_samples(train_loader)):
-        engine.prepare(train_loader.example(), lr, eval_loader.example() if eval_loader is not None else None)
+        eval_example = eval_loader.example() if eval_loader is not None else None
+        if getattr(eval_loader, "weighs", False):
+            eval_example = split_weights(eval_example)[0]
+        engine.prepare(train_loader.example(), lr, eval_example)
     if engine.loss_line:
         log(engine.loss_line)
     if isinstance(train_loader, TensorLoader) and engine.adapter is not None and task.forward is None \
@@ -251,6 +271,33 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         size = sum(t.numel() * t.element_size() for t in engine.state_dict()["model"].values())
         check_space(config.checkpoint_dir, 3 * size + 2**20)
     return kvstore, engine, train_loader, eval_loader, others
+
+
+def carried_weights(sets: Dict[str, Any], train_loader: Any, engine: ModelEngine, log: Callable[[str], None]) -> List[str]:
+    """The evaluation sets given as Keras's ``validation_data=(x_val, y_val, val_sample_weight)``
+    (one column more than a training sample's items: ``data/sample_weights.weights_carried``),
+    their weights checked in ``sets``; their ``test_loss`` is weighed, their accuracy and
+    metrics are not (as ``dptrain.evaluate(..., sample_weight=w)``'s)."""
+    if not any(isinstance(data, (tuple, list)) and len(data) > 2 for data in sets.values()):
+        return []
+    example = engine.unweighted(train_loader.example())
+    items = len(example) if isinstance(example, (tuple, list)) else None
+    weighing = []
+    for name, data in sets.items():
+        weights = weights_carried(data, items)
+        if weights is None:
+            continue
+        if engine.adapter is None:
+            raise ValueError(f"the evaluation set {name!r} carries sample weights (its third item), which weigh fit's "
+                             f"loss, and a step function computes its own: give the set as (x, y), or loss= and no step")
+        check_weighable(engine.adapter.loss, WEIGHABLE)
+        sets[name] = (*data[:-1], weights)
+        weighing.append(name)
+    if weighing:
+        which = "the evaluation set" if len(sets) == 1 else f"the evaluation sets {', '.join(weighing)}:"
+        log(f"dptrain: {which} (x, y, w): w weighs the samples (Keras's validation_data=(x, y, sample_weight)): "
+            f"test_loss weighed, accuracy and metrics not")
+    return weighing
 
 
 def evaluation_sets(eval_data: Any, metrics: Dict[str, Any]) -> Dict[str, Any]:

@@ -93,6 +93,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
                                      world_size=env.world_size, optional_workers=len(sets) > 1,   # (workers: for some)
                                      dispatch=dispatch_batches, sharded=sharded_stream, to_the_end=True)
                    for name, one in sets.items()}
+        for loader in loaders.values():
+            loader.weighs = sample_weight is not None       # (its batches carry the weights last: evaluation.py)
         first = next(iter(loaders.values()))
         try:
             with evaluating(model):         # and each module's own mode back after
