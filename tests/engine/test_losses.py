@@ -163,7 +163,7 @@ def test_a_partial_of_a_torch_loss_function_is_its_module(devices):
     (ignored targets left out of the mean, accuracy scored)."""
     import functools
     import dptrain
-    from dptrain.engine.losses import as_module, takes_batch
+    from dptrain.engine.loss_kinds import as_module, takes_batch
     g = torch.Generator().manual_seed(0)
     X, y = torch.randn(24, 4, generator=g), torch.randint(0, 3, (24,), generator=g)
     y[::5] = -100

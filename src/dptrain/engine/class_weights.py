@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_CLASSIFICATION = (nn.CrossEntropyLoss, nn.NLLLoss)
+from .loss_kinds import CLASSIFICATION
+
 _BINARY = (nn.BCEWithLogitsLoss, nn.BCELoss)
 
 
@@ -58,7 +59,7 @@ class ClassWeights:
 
     def __init__(self, class_weight: Any, loss: Any):
         self.table = _table(class_weight)
-        if not isinstance(loss, _CLASSIFICATION + _BINARY):
+        if not isinstance(loss, CLASSIFICATION + _BINARY):
             raise ValueError(f"class_weight weighs a classification loss (cross-entropy, NLL) or a binary one (bce, "
                              f"BCELoss), not {type(loss).__name__}: weigh the samples in your loss, loss=lambda out, "
                              f"y: (per_sample(out, y) * weights_of(y)).mean()")

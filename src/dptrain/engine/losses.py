@@ -19,13 +19,9 @@ division. ``LossAdapter`` knows how each torch loss defines its mean:
 """
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Mapping
 from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..data.batch import batch_size
@@ -36,83 +32,12 @@ from .loss_checks import (check_class_targets, check_classification, classes_las
 from .loss_placement import LossCopies, summed_twin, unreduced_twin
 from .model_outputs import output_for
 from .own_loss import next_token
+from .loss_kinds import (CLASSIFICATION, ELEMENTWISE, FLOAT_TARGETS, REDUCTIONS, WEIGHABLE, as_module, batch_taken,
+                         samples_of, takes_batch)
 from .sample_weights import check_weighable, weighted_sum
 from .whole_batch import WholeBatch
 
 Count = Union[int, torch.Tensor, None]      # None: a sum reduction, nothing to divide by
-REDUCTIONS = ("mean", "sum")
-
-_ELEMENTWISE = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.BCELoss, nn.BCEWithLogitsLoss,
-                nn.SoftMarginLoss)
-_CLASSIFICATION = (nn.CrossEntropyLoss, nn.NLLLoss)
-#: The losses whose per-sample values ``sample_weight`` weighs (``sample_weights.py``).
-WEIGHABLE = _CLASSIFICATION + _ELEMENTWISE
-#: Elementwise losses torch computes on float targets only (MSE, L1... take integers too, in
-#: torch's recent versions: ``loss_checks.trains_on_integers``).
-_FLOAT_TARGETS = (nn.BCELoss, nn.BCEWithLogitsLoss, nn.HuberLoss)
-#: Functional losses with the module that means the same, for their default arguments.
-_FUNCTIONS = {F.cross_entropy: nn.CrossEntropyLoss, F.nll_loss: nn.NLLLoss, F.mse_loss: nn.MSELoss,
-              F.l1_loss: nn.L1Loss, F.smooth_l1_loss: nn.SmoothL1Loss, F.huber_loss: nn.HuberLoss,
-              F.binary_cross_entropy: nn.BCELoss,
-              F.binary_cross_entropy_with_logits: nn.BCEWithLogitsLoss}
-
-
-def _batch_taken(loss: Callable) -> Callable:
-    """``loss(output, target, batch)`` as ``fn(output, (target, batch))``, named as ``loss``: the
-    reduction check cuts the pair into halves with the outputs."""
-    def with_batch(output: Any, target_and_batch: Any) -> Any:
-        return loss(output, *target_and_batch)
-    with_batch.__name__ = getattr(loss, "__name__", type(loss).__name__)
-    return with_batch
-
-
-def samples_of(target: Any, output: Any = None) -> int:
-    """The samples a loss's mean is over: the target's, or the output's where it has none
-    (a contrastive loss's ``(views, None)``)."""
-    if target is None and output is not None:
-        return batch_size(output)
-    if isinstance(target, torch.Tensor):
-        return target.shape[0] if target.dim() else 1
-    if isinstance(target, (tuple, list, Mapping)):        # (y, weight), {"y": ..., "w": ...}
-        return batch_size(target)
-    return len(target)
-
-
-def as_module(loss: Any) -> Any:
-    """A functional loss torch has a module for as that module, so its count is known (ignored
-    targets, elements): ``F.cross_entropy``, or ``functools.partial(F.cross_entropy,
-    label_smoothing=0.1)`` as ``nn.CrossEntropyLoss(label_smoothing=0.1)``; another as it is."""
-    function, keywords = loss, {}
-    if isinstance(loss, functools.partial) and not loss.args:
-        function, keywords = loss.func, loss.keywords
-    try:
-        module = _FUNCTIONS.get(function)
-    except TypeError:       # (an object that cannot be hashed: a loss of the user's own)
-        return loss
-    if module is None:
-        return loss
-    try:
-        return module(**keywords)
-    except TypeError:       # a keyword the module does not take: the function as it is
-        return loss
-
-
-def scores_accuracy(loss: Any) -> bool:
-    """Whether ``fit`` counts correct predictions (``test_acc``) with ``loss`` (and no step
-    function): a classification loss, the default cross-entropy included."""
-    return loss is None or isinstance(as_module(loss), _CLASSIFICATION)
-
-
-def takes_batch(loss: Callable) -> bool:
-    """Whether a loss function asks for the batch: ``loss(output, target, batch)``, a third
-    argument it needs (one with a default, a ``weight=None`` of torch's, is not asked for)."""
-    try:
-        params = inspect.signature(loss).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    needed = [p for p in positional if p.default is inspect.Parameter.empty]
-    return len(needed) >= 3 or any(p.name == "batch" for p in params)
 
 
 class LossAdapter:
@@ -142,10 +67,10 @@ class LossAdapter:
             raise ValueError(f"loss reduction {self.reduction!r} cannot be split over devices: use 'mean' or 'sum' "
                              f"(per-sample losses with reduction='none' must be reduced)")
         self.loss = loss
-        self.classification = isinstance(loss, _CLASSIFICATION)
-        self.elementwise = isinstance(loss, _ELEMENTWISE)
-        self.float_targets = isinstance(loss, _FLOAT_TARGETS)
-        self.known = isinstance(loss, _CLASSIFICATION + _ELEMENTWISE + (nn.KLDivLoss,))
+        self.classification = isinstance(loss, CLASSIFICATION)
+        self.elementwise = isinstance(loss, ELEMENTWISE)
+        self.float_targets = isinstance(loss, FLOAT_TARGETS)
+        self.known = isinstance(loss, CLASSIFICATION + ELEMENTWISE + (nn.KLDivLoss,))
         if self.known:      # the same loss, reduced by summation: exact shard sums
             self._sum = summed_twin(loss)
         self._checked = False
@@ -292,7 +217,7 @@ class LossAdapter:
             return value * n, n
         if not self._reduction_checked:
             if self.takes_batch:        # (the batch's halves beside the outputs' and targets')
-                self._reduction_checked = check_reduction(_batch_taken(self.loss), self.reduction, self.declared,
+                self._reduction_checked = check_reduction(batch_taken(self.loss), self.reduction, self.declared,
                                                           output, (target, batch), value, self.parts)
             else:
                 self._reduction_checked = check_reduction(self.loss, self.reduction, self.declared, output, target,

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .loss_names import loss_named
-from .losses import as_module, scores_accuracy
+from .loss_kinds import as_module, scores_accuracy
 from .stateful_metrics import is_stateful
 from .whole_set import WholeSet
 

@@ -25,7 +25,7 @@ from .loss_names import loss_named
 from .metric_names import metrics_named
 from .stateful_metrics import is_stateful
 from .class_weights import ClassWeights
-from .losses import REDUCTIONS, WEIGHABLE, as_module, scores_accuracy
+from .loss_kinds import REDUCTIONS, WEIGHABLE, as_module, scores_accuracy
 from .sample_weights import check_weighable
 from .updates import check_updates, combined, part_schedulers
 from .user_scheduler import LentScheduler, built_on

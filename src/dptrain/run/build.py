@@ -24,7 +24,7 @@ from ..engine.balance import Balancer
 from ..engine.forward_hooks import in_turn_line
 from ..engine.lightning_module import LightningSteps
 from ..engine.lightning_trainer import BATCHES, UPDATES
-from ..engine.losses import WEIGHABLE
+from ..engine.loss_kinds import WEIGHABLE
 from ..engine.model_engine import ModelEngine
 from ..engine.sample_weights import check_weighable, split_weights
 from ..engine.task import Task
