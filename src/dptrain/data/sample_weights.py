@@ -85,7 +85,7 @@ def weights_carried(data: Any, items: Optional[int]) -> Optional[torch.Tensor]:
     if not isinstance(last, (torch.Tensor, np.ndarray)) or not (last.ndim == 1 or last.ndim == 2
                                                                 and last.shape[1] == 1):
         return None
-    samples = data_length(type(data)(data[:-1]), "validation weights")
+    samples = data_length(data[:-1], "validation weights")
     return as_weights(last, samples) if len(last) == samples else None
 
 

@@ -15,7 +15,7 @@ from ..callbacks.outputs import EpochLog, MetricsFile, OwnFigures, ProgressBar, 
 from ..core.stage import noted, stage
 from ..data.accumulate import Accumulating
 from ..data.choose_loader import make_loader, own_batch_size, read_as_samples, reading_batch_size
-from ..data.sample_weights import weighed, weights_carried, weights_for
+from ..data.sample_weights import weighed, weights_for
 from ..data.holdout import data_length, hold_out
 from ..data.loader import TensorLoader
 from ..data.model_inputs import input_and_target
@@ -24,12 +24,12 @@ from ..engine.balance import Balancer
 from ..engine.forward_hooks import in_turn_line
 from ..engine.lightning_module import LightningSteps
 from ..engine.lightning_trainer import BATCHES, UPDATES
-from ..engine.loss_kinds import WEIGHABLE
 from ..engine.model_engine import ModelEngine
-from ..engine.sample_weights import check_weighable, split_weights
+from ..engine.sample_weights import split_weights
 from ..engine.task import Task
 from .agreement import check_agreement, describe_data, describe_settings
 from .config import TrainConfig
+from .eval_weights import weigh_sets
 from .preflight import check_space
 from .resume import has_batchnorm
 from .step_limit import StepLimit, epochs_for
@@ -226,13 +226,8 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
                     f"quiets this line)")
     with stage("loading the evaluation data"):
         sets = evaluation_sets(eval_data, task.metrics)
-        weighing = carried_weights(sets, train_loader, engine, log)     # (Keras's validation_data=(x, y, w))
-        collates = {name: shard.get("collate_fn") for name in sets}
-        if held_out_weights is not None:        # (validation_split's part: its samples' weights, as Keras's)
-            sets["test"], collates["test"] = weighed(sets["test"], held_out_weights, collates["test"])
-            weighing.append("test")
-            log("dptrain: validation_split's held-out samples keep their sample_weight (as Keras's): test_loss "
-                "weighed, accuracy and metrics not")
+        # Keras's weighted validation: validation_data=(x, y, w), validation_split's part's own weights
+        collates, weighing = weigh_sets(sets, shard.get("collate_fn"), train_loader, engine, held_out_weights, log)
         sizes = {name: eval_batch_size(name, data, config.eval_batch_size, batch_size, log)
                  for name, data in sets.items()}
         loaders = {name: make_loader(data, sizes[name], max_batches=config.eval_batches, optional_workers=True,
@@ -271,33 +266,6 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         size = sum(t.numel() * t.element_size() for t in engine.state_dict()["model"].values())
         check_space(config.checkpoint_dir, 3 * size + 2**20)
     return kvstore, engine, train_loader, eval_loader, others
-
-
-def carried_weights(sets: Dict[str, Any], train_loader: Any, engine: ModelEngine, log: Callable[[str], None]) -> List[str]:
-    """The evaluation sets given as Keras's ``validation_data=(x_val, y_val, val_sample_weight)``
-    (one column more than a training sample's items: ``data/sample_weights.weights_carried``),
-    their weights checked in ``sets``; their ``test_loss`` is weighed, their accuracy and
-    metrics are not (as ``dptrain.evaluate(..., sample_weight=w)``'s)."""
-    if not any(isinstance(data, (tuple, list)) and len(data) > 2 for data in sets.values()):
-        return []
-    example = engine.unweighted(train_loader.example())
-    items = len(example) if isinstance(example, (tuple, list)) else None
-    weighing = []
-    for name, data in sets.items():
-        weights = weights_carried(data, items)
-        if weights is None:
-            continue
-        if engine.adapter is None:
-            raise ValueError(f"the evaluation set {name!r} carries sample weights (its third item), which weigh fit's "
-                             f"loss, and a step function computes its own: give the set as (x, y), or loss= and no step")
-        check_weighable(engine.adapter.loss, WEIGHABLE)
-        sets[name] = (*data[:-1], weights)
-        weighing.append(name)
-    if weighing:
-        which = "the evaluation set" if len(sets) == 1 else f"the evaluation sets {', '.join(weighing)}:"
-        log(f"dptrain: {which} (x, y, w): w weighs the samples (Keras's validation_data=(x, y, sample_weight)): "
-            f"test_loss weighed, accuracy and metrics not")
-    return weighing
 
 
 def evaluation_sets(eval_data: Any, metrics: Dict[str, Any]) -> Dict[str, Any]:
