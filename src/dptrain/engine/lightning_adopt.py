@@ -1,7 +1,7 @@
 """What ``fit`` takes of a ``LightningModule`` (``lightning_module.py``'s ``LightningSteps``), and
 what it refuses: its steps, its ``configure_optimizers``, its own ``optimizer_step`` and
-``lr_scheduler_step``, manual optimization; a hook that decides how a step trains (``backward``,
-``configure_gradient_clipping``) is an error naming ours, and the other hooks it overrides are
+``lr_scheduler_step`` and ``configure_gradient_clipping`` (``lightning_clipping.py``), manual
+optimization; its own ``backward`` is an error naming ours, and the other hooks it overrides are
 named in a line (the run's course and batch hooks are called: ``callbacks/lightning_hooks.py``).
 
     notes = adopt(model, what, stand_in)     # what: fit's task keywords, filled from the module's methods
@@ -14,15 +14,17 @@ from torch import nn
 
 from ..core.signatures import takes
 from ..parallel.given_model import unwrapped
+from .lightning_clipping import ModuleClipping
 from .lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
 from .lightning_optimizer_step import ModuleStep
 from .lightning_trainer import LateConfigure, TrainerStandIn, attach
 from .manual_calls import ManualOptimization
 
 #: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
-#: step would leave it out; its own ``optimizer_step`` is taken: ``lightning_optimizer_step.py``, and
-#: its ``lr_scheduler_step``, by the run's schedule: ``run/schedule.py``).
-STEP_HOOKS = ("backward", "configure_gradient_clipping")
+#: step would leave it out; its own ``optimizer_step`` is taken: ``lightning_optimizer_step.py``, its
+#: ``lr_scheduler_step``, by the run's schedule: ``run/schedule.py``, and its
+#: ``configure_gradient_clipping``: ``lightning_clipping.py``).
+STEP_HOOKS = ("backward",)
 #: Lightning's hooks of the run's course that fit calls (``callbacks/lightning_hooks.py``).
 COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
                 *EPOCH_END_HOOKS, "on_train_end", "on_fit_end")
@@ -43,8 +45,8 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
     steering = overridden(model, STEP_HOOKS)
     if steering:
         raise ValueError(f"the module overrides {', '.join(steering)}, Lightning's hooks deciding how a step "
-                         f"trains, which fit does not call: give fit step=fn(model, batch) -> loss (clipping as "
-                         f"clip_grad_norm= or clip_grad_value=), or remove them")
+                         f"trains, which fit does not call: give fit step=fn(model, batch) -> loss (its backward is "
+                         f"fit's, on every device), or remove them")
     others = overridden(model, OTHER_HOOKS)
     if others:
         notes.append(f"the module's {', '.join(others)} (Lightning hooks) are not called: give their work to a "
@@ -126,6 +128,16 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
                          "optimizer.step(closure=optimizer_closure) is dptrain's whole step (every device's forward "
                          "and backward, the sum, the update), and what it sets in optimizer.param_groups the next "
                          "update takes")
+        if overridden(model, ["configure_gradient_clipping"]):
+            if steps.manual is None:
+                steps.clipping = ModuleClipping(model, stand_in)
+                notes.append("the module's configure_gradient_clipping decides each update's clipping, called once a "
+                             "process before the update: what it asks self.clip_gradients is the clipping of the "
+                             "gradient summed over every device and process (p.grad it cannot read there)")
+            else:
+                notes.append("the module's configure_gradient_clipping is not called (Lightning's Trainer does not "
+                             "call it with automatic_optimization off): clip in training_step with "
+                             "self.clip_gradients(opt, ...)")
         _check_hooks(model, notes)
         what["step"] = steps
         notes.append("model.training_step is the step and validation_step evaluates (a LightningModule's): what "

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..core.signatures import takes
 from .kept_outputs import KeptOutputs, outputs_kept
+from .lightning_clipping import ModuleClipping
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 from .lightning_trainer import TrainerStandIn, explain_trainer
 from .lightning_optimizer_step import ModuleStep
@@ -75,6 +76,8 @@ class LightningSteps:
         #: lr_scheduler_step(scheduler, metric), which steps the schedulers (a timm scheduler's)
         self.optimizer_step: Optional[ModuleStep] = None
         self.lr_scheduler_step: Optional[Callable[[Any, Any], None]] = None
+        #: Its own configure_gradient_clipping, which decides each update's clipping
+        self.clipping: Optional[ModuleClipping] = None
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
         """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the

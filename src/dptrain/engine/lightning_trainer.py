@@ -9,7 +9,9 @@ read 0 without one, silently).
 
 It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before the batch; after
 an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
-``global_rank``, ``local_rank``, ``is_global_zero``, ``accumulate_grad_batches``, ``datamodule``
+``global_rank``, ``local_rank``, ``is_global_zero``, ``accumulate_grad_batches``,
+``gradient_clip_val`` and ``gradient_clip_algorithm`` (fit's ``clip_grad_norm``, ``"norm"``, or
+``clip_grad_value``, ``"value"``; else None: ``lightning_clipping.py``), ``datamodule``
 (the one given to fit, else None), ``progress_bar_callback`` None (``self.print`` prints on
 rank 0), ``strategy`` (``StrategyStandIn``: ``self.all_gather`` over the processes),
 ``optimizers`` and ``lr_scheduler_configs`` (the run's: ``self.optimizers()`` and
@@ -36,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -61,8 +63,13 @@ class TrainerStandIn:
     barebones = True
 
     def __init__(self, max_epochs: int, max_steps: Optional[int], accumulate_grad_batches: int = 1,
-                 datamodule: Any = None, root: Optional[str] = None):
+                 datamodule: Any = None, root: Optional[str] = None,
+                 clipping: Tuple[Optional[float], Optional[float]] = (None, None)):
         env = DistEnv.current()
+        norm, value = clipping          # (fit's clip_grad_norm and clip_grad_value; Lightning's takes one)
+        self.gradient_clip_val = norm if norm is not None else value
+        self.gradient_clip_algorithm = "norm" if norm is not None else "value" if value is not None else None
+        self.clip_norm_and_value = norm is not None and value is not None
         self.default_root_dir = self.log_dir = root if root is not None else os.getcwd()
         self.callback_metrics: Dict[str, torch.Tensor] = {}     # the latest epoch's, by logged name
         self.logged_metrics = self.callback_metrics

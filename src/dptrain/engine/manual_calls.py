@@ -15,6 +15,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 from torch import nn
 
+from .lightning_clipping import asked_clipping
+
 CALLS = ("optimizers", "lr_schedulers", "manual_backward", "toggle_optimizer", "untoggle_optimizer",
          "toggled_optimizer", "clip_gradients")
 local = threading.local()      # (its part: the step running on this thread)
@@ -116,12 +118,10 @@ class _Calls:
     def clip_gradients(self, optimizer: "ManualOptimizer", gradient_clip_val: Optional[float] = None,
                        gradient_clip_algorithm: Optional[str] = None) -> None:
         """Clip at ``optimizer``'s next step, once its gradient is summed over every device."""
-        algorithm = gradient_clip_algorithm or "norm"
-        if algorithm not in ("norm", "value"):
-            raise ValueError(f"clip_gradients(gradient_clip_algorithm={algorithm!r}): give 'norm' or 'value'")
+        asked = asked_clipping(gradient_clip_val, gradient_clip_algorithm)    # (fit's own clipping is refused)
         part = _part()
-        if part is not None and gradient_clip_val:
-            part.clip[_name_of(optimizer)] = (algorithm, float(gradient_clip_val))
+        if part is not None and asked[1] > 0:
+            part.clip[_name_of(optimizer)] = asked
 
 
 def _name_of(optimizer: Any) -> str:

@@ -109,6 +109,7 @@ def train_epoch(run: Any, epoch: int) -> Tuple[float, Any, Any, List[Any], int, 
     itself = weakref.ref(resolve)
     lightning = run.task.step.at if isinstance(run.task.step, LightningSteps) else None
     module_step = run.task.step.optimizer_step if isinstance(run.task.step, LightningSteps) else None
+    clipping = run.task.step.clipping if isinstance(run.task.step, LightningSteps) else None
     # The random-draws notice after the run's first step (several CPU devices decide then)
     notice = epoch == run.position.epoch and run.engine.random.draws is not False
     # Plain: nothing to do before a step but the step (no on_batch_start, balancer, LightningModule,
@@ -129,6 +130,9 @@ def train_epoch(run: Any, epoch: int) -> Tuple[float, Any, Any, List[Any], int, 
             run.callbacks.on_batch_start(run, epoch, b)
             if watch:
                 edits.after("in on_batch_start")
+        if clipping is not None:            # (a LightningModule's configure_gradient_clipping: this update's)
+            run.engine.clip_grad_norm, run.engine.clip_grad_value = clipping(run.engine.trainer.optimizer,
+                                                                             run.config.log_grad_norm)
         flags = stops.before_batch()        # they ride with the gradients
         sizes = timed = None
         if run.balancer is not None:

@@ -207,7 +207,8 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
     # A LightningModule's trainer for the run: a stand-in (engine/lightning_trainer.py).
     stand_in = TrainerStandIn(what.get("epochs") or (DEFAULT_EPOCHS if config.max_steps is None else -1),
                               config.max_steps, config.accumulate_grad_batches,
-                              lightning.data_module if lightning is not None else None, config.checkpoint_dir)
+                              lightning.data_module if lightning is not None else None, config.checkpoint_dir,
+                              (config.clip_grad_norm, config.clip_grad_value))
     try:
         notes: List[str] = []
         if lightning is not None:
