@@ -1,7 +1,7 @@
 """What ``fit`` takes of a ``LightningModule`` (``lightning_module.py``'s ``LightningSteps``), and
 what it refuses: its steps, its ``configure_optimizers``, its own ``optimizer_step`` and
-``lr_scheduler_step`` and ``configure_gradient_clipping`` (``lightning_clipping.py``), manual
-optimization; its own ``backward`` is an error naming ours, and the other hooks it overrides are
+``lr_scheduler_step`` and ``configure_gradient_clipping`` (``lightning_clipping.py``), its
+``configure_callbacks``, manual optimization; its own ``backward`` is an error naming ours, and the other hooks it overrides are
 named in a line (the run's course and batch hooks are called: ``callbacks/lightning_hooks.py``).
 
     notes = adopt(model, what, stand_in)     # what: fit's task keywords, filled from the module's methods
@@ -35,7 +35,7 @@ BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", *GRADIENT_HOOKS, "
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
 OTHER_HOOKS = ("on_validation_start", "on_validation_end",
                "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
-               "on_validation_model_train", "configure_callbacks", "on_save_checkpoint",
+               "on_validation_model_train", "on_save_checkpoint",
                "on_load_checkpoint", "transfer_batch_to_device", "on_before_batch_transfer",
                "on_after_batch_transfer", "optimizer_zero_grad", "on_before_backward")
 
@@ -138,6 +138,8 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
                 notes.append("the module's configure_gradient_clipping is not called (Lightning's Trainer does not "
                              "call it with automatic_optimization off): clip in training_step with "
                              "self.clip_gradients(opt, ...)")
+        if overridden(model, ["configure_callbacks"]):
+            notes += with_module_callbacks(model, what)
         _check_hooks(model, notes)
         what["step"] = steps
         notes.append("model.training_step is the step and validation_step evaluates (a LightningModule's): what "
@@ -151,3 +153,21 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
         notes.append("the optimizer is model.configure_optimizers()'s (a LightningModule's), called once the "
                      "training data is loaded")
     return notes
+
+
+def with_module_callbacks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
+    """The module's ``configure_callbacks()`` added to fit's ``callbacks``, as Lightning's ``Trainer``
+    adds them: each taking the place of those of its class or a base of it (never the base
+    ``Callback`` itself); they then are taken as fit's own (a peer's ``EarlyStopping`` as ours,
+    its ``ModelCheckpoint`` an error naming ours). Returns the line saying so."""
+    theirs = model.configure_callbacks()
+    if not theirs:
+        return []
+    theirs = list(theirs) if isinstance(theirs, (list, tuple)) else [theirs]
+    given = list(what.get("callbacks") or ())
+    replaced = {type(c) for c in given
+                if type(c).__name__ != "Callback" and any(isinstance(t, type(c)) for t in theirs)}
+    what["callbacks"] = [c for c in given if type(c) not in replaced] + theirs
+    names = ", ".join(type(c).__name__ for c in theirs)
+    return [f"the module's configure_callbacks() gave {names}, added to fit's callbacks"
+            + (f" in place of its {', '.join(sorted(t.__name__ for t in replaced))} (Lightning's way)" if replaced else "")]
