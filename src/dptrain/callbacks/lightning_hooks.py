@@ -42,6 +42,7 @@ from ..engine.lightning_module import EPOCH_END_HOOKS, LightningSteps, overridde
 from ..parallel.given_model import unwrapped
 from .base import Callback
 from .lightning_batch_hooks import ModuleBatchHooks
+from .lightning_checkpoint_hooks import CHECKPOINT_HOOKS, ModuleCheckpointHooks
 from .outputs import TensorBoard
 
 ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of one sample)
@@ -63,17 +64,20 @@ def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> None:
     run's course the model overrides, when it was taken as a LightningModule (its step is ours;
     with its trainer a stand-in, whatever it overrides: the caller fills ``callback_metrics``):
     first, so that what its epoch-end hooks log is in the row the other callbacks see; then the
-    caller of its batch hooks, if it overrides them (``ModuleBatchHooks``)."""
+    caller of its batch hooks, if it overrides them (``ModuleBatchHooks``), and of its checkpoint
+    hooks (``ModuleCheckpointHooks``)."""
     steps = what.get("step")
     model = unwrapped(model)
     if not isinstance(steps, LightningSteps):
         return
     hooks, batch_hooks = overridden(model, COURSE_HOOKS), overridden(model, BATCH_HOOKS)
-    if hooks or batch_hooks or steps.clock is not None:     # (the stand-in's callback_metrics: filled at epochs' ends)
+    kept = overridden(model, CHECKPOINT_HOOKS)
+    if hooks or batch_hooks or kept or steps.clock is not None:  # (the stand-in's callback_metrics: filled at epochs' ends)
         given = what.get("callbacks") or []
         listed: List[Any] = list(given) if isinstance(given, (list, tuple)) else [given]
         what["callbacks"] = [ModuleHooks(model, hooks, steps)] + \
-            ([ModuleBatchHooks(model, batch_hooks, steps)] if batch_hooks else []) + listed     # (apart: see there)
+            ([ModuleBatchHooks(model, batch_hooks, steps)] if batch_hooks else []) + \
+            ([ModuleCheckpointHooks(model)] if kept else []) + listed     # (apart: see there)
 
 
 class ModuleHooks(Callback):

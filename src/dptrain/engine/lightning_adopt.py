@@ -35,8 +35,7 @@ BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", *GRADIENT_HOOKS, "
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
 OTHER_HOOKS = ("on_validation_start", "on_validation_end",
                "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
-               "on_validation_model_train", "on_save_checkpoint",
-               "on_load_checkpoint", "transfer_batch_to_device", "on_before_batch_transfer",
+               "on_validation_model_train", "transfer_batch_to_device", "on_before_batch_transfer",
                "on_after_batch_transfer", "optimizer_zero_grad", "on_before_backward")
 
 
@@ -57,6 +56,10 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
         notes.append(f"the module's {', '.join(called)} (Lightning hooks) are called where Lightning's Trainer calls "
                      f"them, once a process, on the module (what they change, every device's copy gets; what they "
                      f"log, the epoch's row; a batch's hook, its step's row, as Lightning's on_step)")
+    kept = overridden(model, ["on_save_checkpoint", "on_load_checkpoint"])
+    if kept:
+        notes.append(f"the module's {' and '.join(kept)} keep its own entries in the run's checkpoint "
+                     f"(checkpoint_dir=): a dict of them, beside the weights, optimizer and epoch fit keeps itself")
     grads = overridden(model, GRADIENT_HOOKS)
     if grads:
         notes.append(f"the module's {' and '.join(grads)} see each update's whole gradient in p.grad (summed over "
