@@ -8,7 +8,8 @@ named in a line (the run's course and batch hooks are called: ``callbacks/lightn
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from torch import nn
 
@@ -17,7 +18,7 @@ from ..parallel.given_model import unwrapped
 from .lightning_clipping import ModuleClipping
 from .lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
 from .lightning_optimizer_step import ModuleStep
-from .lightning_trainer import LateConfigure, TrainerStandIn, attach
+from .lightning_trainer import LateConfigure, TrainerStandIn, attach, detach
 from .manual_calls import ManualOptimization
 
 #: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
@@ -36,7 +37,7 @@ BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", *GRADIENT_HOOKS, "
 OTHER_HOOKS = ("on_validation_start", "on_validation_end",
                "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
                "on_validation_model_train", "transfer_batch_to_device", "on_before_batch_transfer",
-               "on_after_batch_transfer", "optimizer_zero_grad", "on_before_backward")
+               "optimizer_zero_grad", "on_before_backward")
 
 
 def _check_hooks(model: nn.Module, notes: List[str]) -> None:
@@ -87,7 +88,9 @@ def steps_of(model: nn.Module, what: Dict[str, Any], testing: bool = False) -> O
                          "(or self.log-ging) the loss, or give evaluate loss= (with forward= if model(x) is not the "
                          "output)")
     if testing:
-        return LightningSteps(model, "test_step" if overridden(model, ["test_step"]) else "validation_step", False)
+        steps = LightningSteps(model, "test_step" if overridden(model, ["test_step"]) else "validation_step", False)
+        steps.eval_stage = "test"
+        return steps
     return LightningSteps(model)
 
 
@@ -174,3 +177,26 @@ def with_module_callbacks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
     names = ", ".join(type(c).__name__ for c in theirs)
     return [f"the module's configure_callbacks() gave {names}, added to fit's callbacks"
             + (f" in place of its {', '.join(sorted(t.__name__ for t in replaced))} (Lightning's way)" if replaced else "")]
+
+
+@contextlib.contextmanager
+def staged(model: nn.Module, stage: str, steps: Optional[LightningSteps] = None) -> Iterator[Optional[TrainerStandIn]]:
+    """``dptrain.evaluate``'s (``"test"``) or ``predict``'s (``"predict"``) stage on the trainer of
+    a module with its own ``on_after_batch_transfer`` (which reads ``self.trainer.training``): a
+    stand-in saying it while the call runs, if the module has no trainer (after ``fit``, it has
+    none); ``steps``: its ``LightningSteps``, which then gives it to every device's copy. Yields
+    the stand-in (None: none was needed)."""
+    model = unwrapped(model)
+    if not overridden(model, ["on_after_batch_transfer"]):
+        yield None
+        return
+    stand_in = TrainerStandIn(0, None)
+    stand_in.stage = stage
+    attached = attach(model, stand_in)
+    if attached and steps is not None:
+        steps.clock = stand_in
+    try:
+        yield stand_in if attached else None
+    finally:
+        if attached:
+            detach(model)

@@ -30,6 +30,7 @@ from .kept_outputs import KeptOutputs, outputs_kept
 from .lightning_clipping import ModuleClipping
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 from .lightning_trainer import TrainerStandIn, explain_trainer
+from .lightning_transfer import transfer_of
 from .lightning_optimizer_step import ModuleStep
 from .manual_calls import ManualOptimization
 
@@ -78,6 +79,9 @@ class LightningSteps:
         self.lr_scheduler_step: Optional[Callable[[Any, Any], None]] = None
         #: Its own configure_gradient_clipping, which decides each update's clipping
         self.clipping: Optional[ModuleClipping] = None
+        #: Its own on_after_batch_transfer, on each device's part once there (lightning_transfer.py)
+        self.transfer = transfer_of(model) if overridden(model, ["on_after_batch_transfer"]) else None
+        self.eval_stage = "validate"        # (evaluate's: "test", Lightning's trainer.test)
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
         """The batch's index in its epoch (or evaluation); training, the epoch (from 0) and the
@@ -121,6 +125,10 @@ class LightningSteps:
     def __call__(self, model: nn.Module, batch: Any) -> Any:
         if self.kept is not None:
             self.kept.count(model)
+        if self.clock is not None:          # (its trainer's stage: Lightning's trainer.training...)
+            self.clock.stage = "train" if model.training else self.eval_stage
+        if self.transfer is not None:       # (its on_after_batch_transfer: the part on its device)
+            batch = self.transfer(model, batch, self.clock)
         if model.training:
             return self._train(model, batch)
         if self.validation is False:
@@ -145,6 +153,10 @@ class LightningSteps:
         """A manual-optimization step on one device: what ``training_step`` returns (None too)."""
         if self.kept is not None:
             self.kept.count(model)
+        if self.clock is not None:
+            self.clock.stage = "train"
+        if self.transfer is not None:
+            batch = self.transfer(model, batch, self.clock)
         return self._train(model, batch, as_returned=True)
 
     def _train(self, model: nn.Module, batch: Any, as_returned: bool = False) -> Any:

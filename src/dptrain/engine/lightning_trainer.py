@@ -10,6 +10,7 @@ read 0 without one, silently).
 It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before the batch; after
 an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
 ``global_rank``, ``local_rank``, ``is_global_zero``, ``accumulate_grad_batches``,
+``training``, ``validating``, ``testing`` and ``predicting`` (the stage: which step runs),
 ``gradient_clip_val`` and ``gradient_clip_algorithm`` (fit's ``clip_grad_norm``, ``"norm"``, or
 ``clip_grad_value``, ``"value"``; else None: ``lightning_clipping.py``), ``datamodule``
 (the one given to fit, else None), ``progress_bar_callback`` None (``self.print`` prints on
@@ -81,9 +82,28 @@ class TrainerStandIn:
         self._count: Optional[Callable[[str], float]] = None    # counts UPDATES or BATCHES, when asked
         self.devices_here, self.thread = 1, threading.get_ident()       # (this process's devices; fit's thread)
         self._should_stop, self._stop = False, None     # (lend_stop: the run's stop)
+        self.stage: Optional[str] = None
 
     def at(self, epoch: int, step: int) -> None:
         self.current_epoch, self.global_step = epoch, step
+
+    # Lightning's stage of the run: which of the module's steps runs (``stage``: "train",
+    # "validate", "test" or "predict", set by ``LightningSteps`` as it calls them).
+    @property
+    def training(self) -> bool:
+        return self.stage == "train"
+
+    @property
+    def validating(self) -> bool:
+        return self.stage == "validate"
+
+    @property
+    def testing(self) -> bool:
+        return self.stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        return self.stage == "predict"
 
     @property
     def should_stop(self) -> bool:

@@ -11,6 +11,7 @@ or processes computed them, and equal ``fit``'s last ``test_*`` figures on the s
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 import torch
@@ -21,7 +22,7 @@ from ..core.stage import stage
 from ..data.choose_loader import lists_as_columns, make_loader, reading_batch_size
 from ..data.sample_weights import weighed, weights_for
 from ..distributed.env import DEFAULT_TIMEOUT_S
-from ..engine.lightning_adopt import steps_of
+from ..engine.lightning_adopt import staged, steps_of
 from ..engine.lightning_module import LightningSteps
 from ..engine.metric_names import metrics_copied
 from ..engine.model_engine import ModelEngine
@@ -74,9 +75,10 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     # A LightningDataModule's data (Lightning's trainer.test); float64 arrays named in a dtype error.
     data = lists_as_columns(data)       # ((X, labels_list): a list column made a tensor)
-    with float64_named(model, data), stage_data(data, "test", local) as data:
+    with float64_named(model, data), stage_data(data, "test", local) as data, contextlib.ExitStack() as stack:
         # A LightningModule's own steps: its test_step evaluates (Lightning's trainer.test), else validation_step.
         step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
+        stack.enter_context(staged(model, "test", step if isinstance(step, LightningSteps) else None))
         task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                     optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
                     metrics=metrics_copied(metrics),

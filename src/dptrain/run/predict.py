@@ -26,7 +26,9 @@ from ..data.choose_loader import lists_as_columns, make_loader, reading_batch_si
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
 from ..engine.forward_hooks import user_hooks
-from ..engine.lightning_adopt import predict_step_of
+from ..engine.lightning_adopt import predict_step_of, staged
+from ..engine.lightning_module import overridden
+from ..engine.lightning_transfer import transfer_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
 from .float64_data import float64_named
@@ -107,13 +109,15 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     # A LightningDataModule's data (trainer.predict); float64 arrays named in a dtype error.
     data = lists_as_columns(data)       # ((X, labels_list): a list column made a tensor)
-    with float64_named(model, data), stage_data(data, "predict", local) as data:
+    with float64_named(model, data), stage_data(data, "predict", local) as data, \
+            staged(model, "predict") as trainer:     # (a LightningModule's on_after_batch_transfer: its stage)
         loader = make_loader(data, reading_batch_size(data, batch_size), num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                              world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
                              to_the_end=True)
         model = unwrapped(model)
         replicas = replicate(model, devices)
         own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
+        moved = transfer_of(model) if forward is None and overridden(model, ["on_after_batch_transfer"]) else None
         runner, feed = get_runner(replicas.devices), forward or model_input
         ignored = ignored_at_inference(model)       # (a causal LM's cache)
         hooked = len(replicas.devices) > 1 and bool(user_hooks(model))      # (forward_hooks.py)
@@ -124,6 +128,8 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
             if shard is None:               # a device with no sample in a small last batch
                 return None
             shard = to_device(shard, replicas.devices[i])
+            if moved is not None:           # (its on_after_batch_transfer, on the part on its device)
+                shard = moved(replicas[i], shard, trainer)
             out = own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
             return map_tensors(lambda t: t.detach().cpu(), batch_loss_left_out(out, ignored))
         try:
