@@ -52,8 +52,9 @@ class ModuleBatchHooks(Callback):
     module's stand-in trainer (``clock``). Only the callback events of the hooks overridden are
     set (on the instance): a run calls an event, and watches for edits after it, only where set."""
 
-    def __init__(self, module: nn.Module, hooks: Sequence[str], steps: LightningSteps):
+    def __init__(self, module: nn.Module, hooks: Sequence[str], steps: LightningSteps, targets: Any = None):
         self.module, self.hooks, self.steps = module, tuple(hooks), steps
+        self.targets = targets          # (a HookTargets: Lightning callbacks' hooks first; None: the module's alone)
         self.logs = BatchLogs(module)
         self.ended = -1         # the update whose on_train_batch_end ran (early, for its step row)
         self.optimizer: Any = None
@@ -76,7 +77,8 @@ class ModuleBatchHooks(Callback):
                              f"on_batch_start or on_batch_end (once an update; run.model is the module)")
 
     def _call(self, run: Any, hook: str, step: int, *args: Any) -> Any:
-        out = self.logs.call(hook, step, *args)
+        out = self.logs.call(hook, step, *args, fn=None if self.targets is None else
+                             (lambda *given: self.targets.call(hook, *given)))
         if not self.rows and run.is_main:
             self.logs.tell_unrowed(run.log, self.hooks)
         return out

@@ -18,7 +18,7 @@ run resumed mid-epoch gives that epoch's mean as an unbroken run does.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -40,10 +40,11 @@ class BatchLogs:
         self._names: Dict[str, str] = {}                    # figure names by logged name (Recording's)
         self.told = False                                   # the line of step figures with no step rows: once
 
-    def call(self, hook: str, step: int, *args: Any) -> Any:
-        """Call the module's ``hook(*args)`` for update ``step``, keeping what it logs."""
+    def call(self, hook: str, step: int, *args: Any, fn: Optional[Callable[..., Any]] = None) -> Any:
+        """Call the module's ``hook(*args)`` (or ``fn(*args)``, which calls it and a Lightning
+        callback's) for update ``step``, keeping what it logs."""
         with Recording(self.module, ONE, hook, TRAIN_PREFIXES, self._names) as recording:
-            out = getattr(self.module, hook)(*args)
+            out = (fn or getattr(self.module, hook))(*args)
         if recording.objects:
             raise ValueError(f"self.log of a torchmetrics object ({', '.join(map(repr, recording.objects))}) in "
                              f"the module's {hook}: log it in training_step (self.log('train_acc', self.acc)), "

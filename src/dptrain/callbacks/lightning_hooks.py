@@ -38,10 +38,11 @@ from ..engine.kept_outputs import KeptOutputs
 from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, Recording
 from ..engine.lightning_logger import BoardLogger
 from ..engine.lightning_adopt import BATCH_HOOKS, COURSE_HOOKS
-from ..engine.lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
+from ..engine.lightning_module import EPOCH_END_HOOKS, LightningSteps
 from ..parallel.given_model import unwrapped
 from .base import Callback
 from .lightning_batch_hooks import ModuleBatchHooks
+from .lightning_callbacks import HookTargets, lightning_callbacks
 from .lightning_checkpoint_hooks import CHECKPOINT_HOOKS, ModuleCheckpointHooks
 from .outputs import TensorBoard
 
@@ -59,25 +60,29 @@ ROW_NAMES = {"on_validation_epoch_end": ("test_", PREFIXES), "on_train_epoch_end
 READS = {"on_validation_epoch_end": "validated", "on_train_epoch_end": "trained"}
 
 
-def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> None:
+def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
     """Put first in ``what``'s callbacks (``fit``'s keywords) the caller of the hooks of the
     run's course the model overrides, when it was taken as a LightningModule (its step is ours;
     with its trainer a stand-in, whatever it overrides: the caller fills ``callback_metrics``):
     first, so that what its epoch-end hooks log is in the row the other callbacks see; then the
-    caller of its batch hooks, if it overrides them (``ModuleBatchHooks``), and of its checkpoint
-    hooks (``ModuleCheckpointHooks``)."""
+    caller of its batch hooks, if it or they override them (``ModuleBatchHooks``), and of its
+    checkpoint hooks (``ModuleCheckpointHooks``). Lightning callbacks of one's own among the
+    callbacks are called by those (``lightning_callbacks.py``): returns the lines saying so."""
     steps = what.get("step")
     model = unwrapped(model)
     if not isinstance(steps, LightningSteps):
-        return
-    hooks, batch_hooks = overridden(model, COURSE_HOOKS), overridden(model, BATCH_HOOKS)
-    kept = overridden(model, CHECKPOINT_HOOKS)
-    if hooks or batch_hooks or kept or steps.clock is not None:  # (the stand-in's callback_metrics: filled at epochs' ends)
+        return []
+    theirs, notes = lightning_callbacks(what)
+    targets = HookTargets(model, theirs, steps.clock if steps.clock is not None else vars(model).get("_trainer"))
+    hooks, batch_hooks = targets.overriding(COURSE_HOOKS), targets.overriding(BATCH_HOOKS)
+    kept = targets.overriding(CHECKPOINT_HOOKS + ("state_dict", "load_state_dict"))
+    if hooks or batch_hooks or kept or theirs or steps.clock is not None:   # (the stand-in's callback_metrics)
         given = what.get("callbacks") or []
         listed: List[Any] = list(given) if isinstance(given, (list, tuple)) else [given]
-        what["callbacks"] = [ModuleHooks(model, hooks, steps)] + \
-            ([ModuleBatchHooks(model, batch_hooks, steps)] if batch_hooks else []) + \
-            ([ModuleCheckpointHooks(model)] if kept else []) + listed     # (apart: see there)
+        what["callbacks"] = [ModuleHooks(model, hooks, steps, targets)] + \
+            ([ModuleBatchHooks(model, batch_hooks, steps, targets)] if batch_hooks else []) + \
+            ([ModuleCheckpointHooks(model, targets)] if kept else []) + listed     # (apart: see there)
+    return notes
 
 
 class ModuleHooks(Callback):
@@ -88,8 +93,10 @@ class ModuleHooks(Callback):
     together first (``KeptOutputs``). The stand-in's ``callback_metrics`` is filled as they are
     called (``_metrics``), whether the module overrides them or not."""
 
-    def __init__(self, module: nn.Module, hooks: Sequence[str], steps: LightningSteps):
+    def __init__(self, module: nn.Module, hooks: Sequence[str], steps: LightningSteps,
+                 targets: Optional[HookTargets] = None):
         self.module, self.hooks, self.steps, self.clock = module, tuple(hooks), steps, steps.clock
+        self.targets = targets if targets is not None else HookTargets(module, (), steps.clock)
         self.ends = any(hook in self.hooks for hook in EPOCH_END_HOOKS)
         self.hook_names: Dict[str, str] = {}    # the row's names of what the epoch-end hooks logged, by logged name
 
@@ -105,11 +112,11 @@ class ModuleHooks(Callback):
                                           and not run.evaluated_epoch):
                 continue
             if hook not in ROW_NAMES:
-                getattr(self.module, hook)()
+                self.targets.call(hook)
                 continue
             start, prefixes = ROW_NAMES[hook]
             with Recording(self.module, ONE, hook, prefixes) as recording:
-                getattr(self.module, hook)()
+                self.targets.call(hook)     # (a callback's pl_module.log too)
             for name, metric in recording.objects.items():
                 recording.figures[name] = (metric.compute().detach().float(), 1)
             logged.update({start + name: float(value) for name, (value, _) in recording.figures.items()})
@@ -136,6 +143,7 @@ class ModuleHooks(Callback):
         if run.config.eval_every_n_steps and any(hook in self.hooks for hook in VALIDATION_HOOKS):
             run.step_evaluation_hooks.append(self)
             run.reuse_step_evaluation = False       # (the epoch's evaluation runs its validation_step again)
+        self.targets.of_callbacks("setup", "fit")       # (a Lightning callback's; the module's: lightning_data.py)
         self._call("on_fit_start", run, run.epoch - 1)
 
     def before_step_evaluation(self, run: Any) -> None:
@@ -182,6 +190,9 @@ class ModuleHooks(Callback):
     def on_fit_end(self, run: Any, result: Dict[str, Any]) -> None:
         self.steps.kept = None
         self._call("on_fit_end", run, run.epoch)         # (Lightning's: the epochs done)
+        self.targets.of_callbacks("teardown", "fit")
 
     def on_exception(self, run: Any, error: BaseException) -> None:
         self.steps.kept = None
+        self.targets.of_callbacks("on_exception", error)
+        self.targets.of_callbacks("teardown", "fit")

@@ -9,8 +9,8 @@ read 0 without one, silently).
 
 It holds ``current_epoch`` (from 0), ``global_step`` (the updates done before the batch; after
 an epoch, all of its), ``max_epochs``, ``max_steps`` (-1 without), ``world_size``,
-``global_rank``, ``local_rank``, ``is_global_zero``, ``accumulate_grad_batches``,
-``training``, ``validating``, ``testing`` and ``predicting`` (the stage: which step runs),
+``global_rank``, ``local_rank``, ``is_global_zero``, ``lightning_module`` (the module),
+``accumulate_grad_batches``, ``training``, ``validating``, ``testing`` and ``predicting`` (the stage: which step runs),
 ``gradient_clip_val`` and ``gradient_clip_algorithm`` (fit's ``clip_grad_norm``, ``"norm"``, or
 ``clip_grad_value``, ``"value"``; else None: ``lightning_clipping.py``), ``datamodule``
 (the one given to fit, else None), ``progress_bar_callback`` None (``self.print`` prints on
@@ -278,6 +278,7 @@ def attach(model: nn.Module, stand_in: TrainerStandIn) -> bool:
     if "_trainer" not in vars(model) or model._trainer is not None:
         return False
     model.__dict__["_trainer"] = stand_in
+    stand_in.lightning_module = model       # (Lightning's trainer.lightning_module: a callback reads it)
     return True
 
 

@@ -216,7 +216,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         notes += lightning_adopt.adopt(model, what, stand_in)
         what["callbacks"], said = adopt(what.get("callbacks") or ())    # (Keras's, Lightning's EarlyStopping)
         notes += said
-        with_module_hooks(model, what)
+        notes += with_module_hooks(model, what)     # (and Lightning callbacks of one's own)
         with float64_named(model, train_data, eval_data):
             return _fit(model, train_data, eval_data, what, config, settings, notes, plot, log)
     finally:

@@ -1,0 +1,108 @@
+"""Lightning ``Callback``s of one's own, given to ``fit`` with a ``LightningModule``: each hook
+called with the module's trainer and the module, where Lightning's ``Trainer`` calls it.
+
+    class PrintVal(L.Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            print(trainer.current_epoch, trainer.callback_metrics["val_loss"])
+
+    dptrain.fit(lit_model, train, val, callbacks=[PrintVal()])     # trainer.fit(..., callbacks=[...])
+
+Their hooks take that framework's trainer: here it is the module's stand-in
+(``engine/lightning_trainer.py``: ``current_epoch``, ``global_step``, ``callback_metrics``,
+``should_stop``, ``lightning_module``, ``optimizers``, ``logger``...), so a callback of one's own
+runs as it is beside a module taken as a LightningModule (for any other model it is an error
+naming ``dptrain.Callback``). Called, in Lightning's order (each callback's, in the order given,
+before the module's own): ``setup(stage="fit")`` and ``teardown``, the hooks of the run's course
+(``on_fit_start``... ``on_train_epoch_end``, ``on_fit_end``: ``lightning_hooks.py``), of each
+batch (``on_train_batch_start``, ``on_train_batch_end``, ``on_before_zero_grad``,
+``on_after_backward``, ``on_before_optimizer_step``: ``lightning_batch_hooks.py``, with what it
+says of them), of the checkpoint (``on_save_checkpoint``, ``on_load_checkpoint``, and the
+callback's own ``state_dict``: ``lightning_checkpoint_hooks.py``) and ``on_exception``. What a
+hook logs with ``pl_module.log`` goes where the module's own would. Once a process, on the
+module, as Lightning's DDP calls them (``trainer.is_global_zero`` on rank 0). The other hooks it
+overrides (``on_validation_batch_end``, ``on_test_*``...) are named in a line: not called.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+from torch import nn
+
+from ..engine.lightning_module import overridden
+from .hook_names import framework_class
+
+#: A Lightning callback's hooks that fit calls (beside the module's own of the same names).
+CALLED = ("setup", "teardown", "on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
+          "on_validation_epoch_end", "on_train_epoch_end", "on_train_end", "on_fit_end", "on_train_batch_start",
+          "on_train_batch_end", "on_before_zero_grad", "on_after_backward", "on_before_optimizer_step",
+          "on_save_checkpoint", "on_load_checkpoint", "state_dict", "load_state_dict", "on_exception")
+#: ... and those it does not.
+NOT_CALLED = ("on_sanity_check_start", "on_sanity_check_end", "on_validation_start", "on_validation_end",
+              "on_validation_batch_start", "on_validation_batch_end", "on_test_start", "on_test_end",
+              "on_test_epoch_start", "on_test_epoch_end", "on_test_batch_start", "on_test_batch_end",
+              "on_predict_start", "on_predict_end", "on_predict_epoch_start", "on_predict_epoch_end",
+              "on_predict_batch_start", "on_predict_batch_end", "on_before_backward")
+
+
+def is_lightning_callback(cb: Any) -> bool:
+    """Whether ``cb`` is a Lightning ``Callback`` (of one's own: Lightning's stock ones are taken
+    or refused by ``peer_callbacks.py`` first)."""
+    cls = framework_class(cb)
+    return cls is not None and cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+
+
+class HookTargets:
+    """What each of the module's hooks calls: every Lightning callback's hook of that name
+    (with the trainer and the module first), then the module's own."""
+
+    def __init__(self, module: nn.Module, callbacks: Sequence[Any], trainer: Any):
+        self.module, self.callbacks, self.trainer = module, list(callbacks), trainer
+        self.own = [set(overridden(cb, CALLED)) for cb in self.callbacks]
+
+    def overriding(self, hooks: Sequence[str]) -> List[str]:
+        """Those of ``hooks`` the module or a callback overrides."""
+        mine = set(overridden(self.module, hooks))
+        return [h for h in hooks if h in mine or any(h in own for own in self.own)]
+
+    def of_callbacks(self, hook: str, *args: Any) -> None:
+        """Each callback's ``hook(trainer, module, *args)``, in the order given."""
+        for k, cb in enumerate(self.callbacks):
+            if hook in self.own[k]:
+                getattr(cb, hook)(self.trainer, self.module, *args)
+
+    def call(self, hook: str, *args: Any) -> Any:
+        """The callbacks' ``hook`` (``of_callbacks``), then the module's ``hook(*args)`` (if its
+        own); returns the module's result (None without one)."""
+        self.of_callbacks(hook, *args)
+        if overridden(self.module, [hook]):
+            return getattr(self.module, hook)(*args)
+        return None
+
+    def states(self) -> Dict[str, Any]:
+        """The callbacks' own ``state_dict()``s, by their place and class."""
+        return {f"{k}:{type(cb).__qualname__}": cb.state_dict() for k, cb in enumerate(self.callbacks)
+                if "state_dict" in self.own[k]}
+
+    def load_states(self, states: Dict[str, Any]) -> None:
+        for k, cb in enumerate(self.callbacks):
+            key = f"{k}:{type(cb).__qualname__}"
+            if key in states and "load_state_dict" in self.own[k]:
+                cb.load_state_dict(states[key])
+
+
+def lightning_callbacks(what: Dict[str, Any]) -> Tuple[List[Any], List[str]]:
+    """Take the Lightning callbacks of one's own out of ``what``'s callbacks (fit's keywords);
+    return them and the line saying how they run."""
+    given = what.get("callbacks") or []
+    listed = list(given) if isinstance(given, (list, tuple)) else [given]
+    theirs = [cb for cb in listed if is_lightning_callback(cb)]
+    if not theirs:
+        return [], []
+    what["callbacks"] = [cb for cb in listed if not is_lightning_callback(cb)]
+    notes = []
+    for cb in theirs:
+        skipped = overridden(cb, NOT_CALLED)
+        notes.append(f"callback {type(cb).__name__} (a Lightning Callback) runs with the module's trainer, its hooks "
+                     f"called where Lightning's Trainer calls them" +
+                     (f"; its {', '.join(skipped)} not called: give that work to a dptrain.Callback" if skipped else ""))
+    return theirs, notes

@@ -1,0 +1,185 @@
+"""Lightning Callbacks of one's own beside a LightningModule: their hooks called with the module's
+trainer and the module, where and in the order Lightning's Trainer calls them
+(callbacks/lightning_callbacks.py). Lightning is not installed in CI: ``LCallback`` carries its
+Callback's module name and no-op hooks."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dptrain
+from tests.engine.test_lightning_module import LightningLike
+
+
+class LCallback:
+    """Lightning's ``Callback``: every hook a no-op taking (trainer, pl_module, ...)."""
+    __module__ = "lightning.pytorch.callbacks.callback"
+
+    def setup(self, trainer, pl_module, stage):
+        pass
+
+    def teardown(self, trainer, pl_module, stage):
+        pass
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(64, 4, generator=g, dtype=torch.float64)
+    return X, (X[:, 0] > 0).long()
+
+
+class Module(LightningLike):
+    def __init__(self, calls=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net, self.calls = nn.Linear(4, 2).double(), calls
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self.net(batch[0]), batch[1]))
+
+    def on_train_epoch_end(self):
+        if self.calls is not None:
+            self.calls.append(("module on_train_epoch_end", self.current_epoch))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+class Recorder(LCallback):
+    """What each hook saw, in order."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def setup(self, trainer, pl_module, stage):
+        self.calls.append(("setup", stage, trainer.lightning_module is pl_module))
+
+    def on_fit_start(self, trainer, pl_module):
+        self.calls.append(("on_fit_start",))
+
+    def on_train_start(self, trainer, pl_module):
+        self.calls.append(("on_train_start",))
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.calls.append(("on_train_epoch_start", trainer.current_epoch))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.calls.append(("on_train_batch_start", batch_idx, trainer.global_step, len(batch[0])))
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        norm = torch.sqrt(sum((p.grad ** 2).sum() for p in pl_module.parameters()))
+        self.calls.append(("on_before_optimizer_step", trainer.global_step, round(float(norm), 12)))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.calls.append(("on_train_batch_end", batch_idx, trainer.global_step, round(float(outputs["loss"]), 12)))
+
+    def on_validation_epoch_start(self, trainer, pl_module):
+        self.calls.append(("on_validation_epoch_start", trainer.current_epoch))
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        val = float(trainer.callback_metrics["val_loss"])
+        pl_module.log("cb_twice", 2 * val)
+        self.calls.append(("on_validation_epoch_end", trainer.current_epoch, round(val, 12)))
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.calls.append(("on_train_epoch_end", trainer.current_epoch))
+
+    def on_train_end(self, trainer, pl_module):
+        self.calls.append(("on_train_end",))
+
+    def on_fit_end(self, trainer, pl_module):
+        self.calls.append(("on_fit_end",))
+
+    def teardown(self, trainer, pl_module, stage):
+        self.calls.append(("teardown", stage))
+
+
+def plain():
+    """The plain loop's per-update gradient norms, losses and epochs' validation losses."""
+    model, (X, y) = Module(), data()
+    opt = model.configure_optimizers()
+    norms, losses, vals = [], [], []
+    for epoch in range(2):
+        for b in range(4):
+            loss = F.cross_entropy(model.net(X[b * 16:(b + 1) * 16]), y[b * 16:(b + 1) * 16])
+            loss.backward()
+            norms.append(round(float(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters()))), 12))
+            losses.append(round(float(loss.detach()), 12))
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            vals.append(round(float(F.cross_entropy(model.net(X), y)), 12))
+    return norms, losses, vals
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_lightning_callbacks_hooks_run_where_and_in_the_order_lightnings_trainer_calls_them(devices):
+    calls, lines = [], []
+    norms, losses, vals = plain()
+    result = dptrain.fit(Module(calls), data(), data(), epochs=2, batch_size=16, devices=devices, shuffle=False,
+                         callbacks=[Recorder(calls)], progress=False, log=lines.append, eval_batch_size=64)
+    want = [("setup", "fit", True), ("on_fit_start",), ("on_train_start",)]
+    for epoch in range(2):
+        want.append(("on_train_epoch_start", epoch))
+        for b in range(4):
+            step = epoch * 4 + b
+            want += [("on_train_batch_start", b, step, 16), ("on_before_optimizer_step", step, norms[step]),
+                     ("on_train_batch_end", b, step + 1, losses[step])]
+        want += [("on_validation_epoch_start", epoch), ("on_validation_epoch_end", epoch, vals[epoch]),
+                 ("on_train_epoch_end", epoch), ("module on_train_epoch_end", epoch)]   # (the callback's first)
+    want += [("on_train_end",), ("on_fit_end",), ("teardown", "fit")]
+    got = [c if c[0] not in ("on_before_optimizer_step", "on_train_batch_end", "on_validation_epoch_end")
+           else c[:-1] + (pytest.approx(c[-1], rel=1e-7),) for c in calls]
+    assert got == want
+    assert [row["test_cb_twice"] for row in result["history"]] == pytest.approx([2 * v for v in vals], rel=1e-6)  # (a float32, as Lightning logs)
+    assert "dptrain: callback Recorder (a Lightning Callback) runs with the module's trainer, its hooks called where " \
+           "Lightning's Trainer calls them" in lines
+
+
+def test_should_stop_and_a_callbacks_state_across_a_resume(tmp_path):
+    class CountAndStop(LCallback):
+        def __init__(self, stop_at=None):
+            self.epochs, self.stop_at = 0, stop_at
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.epochs += 1
+            if trainer.current_epoch == self.stop_at:
+                trainer.should_stop = True
+
+        def state_dict(self):
+            return {"epochs": self.epochs}
+
+        def load_state_dict(self, state):
+            self.epochs = state["epochs"]
+
+    stopping = CountAndStop(stop_at=1)
+    result = dptrain.fit(Module(), data(), epochs=5, batch_size=16, callbacks=[stopping], progress=False, log=None)
+    assert len(result["history"]) == 2 and stopping.epochs == 2
+    dptrain.fit(Module(), data(), epochs=2, batch_size=16, callbacks=[CountAndStop()], progress=False, log=None,
+                checkpoint_dir=str(tmp_path))
+    again = CountAndStop()
+    dptrain.fit(Module(), data(), epochs=3, batch_size=16, callbacks=[again], progress=False, log=None,
+                checkpoint_dir=str(tmp_path), resume=True)
+    assert again.epochs == 3                     # 2 from the checkpoint, then its third epoch
+
+
+def test_hooks_fit_does_not_call_are_named_and_a_plain_model_is_told_to_write_a_dptrain_callback():
+    class Batches(LCallback):
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            raise AssertionError("not called")
+    lines = []
+    dptrain.fit(Module(), data(), data(), epochs=1, batch_size=16, callbacks=[Batches()], progress=False,
+                log=lines.append)
+    assert any("its on_validation_batch_end not called: give that work to a dptrain.Callback" in line for line in lines)
+    with pytest.raises(TypeError, match="whose hooks take that framework's trainer: write it as a dptrain.Callback"):
+        dptrain.fit(nn.Linear(4, 2).double(), data(), epochs=1, callbacks=[Batches()], optimizer=torch.optim.SGD, lr=0.1,
+                    log=None, progress=False)
