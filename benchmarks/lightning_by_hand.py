@@ -1,0 +1,158 @@
+"""Session 61's checks by hand against Lightning's own ``Trainer`` (Lightning is not installed in CI):
+a LightningModule's ``configure_gradient_clipping`` and ``on_after_batch_transfer``, and a Lightning
+``Callback`` of one's own, run under Lightning's ``Trainer`` and under ``dptrain.fit`` (2 devices).
+
+    python3 -m venv /tmp/lt && . /tmp/lt/bin/activate && pip install torch==2.13.0 && \\
+        pip install lightning==2.6.6 torch==2.13.0 pytest && pip install -e .
+    python benchmarks/lightning_by_hand.py
+
+Prints, for each, whether the hooks saw the same things in the same order and how far the
+weights (or losses, predictions) are apart. Session 61 (Lightning 2.6.6, torch 2.13.0+cpu):
+clipping calls equal, weights within 1.2e-7; transfer stages equal, weights 6e-8, test loss 4e-8,
+predictions 8e-7; the callback's 40 calls equal, values within 1e-6.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import dptrain  # noqa: E402
+
+QUIET = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+             enable_model_summary=False, num_sanity_val_steps=0)
+
+
+def weights(m):
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def clipping() -> None:
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(128, 6, generator=g) * 3
+    y = (X[:, 0] > 0).long()
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.calls = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2)), []
+
+        def training_step(self, batch, i):
+            return F.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val, gradient_clip_algorithm):
+            self.calls.append((self.current_epoch, self.global_step, gradient_clip_val, gradient_clip_algorithm))
+            if self.current_epoch >= 1:
+                self.clip_gradients(optimizer, gradient_clip_val=0.05, gradient_clip_algorithm="norm")
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+    for accumulate in (1, 2):
+        a, b = M(), M()
+        L.Trainer(max_epochs=2, accumulate_grad_batches=accumulate, **QUIET).fit(
+            a, DataLoader(TensorDataset(X, y), batch_size=16))
+        dptrain.fit(b, (X, y), epochs=2, batch_size=16, shuffle=False, log=None, progress=False, devices=2,
+                    accumulate_grad_batches=accumulate)
+        print(f"configure_gradient_clipping, accumulate {accumulate}: calls equal {a.calls == b.calls} "
+              f"({len(a.calls)}), weights apart {float((weights(a) - weights(b)).abs().max()):.2g}")
+
+
+def transfer() -> None:
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(64, 4, generator=g)
+    y = (X[:, 0] > 0).long()
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.calls = nn.Linear(4, 2), set()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def on_after_batch_transfer(self, batch, i):
+            t = self.trainer
+            self.calls.add((t.training, t.validating, t.testing, t.predicting, i))
+            if t.predicting:
+                return batch * 3
+            x, y = batch
+            return (x * 2 if t.training else x), y
+
+        def training_step(self, b, i):
+            return F.cross_entropy(self(b[0]), b[1])
+
+        def validation_step(self, b, i):
+            self.log("val_loss", F.cross_entropy(self(b[0]), b[1]))
+
+        def test_step(self, b, i):
+            self.log("test_loss", F.cross_entropy(self(b[0]), b[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.5)
+    a, b = M(), M()
+    trainer, loader = L.Trainer(max_epochs=2, **QUIET), DataLoader(TensorDataset(X, y), batch_size=16)
+    trainer.fit(a, loader, loader)
+    dptrain.fit(b, (X, y), (X, y), epochs=2, batch_size=16, shuffle=False, devices=2, log=None, progress=False)
+    print(f"on_after_batch_transfer, fit: stages equal {sorted(a.calls) == sorted(b.calls)}, weights apart "
+          f"{float((weights(a) - weights(b)).abs().max()):.2g}")
+    a.calls.clear()
+    b.calls.clear()
+    la = trainer.test(a, loader, verbose=False)[0]["test_loss"]
+    lb = dptrain.evaluate(b, (X, y), batch_size=16, devices=2)["test_loss"]
+    print(f"... test: stages equal {sorted(a.calls) == sorted(b.calls)}, losses apart {abs(la - lb):.2g}")
+    a.calls.clear()
+    b.calls.clear()
+    pa = torch.cat(trainer.predict(a, DataLoader(X, batch_size=16)))
+    pb = dptrain.predict(b, X, batch_size=16, devices=2)
+    print(f"... predict: stages equal {sorted(a.calls) == sorted(b.calls)}, outputs apart "
+          f"{float((pa - pb).abs().max()):.2g}")
+
+
+def callbacks() -> None:
+    import tests.callbacks.test_lightning_callbacks as T
+
+    class Recorder(L.Callback):      # the test's recorder, on Lightning's own Callback
+        pass
+    for name, fn in vars(T.Recorder).items():
+        if callable(fn) and not name.startswith("__"):
+            setattr(Recorder, name, fn)
+
+    class Module(L.LightningModule):
+        def __init__(self, calls=None):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.calls = nn.Linear(4, 2).double(), calls
+    for name in ("training_step", "validation_step", "on_train_epoch_end", "configure_optimizers"):
+        setattr(Module, name, vars(T.Module)[name])
+    X, y = T.data()
+    runs = []
+    for framework in ("lightning", "dptrain"):
+        calls = []
+        cb, m = Recorder(), Module(calls)
+        cb.calls = calls
+        if framework == "lightning":
+            L.Trainer(max_epochs=2, callbacks=[cb], **QUIET).fit(
+                m, DataLoader(TensorDataset(X, y), batch_size=16), DataLoader(TensorDataset(X, y), batch_size=64))
+        else:
+            dptrain.fit(m, (X, y), (X, y), epochs=2, batch_size=16, devices=2, shuffle=False, callbacks=[cb],
+                        progress=False, log=None, eval_batch_size=64)
+        runs.append(calls)
+    a, b = runs
+    close = all(x[:-1] == z[:-1] and (x[-1] == z[-1] or (isinstance(x[-1], float) and
+                                                        abs(x[-1] - z[-1]) <= 1e-6 * abs(x[-1])))
+                for x, z in zip(a, b))
+    print(f"a Lightning Callback: {len(a)} and {len(b)} calls, in order and within 1e-6: {close and len(a) == len(b)}")
+
+
+if __name__ == "__main__":
+    clipping()
+    transfer()
+    callbacks()
