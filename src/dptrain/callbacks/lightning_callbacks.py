@@ -58,6 +58,7 @@ class HookTargets:
     def __init__(self, module: nn.Module, callbacks: Sequence[Any], trainer: Any):
         self.module, self.callbacks, self.trainer = module, list(callbacks), trainer
         self.own = [set(overridden(cb, CALLED)) for cb in self.callbacks]
+        self._module_own: Dict[str, bool] = {}      # (whether the module overrides a hook: asked each batch)
 
     def overriding(self, hooks: Sequence[str]) -> List[str]:
         """Those of ``hooks`` the module or a callback overrides."""
@@ -74,9 +75,10 @@ class HookTargets:
         """The callbacks' ``hook`` (``of_callbacks``), then the module's ``hook(*args)`` (if its
         own); returns the module's result (None without one)."""
         self.of_callbacks(hook, *args)
-        if overridden(self.module, [hook]):
-            return getattr(self.module, hook)(*args)
-        return None
+        own = self._module_own.get(hook)
+        if own is None:
+            own = self._module_own[hook] = bool(overridden(self.module, [hook]))
+        return getattr(self.module, hook)(*args) if own else None
 
     def states(self) -> Dict[str, Any]:
         """The callbacks' own ``state_dict()``s, by their place and class."""
