@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, SequentialSampler
 
+from ..callbacks.base import CallbackList
 from ..callbacks.lightning_hooks import with_module_hooks
 from ..callbacks.peer_callbacks import adopt
 from ..distributed.env import rank
@@ -217,6 +218,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         what["callbacks"], said = adopt(what.get("callbacks") or ())    # (Keras's, Lightning's EarlyStopping)
         notes += said
         notes += with_module_hooks(model, what)     # (and Lightning callbacks of one's own)
+        CallbackList(what["callbacks"])             # (their hooks checked now, before any set-up: a TypeError)
         with float64_named(model, train_data, eval_data):
             return _fit(model, train_data, eval_data, what, config, settings, notes, plot, log)
     finally:
