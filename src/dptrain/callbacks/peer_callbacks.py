@@ -141,7 +141,7 @@ INSTEAD: Dict[str, Callable[[Any], str]] = {
         f"callbacks=[dptrain.callbacks.EarlyStopping('eval_loss', patience={cb.early_stopping_patience}"
         + (f", min_delta={cb.early_stopping_threshold}" if cb.early_stopping_threshold else "")
         + ", restore_best_weights=True)] (the monitor: your metric_for_best_model, 'eval_' and its name)"),
-    "LearningRateFinder": lambda cb: (      # (Lightning's: the range test at the start of its fit)
+    "LearningRateFinder": lambda cb: (      # (a subclass of one's own: Lightning's own runs, run/found_rate.py)
         f"lr=dptrain.lr_find(model, data, min_lr={getattr(cb, '_min_lr', 1e-8)!r}, "
         f"max_lr={getattr(cb, '_max_lr', 1)!r}, num_training={getattr(cb, '_num_training_steps', 100)!r}"
         f", loss=..., optimizer=...).suggestion() (the range test, before fit, with fit's keywords)"),

@@ -39,6 +39,7 @@ from ..outputs.plot import draw
 from .config import TrainConfig
 from .flag_words import keyword_errors, keyword_log
 from .float64_data import float64_named
+from .found_rate import with_found_rate
 from .keywords import COMMON_PEERS, unexpected_keyword
 from .lightning_data import data_of
 from .session import Log, run_task
@@ -201,6 +202,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         if key in PEER_KEYWORDS or key not in known:
             raise unexpected_keyword("fit", key, known, PEER_KEYWORDS)
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
+    found = with_found_rate(model, train_data, what, settings)     # (Lightning's LearningRateFinder: the test first)
     log = keyword_log(log)      # (its lines name the keywords, as its errors do: flag_words.py)
     config = TrainConfig(**settings)
     train_data, eval_data = lists_as_columns(train_data), lists_as_columns(eval_data)     # ((X, labels_list))
@@ -211,7 +213,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
                               lightning.data_module if lightning is not None else None, config.checkpoint_dir,
                               (config.clip_grad_norm, config.clip_grad_value))
     try:
-        notes: List[str] = []
+        notes: List[str] = list(found)
         if lightning is not None:
             train_data, eval_data, notes = lightning.take(config)
         notes += lightning_adopt.adopt(model, what, stand_in)
