@@ -90,3 +90,58 @@ def test_evaluate_and_predict_say_their_stage(devices):
     with torch.no_grad():
         torch.testing.assert_close(out, model(X * 3))                         # (its predicting branch)
     assert set(model.calls) == {(False, False, False, True, 0, 4)} and model._trainer is None   # (a row of X: 4)
+
+
+class Data:
+    """A LightningDataModule's shape with its own on_after_batch_transfer (Lightning takes it first)."""
+    __module__ = "mine"
+
+    def __init__(self):
+        self.trainer, self.calls = None, []
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=16)
+
+    val_dataloader = test_dataloader = train_dataloader
+
+    def predict_dataloader(self):
+        return torch.utils.data.DataLoader(data()[0], batch_size=16)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        t = self.trainer
+        self.calls.append((t.training, t.validating, t.testing, t.predicting))
+        if t.predicting:
+            return batch * 3
+        x, y = batch
+        return (x * 2 if t.training else x), y
+
+
+class ModuleHookToo(Augmented):
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        raise AssertionError("the data module's is taken")
+
+
+def test_a_data_modules_hook_is_taken_first_in_fit_evaluate_and_predict():
+    want, val_loss = plain()
+    model, dm = ModuleHookToo(), Data()
+    result = dptrain.fit(model, dm, epochs=2, devices=2, shuffle=False, log=None, progress=False)
+    torch.testing.assert_close(model.net.weight, want.net.weight, rtol=1e-10, atol=1e-10)
+    assert result["history"][-1]["test_loss"] == pytest.approx(val_loss, rel=1e-10)
+    assert (True, False, False, False) in dm.calls and (False, True, False, False) in dm.calls
+    dm.calls.clear()
+    X, y = data()
+    assert dptrain.evaluate(model, dm, devices=2)["test_loss"] == pytest.approx(val_loss, rel=1e-10)
+    assert set(dm.calls) == {(False, False, True, False)}
+    dm.calls.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(dptrain.predict(model, dm, devices=2), model(X * 3))
+    assert set(dm.calls) == {(False, False, False, True)}
+
+
+def test_a_data_modules_hooks_fit_does_not_call_are_named():
+    class Before(Data):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            raise AssertionError("not called")
+    lines = []
+    dptrain.fit(Augmented(), Before(), epochs=1, devices=1, log=lines.append, progress=False)
+    assert any("the data module's on_before_batch_transfer (Lightning hooks) are not called" in line for line in lines)

@@ -19,6 +19,7 @@ from .lightning_clipping import ModuleClipping
 from .lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
 from .lightning_optimizer_step import ModuleStep
 from .lightning_trainer import LateConfigure, TrainerStandIn, attach, detach
+from .lightning_transfer import transfer_of
 from .manual_calls import ManualOptimization
 
 #: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
@@ -117,6 +118,8 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
     notes, steps = [], steps_of(model, what)
     if steps is not None and attach(model, stand_in):
         steps.clock = stand_in
+    if steps is not None and stand_in.datamodule is not None:     # (its on_after_batch_transfer comes first)
+        steps.transfer = transfer_of(model, stand_in.datamodule)
     if steps is not None:
         if getattr(model, "automatic_optimization", True) is False:
             steps.manual = ManualOptimization()
@@ -180,14 +183,18 @@ def with_module_callbacks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
 
 
 @contextlib.contextmanager
-def staged(model: nn.Module, stage: str, steps: Optional[LightningSteps] = None) -> Iterator[Optional[TrainerStandIn]]:
+def staged(model: nn.Module, stage: str, steps: Optional[LightningSteps] = None,
+           datamodule: Any = None) -> Iterator[Optional[TrainerStandIn]]:
     """``dptrain.evaluate``'s (``"test"``) or ``predict``'s (``"predict"``) stage on the trainer of
     a module with its own ``on_after_batch_transfer`` (which reads ``self.trainer.training``): a
     stand-in saying it while the call runs, if the module has no trainer (after ``fit``, it has
-    none); ``steps``: its ``LightningSteps``, which then gives it to every device's copy. Yields
-    the stand-in (None: none was needed)."""
+    none); ``steps``: its ``LightningSteps``, which then gives it to every device's copy, and the
+    hook of the ``datamodule`` given, if it has one (taken first). Yields the stand-in (None:
+    none was needed)."""
     model = unwrapped(model)
-    if not overridden(model, ["on_after_batch_transfer"]):
+    if steps is not None and datamodule is not None:
+        steps.transfer = transfer_of(model, datamodule)
+    if transfer_of(model, datamodule) is None:
         yield None
         return
     stand_in = TrainerStandIn(0, None)

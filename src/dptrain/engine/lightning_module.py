@@ -80,7 +80,7 @@ class LightningSteps:
         #: Its own configure_gradient_clipping, which decides each update's clipping
         self.clipping: Optional[ModuleClipping] = None
         #: Its own on_after_batch_transfer, on each device's part once there (lightning_transfer.py)
-        self.transfer = transfer_of(model) if overridden(model, ["on_after_batch_transfer"]) else None
+        self.transfer = transfer_of(model)     # (a data module's instead: lightning_adopt sets it)
         self.eval_stage = "validate"        # (evaluate's: "test", Lightning's trainer.test)
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:

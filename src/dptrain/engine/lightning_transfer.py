@@ -7,7 +7,9 @@ documented place for augmentation on the GPU), and the stage its trainer says.
             x = self.augment(x)                 # (a kornia pipeline: on the batch's device)
         return x, y
 
-``fit``, ``dptrain.evaluate`` and ``dptrain.predict`` call it on each device's part of each
+A ``LightningDataModule``'s own (given to ``fit``, ``evaluate`` or ``predict``) is taken first, as
+Lightning's ``Trainer`` takes it (its ``trainer`` then the stand-in). ``fit``, ``dptrain.evaluate``
+and ``dptrain.predict`` call it on each device's part of each
 batch, once it is on that device, on that device's copy of the module (its ``self.augment`` is
 the copy's, on the device), with ``dataloader_idx`` 0, before ``training_step``,
 ``validation_step``, ``test_step`` or ``predict_step`` (or the forward pass) take it: on one
@@ -20,14 +22,24 @@ are each device's own, as a DDP process's are.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from torch import nn
 
 
-def transfer_of(model: nn.Module) -> Callable[..., Any]:
-    """The module's own ``on_after_batch_transfer`` as ``fn(replica, batch, trainer=None)``
-    (``trainer``: the stand-in to give a device's copy that has none, as ``predict`` has it)."""
+def transfer_of(model: nn.Module, datamodule: Any = None) -> Optional[Callable[..., Any]]:
+    """The ``on_after_batch_transfer`` that runs, as ``fn(replica, batch, trainer=None)``: the
+    data module's if it has its own (Lightning's ``Trainer`` takes it first), else the module's,
+    else None. ``trainer``: the stand-in to give a device's copy (or the data module) without one."""
+    from .lightning_module import overridden        # (lightning_module makes its steps with this)
+    if datamodule is not None and overridden(datamodule, ["on_after_batch_transfer"]):
+        def from_data(net: nn.Module, batch: Any, trainer: Any = None) -> Any:
+            if trainer is not None and getattr(datamodule, "trainer", None) is not trainer:
+                datamodule.trainer = trainer            # (Lightning's: the data module's trainer is the run's)
+            return datamodule.on_after_batch_transfer(batch, 0)
+        return from_data
+    if not overridden(model, ["on_after_batch_transfer"]):
+        return None
     hook = type(model).on_after_batch_transfer
 
     def moved(net: nn.Module, batch: Any, trainer: Any = None) -> Any:

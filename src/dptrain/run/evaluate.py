@@ -33,7 +33,7 @@ from .float64_data import float64_named
 from .flag_words import keyword_errors
 from .keywords import EVALUATE_PEERS, keywords_checked
 from .report import figures_over, other_sets
-from .lightning_data import stage_data
+from .lightning_data import is_data_module, stage_data
 from .session import ALL_CALL, inference_job
 
 
@@ -75,10 +75,11 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     # A LightningDataModule's data (Lightning's trainer.test); float64 arrays named in a dtype error.
     data = lists_as_columns(data)       # ((X, labels_list): a list column made a tensor)
+    module_data = data if is_data_module(data) else None     # (its on_after_batch_transfer: staged)
     with float64_named(model, data), stage_data(data, "test", local) as data, contextlib.ExitStack() as stack:
         # A LightningModule's own steps: its test_step evaluates (Lightning's trainer.test), else validation_step.
         step = steps_of(model, {"step": step, "loss": loss, "forward": forward}, testing=True) or step
-        stack.enter_context(staged(model, "test", step if isinstance(step, LightningSteps) else None))
+        stack.enter_context(staged(model, "test", step if isinstance(step, LightningSteps) else None, module_data))
         task = Task(model, data, loss=loss, reduction=reduction, forward=forward, step=step,
                     optimizer=None if isinstance(step, dict) else "sgd",       # (a dict of steps: each scores)
                     metrics=metrics_copied(metrics),

@@ -27,14 +27,13 @@ from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
 from ..engine.forward_hooks import user_hooks
 from ..engine.lightning_adopt import predict_step_of, staged
-from ..engine.lightning_module import overridden
 from ..engine.lightning_transfer import transfer_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
 from .float64_data import float64_named
 from .flag_words import keyword_errors
 from .keywords import PREDICT_PEERS, keywords_checked
-from .lightning_data import stage_data
+from .lightning_data import is_data_module, stage_data
 from .session import ALL_CALL, inference_job
 
 
@@ -109,15 +108,16 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
     env, devices, collective = inference_job(devices, timeout, dispatch_batches, sharded_stream, local)
     # A LightningDataModule's data (trainer.predict); float64 arrays named in a dtype error.
     data = lists_as_columns(data)       # ((X, labels_list): a list column made a tensor)
+    module_data = data if is_data_module(data) else None
     with float64_named(model, data), stage_data(data, "predict", local) as data, \
-            staged(model, "predict") as trainer:     # (a LightningModule's on_after_batch_transfer: its stage)
+            staged(model, "predict", datamodule=module_data) as trainer:     # (an on_after_batch_transfer's stage)
         loader = make_loader(data, reading_batch_size(data, batch_size), num_workers=num_workers, collate_fn=collate_fn, rank=env.rank,
                              world_size=env.world_size, dispatch=dispatch_batches, sharded=sharded_stream,
                              to_the_end=True)
         model = unwrapped(model)
         replicas = replicate(model, devices)
         own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
-        moved = transfer_of(model) if forward is None and overridden(model, ["on_after_batch_transfer"]) else None
+        moved = transfer_of(model, module_data) if forward is None else None
         runner, feed = get_runner(replicas.devices), forward or model_input
         ignored = ignored_at_inference(model)       # (a causal LM's cache)
         hooked = len(replicas.devices) > 1 and bool(user_hooks(model))      # (forward_hooks.py)
