@@ -9,7 +9,7 @@ a LightningModule's ``configure_gradient_clipping`` and ``on_after_batch_transfe
 Prints, for each, whether the hooks saw the same things in the same order and how far the
 weights (or losses, predictions) are apart. Session 61 (Lightning 2.6.6, torch 2.13.0+cpu):
 clipping calls equal, weights within 1.2e-7; transfer stages equal, weights 6e-8, test loss 4e-8,
-predictions 8e-7; the callback's 40 calls equal, values within 1e-6.
+predictions 8e-7; the callback's 44 calls equal, values within 1e-6.
 """
 from __future__ import annotations
 

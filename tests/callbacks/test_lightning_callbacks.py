@@ -12,7 +12,8 @@ from tests.engine.test_lightning_module import LightningLike
 
 
 class LCallback:
-    """Lightning's ``Callback``: every hook a no-op taking (trainer, pl_module, ...)."""
+    """Lightning's ``Callback``: every hook a no-op taking (trainer, pl_module, ...). (Lightning's own: the
+    same calls, checked by benchmarks/lightning_by_hand.py.)"""
     __module__ = "lightning.pytorch.callbacks.callback"
 
     def setup(self, trainer, pl_module, stage):
@@ -82,6 +83,12 @@ class Recorder(LCallback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.calls.append(("on_train_batch_end", batch_idx, trainer.global_step, round(float(outputs["loss"]), 12)))
 
+    def on_validation_start(self, trainer, pl_module):
+        self.calls.append(("on_validation_start", trainer.current_epoch))
+
+    def on_validation_end(self, trainer, pl_module):
+        self.calls.append(("on_validation_end", trainer.current_epoch))
+
     def on_validation_epoch_start(self, trainer, pl_module):
         self.calls.append(("on_validation_epoch_start", trainer.current_epoch))
 
@@ -134,7 +141,8 @@ def test_a_lightning_callbacks_hooks_run_where_and_in_the_order_lightnings_train
             step = epoch * 4 + b
             want += [("on_train_batch_start", b, step, 16), ("on_before_optimizer_step", step, norms[step]),
                      ("on_train_batch_end", b, step + 1, losses[step])]
-        want += [("on_validation_epoch_start", epoch), ("on_validation_epoch_end", epoch, vals[epoch]),
+        want += [("on_validation_start", epoch), ("on_validation_epoch_start", epoch),
+                 ("on_validation_epoch_end", epoch, vals[epoch]), ("on_validation_end", epoch),
                  ("on_train_epoch_end", epoch), ("module on_train_epoch_end", epoch)]   # (the callback's first)
     want += [("on_train_end",), ("on_fit_end",), ("teardown", "fit")]
     got = [c if c[0] not in ("on_before_optimizer_step", "on_train_batch_end", "on_validation_epoch_end")

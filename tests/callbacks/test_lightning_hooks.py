@@ -261,3 +261,31 @@ def test_what_the_batch_hooks_cannot_have_is_an_error_naming_the_way():
     with pytest.raises(ValueError, match=r"on_train_batch_start and on_train_batch_end with accumulate_grad_batches=2"
                                          r": Lightning calls them on every micro-batch"):
         dptrain.fit(Momentum(), data(), epochs=1, batch_size=16, devices=1, log=None, accumulate_grad_batches=2)
+
+
+def test_on_validation_start_and_end_wrap_each_evaluation_and_only_an_evaluated_epochs():
+    """Lightning's order: on_validation_start, on_validation_epoch_start, ..., on_validation_epoch_end,
+    on_validation_end, then on_train_epoch_end; an epoch not evaluated (eval_every=2) calls none of them."""
+    calls = []
+
+    class Around(Logging):
+        def on_validation_start(self):
+            calls.append(("start", self.current_epoch))
+
+        def on_validation_epoch_start(self):
+            calls.append(("epoch_start", self.current_epoch))
+
+        def on_validation_epoch_end(self):
+            calls.append(("epoch_end", self.current_epoch))
+
+        def on_validation_end(self):
+            calls.append(("end", self.current_epoch))
+
+        def on_train_epoch_end(self):
+            calls.append(("train_end", self.current_epoch))
+    torch.manual_seed(0)
+    dptrain.fit(Around(), data(), data(), epochs=4, eval_every=2, batch_size=32, devices=2, log=None, progress=False)
+    def evaluated(e):
+        return [("start", e), ("epoch_start", e), ("epoch_end", e), ("end", e)]
+    assert calls == [("train_end", 0)] + evaluated(1) + [("train_end", 1), ("train_end", 2)] + evaluated(3) + \
+        [("train_end", 3)]

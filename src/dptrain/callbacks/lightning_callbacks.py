@@ -32,16 +32,16 @@ from ..engine.lightning_module import overridden
 from .hook_names import framework_class
 
 #: A Lightning callback's hooks that fit calls (beside the module's own of the same names).
-CALLED = ("setup", "teardown", "on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
-          "on_validation_epoch_end", "on_train_epoch_end", "on_train_end", "on_fit_end", "on_train_batch_start",
-          "on_train_batch_end", "on_before_zero_grad", "on_after_backward", "on_before_optimizer_step",
-          "on_save_checkpoint", "on_load_checkpoint", "state_dict", "load_state_dict", "on_exception")
+CALLED = ("setup", "teardown", "on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_start",
+          "on_validation_epoch_start", "on_validation_epoch_end", "on_validation_end", "on_train_epoch_end",
+          "on_train_end", "on_fit_end", "on_train_batch_start", "on_train_batch_end", "on_before_zero_grad",
+          "on_after_backward", "on_before_optimizer_step", "on_save_checkpoint", "on_load_checkpoint", "state_dict",
+          "load_state_dict", "on_exception")
 #: ... and those it does not.
-NOT_CALLED = ("on_sanity_check_start", "on_sanity_check_end", "on_validation_start", "on_validation_end",
-              "on_validation_batch_start", "on_validation_batch_end", "on_test_start", "on_test_end",
-              "on_test_epoch_start", "on_test_epoch_end", "on_test_batch_start", "on_test_batch_end",
-              "on_predict_start", "on_predict_end", "on_predict_epoch_start", "on_predict_epoch_end",
-              "on_predict_batch_start", "on_predict_batch_end", "on_before_backward")
+NOT_CALLED = ("on_sanity_check_start", "on_sanity_check_end", "on_validation_batch_start", "on_validation_batch_end",
+              "on_test_start", "on_test_end", "on_test_epoch_start", "on_test_epoch_end", "on_test_batch_start",
+              "on_test_batch_end", "on_predict_start", "on_predict_end", "on_predict_epoch_start",
+              "on_predict_epoch_end", "on_predict_batch_start", "on_predict_batch_end", "on_before_backward")
 
 
 def is_lightning_callback(cb: Any) -> bool:

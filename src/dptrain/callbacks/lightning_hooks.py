@@ -1,8 +1,9 @@
 """A ``LightningModule``'s own hooks of the run's course, called by ``fit`` where Lightning's
 ``Trainer`` calls them: ``on_fit_start`` and ``on_train_start`` as the run starts,
-``on_train_epoch_start`` before each epoch's first batch, ``on_validation_epoch_start`` before
-its evaluation, ``on_validation_epoch_end`` (an evaluated epoch) and ``on_train_epoch_end`` at
-its end, ``on_train_end`` and ``on_fit_end`` as the run ends (also when it stops early). The
+``on_train_epoch_start`` before each epoch's first batch, ``on_validation_start`` and
+``on_validation_epoch_start`` before its evaluation, ``on_validation_epoch_end`` and
+``on_validation_end`` (an evaluated epoch) and ``on_train_epoch_end`` at its end,
+``on_train_end`` and ``on_fit_end`` as the run ends (also when it stops early). The
 caller goes first among the callbacks, so that what an epoch-end hook logs is in the row the
 others see (``EarlyStopping("val_f1")``).
 
@@ -50,10 +51,12 @@ ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of o
 
 #: The module's hooks called, by the callback event that calls them (in Lightning's order).
 CALLED = {"on_fit_start": ("on_fit_start", "on_train_start"), "on_epoch_start": ("on_train_epoch_start",),
-          "on_evaluate_start": ("on_validation_epoch_start",), "on_epoch_end": EPOCH_END_HOOKS,
-          "step_evaluation": ("on_validation_epoch_end",), "on_fit_end": ("on_train_end", "on_fit_end")}
+          "on_evaluate_start": ("on_validation_start", "on_validation_epoch_start"),
+          "on_epoch_end": ("on_validation_epoch_end", "on_validation_end", "on_train_epoch_end"),
+          "step_evaluation": ("on_validation_epoch_end", "on_validation_end"),
+          "on_fit_end": ("on_train_end", "on_fit_end")}
 #: The hooks around an evaluation, which an evaluation every N steps calls too.
-VALIDATION_HOOKS = ("on_validation_epoch_start", "on_validation_epoch_end")
+VALIDATION_HOOKS = ("on_validation_start", "on_validation_epoch_start", "on_validation_epoch_end", "on_validation_end")
 #: How a name each epoch-end hook logs begins (``val_f1`` in on_validation_epoch_end: ``test_f1``).
 ROW_NAMES = {"on_validation_epoch_end": ("test_", PREFIXES), "on_train_epoch_end": ("train_", TRAIN_PREFIXES)}
 #: Whose logged figures each epoch-end hook reads in ``callback_metrics`` (``LightningSteps``' step logs).
@@ -108,7 +111,7 @@ class ModuleHooks(Callback):
             if row is not None and hook in ROW_NAMES:       # what the hook reads in callback_metrics, first
                 logs = getattr(self.steps, READS[hook]).logged_as()
                 self._metrics(row, {name: ROW_NAMES[hook][0] + figure for name, figure in logs.items()})
-            if hook not in self.hooks or (event == "on_epoch_end" and hook == "on_validation_epoch_end"
+            if hook not in self.hooks or (event == "on_epoch_end" and hook in VALIDATION_HOOKS
                                           and not run.evaluated_epoch):
                 continue
             if hook not in ROW_NAMES:

@@ -28,15 +28,14 @@ from .manual_calls import ManualOptimization
 #: ``configure_gradient_clipping``: ``lightning_clipping.py``).
 STEP_HOOKS = ("backward",)
 #: Lightning's hooks of the run's course that fit calls (``callbacks/lightning_hooks.py``).
-COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_epoch_start",
-                *EPOCH_END_HOOKS, "on_train_end", "on_fit_end")
+COURSE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_start",
+                "on_validation_epoch_start", *EPOCH_END_HOOKS, "on_validation_end", "on_train_end", "on_fit_end")
 #: ... with each update's gradients in ``p.grad`` (given after the update: ``Callback.on_gradients``).
 GRADIENT_HOOKS = ("on_after_backward", "on_before_optimizer_step")
 #: ... and around each training batch (``callbacks/lightning_batch_hooks.py``).
 BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", *GRADIENT_HOOKS, "on_train_batch_end")
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
-OTHER_HOOKS = ("on_validation_start", "on_validation_end",
-               "on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
+OTHER_HOOKS = ("on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
                "on_validation_model_train", "transfer_batch_to_device", "on_before_batch_transfer",
                "optimizer_zero_grad", "on_before_backward")
 
