@@ -160,3 +160,16 @@ def test_the_source_check_reads_code_not_comments_or_strings():
     assert not reaches_for_gradients(asks)
     assert reaches_for_gradients(_clips_p_grad) and reaches_for_gradients(_reads_p_grad)
     assert not reaches_for_gradients(len)                       # (no source: nothing to read)
+
+
+def test_with_manual_optimization_the_hook_is_not_called_and_said_so():
+    """(Lightning's Trainer calls it in automatic optimization only; clip in training_step there.)"""
+    from tests.engine.test_manual_optimization import GAN, data as gan_data
+
+    class ClipsToo(GAN):
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val, gradient_clip_algorithm):
+            raise AssertionError("not called with manual optimization")
+    lines = []
+    dptrain.fit(ClipsToo(), gan_data(), epochs=1, batch_size=32, devices=1, log=lines.append, progress=False)
+    assert any("the module's configure_gradient_clipping is not called (Lightning's Trainer does not call it with "
+               "automatic_optimization off)" in line for line in lines)
