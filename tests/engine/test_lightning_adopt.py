@@ -71,6 +71,14 @@ def test_the_modules_callbacks_run_as_if_given_to_fit(theirs):
     assert "dptrain: the module's configure_callbacks() gave EarlyStopping, added to fit's callbacks" in lines
 
 
+def test_one_callback_given_to_fit_not_in_a_list_is_replaced_alike():
+    X, y, noisy = data()
+    result = dptrain.fit(WithCallbacks(lambda: [EarlyStopping("val_loss", patience=2)]), (X, y), (X, noisy),
+                         callbacks=EarlyStopping("val_loss", patience=50), epochs=12, batch_size=16, devices=1,
+                         progress=False, log=None)
+    assert len(result["history"]) < 12
+
+
 def test_they_take_the_place_of_fits_of_their_class_and_its_bases_not_of_the_base_callback():
     seen, lines = [], []
     model, result = run(lambda: [EarlyStopping("val_loss", patience=2), Other("module", seen)],

@@ -1,8 +1,9 @@
 """What ``fit`` takes of a ``LightningModule`` (``lightning_module.py``'s ``LightningSteps``), and
 what it refuses: its steps, its ``configure_optimizers``, its own ``optimizer_step`` and
 ``lr_scheduler_step`` and ``configure_gradient_clipping`` (``lightning_clipping.py``), its
-``configure_callbacks``, manual optimization; its own ``backward`` is an error naming ours, and the other hooks it overrides are
-named in a line (the run's course and batch hooks are called: ``callbacks/lightning_hooks.py``).
+``configure_callbacks``, manual optimization; its own ``backward`` is an error naming ours, and
+the other hooks it overrides are named in a line (the run's course and batch hooks are called:
+``callbacks/lightning_hooks.py``; ``on_after_batch_transfer``: ``lightning_transfer.py``).
 
     notes = adopt(model, what, stand_in)     # what: fit's task keywords, filled from the module's methods
 """
@@ -172,7 +173,8 @@ def with_module_callbacks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
     if not theirs:
         return []
     theirs = list(theirs) if isinstance(theirs, (list, tuple)) else [theirs]
-    given = list(what.get("callbacks") or ())
+    given = what.get("callbacks") or []
+    given = list(given) if isinstance(given, (list, tuple)) else [given]      # (one, as Lightning's Trainer takes)
     replaced = {type(c) for c in given
                 if type(c).__name__ != "Callback" and any(isinstance(t, type(c)) for t in theirs)}
     what["callbacks"] = [c for c in given if type(c) not in replaced] + theirs
