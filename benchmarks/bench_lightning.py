@@ -15,9 +15,16 @@ trained one after each update (a momentum encoder's habit; the plain loop calls 
 total (Lightning's documented ``self.log_dict(grad_norm(self, norm_type=2))``, by hand): the
 plain loop calls it between backward and step (its log does nothing), dptrain and Lightning
 log every 50 steps (Lightning's default ``log_every_n_steps``; dptrain copies each update's
-gradients for the hook).
+gradients for the hook). Session 61's hooks: ``--clip-hook``, its ``configure_gradient_clipping``
+asks ``self.clip_gradients(optimizer, 1.0, "norm")`` (the plain loop clips with
+``clip_grad_norm_`` between backward and step); ``--transfer-hook``, its
+``on_after_batch_transfer`` gives the batch back (the plain loop calls it on each batch);
+``--callback``, a Lightning ``Callback`` of one's own counts the batches in its
+``on_train_batch_end`` (the plain loop calls it after each step; without Lightning installed, a
+class of Lightning's ``Callback``'s shape).
 
     python benchmarks/bench_lightning.py --rounds 5 --epochs 4 [--log-train] [--batch-hook] [--grad-norm]
+        [--clip-hook] [--transfer-hook] [--callback]
 """
 import os
 import statistics
@@ -42,6 +49,28 @@ LOG_TRAIN = "--log-train" in sys.argv
 BATCH_HOOK = "--batch-hook" in sys.argv
 #: Whether the module logs its gradients' norms in on_before_optimizer_step (--grad-norm).
 GRAD_NORM = "--grad-norm" in sys.argv
+#: Session 61's hooks: its own configure_gradient_clipping, on_after_batch_transfer, a Lightning callback.
+CLIP_HOOK, TRANSFER_HOOK, CALLBACK = ("--clip-hook" in sys.argv, "--transfer-hook" in sys.argv,
+                                      "--callback" in sys.argv)
+
+
+def _counter():
+    """A Lightning ``Callback`` of one's own counting the batches (``--callback``)."""
+    try:
+        from lightning import Callback as Base
+    except ImportError:
+        class Base:                 # (Lightning's Callback's shape: its module's name and a no-op hook)
+            __module__ = "lightning.pytorch.callbacks.callback"
+
+            def on_fit_start(self, trainer, pl_module):
+                pass
+
+    class Count(Base):
+        batches = 0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.batches += 1
+    return Count()
 
 
 def _module_class():
@@ -91,10 +120,19 @@ def _module_class():
     def on_before_optimizer_step(self, optimizer):
         each = {f"grad_2.0_norm/{n}": p.grad.norm() for n, p in self.named_parameters() if p.grad is not None}
         self.log_dict({**each, "grad_2.0_norm_total": torch.stack(list(each.values())).norm()})
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val, gradient_clip_algorithm):
+        self.clip_gradients(optimizer, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        return batch
     if BATCH_HOOK:
         Lit.on_train_batch_end = on_train_batch_end
     if GRAD_NORM:
         Lit.on_before_optimizer_step = on_before_optimizer_step
+    if CLIP_HOOK:
+        Lit.configure_gradient_clipping = configure_gradient_clipping
+    if TRANSFER_HOOK:
+        Lit.on_after_batch_transfer = on_after_batch_transfer
     return Lit
 
 
@@ -108,7 +146,7 @@ def run_plain(samples, epochs, gate=None):
     model = _module_class()()
     opt = model.configure_optimizers()
     X, y = _data(samples)
-    times = []
+    times, counter = [], _counter() if CALLBACK else None
     for _ in range(epochs):
         if gate is not None:
             gate()
@@ -116,14 +154,21 @@ def run_plain(samples, epochs, gate=None):
         perm = torch.randperm(len(X))
         for i, start in enumerate(range(0, len(X), BATCH)):
             idx = perm[start:start + BATCH]
-            loss = model.training_step((X[idx], y[idx]), i)
+            batch = (X[idx], y[idx])
+            if TRANSFER_HOOK:
+                batch = model.on_after_batch_transfer(batch, 0)
+            loss = model.training_step(batch, i)
             opt.zero_grad()
             loss.backward()
             if GRAD_NORM:
                 model.on_before_optimizer_step(opt)
+            if CLIP_HOOK:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             if BATCH_HOOK:
-                model.on_train_batch_end({"loss": loss.detach()}, (X[idx], y[idx]), i)
+                model.on_train_batch_end({"loss": loss.detach()}, batch, i)
+            if counter is not None:
+                counter.on_train_batch_end(None, model, {"loss": loss.detach()}, batch, i)
         times.append(time.perf_counter() - t)
     return {"epochs": times}
 
@@ -139,7 +184,7 @@ def run_dptrain(samples, epochs, gate=None):
                 gate()
     X, y = _data(samples)
     result = dptrain.fit(model, (X, y), (X[:1024], y[:1024]), epochs=epochs, batch_size=BATCH, devices=1,
-                         log=None, progress=False, callbacks=[Gate()],
+                         log=None, progress=False, callbacks=[Gate()] + ([_counter()] if CALLBACK else []),
                          **({"log_every_n_steps": 50} if GRAD_NORM else {}))
     return {"epochs": [row["sec"] for row in result["history"]], "test_acc": result["test_acc"]}
 
@@ -178,7 +223,7 @@ def run_lightning(samples, epochs, gate=None):
     clock = _Clock(gate)
     trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        callbacks=[clock])
+                        callbacks=[clock] + ([_counter()] if CALLBACK else []))
     trainer.fit(model, train, val)
     return {"epochs": clock.times, "test_acc": float(trainer.callback_metrics["val_acc"])}
 
@@ -191,6 +236,12 @@ def main():
                         help="the module's on_train_batch_end moves a target copy towards the trained MLP")
     parser.add_argument("--grad-norm", action="store_true",
                         help="the module's on_before_optimizer_step logs its gradients' norms")
+    parser.add_argument("--clip-hook", action="store_true",
+                        help="the module's configure_gradient_clipping clips the norm to 1.0")
+    parser.add_argument("--transfer-hook", action="store_true",
+                        help="the module's on_after_batch_transfer gives each batch back")
+    parser.add_argument("--callback", action="store_true",
+                        help="a Lightning Callback of one's own counts the batches in on_train_batch_end")
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.epochs, args.samples = 1, 2, 1_024

@@ -285,7 +285,8 @@ def test_the_garbage_collection_benchmark_counts_each_variants_collections(tmp_p
 
 
 def test_the_lightning_benchmark_trains_one_module_each_way(tmp_path):
-    figures = run_benchmark(tmp_path, "bench_lightning.py", "--smoke", "--log-train", "--grad-norm")
+    figures = run_benchmark(tmp_path, "bench_lightning.py", "--smoke", "--log-train", "--grad-norm", "--clip-hook",
+                            "--transfer-hook", "--callback")
     assert {"plain", "dptrain"} <= set(figures["us_per_step"]) and figures["vs_plain"]["dptrain"] > 0
     assert all(us > 0 for us in figures["us_per_step"].values())
 

@@ -54,7 +54,8 @@ class ModuleBatchHooks(Callback):
 
     def __init__(self, module: nn.Module, hooks: Sequence[str], steps: LightningSteps, targets: Any = None):
         self.module, self.hooks, self.steps = module, tuple(hooks), steps
-        self.targets = targets          # (a HookTargets: Lightning callbacks' hooks first; None: the module's alone)
+        # (a HookTargets: Lightning callbacks' hooks first; None, or no callback: the module's alone, called directly)
+        self.targets = targets if targets is not None and targets.callbacks else None
         self.logs = BatchLogs(module)
         self.ended = -1         # the update whose on_train_batch_end ran (early, for its step row)
         self.optimizer: Any = None
