@@ -95,8 +95,7 @@ class HookTargets:
 def lightning_callbacks(what: Dict[str, Any]) -> Tuple[List[Any], List[str]]:
     """Take the Lightning callbacks of one's own out of ``what``'s callbacks (fit's keywords);
     return them and the line saying how they run."""
-    given = what.get("callbacks") or []
-    listed = list(given) if isinstance(given, (list, tuple)) else [given]
+    listed = list(what.get("callbacks") or [])     # (fit's: a list)
     theirs = [cb for cb in listed if is_lightning_callback(cb)]
     if not theirs:
         return [], []

@@ -80,8 +80,7 @@ def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
     hooks, batch_hooks = targets.overriding(COURSE_HOOKS), targets.overriding(BATCH_HOOKS)
     kept = targets.overriding(CHECKPOINT_HOOKS + ("state_dict", "load_state_dict"))
     if hooks or batch_hooks or kept or theirs or steps.clock is not None:   # (the stand-in's callback_metrics)
-        given = what.get("callbacks") or []
-        listed: List[Any] = list(given) if isinstance(given, (list, tuple)) else [given]
+        listed: List[Any] = list(what.get("callbacks") or [])      # (fit's: a list)
         what["callbacks"] = [ModuleHooks(model, hooks, steps, targets)] + \
             ([ModuleBatchHooks(model, batch_hooks, steps, targets)] if batch_hooks else []) + \
             ([ModuleCheckpointHooks(model, targets)] if kept else []) + listed     # (apart: see there)

@@ -19,6 +19,7 @@ import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..engine.task import callback_list
 from .hook_names import framework_class
 from .swa import SWA
 from .training import EarlyStopping
@@ -86,10 +87,8 @@ def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
     a line saying so for each; a ``TypeError`` naming what to give instead for a peer callback
     whose work dptrain does otherwise (``INSTEAD``). Other callbacks are taken as they are
     (``CallbackList`` checks them)."""
-    one = not isinstance(callbacks, (list, tuple)) and (not hasattr(callbacks, "__iter__") or any(
-        n.startswith("on_") for n in dir(callbacks)))       # (as Task takes them: a list, or one)
     taken, notes = [], []
-    for cb in [callbacks] if one else list(callbacks):
+    for cb in callback_list(callbacks):         # (as Task takes them: a list, or one)
         cls = framework_class(cb)
         adopted = _adopted(cb, cls) if cls is type(cb) else None    # (a subclass of one's own: its hooks are its)
         if adopted is not None:

@@ -173,8 +173,7 @@ def with_module_callbacks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
     if not theirs:
         return []
     theirs = list(theirs) if isinstance(theirs, (list, tuple)) else [theirs]
-    given = what.get("callbacks") or []
-    given = list(given) if isinstance(given, (list, tuple)) else [given]      # (one, as Lightning's Trainer takes)
+    given = list(what.get("callbacks") or [])      # (fit's: a list)
     replaced = {type(c) for c in given
                 if type(c).__name__ != "Callback" and any(isinstance(t, type(c)) for t in theirs)}
     what["callbacks"] = [c for c in given if type(c) not in replaced] + theirs

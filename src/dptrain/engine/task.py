@@ -13,7 +13,7 @@ recipe returns: the built-in recipes (``recipes.py``) and yours
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -37,6 +37,16 @@ Metric = Callable[[Any, Any], Tuple[Any, Any]]      # (output, target) -> (sum, 
 SCHEDULER_INTERVALS = ("epoch", "batch")
 RESERVED_METRICS = ("loss", "acc", "count", "correct")
 DEFAULT_EPOCHS = 10         # when neither the task nor the run says (nor max_steps)
+
+
+def callback_list(callbacks: Any) -> List[Any]:
+    """``callbacks`` as a list (copied): a list or tuple, an iterable with no hook of its own, or
+    one callback (Lightning's ``Trainer`` takes one too); None: none."""
+    if callbacks is None:
+        return []
+    several = isinstance(callbacks, (list, tuple)) or (
+        hasattr(callbacks, "__iter__") and not any(n.startswith("on_") for n in dir(callbacks)))
+    return list(callbacks) if several else [callbacks]
 
 
 @dataclass
@@ -155,10 +165,7 @@ class Task:
                 continue        # (check_updates looked at them)
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable, got {type(value).__name__}")
-        # A list (copied), or one callback (Lightning takes one too); each one is checked later.
-        several = isinstance(self.callbacks, (list, tuple)) or (
-            hasattr(self.callbacks, "__iter__") and not any(n.startswith("on_") for n in dir(self.callbacks)))
-        self.callbacks = list(self.callbacks) if several else [self.callbacks]
+        self.callbacks = callback_list(self.callbacks)       # (each one is checked later)
         if self.reduction is not None and self.reduction not in REDUCTIONS:
             raise ValueError(f"unknown reduction {self.reduction!r}; choose mean or sum")
         if self.lr is not None:

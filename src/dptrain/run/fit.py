@@ -33,7 +33,7 @@ from ..engine import lightning_adopt
 from ..engine.lightning_trainer import TrainerStandIn, detach
 from ..engine.metric_names import metrics_copied
 from ..parallel.given_model import unwrapped
-from ..engine.task import DEFAULT_EPOCHS, Task
+from ..engine.task import DEFAULT_EPOCHS, Task, callback_list
 from ..parallel.optim import DEFAULT_LRS
 from ..outputs.plot import draw
 from .config import TrainConfig
@@ -101,6 +101,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         if key in PEER_KEYWORDS or key not in known:
             raise unexpected_keyword("fit", key, known, PEER_KEYWORDS)
     what = {k: settings.pop(k) for k in TASK_KEYWORDS if k in settings}
+    what["callbacks"] = callback_list(what.get("callbacks"))     # (a list, or one: a list from here on)
     found = with_found_rate(model, train_data, what, settings)     # (Lightning's LearningRateFinder: the test first)
     log = keyword_log(log)      # (its lines name the keywords, as its errors do: flag_words.py)
     config = TrainConfig(**settings)
@@ -116,7 +117,7 @@ def fit(model: nn.Module, train_data: Any = None, eval_data: Any = None, *, plot
         if lightning is not None:
             train_data, eval_data, notes = lightning.take(config)
         notes += lightning_adopt.adopt(model, what, stand_in)
-        what["callbacks"], said = adopt(what.get("callbacks") or ())    # (Keras's, Lightning's EarlyStopping)
+        what["callbacks"], said = adopt(what["callbacks"])    # (Keras's, Lightning's EarlyStopping)
         notes += said
         notes += with_module_hooks(model, what)     # (and Lightning callbacks of one's own)
         CallbackList(what["callbacks"])             # (their hooks checked now, before any set-up: a TypeError)
@@ -140,7 +141,6 @@ def _fit(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any]
         for line in notes:
             log(f"dptrain: {line}")
     what["metrics"] = metrics_copied(what.get("metrics"))
-    what["callbacks"] = what.get("callbacks") or ()
     torch.manual_seed(settings.get("seed", 0))
     task = Task(model, train_data, eval_data, **what)
     # Called under torch.inference_mode() (a notebook cell's, a server's): the tensors training

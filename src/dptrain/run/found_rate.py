@@ -39,11 +39,10 @@ def _finder(cb: Any) -> bool:
 
 
 def with_found_rate(model: nn.Module, train_data: Any, what: Dict[str, Any], settings: Dict[str, Any]) -> List[str]:
-    """If ``what``'s callbacks (fit's keywords) hold Lightning's ``LearningRateFinder``: take it
+    """If ``what``'s callbacks (fit's keywords: a list) hold Lightning's ``LearningRateFinder``: take it
     out, run the range test and set ``what["lr"]`` to its suggestion (see the module
     docstring); return the line saying so."""
-    given = what.get("callbacks") or []
-    listed = list(given) if isinstance(given, (list, tuple)) else [given]
+    listed = what["callbacks"]             # (fit's: a list)
     finders = [cb for cb in listed if _finder(cb)]
     if not finders:
         return []

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..callbacks.base import BatchEnd, Callback
 from ..distributed.collective import get_collective
+from ..engine.task import callback_list
 from .fit import CONFIG_KEYWORDS, PEER_KEYWORDS, TASK_KEYWORDS, fit
 from .keywords import unexpected_keyword
 
@@ -130,8 +131,7 @@ def lr_find(model: nn.Module, data: Any, *, min_lr: float = 1e-8, max_lr: float 
     saved = copy.deepcopy(model.state_dict())
     saved_optimizer = copy.deepcopy(optimizer.state_dict()) if isinstance(optimizer, torch.optim.Optimizer) else None
     recorder = _Recorder(early_stop_threshold)
-    given = fit_keywords.pop("callbacks", None)
-    callbacks = ([] if given is None else list(given) if isinstance(given, (list, tuple)) else [given]) + [recorder]
+    callbacks = callback_list(fit_keywords.pop("callbacks", None)) + [recorder]
     fit_keywords.pop("eval_data", None)       # (the test evaluates nothing, as Lightning's validates nothing)
     fit_keywords.setdefault("log", None)
     fit_keywords.setdefault("progress", False)
