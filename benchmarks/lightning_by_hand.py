@@ -1,4 +1,4 @@
-"""Session 61's checks by hand against Lightning's own ``Trainer`` (Lightning is not installed in CI):
+"""Sessions 61-62's checks by hand against Lightning's own ``Trainer`` (Lightning is not installed in CI):
 a LightningModule's ``configure_gradient_clipping`` and ``on_after_batch_transfer``, and a Lightning
 ``Callback`` of one's own, run under Lightning's ``Trainer`` and under ``dptrain.fit`` (2 devices).
 
@@ -9,7 +9,9 @@ a LightningModule's ``configure_gradient_clipping`` and ``on_after_batch_transfe
 Prints, for each, whether the hooks saw the same things in the same order and how far the
 weights (or losses, predictions) are apart. Session 61 (Lightning 2.6.6, torch 2.13.0+cpu):
 clipping calls equal, weights within 1.2e-7; transfer stages equal, weights 6e-8, test loss 4e-8,
-predictions 8e-7; the callback's 44 calls equal, values within 1e-6.
+predictions 8e-7; the callback's 44 calls equal, values within 1e-6. Session 62 (``eval_batch``): the
+module's ``on_validation_batch_start/end`` in fit and ``on_test_batch_end`` in test, what they log and
+keep for ``on_validation_epoch_end`` equal to Lightning's (float64, apart 0), dptrain on 2 devices.
 """
 from __future__ import annotations
 
@@ -152,7 +154,54 @@ def callbacks() -> None:
     print(f"a Lightning Callback: {len(a)} and {len(b)} calls, in order and within 1e-6: {close and len(a) == len(b)}")
 
 
+def eval_batch() -> None:
+    """Session 62: the module's on_validation_batch_start/end (on_test_batch_end in test): what they
+    log and keep, Lightning's (1 device, no sanity check) against dptrain's on 2 devices."""
+    import tests.engine.test_lightning_eval_batch as T
+
+    def on(base):
+        class M(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                torch.manual_seed(0)
+                self.net, self.probs = nn.Linear(4, 2).double(), []
+        for name, fn in {**vars(T.Hooked), **vars(base)}.items():
+            if callable(fn) and not name.startswith("__") and name not in ("trainer",):
+                setattr(M, name, fn)
+        return M
+    X, y = T.data()
+    loader = DataLoader(TensorDataset(X, y), batch_size=16)
+    for base, stage in ((T.Hooked, "fit"), (T.Tested, "test")):
+        M = on(base)
+        a, b = M(), M()
+        T.Hooked.calls = []
+        trainer = L.Trainer(max_epochs=1, **QUIET)
+        trainer.fit(a, loader, loader)
+        if stage == "test":
+            T.Hooked.calls = []
+            la = {k: float(v) for k, v in trainer.test(a, loader, verbose=False)[0].items()}
+        else:
+            la = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        calls_a = sorted(T.Hooked.calls)
+        T.Hooked.calls = []
+        result = dptrain.fit(b, (X, y), (X, y), epochs=1, batch_size=16, shuffle=False, devices=2, log=None,
+                             progress=False)
+        if stage == "test":
+            T.Hooked.calls = []
+            lb = dptrain.evaluate(b, (X, y), batch_size=16, devices=2)
+        else:
+            lb = {"val_" + k[5:]: v for k, v in result["history"][-1].items() if k.startswith("test_")}
+        # (dptrain's calls: each device's part, after the one-sample check; Lightning's: each batch)
+        parts = [c for c in T.Hooked.calls if c[2] == 8]
+        names = [k for k in la if k in lb or k.replace("val_", "test_") in lb]
+        apart = max(abs(la[k] - lb.get(k, lb.get(k.replace("val_", "test_"), float("nan")))) for k in names)
+        print(f"on_{'validation' if stage == 'fit' else 'test'}_batch_*, {stage}: figures {sorted(names)} apart "
+              f"{apart:.2g}; batches {sorted({c[1] for c in calls_a})} (Lightning), each device's "
+              f"{sorted({c[1] for c in parts})} x {len(parts) // max(1, len({c[1] for c in parts}))} (dptrain)")
+
+
 if __name__ == "__main__":
     clipping()
     transfer()
     callbacks()
+    eval_batch()

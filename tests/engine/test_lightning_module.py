@@ -334,14 +334,14 @@ def test_what_fit_is_given_wins_and_what_it_cannot_run_is_an_error():
         dptrain.fit(OwnBackward(), data(), epochs=1, log=None)
 
     class Hooks(Lit):
-        def on_validation_batch_end(self, *args):
+        def on_validation_model_eval(self, *args):
             raise AssertionError("not called")
 
         def on_before_backward(self, loss):
             raise AssertionError("not called")
     lines = []
     dptrain.fit(Hooks(), data(), data(8), epochs=1, log=lines.append, devices=1)
-    assert "dptrain: the module's on_validation_batch_end, on_before_backward (Lightning hooks) are not called: give " \
+    assert "dptrain: the module's on_validation_model_eval, on_before_backward (Lightning hooks) are not called: give " \
            "their work to a dptrain.Callback" in "\n".join(lines)
 
     class LightningModule(LightningLike):           # (Lightning's class: its hooks are not the user's)

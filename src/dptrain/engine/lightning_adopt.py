@@ -17,6 +17,7 @@ from torch import nn
 from ..core.signatures import takes
 from ..parallel.given_model import unwrapped
 from .lightning_clipping import ModuleClipping
+from .lightning_eval_batch import AROUND
 from .lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
 from .lightning_optimizer_step import ModuleStep
 from .lightning_trainer import LateConfigure, TrainerStandIn, attach, detach
@@ -36,8 +37,7 @@ GRADIENT_HOOKS = ("on_after_backward", "on_before_optimizer_step")
 #: ... and around each training batch (``callbacks/lightning_batch_hooks.py``).
 BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", *GRADIENT_HOOKS, "on_train_batch_end")
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
-OTHER_HOOKS = ("on_validation_batch_start", "on_validation_batch_end", "on_validation_model_eval",
-               "on_validation_model_train", "transfer_batch_to_device", "on_before_batch_transfer",
+OTHER_HOOKS = ("on_validation_model_eval", "on_validation_model_train", "transfer_batch_to_device", "on_before_batch_transfer",
                "optimizer_zero_grad", "on_before_backward")
 
 
@@ -58,6 +58,11 @@ def _check_hooks(model: nn.Module, notes: List[str]) -> None:
         notes.append(f"the module's {', '.join(called)} (Lightning hooks) are called where Lightning's Trainer calls "
                      f"them, once a process, on the module (what they change, every device's copy gets; what they "
                      f"log, the epoch's row; a batch's hook, its step's row, as Lightning's on_step)")
+    around = overridden(model, AROUND["validation_step"])
+    if around:
+        notes.append(f"the module's {' and '.join(around)} run around validation_step on each device's copy, with "
+                     f"its part of the batch and that part's outputs (as Lightning's DDP runs them on each rank): "
+                     f"what they log, and append to the module's lists, is kept as the step's")
     kept = overridden(model, ["on_save_checkpoint", "on_load_checkpoint"])
     if kept:
         notes.append(f"the module's {' and '.join(kept)} keep its own entries in the run's checkpoint "
@@ -186,15 +191,15 @@ def with_module_callbacks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
 def staged(model: nn.Module, stage: str, steps: Optional[LightningSteps] = None,
            datamodule: Any = None) -> Iterator[Optional[TrainerStandIn]]:
     """``dptrain.evaluate``'s (``"test"``) or ``predict``'s (``"predict"``) stage on the trainer of
-    a module with its own ``on_after_batch_transfer`` (which reads ``self.trainer.training``): a
-    stand-in saying it while the call runs, if the module has no trainer (after ``fit``, it has
-    none); ``steps``: its ``LightningSteps``, which then gives it to every device's copy, and the
-    hook of the ``datamodule`` given, if it has one (taken first). Yields the stand-in (None:
-    none was needed)."""
+    a module with its own ``on_after_batch_transfer`` (which reads ``self.trainer.training``) or
+    batch hooks of the evaluation (``on_test_batch_end``...): a stand-in saying it while the call
+    runs, if the module has no trainer (after ``fit``, it has none); ``steps``: its
+    ``LightningSteps``, which then gives it to every device's copy, and the hook of the
+    ``datamodule`` given, if it has one (taken first). Yields the stand-in (None: none was needed)."""
     model = unwrapped(model)
     if steps is not None and datamodule is not None:
         steps.transfer = transfer_of(model, datamodule)
-    if transfer_of(model, datamodule) is None:
+    if transfer_of(model, datamodule) is None and not (steps is not None and steps.eval_hooks):
         yield None
         return
     stand_in = TrainerStandIn(0, None)

@@ -19,8 +19,9 @@ batches, as Lightning's ``on_epoch=True``; a metric object over the epoch), besi
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from torch import nn
 from ..core.signatures import takes
 from .kept_outputs import KeptOutputs, outputs_kept
 from .lightning_clipping import ModuleClipping
+from .lightning_eval_batch import EvalBatchHooks
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 from .lightning_trainer import TrainerStandIn, explain_trainer
 from .lightning_transfer import transfer_of
@@ -81,6 +83,8 @@ class LightningSteps:
         self.clipping: Optional[ModuleClipping] = None
         #: Its own on_after_batch_transfer, on each device's part once there (lightning_transfer.py)
         self.transfer = transfer_of(model)     # (a data module's instead: lightning_adopt sets it)
+        #: Its own on_validation_batch_start/end (on_test_batch_*), around each device's step
+        self.eval_hooks = EvalBatchHooks(model, evaluation)
         self.eval_stage = "validate"        # (evaluate's: "test", Lightning's trainer.test)
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
@@ -93,6 +97,19 @@ class LightningSteps:
             self.batch = batch
         if self.clock is not None and epoch is not None:       # (manual optimization: its optimizers' steps)
             self.clock.at(epoch, step if self.manual is None else self.manual.steps_done)
+
+    @contextlib.contextmanager
+    def sanity_check(self) -> Iterator[None]:
+        """The evaluation set's one-sample check before the run: its trainer says
+        ``sanity_checking`` (Lightning's, whose check runs the evaluation's hooks too)."""
+        if self.clock is None:
+            yield
+            return
+        self.clock.sanity_checking = True
+        try:
+            yield
+        finally:
+            self.clock.sanity_checking = False
 
     def scheduler_step_of(self, hook: Callable[[Any, Any], None]) -> Callable[..., None]:
         """The module's ``lr_scheduler_step`` as the run's schedule calls it: after a batch, its
@@ -174,8 +191,9 @@ class LightningSteps:
         return out
 
     def _validate(self, model: nn.Module, batch: Any) -> Any:
-        with self.validated.recording(model, batch) as logged:
-            out = self._call(model, self.evaluation, batch)
+        with self.validated.recording(model, batch) as logged:     # (what its batch hooks log: the step's)
+            out = self._call(model, self.evaluation, batch) if not self.eval_hooks else \
+                self.eval_hooks.around(model, batch, self.index, lambda: self._call(model, self.evaluation, batch))
         if not _is_loss(out):       # (what else it returns, predictions, Lightning 1's {"val_loss": ...}: not used)
             out = None
         figures = logged.figures

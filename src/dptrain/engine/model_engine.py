@@ -191,7 +191,8 @@ class ModelEngine:
             self.loss_line = check_own_loss(self, self.unweighted(example))
             self.replicas.initialize(example, run)
             if eval_example is not None:
-                with evaluating(self.replicas[0]), torch.no_grad():
+                with evaluating(self.replicas[0]), torch.no_grad(), \
+                        (steps.sanity_check() if steps is not None else contextlib.nullcontext()):
                     run(self.replicas[0], eval_example)
                 try_metrics(self, eval_example)
             if steps is not None and self.trainer is not None:      # (no evaluation set, no lazy layer: now)
