@@ -199,6 +199,36 @@ def eval_batch() -> None:
               f"{apart:.2g}; batches {sorted({c[1] for c in calls_a})} (Lightning), each device's "
               f"{sorted({c[1] for c in parts})} x {len(parts) // max(1, len({c[1] for c in parts}))} (dptrain)")
 
+    import tests.callbacks.test_lightning_callbacks as C
+
+    class Recorder(L.Callback):         # (the test's, on Lightning's own Callback)
+        on_validation_batch_start = C.EvalRecorder.on_validation_batch_start
+        on_validation_batch_end = C.EvalRecorder.on_validation_batch_end
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Linear(4, 2).double()
+    for name in ("training_step", "validation_step", "configure_optimizers"):
+        setattr(Module, name, vars(C.Probs).get(name) or vars(C.Module)[name])
+    X, y = C.data()
+    runs = []
+    for framework in ("lightning", "dptrain"):
+        C.ORDER.clear()
+        if framework == "lightning":
+            L.Trainer(max_epochs=1, callbacks=[Recorder()], **QUIET).fit(
+                Module(), DataLoader(TensorDataset(X, y), batch_size=16), DataLoader(TensorDataset(X, y), batch_size=16))
+        else:
+            dptrain.fit(Module(), (X, y), (X, y), epochs=1, batch_size=16, devices=3, shuffle=False,
+                        callbacks=[Recorder()], progress=False, log=None)
+        runs.append(list(C.ORDER))
+    a, b = runs
+    apart = max(abs(x[2] - z[2]) for x, z in zip(a, b) if x[0] == "end")
+    print(f"a Lightning Callback's on_validation_batch_start/end: {len(a)} and {len(b)} calls, the same batches "
+          f"{[x[:2] for x in a] == [z[:2] for z in b]}, outputs' loss apart {apart:.2g} (dptrain on 3 devices: "
+          f"the parts' outputs joined)")
+
 
 if __name__ == "__main__":
     clipping()

@@ -182,13 +182,73 @@ def test_should_stop_and_a_callbacks_state_across_a_resume(tmp_path):
 
 def test_hooks_fit_does_not_call_are_named_and_a_plain_model_is_told_to_write_a_dptrain_callback():
     class Batches(LCallback):
-        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             raise AssertionError("not called")
     lines = []
     dptrain.fit(Module(), data(), data(), epochs=1, batch_size=16, callbacks=[Batches()], progress=False,
                 log=lines.append)
-    assert any("its on_validation_batch_end not called: give that work to a dptrain.Callback" in line for line in lines)
+    assert any("its on_test_batch_end not called: give that work to a dptrain.Callback" in line for line in lines)
     with pytest.raises(TypeError, match="whose hooks take that framework's trainer: write it as a dptrain.Callback"):
         # (before any set-up: the float64 data would fail the float32 model's trial step first)
         dptrain.fit(nn.Linear(4, 2), data(), epochs=1, callbacks=[Batches()], optimizer=torch.optim.SGD, lr=0.1,
                     log=None, progress=False)
+
+
+ORDER = []      # (the module's hooks and the callback's, in turn: not a list the module holds, which its copies keep)
+
+
+class Probs(Module):
+    """validation_step returns its loss and probabilities; the module's own batch hooks mark their turn."""
+
+    def validation_step(self, batch, batch_idx):
+        logits = self.net(batch[0])
+        return {"loss": F.cross_entropy(logits, batch[1]), "probs": logits.softmax(1)}
+
+    def on_validation_batch_start(self, batch, batch_idx):
+        ORDER.append(("module start", batch_idx))
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx):
+        ORDER.append(("module end", batch_idx))
+
+
+class EvalRecorder(LCallback):
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx):
+        ORDER.append(("start", batch_idx, len(batch[0]), trainer.validating))
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        with torch.no_grad():
+            logits = pl_module.net(batch[0])
+        torch.testing.assert_close(outputs["probs"], logits.softmax(1), rtol=1e-12, atol=1e-12)
+        ORDER.append(("end", batch_idx, float(outputs["loss"]), float(F.cross_entropy(logits, batch[1]))))
+
+
+@pytest.mark.parametrize("devices", [1, 3])
+def test_a_callbacks_validation_batch_hooks_get_the_whole_batch_and_its_outputs(devices):
+    ORDER.clear()
+    lines = []
+    dptrain.fit(Probs(), data(), data(), epochs=1, batch_size=16, devices=devices, shuffle=False,
+                callbacks=[EvalRecorder()], log=lines.append, progress=False)
+    # the one-sample check first (the module's hooks alone), then each of the 4 batches: the callback's
+    # start, every device's part's module hooks (3 devices: parts of 6, 5 and 5), the callback's end
+    assert ORDER[:2] == [("module start", 0), ("module end", 0)]
+    per_batch = 2 + 2 * devices
+    assert len(ORDER) == 2 + 4 * per_batch
+    for b in range(4):
+        got = ORDER[2 + b * per_batch: 2 + (b + 1) * per_batch]
+        assert got[0] == ("start", b, 16, True)
+        assert sorted(got[1:-1]) == sorted([("module start", b), ("module end", b)] * devices)
+        assert got[-1][:2] == ("end", b) and got[-1][2] == pytest.approx(got[-1][3], rel=1e-12)   # the batch's loss
+    assert not any("on_validation_batch" in line and "not called" in line for line in lines)
+
+
+def test_parts_a_callback_cannot_be_given_joined_are_an_error_naming_the_fix():
+    class Named(Module):
+        def validation_step(self, batch, batch_idx):
+            return {"loss": F.cross_entropy(self.net(batch[0]), batch[1]), "where": str(batch[0].device) + str(len(batch[0]) + id(self))}
+
+    class End(LCallback):
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            pass
+    with pytest.raises(TypeError, match="cannot be joined"):
+        dptrain.fit(Named(), data(), data(), epochs=1, batch_size=16, devices=2, callbacks=[End()], log=None,
+                    progress=False)

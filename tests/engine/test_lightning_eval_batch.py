@@ -116,3 +116,23 @@ def test_evaluate_of_a_validation_step_calls_the_validation_hooks():
         probs = model(X).softmax(1)
     assert scores["test_conf"] == pytest.approx(float(probs.max(1).values.mean()), rel=1e-10)
     assert [c for c in Hooked.calls if c[0] == "end"][-3:] == [("end", b, 16) for b in range(3)]
+
+
+def test_the_parts_outputs_are_joined_as_one_step_on_the_whole_batch_gives_them():
+    from dptrain.engine.lightning_eval_batch import joined
+    g = torch.Generator().manual_seed(0)
+    probs, loss = torch.rand(10, 3, generator=g, dtype=torch.float64), torch.rand(10, generator=g, dtype=torch.float64)
+    sizes = [4, 3, 3]
+    parts = [{"probs": p, "loss": l.mean(), "n": float(len(p)), "name": "val", "pair": (p[:, 0], l)}
+             for p, l in zip(probs.split(sizes), loss.split(sizes))]
+    out = joined(parts, sizes)
+    torch.testing.assert_close(out["probs"], probs)
+    torch.testing.assert_close(out["loss"], loss.mean(), rtol=1e-12, atol=0)      # (each part's mean, weighed)
+    assert out["n"] == pytest.approx(sum(n * n for n in sizes) / 10) and out["name"] == "val"
+    torch.testing.assert_close(out["pair"][0], probs[:, 0])
+    assert isinstance(out["pair"], tuple) and joined([None, None], [2, 2]) is None
+    assert joined([parts[0]], [4]) is parts[0]                         # (one device: as it gave them)
+    with pytest.raises(TypeError, match=r"these parts cannot be joined \(str\): return per-sample tensors"):
+        joined(["a", "b"], [2, 2])
+    with pytest.raises(TypeError, match="cannot be joined"):         # (a tensor whose rows are not the samples)
+        joined([torch.zeros(3, 2), torch.zeros(3, 2)], [2, 2])

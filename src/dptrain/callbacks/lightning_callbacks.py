@@ -16,11 +16,12 @@ before the module's own): ``setup(stage="fit")`` and ``teardown``, the hooks of 
 (``on_fit_start``... ``on_train_epoch_end``, ``on_fit_end``: ``lightning_hooks.py``), of each
 batch (``on_train_batch_start``, ``on_train_batch_end``, ``on_before_zero_grad``,
 ``on_after_backward``, ``on_before_optimizer_step``: ``lightning_batch_hooks.py``, with what it
-says of them), of the checkpoint (``on_save_checkpoint``, ``on_load_checkpoint``, and the
+says of them), of each evaluation batch (``on_validation_batch_start``, ``on_validation_batch_end``
+with the outputs of the devices' parts joined: ``engine/lightning_eval_batch.py``), of the checkpoint (``on_save_checkpoint``, ``on_load_checkpoint``, and the
 callback's own ``state_dict``: ``lightning_checkpoint_hooks.py``) and ``on_exception``. What a
 hook logs with ``pl_module.log`` goes where the module's own would. Once a process, on the
 module, as Lightning's DDP calls them (``trainer.is_global_zero`` on rank 0). The other hooks it
-overrides (``on_validation_batch_end``, ``on_test_*``...) are named in a line: not called.
+overrides (``on_test_*``, ``on_predict_*``...) are named in a line: not called.
 """
 from __future__ import annotations
 
@@ -28,18 +29,20 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from torch import nn
 
+from ..engine.lightning_eval_batch import AROUND
 from ..engine.lightning_module import overridden
 from .hook_names import framework_class
 
+#: Around each evaluation batch (``engine/lightning_eval_batch.py``: once a process, the parts' outputs joined).
+EVAL_BATCH_HOOKS = AROUND["validation_step"]
 #: A Lightning callback's hooks that fit calls (beside the module's own of the same names).
 CALLED = ("setup", "teardown", "on_fit_start", "on_train_start", "on_train_epoch_start", "on_validation_start",
           "on_validation_epoch_start", "on_validation_epoch_end", "on_validation_end", "on_train_epoch_end",
           "on_train_end", "on_fit_end", "on_train_batch_start", "on_train_batch_end", "on_before_zero_grad",
           "on_after_backward", "on_before_optimizer_step", "on_save_checkpoint", "on_load_checkpoint", "state_dict",
-          "load_state_dict", "on_exception")
+          "load_state_dict", "on_exception", *EVAL_BATCH_HOOKS)
 #: ... and those it does not.
-NOT_CALLED = ("on_sanity_check_start", "on_sanity_check_end", "on_validation_batch_start", "on_validation_batch_end",
-              "on_test_start", "on_test_end", "on_test_epoch_start", "on_test_epoch_end", "on_test_batch_start",
+NOT_CALLED = ("on_sanity_check_start", "on_sanity_check_end", "on_test_start", "on_test_end", "on_test_epoch_start", "on_test_epoch_end", "on_test_batch_start",
               "on_test_batch_end", "on_predict_start", "on_predict_end", "on_predict_epoch_start",
               "on_predict_epoch_end", "on_predict_batch_start", "on_predict_batch_end", "on_before_backward")
 

@@ -39,11 +39,12 @@ from ..engine.kept_outputs import KeptOutputs
 from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, Recording
 from ..engine.lightning_logger import BoardLogger
 from ..engine.lightning_adopt import BATCH_HOOKS, COURSE_HOOKS
+from ..engine.lightning_eval_batch import EvalCallbacks
 from ..engine.lightning_module import EPOCH_END_HOOKS, LightningSteps
 from ..parallel.given_model import unwrapped
 from .base import Callback
 from .lightning_batch_hooks import ModuleBatchHooks
-from .lightning_callbacks import HookTargets, lightning_callbacks
+from .lightning_callbacks import EVAL_BATCH_HOOKS, HookTargets, lightning_callbacks
 from .lightning_checkpoint_hooks import CHECKPOINT_HOOKS, ModuleCheckpointHooks
 from .outputs import TensorBoard
 
@@ -78,6 +79,9 @@ def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
     theirs, notes = lightning_callbacks(what)
     targets = HookTargets(model, theirs, steps.clock if steps.clock is not None else vars(model).get("_trainer"))
     hooks, batch_hooks = targets.overriding(COURSE_HOOKS), targets.overriding(BATCH_HOOKS)
+    evaluated = [h for h in EVAL_BATCH_HOOKS if any(h in own for own in targets.own)]    # (the callbacks' alone)
+    if evaluated:
+        steps.eval_callbacks = EvalCallbacks(targets.of_callbacks, evaluated, steps.clock)
     kept = targets.overriding(CHECKPOINT_HOOKS + ("state_dict", "load_state_dict"))
     if hooks or batch_hooks or kept or theirs or steps.clock is not None:   # (the stand-in's callback_metrics)
         listed: List[Any] = list(what.get("callbacks") or [])      # (fit's: a list)

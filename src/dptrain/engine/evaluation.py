@@ -149,24 +149,32 @@ def evaluate(engine, batches, trial: Optional[StatefulMetrics] = None) -> Totals
     steps = engine.task.step if isinstance(engine.task.step, LightningSteps) else None     # (a LightningModule's)
     if steps is not None:
         steps.validated.reset(engine.replicas)
+    around = steps.eval_callbacks if steps is not None and trial is None else None    # (Lightning callbacks')
     with evaluating(*engine.replicas), torch.no_grad():     # each module's mode back after (a frozen BN stays)
         for index, batch in enumerate(batches):
             if steps is not None:
                 steps.at(index)             # (its batch_idx)
+            if around is not None:
+                around.start(batch, index)
             if one:
                 shard_totals(0, batch)
+                if around is not None:
+                    around.end([engine._net(0)], [batch_size(batch)], batch, index)
                 continue
             n = batch_size(batch)
             k = min(n, len(engine.devices))
             if k == 0:
                 continue
-            shards = split_structure(batch, even_parts(n, k))
+            sizes = even_parts(n, k)
+            shards = split_structure(batch, sizes)
             if in_turn:
                 for i, shard in enumerate(shards):
                     shard_totals(i, shard)
-                continue
-            engine.runner.map(shard_totals if gathering is None else gathering.guarded(shard_totals),
-                              shards + [None] * (len(engine.devices) - k))
+            else:
+                engine.runner.map(shard_totals if gathering is None else gathering.guarded(shard_totals),
+                                  shards + [None] * (len(engine.devices) - k))
+            if around is not None:
+                around.end([engine._net(i) for i in range(k)], sizes, batch, index)
     totals = over_devices(totals, engine.devices)
     if stateful and trial is None:      # over the whole set: merged over devices, gathered over processes
         totals[COMPUTED] = stateful.compute()

@@ -29,7 +29,7 @@ from torch import nn
 from ..core.signatures import takes
 from .kept_outputs import KeptOutputs, outputs_kept
 from .lightning_clipping import ModuleClipping
-from .lightning_eval_batch import EvalBatchHooks
+from .lightning_eval_batch import EvalBatchHooks, EvalCallbacks
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 from .lightning_trainer import TrainerStandIn, explain_trainer
 from .lightning_transfer import transfer_of
@@ -85,6 +85,8 @@ class LightningSteps:
         self.transfer = transfer_of(model)     # (a data module's instead: lightning_adopt sets it)
         #: Its own on_validation_batch_start/end (on_test_batch_*), around each device's step
         self.eval_hooks = EvalBatchHooks(model, evaluation)
+        #: Lightning callbacks' on_validation_batch_start/end, around each batch (lightning_callbacks sets it)
+        self.eval_callbacks: Optional[EvalCallbacks] = None
         self.eval_stage = "validate"        # (evaluate's: "test", Lightning's trainer.test)
 
     def at(self, index: int, epoch: Optional[int] = None, step: Optional[int] = None, batch: Any = None) -> None:
@@ -194,6 +196,8 @@ class LightningSteps:
         with self.validated.recording(model, batch) as logged:     # (what its batch hooks log: the step's)
             out = self._call(model, self.evaluation, batch) if not self.eval_hooks else \
                 self.eval_hooks.around(model, batch, self.index, lambda: self._call(model, self.evaluation, batch))
+        if self.eval_callbacks is not None:         # (this part's, for the callbacks' on_validation_batch_end)
+            self.eval_callbacks.returned[id(model)] = out
         if not _is_loss(out):       # (what else it returns, predictions, Lightning 1's {"val_loss": ...}: not used)
             out = None
         figures = logged.figures
