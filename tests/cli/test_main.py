@@ -238,3 +238,12 @@ def test_ctrl_c_with_no_message_says_interrupted(monkeypatch, capsys):
     monkeypatch.setattr(cli_main, "_devices_command", interrupted)
     assert main(["devices"]) == 130
     assert capsys.readouterr().err.strip() == "dptrain: interrupted"
+
+
+def test_lr_find_runs_the_range_test_then_trains_at_its_suggestion(capsys):
+    assert main(["train", "--model", "tests.tasks.user_task:mlp", "--data", "tests.tasks.user_task:flat_data",
+                 "--loss", "cross-entropy", "--epochs", "1", "--devices", "1", "--lr-find", "--json"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    line = next(line for line in err.splitlines() if line.startswith("dptrain: --lr-find: "))
+    assert f"suggests lr {result['lr']:.3g}: training at it" in line and result["history"][0]["train_loss"] > 0

@@ -130,3 +130,26 @@ def test_a_typo_or_lightnings_name_is_said_as_lr_finds():
     with pytest.raises(TypeError, match="lr_find\\(\\) got an unexpected keyword argument 'max_lrr'; did you mean "
                                         "'max_lr'"):
         dptrain.lr_find(made(), data(), loss=nn.MSELoss(), max_lrr=1.0)
+
+
+@pytest.mark.parametrize("devices", ["1", "2"])
+def test_the_commands_test_of_a_task_is_lr_finds_and_leaves_the_model_as_it_was(devices):
+    """dptrain train --lr-find: the range test of the recipe's Task (lr_find's defaults), the run's settings."""
+    import functools
+
+    from dptrain.run.config import TrainConfig
+    from dptrain.run.lr_find import task_lr_find
+    sgd = functools.partial(torch.optim.SGD, momentum=0.9)
+    want = dptrain.lr_find(made(), data(), loss=nn.MSELoss(), optimizer=sgd, batch_size=32, devices=int(devices),
+                           shuffle=False)
+    model, lines = made(), []
+    task = dptrain.Task(model=model, train_data=data(), eval_data=data(), loss=nn.MSELoss(), optimizer=sgd,
+                        epochs=3)
+    config = TrainConfig(devices=devices, batch_size=32, shuffle=False, epochs=1)
+    found = task_lr_find(task, config, lines.append)
+    assert found.lr == want.suggestion() and found.epochs == 1 and config.lr is None
+    for got, was in zip(model.parameters(), made().parameters()):
+        assert torch.equal(got, was)
+    assert len(lines) == 1 and f"suggests lr {want.suggestion():.3g}: training at it" in lines[0]
+    with pytest.raises(ValueError, match="--lr-find finds the learning rate and --lr 0.1 gives one: leave one out"):
+        task_lr_find(task, TrainConfig(lr=0.1), None)

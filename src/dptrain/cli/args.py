@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start N worker processes on this machine (one per GPU, or the CPU cores "
                         "shared among them) joined by torch.distributed")
     _job_flags(t)
+    t.add_argument("--lr-find", action="store_true", help="run the learning-rate range test first (dptrain.lr_find: "
+                   "100 steps from 1e-8 to 1), then train at its suggestion (not with --lr)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--plot", metavar="FILE", help="plot test accuracy and train loss per epoch (.png/.svg)")
     t.add_argument("--json", action="store_true", help="print one JSON object with the result "

@@ -6,6 +6,7 @@ Runbook:
     dptrain train --devices 1                         # one device, for comparison
     dptrain train --devices cpu:0,cpu:1,cpu:2 --allreduce ring
     dptrain train --epochs 1 --max-batches 20 --json  # a quick run, machine-readable result
+    dptrain train --lr-find                           # the learning-rate range test, then the run at its rate
     dptrain train --recipe lenet-mnist                # Gluon tutorial LeNet, Trainer + KVStore
     dptrain train --recipe resnet18 --devices cuda:0,cuda:1 --amp bf16 --channels-last
     dptrain train --recipe resnet18 --max-batches 5 --eval-batches 2   # ResNet-18 on a CPU
@@ -79,7 +80,7 @@ def _train_command(args: argparse.Namespace, argv: List[str]) -> int:
         return _launch(["-c", BOOTSTRAP, *argv], args.processes or 1, args)     # python -m dptrain, quieter
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
-    result = train(config, log=log, plot=args.plot)
+    result = train(config, log=log, plot=args.plot, lr_find=args.lr_find)
     if DistEnv.current().rank == 0:     # one result for the whole job, before anything that may still fail
         if args.json:
             print(json.dumps(result), flush=True)

@@ -16,6 +16,7 @@ from ..core.stage import stage
 from ..engine.loss_names import LOSSES
 from ..engine.task import Task
 from ..run.config import TrainConfig, is_import_spec
+from ..run.lr_find import task_lr_find
 from ..run.session import Log, run_task
 from .builtin import RECIPES, Recipe, init_xavier
 from .user import call_factory, user_task
@@ -45,8 +46,11 @@ def task_for(config: TrainConfig) -> Task:
 
 
 
-def train(config: TrainConfig, log: Optional[Log] = print, plot: Optional[str] = None) -> Dict[str, Any]:
-    """Run the recipe (or ``--model``/``--data``) a config names; return the result.
+def train(config: TrainConfig, log: Optional[Log] = print, plot: Optional[str] = None,
+          lr_find: bool = False) -> Dict[str, Any]:
+    """Run the recipe (or ``--model``/``--data``) a config names; return the result. ``lr_find``
+    (``--lr-find``): the learning-rate range test first, the run at its suggestion
+    (``run/lr_find.task_lr_find``).
 
     >>> result = train(TrainConfig(recipe="lenet-scratch", devices="2", epochs=1))
     epoch 1, 8.1 sec, train loss 0.912, test loss 0.75, test acc 0.712
@@ -56,4 +60,7 @@ def train(config: TrainConfig, log: Optional[Log] = print, plot: Optional[str] =
     torch.manual_seed(config.seed)      # before the model is built: its initial weights
     with stage(f"building the task ({config.model or config.recipe})"):
         task = task_for(config)
+    if lr_find:
+        with stage("the learning-rate range test (--lr-find)"):
+            config = task_lr_find(task, config, log)
     return run_task(task, config, log, plot)

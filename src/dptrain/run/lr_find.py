@@ -20,10 +20,11 @@ every process gets the same results.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -33,6 +34,7 @@ from ..distributed.collective import get_collective
 from ..engine.task import callback_list
 from .fit import CONFIG_KEYWORDS, PEER_KEYWORDS, TASK_KEYWORDS, fit
 from .keywords import unexpected_keyword
+from .session import run_task
 
 #: fit's keywords the range test sets itself.
 MADE_HERE = ("scheduler", "scheduler_interval", "scheduler_monitor", "lr", "epochs", "max_steps", "resume",
@@ -127,17 +129,30 @@ def lr_find(model: nn.Module, data: Any, *, min_lr: float = 1e-8, max_lr: float 
         raise ValueError("lr_find steps the optimizer itself; the module's training_step steps its own "
                          "(automatic_optimization off): run the test on a module that returns its loss")
     lrs = rates(min_lr, max_lr, num_training, mode)
-    optimizer = fit_keywords.get("optimizer")
-    saved = copy.deepcopy(model.state_dict())
-    saved_optimizer = copy.deepcopy(optimizer.state_dict()) if isinstance(optimizer, torch.optim.Optimizer) else None
-    recorder = _Recorder(early_stop_threshold)
-    callbacks = callback_list(fit_keywords.pop("callbacks", None)) + [recorder]
     fit_keywords.pop("eval_data", None)       # (the test evaluates nothing, as Lightning's validates nothing)
     fit_keywords.setdefault("log", None)
     fit_keywords.setdefault("progress", False)
+    callbacks = callback_list(fit_keywords.pop("callbacks", None))
+
+    def steps(recorder: Callback) -> None:
+        fit(model, data, lr=min_lr, max_steps=num_training, callbacks=callbacks + [recorder],
+            scheduler_interval="batch", scheduler=_Rising(lrs), **fit_keywords)
+    finder = range_test(model, fit_keywords.get("optimizer"), lrs, early_stop_threshold, steps)
+    if update_attr:
+        set_rate(model, finder.suggestion())
+    return finder
+
+
+def range_test(model: nn.Module, optimizer: Any, lrs: List[float], early_stop_threshold: Optional[float],
+               steps: Callable[[Callback], None]) -> LRFinder:
+    """``steps(recorder)`` trains ``len(lrs)`` steps at the rates ``lrs`` with ``recorder`` among its
+    callbacks; the test's results, the model's weights (and an ``optimizer`` object's state) put
+    back after it, every process's losses summed."""
+    saved = copy.deepcopy(model.state_dict())
+    saved_optimizer = copy.deepcopy(optimizer.state_dict()) if isinstance(optimizer, torch.optim.Optimizer) else None
+    recorder = _Recorder(early_stop_threshold)
     try:
-        fit(model, data, lr=min_lr, max_steps=num_training, callbacks=callbacks, scheduler_interval="batch",
-            scheduler=_Rising(lrs), **fit_keywords)
+        steps(recorder)
     finally:
         with torch.no_grad():
             model.load_state_dict(saved)
@@ -148,10 +163,7 @@ def lr_find(model: nn.Module, data: Any, *, min_lr: float = 1e-8, max_lr: float 
     if collective.world_size > 1 and sums:        # (every process's steps: the global batch's loss)
         total = collective.all_reduce(torch.tensor([sums, counts], dtype=torch.float64))
         sums, counts = total[0].tolist(), total[1].tolist()
-    finder = LRFinder({"lr": lrs[:len(sums)], "loss": smoothed(sums, counts)})
-    if update_attr:
-        set_rate(model, finder.suggestion())
-    return finder
+    return LRFinder({"lr": lrs[:len(sums)], "loss": smoothed(sums, counts)})
 
 
 def smoothed(sums: List[float], counts: List[float]) -> List[float]:
@@ -175,3 +187,41 @@ def set_rate(model: nn.Module, lr: Optional[float]) -> None:
             if owner is not None and not isinstance(owner, Mapping) and name in vars(owner):
                 setattr(owner, name, lr)
                 return
+
+
+#: ``dptrain train --lr-find``'s test: ``lr_find``'s defaults.
+CLI_TEST = dict(min_lr=1e-8, max_lr=1.0, num_training=100, mode="exponential", early_stop_threshold=4.0)
+
+
+def task_lr_find(task: Any, config: Any, log: Optional[Callable[[str], None]] = None) -> Any:
+    """``dptrain train --lr-find``: the range test of a recipe's ``Task`` (``lr_find``'s defaults,
+    ``CLI_TEST``) on its model and training data with the run's settings (devices, processes,
+    batch size...) but its files, evaluations and schedule; returns the config with ``lr`` its
+    suggestion (as it was if the test found none), a line saying which."""
+    if config.lr is not None:
+        raise ValueError(f"--lr-find finds the learning rate and --lr {config.lr:g} gives one: leave one out")
+    if config.resume:
+        raise ValueError("--lr-find with --resume: the resumed run goes on at its own rate; leave one out")
+    lrs = rates(CLI_TEST["min_lr"], CLI_TEST["max_lr"], CLI_TEST["num_training"], CLI_TEST["mode"])
+
+    def steps(recorder: Callback) -> None:
+        test = dataclasses.replace(task, eval_data=None, scheduler=_Rising(lrs), scheduler_interval="batch",
+                                   scheduler_monitor=None, epochs=None,
+                                   callbacks=callback_list(task.callbacks) + [recorder])
+        quiet = dataclasses.replace(config, lr=lrs[0], max_steps=len(lrs), epochs=None, max_time=None,
+                                    validation_split=None, eval_every_n_steps=None, log_every_n_steps=None,
+                                    checkpoint_dir=None, metrics_file=None, tensorboard=None, trace=None,
+                                    progress=False)
+        run_task(test, quiet, log=None, keep_group=True)
+    finder = range_test(task.model, task.optimizer, lrs, CLI_TEST["early_stop_threshold"], steps)
+    lr = finder.suggestion()
+    shown = ", ".join(f"{k}={v!r}" for k, v in CLI_TEST.items())
+    if lr is None:
+        if log is not None:
+            log(f"dptrain: --lr-find: the range test (dptrain.lr_find, {shown}) found no rate (too few finite "
+                f"losses): training at the recipe's")
+        return config
+    if log is not None:
+        log(f"dptrain: --lr-find: the range test (dptrain.lr_find, {shown}, {len(finder.results['lr'])} steps) "
+            f"suggests lr {lr:.3g}: training at it")
+    return dataclasses.replace(config, lr=lr)
