@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from torch import nn

@@ -14,7 +14,8 @@ figure is the one a single device computes over the whole set, however it divide
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from collections.abc import Mapping
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 

@@ -25,8 +25,8 @@ groups of the whole, stepped when the whole is.
 """
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, Union
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Dict, Iterator, List, Sequence, Tuple, Union
 
 import torch
 
