@@ -252,3 +252,11 @@ def test_parts_a_callback_cannot_be_given_joined_are_an_error_naming_the_fix():
     with pytest.raises(TypeError, match="cannot be joined"):
         dptrain.fit(Named(), data(), data(), epochs=1, batch_size=16, devices=2, callbacks=[End()], log=None,
                     progress=False)
+
+
+def test_the_line_says_how_a_callbacks_outputs_are_joined():
+    lines = []
+    dptrain.fit(Probs(), data(), data(), epochs=1, batch_size=16, devices=2, callbacks=[EvalRecorder()],
+                log=lines.append, progress=False)
+    assert any("its on_validation_batch_end gets this process's batch and its devices' outputs joined (per-sample "
+               "rows concatenated, a float number taken as a mean, an integer as a count)" in line for line in lines)

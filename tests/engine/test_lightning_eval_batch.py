@@ -123,12 +123,14 @@ def test_the_parts_outputs_are_joined_as_one_step_on_the_whole_batch_gives_them(
     g = torch.Generator().manual_seed(0)
     probs, loss = torch.rand(10, 3, generator=g, dtype=torch.float64), torch.rand(10, generator=g, dtype=torch.float64)
     sizes = [4, 3, 3]
-    parts = [{"probs": p, "loss": l.mean(), "n": float(len(p)), "name": "val", "pair": (p[:, 0], l)}
+    parts = [{"probs": p, "loss": l.mean(), "n": float(len(p)), "name": "val", "pair": (p[:, 0], l),
+              "correct": (p[:, 0] > 0.5).sum(), "seen": len(p)}
              for p, l in zip(probs.split(sizes), loss.split(sizes))]
     out = joined(parts, sizes)
     torch.testing.assert_close(out["probs"], probs)
     torch.testing.assert_close(out["loss"], loss.mean(), rtol=1e-12, atol=0)      # (each part's mean, weighed)
     assert out["n"] == pytest.approx(sum(n * n for n in sizes) / 10) and out["name"] == "val"
+    assert out["correct"] == (probs[:, 0] > 0.5).sum() and out["seen"] == 10       # (integers: counts, summed)
     torch.testing.assert_close(out["pair"][0], probs[:, 0])
     assert isinstance(out["pair"], tuple) and joined([None, None], [2, 2]) is None
     assert joined([parts[0]], [4]) is parts[0]                         # (one device: as it gave them)

@@ -106,7 +106,11 @@ def lightning_callbacks(what: Dict[str, Any]) -> Tuple[List[Any], List[str]]:
     notes = []
     for cb in theirs:
         skipped = overridden(cb, NOT_CALLED)
+        joins = "on_validation_batch_end" in overridden(cb, ["on_validation_batch_end"])
         notes.append(f"callback {type(cb).__name__} (a Lightning Callback) runs with the module's trainer, its hooks "
                      f"called where Lightning's Trainer calls them" +
+                     ("; its on_validation_batch_end gets this process's batch and its devices' outputs joined "
+                      "(per-sample rows concatenated, a float number taken as a mean, an integer as a count)"
+                      if joins else "") +
                      (f"; its {', '.join(skipped)} not called: give that work to a dptrain.Callback" if skipped else ""))
     return theirs, notes

@@ -23,9 +23,11 @@ Lightning ``Callback``s' hooks of the same names (``callbacks/lightning_callback
 the module's own hook (Lightning calls the callbacks' before the module's), ``batch`` this
 process's as its loader gives it and ``outputs`` the parts' outputs put together as one device's
 step would give them for the whole batch (``joined``): a per-sample tensor (a row a sample)
-concatenated in the parts' order, a one-number tensor or a number taken as the part's mean (a
-loss, an accuracy) and weighed by the parts' samples, dicts, lists and tuples joined entry by
-entry; anything else must be the same in every part (else a ``TypeError`` naming the fix).
+concatenated in the parts' order, a one-number float (tensor or number) taken as the part's mean
+(a loss, an accuracy) and weighed by the parts' samples, a one-number integer as a count (the
+correct predictions: summed), dicts, lists and tuples joined entry by entry; anything else must be
+the same in every part (else a ``TypeError`` naming the fix). (A float sum over the part, a loss
+with ``reduction="sum"``, is the one number this reads wrong: return it as a mean, or an integer.)
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ def joined(parts: Sequence[Any], sizes: Sequence[int]) -> Any:
     if len(parts) == 1:
         return first
     if isinstance(first, torch.Tensor) and all(isinstance(p, torch.Tensor) for p in parts):
+        if first.dim() == 0 and not first.is_floating_point():      # (a count: summed)
+            return sum(p.detach().to(first.device) for p in parts)
         if first.dim() == 0:            # (a part's mean: weighed by its samples)
             total = sum(p.detach().to(first.device, torch.float64) * n for p, n in zip(parts, sizes))
             return (total / sum(sizes)).to(first.dtype)
@@ -83,8 +87,11 @@ def joined(parts: Sequence[Any], sizes: Sequence[int]) -> Any:
     elif isinstance(first, (list, tuple)) and all(type(p) is type(first) and len(p) == len(first) for p in parts):
         items = [joined([p[j] for p in parts], sizes) for j in range(len(first))]
         return items if isinstance(first, list) else tuple(items)
-    elif isinstance(first, numbers.Number) and not isinstance(first, bool) and \
-            all(isinstance(p, numbers.Number) for p in parts):
+    elif isinstance(first, numbers.Integral) and not isinstance(first, bool) and \
+            all(isinstance(p, numbers.Integral) and not isinstance(p, bool) for p in parts):
+        return sum(parts)               # (a count)
+    elif isinstance(first, numbers.Real) and not isinstance(first, bool) and \
+            all(isinstance(p, numbers.Real) and not isinstance(p, bool) for p in parts):
         return sum(p * n for p, n in zip(parts, sizes)) / sum(sizes)
     if all(_same(p, first) for p in parts[1:]):
         return first
