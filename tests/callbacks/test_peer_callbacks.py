@@ -104,9 +104,22 @@ def test_the_others_name_what_does_their_work_in_a_line_that_runs(theirs, line, 
     assert len(result["history"]) == 2
 
 
-def test_lightnings_lr_monitor_needs_nothing_and_an_unknown_peer_callback_names_ours():
-    with pytest.raises(TypeError, match="here give fit nothing: every row has the lr"):
-        run([peer("lightning.pytorch.callbacks.lr_monitor", "LearningRateMonitor")])
+def test_what_only_shows_what_a_run_shows_is_taken_as_nothing_and_an_unknown_peer_callback_names_ours():
+    shown = [peer("lightning.pytorch.callbacks.lr_monitor", "LearningRateMonitor"),
+             peer("lightning.pytorch.callbacks.progress.rich_progress", "RichProgressBar"),
+             peer("lightning.pytorch.callbacks.model_summary", "ModelSummary"),
+             peer("keras.src.callbacks.progbar_logger", "ProgbarLogger")]
+    lines = []
+    model, result = run(shown, lines)
+    plain_model, plain = run([])
+    assert result["history"] == [{**row, "sec": got["sec"]} for row, got in zip(plain["history"], result["history"])]
+    assert "lightning's LearningRateMonitor is not needed: every row has the lr" in "\n".join(lines)
+    assert "lightning's RichProgressBar is not needed: fit's progress bar (progress=True, the default)" in "\n".join(lines)
+    assert "lightning's ModelSummary is not needed: print(model) shows the model" in "\n".join(lines)
+    assert "keras's ProgbarLogger is not needed" in "\n".join(lines)
+    mine = type("MyMonitor", (type(shown[0]),), {"__module__": "my_callbacks"})()   # (its own hooks: not dropped)
+    with pytest.raises(TypeError, match=r"MyMonitor is a lightning.pytorch.callbacks.lr_monitor.LearningRateMonitor"):
+        run([mine])
     with pytest.raises(TypeError, match=r"StochasticWeightAveraging.*write it as a dptrain.Callback"):
         run([peer("lightning.pytorch.callbacks.stochastic_weight_avg", "StochasticWeightAveraging")])
 

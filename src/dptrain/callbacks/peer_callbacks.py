@@ -3,13 +3,14 @@
 Their hooks take their framework's trainer, so none can run here as it is. Their
 ``EarlyStopping`` (Lightning's and Keras's) has the same settings as dptrain's, which has
 their names: it is taken as dptrain's, with every setting carried over, and ``fit`` says so
-in one line; so is Lightning's ``StochasticWeightAveraging``, as ``SWA``. For the others, the
-error names what does their work here, their settings written in::
+in one line; so is Lightning's ``StochasticWeightAveraging``, as ``SWA``. Those that only show
+what a run shows anyway (``LearningRateMonitor``: every row has the lr; the progress bars; the
+model summaries) are taken as nothing, a line saying what shows it (``SHOWN``). For the others,
+the error names what does their work here, their settings written in::
 
     lightning ModelCheckpoint(dirpath="ck", monitor="val_acc", mode="max")
         -> callbacks=[BestCheckpoint('ck/best-{epoch}.pt', monitor='val_acc', mode='max')]
     keras CSVLogger("log.csv")  -> metrics_file='log.csv'
-    lightning LearningRateMonitor() -> nothing: every row has the lr
     transformers EarlyStoppingCallback(3) -> callbacks=[EarlyStopping('eval_loss', patience=3, ...)]
 """
 from __future__ import annotations
@@ -91,6 +92,9 @@ def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
     for cb in callback_list(callbacks):         # (as Task takes them: a list, or one)
         cls = framework_class(cb)
         adopted = _adopted(cb, cls) if cls is type(cb) else None    # (a subclass of one's own: its hooks are its)
+        if cls is type(cb) and cls.__name__ in SHOWN:
+            notes.append(f"{cls.__module__.split('.')[0]}'s {cls.__name__} is not needed: {SHOWN[cls.__name__]}")
+            continue
         if adopted is not None:
             cb, line = adopted
             notes.append(line)
@@ -119,7 +123,6 @@ def _model_checkpoint(cb: Any) -> str:
 #: What does the work of each peer callback here (by class name), its settings written in.
 INSTEAD: Dict[str, Callable[[Any], str]] = {
     "ModelCheckpoint": _model_checkpoint,
-    "LearningRateMonitor": lambda cb: "nothing: every row has the lr (each N steps' with log_every_n_steps=N)",
     "CSVLogger": lambda cb: f"metrics_file={str(getattr(cb, 'filename', 'metrics.csv'))!r} (a row per epoch)",
     "TensorBoard": lambda cb: f"tensorboard={str(getattr(cb, 'log_dir', 'logs'))!r}",
     "ReduceLROnPlateau": lambda cb: (f"scheduler=lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau("
@@ -133,9 +136,6 @@ INSTEAD: Dict[str, Callable[[Any], str]] = {
                                     f"resume=True to go on after a stop"),
     "GradientAccumulationScheduler": lambda cb: "accumulate_grad_batches=N",
     "Timer": lambda cb: "max_time= (seconds, a timedelta, or 'DD:HH:MM:SS')",
-    "TQDMProgressBar": lambda cb: "progress=True (the default)",
-    "RichProgressBar": lambda cb: "progress=True (the default)",
-    "ProgbarLogger": lambda cb: "progress=True (the default)",
     "EarlyStoppingCallback": lambda cb: (       # (Hugging Face's: its monitor is TrainingArguments')
         f"callbacks=[dptrain.callbacks.EarlyStopping('eval_loss', patience={cb.early_stopping_patience}"
         + (f", min_delta={cb.early_stopping_threshold}" if cb.early_stopping_threshold else "")
@@ -144,8 +144,18 @@ INSTEAD: Dict[str, Callable[[Any], str]] = {
         f"lr=dptrain.lr_find(model, data, min_lr={getattr(cb, '_min_lr', 1e-8)!r}, "
         f"max_lr={getattr(cb, '_max_lr', 1)!r}, num_training={getattr(cb, '_num_training_steps', 100)!r}"
         f", loss=..., optimizer=...).suggestion() (the range test, before fit, with fit's keywords)"),
-    "ModelSummary": lambda cb: "nothing (print(model) shows it)",
-    "RichModelSummary": lambda cb: "nothing (print(model) shows it)",
+}
+
+
+#: Peer callbacks that only show what a run shows anyway (by class name): taken as nothing, a line saying
+#: what shows it here.
+SHOWN: Dict[str, str] = {
+    "LearningRateMonitor": "every row has the lr (each N steps' with log_every_n_steps=N)",
+    "TQDMProgressBar": "fit's progress bar (progress=True, the default)",
+    "RichProgressBar": "fit's progress bar (progress=True, the default)",
+    "ProgbarLogger": "fit's progress bar (progress=True, the default)",
+    "ModelSummary": "print(model) shows the model (fit prints no summary table)",
+    "RichModelSummary": "print(model) shows the model (fit prints no summary table)",
 }
 
 
