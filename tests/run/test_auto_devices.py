@@ -1,4 +1,5 @@
 """devices="auto" on a CPU: virtual devices only where a few measured steps say they pay."""
+import pytest
 import torch
 from torch import nn
 
@@ -217,3 +218,26 @@ def test_checkpointed_blocks_drawing_outside_dropout_layers_keep_one_device(caps
     assert result["devices"] == ["cpu:0"]
     assert said == ["dptrain: devices auto: cpu:0: the model's checkpointed blocks draw random numbers outside "
                     "dropout layers, which 2 virtual devices cannot replay exactly; pass devices= to choose"]
+
+
+def test_a_lightning_modules_training_step_reading_its_optimizer_is_measured_as_it_trains(capsys, monkeypatch):
+    """self.optimizers() in training_step (a logged lr, Lightning's everyday habit) in the measured steps: the
+    probe's optimizer (it had none: the stand-in's AttributeError, raised while choosing the devices)."""
+    from tests.engine.test_lightning_module import LightningLike
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)
+
+    class Logs(LightningLike):
+        def __init__(self):
+            super().__init__()
+            self.net = tiny()
+
+        def training_step(self, batch, batch_idx):
+            self.log("rate", self.optimizers().param_groups[0]["lr"])
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.2)
+    result = dptrain.fit(Logs(), data(), epochs=1, batch_size=64, progress=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if "devices auto" in line]
+    assert len(said) == 1 and "a step took" in said[0]
+    assert result["history"][0]["train_rate"] == pytest.approx(0.2)      # (logged as a float32 tensor)

@@ -156,6 +156,9 @@ class TrainerStandIn:
             value = self._count(name)
             setattr(self, name, value)
             return value
+        if name in ("optimizers", "lr_scheduler_configs"):      # (known, not yet lent: before the run's first step)
+            raise AttributeError(f"model.trainer.{name} is the run's, set once it has built its optimizer (before "
+                                 f"its first step): read it in a step or a hook, not before fit")
         if name in DEVICE_COUNTS:
             raise AttributeError(f"model.trainer.{name}: fit's batch_size is the global batch (every device's and "
                                  f"process's samples), so counting steps needs no {DEVICE_COUNTS[name]}: an epoch "

@@ -37,6 +37,7 @@ from ..data.choose_loader import make_loader
 from ..data.sample_weights import weighed, weights_for
 from ..engine.device_streams import ReplayError
 from ..engine.forward_hooks import TurnsError
+from ..engine.lightning_module import LightningSteps
 from ..engine.model_engine import ModelEngine
 from ..parallel.combined import CombinedOptimizer
 from ..parallel.optim import OptimizerPlan
@@ -230,6 +231,10 @@ def _engine(task: Task, config: TrainConfig, devices: List[torch.device], exampl
     probe = dataclasses.replace(task, model=model, optimizer=optimizer, callbacks=[])
     engine = ModelEngine(probe, devices, kvstore=kvstore(task, config), amp=config.amp_dtype,
                          clip_grad_norm=config.max_norm, clip_grad_value=config.clip_grad_value)
+    clock = task.step.clock if isinstance(task.step, LightningSteps) else None
+    if clock is not None:       # (a training_step reading self.optimizers(): the probe's, as the run's are later)
+        clock.lend(optimizer if engine.trainer is None or engine.trainer.optimizer is None
+                   else engine.trainer.optimizer, None, task.scheduler_interval, task.scheduler_monitor)
     engine.prepare(example, task.lr)
     for trainer in getattr(engine.trainer, "trainers", {0: engine.trainer}).values():     # (several: Trainers)
         if trainer is not None and trainer.layout is not None:     # a factory's optimizer's step hooks: they
