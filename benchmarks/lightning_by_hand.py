@@ -11,7 +11,10 @@ weights (or losses, predictions) are apart. Session 61 (Lightning 2.6.6, torch 2
 clipping calls equal, weights within 1.2e-7; transfer stages equal, weights 6e-8, test loss 4e-8,
 predictions 8e-7; the callback's 44 calls equal, values within 1e-6. Session 62 (``eval_batch``): the
 module's ``on_validation_batch_start/end`` in fit and ``on_test_batch_end`` in test, what they log and
-keep for ``on_validation_epoch_end`` equal to Lightning's (float64, apart 0), dptrain on 2 devices.
+keep for ``on_validation_epoch_end`` equal to Lightning's (float64, apart 0), dptrain on 2 devices; a
+Lightning callback's ``on_validation_batch_start/end`` on the same batches, outputs' loss within 6e-17 (3
+devices); ``before_transfer``: the module's ``on_before_batch_transfer``, the same stages and batch sizes,
+weights within 1.1e-16 (float64, dptrain on 2 devices).
 """
 from __future__ import annotations
 
@@ -230,8 +233,34 @@ def eval_batch() -> None:
           f"the parts' outputs joined)")
 
 
+def before_transfer() -> None:
+    """Session 62: the module's on_before_batch_transfer (uint8 batches made float): the stages it
+    sees and the weights, Lightning's (1 device) against dptrain's on 2 devices."""
+    import tests.engine.test_lightning_transfer as T
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Linear(4, 2).double()
+    for name in ("forward", "on_before_batch_transfer", "training_step", "validation_step", "configure_optimizers"):
+        setattr(M, name, vars(T.Scaled)[name])
+    X, y = T.scaled()
+    a, b = M(), M()
+    loader = DataLoader(TensorDataset(X, y), batch_size=16)
+    T.Scaled.calls = []
+    L.Trainer(max_epochs=2, **QUIET).fit(a, loader, loader)
+    calls_a = sorted(set(T.Scaled.calls))
+    T.Scaled.calls = []
+    dptrain.fit(b, (X, y), (X, y), epochs=2, batch_size=16, shuffle=False, devices=2, log=None, progress=False)
+    calls_b = sorted(set(c for c in T.Scaled.calls if c[1] != 1))       # (dptrain's one-sample checks)
+    print(f"on_before_batch_transfer, fit: stages and batch sizes equal {calls_a == calls_b} ({calls_a}), weights "
+          f"apart {float((weights(a) - weights(b)).abs().max()):.2g}")
+
+
 if __name__ == "__main__":
     clipping()
     transfer()
     callbacks()
     eval_batch()
+    before_transfer()

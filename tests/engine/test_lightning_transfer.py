@@ -139,9 +139,92 @@ def test_a_data_modules_hook_is_taken_first_in_fit_evaluate_and_predict():
 
 
 def test_a_data_modules_hooks_fit_does_not_call_are_named():
-    class Before(Data):
-        def on_before_batch_transfer(self, batch, dataloader_idx):
+    class Moves(Data):
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
             raise AssertionError("not called")
     lines = []
-    dptrain.fit(Augmented(), Before(), epochs=1, devices=1, log=lines.append, progress=False)
-    assert any("the data module's on_before_batch_transfer (Lightning hooks) are not called" in line for line in lines)
+    dptrain.fit(Augmented(), Moves(), epochs=1, devices=1, log=lines.append, progress=False)
+    assert any("the data module's transfer_batch_to_device (Lightning hooks) are not called: fit moves each device's "
+               "part itself" in line for line in lines)
+
+
+def scaled(n=64):
+    """Images as a loader gives them: uint8, which on_before_batch_transfer makes float (x / 255)."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randint(0, 256, (n, 4), generator=g, dtype=torch.uint8)
+    return X, (X[:, 0] > 127).long()
+
+
+class Scaled(LightningLike):
+    """Lightning's documented CPU-side hook: the batch made float before it moves. ``calls``: (stage, samples)."""
+    calls = []
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Linear(4, 2).double()
+        Scaled.calls = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        t = self.trainer
+        Scaled.calls.append(("train" if t.training else "validate" if t.validating else "test" if t.testing
+                             else "predict", len(batch[0]) if isinstance(batch, (tuple, list)) else len(batch)))
+        if t.predicting:
+            return batch.double() / 255
+        x, y = batch
+        return x.double() / 255, y
+
+    def training_step(self, batch, batch_idx):
+        Scaled.seen = batch[0].dtype
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+@pytest.mark.parametrize("devices, accumulate", [(1, 1), (2, 1), (2, 2)])
+def test_the_before_hook_changes_each_process_batch_before_it_is_cut(devices, accumulate):
+    X, y = scaled()
+    want = Scaled()
+    opt = want.configure_optimizers()
+    for epoch in range(2):
+        for b in range(0, 4, accumulate):           # (accumulated: one update of two batches' mean)
+            loss = sum(F.cross_entropy(want(X[k * 16:(k + 1) * 16].double() / 255), y[k * 16:(k + 1) * 16])
+                       for k in range(b, b + accumulate)) / accumulate
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    model = Scaled()
+    result = dptrain.fit(model, (X, y), (X, y), epochs=2, batch_size=16, devices=devices, shuffle=False, log=None,
+                         progress=False, accumulate_grad_batches=accumulate)
+    torch.testing.assert_close(model.net.weight, want.net.weight, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        assert result["history"][-1]["test_loss"] == pytest.approx(
+            float(F.cross_entropy(want(X.double() / 255), y)), rel=1e-10)
+    training = [c for c in model.calls if c[0] == "train"]
+    assert training.count(("train", 16)) == 2 * 4 and Scaled.seen == torch.float64     # once a process batch
+    assert ("validate", 16) in model.calls                  # (each evaluation batch, whole)
+    model.calls.clear()
+    dptrain.evaluate(model, (X, y), batch_size=32, devices=devices)
+    assert model.calls.count(("test", 32)) == 2
+    model.calls.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(dptrain.predict(model, X, batch_size=32, devices=devices), model(X.double() / 255))
+    assert model.calls == [("predict", 32)] * 2 and model._trainer is None
+
+
+def test_a_before_hook_changing_the_batchs_samples_is_an_error_naming_why():
+    class Halves(Scaled):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            x, y = batch
+            return x[: len(x) // 2].double(), y[: len(y) // 2]
+    # (told on the trial's one-sample batch, before any training)
+    with pytest.raises(ValueError, match="on_before_batch_transfer gave a batch of 0 samples for one of 1: fit reads, "
+                                         "counts and splits each batch as its loader gives it"):
+        dptrain.fit(Halves(), scaled(), epochs=1, batch_size=16, devices=1, log=None, progress=False)

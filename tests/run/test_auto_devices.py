@@ -241,3 +241,12 @@ def test_a_lightning_modules_training_step_reading_its_optimizer_is_measured_as_
     said = [line for line in capsys.readouterr().err.splitlines() if "devices auto" in line]
     assert len(said) == 1 and "a step took" in said[0]
     assert result["history"][0]["train_rate"] == pytest.approx(0.2)      # (logged as a float32 tensor)
+
+
+def test_a_lightning_modules_before_transfer_hook_runs_on_the_measured_batches(capsys, monkeypatch):
+    """Its on_before_batch_transfer makes the uint8 batches float: the probe's steps take them so too."""
+    from tests.engine.test_lightning_transfer import Scaled, scaled
+    monkeypatch.setattr(auto_devices, "BUDGET_S", 1e9)
+    result = dptrain.fit(Scaled(), scaled(), epochs=1, batch_size=16, progress=False)
+    said = [line for line in capsys.readouterr().err.splitlines() if "devices auto" in line]
+    assert len(said) == 1 and "a step took" in said[0] and result["history"][0]["train_loss"] > 0

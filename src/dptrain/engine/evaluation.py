@@ -160,6 +160,8 @@ def evaluate(engine, batches, trial: Optional[StatefulMetrics] = None) -> Totals
         for index, batch in enumerate(batches):
             if steps is not None:
                 steps.at(index)             # (its batch_idx)
+                if steps.before is not None:    # (its on_before_batch_transfer)
+                    batch = steps.loaded(batch, steps.eval_stage)
             if around is not None:
                 around.start(batch, index)
             if one:

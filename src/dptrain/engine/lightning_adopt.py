@@ -21,7 +21,7 @@ from .lightning_eval_batch import AROUND
 from .lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
 from .lightning_optimizer_step import ModuleStep
 from .lightning_trainer import LateConfigure, TrainerStandIn, attach, detach
-from .lightning_transfer import transfer_of
+from .lightning_transfer import before_transfer_of, transfer_of
 from .manual_calls import ManualOptimization
 
 #: Lightning's hooks that decide how a step trains: a module overriding one is refused (dptrain's
@@ -37,7 +37,7 @@ GRADIENT_HOOKS = ("on_after_backward", "on_before_optimizer_step")
 #: ... and around each training batch (``callbacks/lightning_batch_hooks.py``).
 BATCH_HOOKS = ("on_train_batch_start", "on_before_zero_grad", *GRADIENT_HOOKS, "on_train_batch_end")
 #: Lightning's other hooks of a module, which dptrain does not call (a line names those overridden).
-OTHER_HOOKS = ("on_validation_model_eval", "on_validation_model_train", "transfer_batch_to_device", "on_before_batch_transfer",
+OTHER_HOOKS = ("on_validation_model_eval", "on_validation_model_train", "transfer_batch_to_device",
                "optimizer_zero_grad", "on_before_backward")
 
 
@@ -123,8 +123,9 @@ def adopt(model: nn.Module, what: Dict[str, Any], stand_in: TrainerStandIn) -> L
     notes, steps = [], steps_of(model, what)
     if steps is not None and attach(model, stand_in):
         steps.clock = stand_in
-    if steps is not None and stand_in.datamodule is not None:     # (its on_after_batch_transfer comes first)
+    if steps is not None and stand_in.datamodule is not None:     # (its batch transfer hooks come first)
         steps.transfer = transfer_of(model, stand_in.datamodule)
+        steps.before = before_transfer_of(model, stand_in.datamodule)
     if steps is not None:
         if getattr(model, "automatic_optimization", True) is False:
             steps.manual = ManualOptimization()
@@ -199,7 +200,9 @@ def staged(model: nn.Module, stage: str, steps: Optional[LightningSteps] = None,
     model = unwrapped(model)
     if steps is not None and datamodule is not None:
         steps.transfer = transfer_of(model, datamodule)
-    if transfer_of(model, datamodule) is None and not (steps is not None and steps.eval_hooks):
+        steps.before = before_transfer_of(model, datamodule)
+    if transfer_of(model, datamodule) is None and before_transfer_of(model, datamodule) is None and \
+            not (steps is not None and steps.eval_hooks):
         yield None
         return
     stand_in = TrainerStandIn(0, None)

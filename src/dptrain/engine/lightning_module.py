@@ -33,7 +33,7 @@ from .lightning_clipping import ModuleClipping
 from .lightning_eval_batch import EvalBatchHooks, EvalCallbacks
 from .lightning_log import PREFIXES, TEST_PREFIXES, TRAIN_PREFIXES, Logged, StepLogs
 from .lightning_trainer import TrainerStandIn, explain_trainer
-from .lightning_transfer import transfer_of
+from .lightning_transfer import before_transfer_of, transfer_of
 from .lightning_optimizer_step import ModuleStep
 from .manual_calls import ManualOptimization
 
@@ -84,6 +84,8 @@ class LightningSteps:
         self.clipping: Optional[ModuleClipping] = None
         #: Its own on_after_batch_transfer, on each device's part once there (lightning_transfer.py)
         self.transfer = transfer_of(model)     # (a data module's instead: lightning_adopt sets it)
+        #: Its own on_before_batch_transfer, on this process's batch before it is cut (``loaded``)
+        self.before = before_transfer_of(model)
         #: Its own on_validation_batch_start/end (on_test_batch_*), around each device's step
         self.eval_hooks = EvalBatchHooks(model, evaluation)
         #: Lightning callbacks' on_validation_batch_start/end, around each batch (lightning_callbacks sets it)
@@ -100,6 +102,11 @@ class LightningSteps:
             self.batch = batch
         if self.clock is not None and epoch is not None:       # (manual optimization: its optimizers' steps)
             self.clock.at(epoch, step if self.manual is None else self.manual.steps_done)
+
+    def loaded(self, batch: Any, stage: str = "train") -> Any:
+        """This process's ``batch`` as the module's ``on_before_batch_transfer`` gives it back (as
+        it is without one), its trainer saying ``stage``."""
+        return batch if self.before is None or batch is None else self.before(batch, self.clock, stage)
 
     @contextlib.contextmanager
     def sanity_check(self) -> Iterator[None]:

@@ -119,7 +119,8 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     task = dataclasses.replace(task, train_data=data)
     fed, collate_fn = weighed(data, weights_for(data, task.sample_weight), task.collate_fn)     # (sample_weight)
     loader = make_loader(fed, batch_size, collate_fn=collate_fn, shuffle=False, seed=0)
-    batch = next(iter(loader.batches()))
+    loaded = task.step.loaded if isinstance(task.step, LightningSteps) else lambda batch: batch
+    batch = loaded(next(iter(loader.batches())))        # (a LightningModule's on_before_batch_transfer)
     whole = _object_in(batch)
     if whole is not None:
         log(f"dptrain: devices auto: {_names(devices[:1])}: a batch holds a {whole} (one object, whose tensors share "
@@ -135,12 +136,13 @@ def choose(task: Task, config: TrainConfig, devices: List[torch.device], batch_s
     times: Dict[int, List[float]] = {1: [], n: []}
     kept: Optional[str] = None          # why the virtual devices cannot train it as one does
     try:
-        engines[1] = _engine(task, config, devices[:1], loader.example())
+        engines[1] = _engine(task, config, devices[:1], loaded(loader.example()))
         if short:
-            slow = _peek(engines, lambda: _engine(task, config, devices[:1], loader.example()),
-                         _first(fed, collate_fn, batch_size))
+            small = _first(fed, collate_fn, batch_size)
+            slow = _peek(engines, lambda: _engine(task, config, devices[:1], loaded(loader.example())),
+                         small if small is None else loaded(small))
         if slow is None:
-            engines[n] = _engine(task, config, devices, loader.example())
+            engines[n] = _engine(task, config, devices, loaded(loader.example()))
         for block in range(2 * BLOCKS if slow is None else 0):     # in blocks, as the loop runs them (and alternating)
             k = (1, n)[block % 2] if block // 2 % 2 == 0 else (n, 1)[block % 2]
             with engines[k].runner.coordinating():

@@ -250,7 +250,10 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         eval_example = eval_loader.example() if eval_loader is not None else None
         if getattr(eval_loader, "weighs", False):
             eval_example = split_weights(eval_example)[0]
-        engine.prepare(train_loader.example(), lr, eval_example)
+        lit = task.step if isinstance(task.step, LightningSteps) else None     # (its on_before_batch_transfer)
+        loaded = lit.loaded if lit is not None else lambda batch, stage="train": batch
+        engine.prepare(loaded(train_loader.example()), lr,
+                       loaded(eval_example, lit.eval_stage) if lit is not None else eval_example)
     if engine.loss_line:
         log(engine.loss_line)
     if isinstance(train_loader, TensorLoader) and engine.adapter is not None and task.forward is None \
@@ -258,7 +261,7 @@ def build_engine(task: Task, config: TrainConfig, env: DistEnv, devices: List[to
         engine.adapter.count_from(input_and_target(train_loader.data)[1])
     if engine.compile_mode:    # on the shard sizes of an epoch: a full batch, and the last one (if known)
         for first in {0} if getattr(train_loader, "open_ended", False) else {0, len(train_loader) - 1}:
-            engine.compile(next(iter(train_loader.batches(first))))
+            engine.compile(loaded(next(iter(train_loader.batches(first)))))
         log(f"compiled in {engine.compile_seconds:.1f} sec (--compile {engine.compile_mode})")
     if config.accumulate_grad_batches > 1:      # a step is then a group of batches
         train_loader = Accumulating(train_loader, config.accumulate_grad_batches)

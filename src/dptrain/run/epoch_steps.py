@@ -108,6 +108,7 @@ def train_epoch(run: Any, epoch: int) -> Tuple[float, Any, Any, List[Any], int, 
     # collector ran (a test checks it is freed at once).
     itself = weakref.ref(resolve)
     lightning = run.task.step.at if isinstance(run.task.step, LightningSteps) else None
+    loaded = run.task.step.loaded if lightning is not None and run.task.step.before is not None else None
     module_step = run.task.step.optimizer_step if isinstance(run.task.step, LightningSteps) else None
     clipping = run.task.step.clipping if isinstance(run.task.step, LightningSteps) else None
     # The random-draws notice after the run's first step (several CPU devices decide then)
@@ -124,6 +125,8 @@ def train_epoch(run: Any, epoch: int) -> Tuple[float, Any, Any, List[Any], int, 
 
     def watched_step(b: int, batch: Any) -> StepResult:
         """A step, with what listens around it: hooks, --balance, a LightningModule's own calls."""
+        if loaded is not None:              # (its on_before_batch_transfer: the batch every hook then sees)
+            batch = loaded(batch)
         if lightning is not None:
             lightning(b - 1, epoch - 1, run.step, batch)   # (a LightningModule's batch_idx, its trainer's)
         if ask:

@@ -104,6 +104,8 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
                 engine = ModelEngine(task, devices, amp=AMP_DTYPES[amp], training=False)
                 engine.stateful.alone = local          # torchmetrics would gather from the others
                 example = first.example()
+                if isinstance(task.step, LightningSteps):       # (its on_before_batch_transfer)
+                    example = task.step.loaded(example, task.step.eval_stage)
                 # Lazy layers learn their shapes; a LightningModule's test_step names its figures.
                 engine.prepare(example, eval_example=example if isinstance(task.step, LightningSteps) else None)
                 with stage(ALL_CALL.format("evaluating", "evaluate")):

@@ -29,7 +29,7 @@ from .session import join_before_run
 
 
 #: A data module's hooks ``fit`` does not call (a line names those it overrides).
-NOT_CALLED = ("on_before_batch_transfer", "transfer_batch_to_device")
+NOT_CALLED = ("transfer_batch_to_device",)
 
 
 def is_data_module(data: Any) -> bool:
@@ -119,9 +119,10 @@ class LightningData:
         notes = [f"the data is {' and '.join(taken)}, as Lightning's Trainer takes it (prepare_data() once per "
                  f"machine, setup('fit') in every process)"] if taken else []
         skipped = _own(self.data_module, NOT_CALLED) if self.data_module is not None else []
-        if skipped:         # (its on_after_batch_transfer is called: engine/lightning_transfer.py)
-            notes.append(f"the data module's {', '.join(skipped)} (Lightning hooks) are not called: change the "
-                         f"batch in collate_fn, or on its device in on_after_batch_transfer")
+        if skipped:         # (its on_before/after_batch_transfer are called: engine/lightning_transfer.py)
+            notes.append(f"the data module's {', '.join(skipped)} (Lightning hooks) are not called: fit moves "
+                         f"each device's part itself; change the batch in on_before_batch_transfer, or on its device "
+                         f"in on_after_batch_transfer")
         return train, evaluation, notes
 
     def teardown(self) -> None:

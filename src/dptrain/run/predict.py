@@ -27,7 +27,7 @@ from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
 from ..engine.forward_hooks import user_hooks
 from ..engine.lightning_adopt import predict_step_of, staged
-from ..engine.lightning_transfer import transfer_of
+from ..engine.lightning_transfer import before_transfer_of, transfer_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
 from .float64_data import float64_named
@@ -118,6 +118,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
         replicas = replicate(model, devices)
         own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
         moved = transfer_of(model, module_data) if forward is None else None
+        before = before_transfer_of(model, module_data) if forward is None else None     # (on the whole batch)
         runner, feed = get_runner(replicas.devices), forward or model_input
         ignored = ignored_at_inference(model)       # (a causal LM's cache)
         hooked = len(replicas.devices) > 1 and bool(user_hooks(model))      # (forward_hooks.py)
@@ -139,6 +140,8 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
                     if n == 0:                  # this process's part of a last batch smaller than the processes
                         outputs.append(None)
                         continue
+                    if before is not None:      # (a LightningModule's on_before_batch_transfer)
+                        batch = before(batch, trainer, "predict")
                     k = min(n, len(replicas.devices))
                     if k == 1:
                         outputs.append(shard_output(0, batch))
