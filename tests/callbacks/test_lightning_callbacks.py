@@ -29,6 +29,9 @@ class LCallback:
         pass
 
 
+LCallback.__name__ = LCallback.__qualname__ = "Callback"       # (Lightning's base: its hooks are no-ops)
+
+
 def data():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(64, 4, generator=g, dtype=torch.float64)
@@ -260,3 +263,55 @@ def test_the_line_says_how_a_callbacks_outputs_are_joined():
                 log=lines.append, progress=False)
     assert any("its on_validation_batch_end gets this process's batch and its devices' outputs joined (per-sample "
                "rows concatenated, a float number taken as a mean, an integer as a count)" in line for line in lines)
+
+
+class WeightAveraging(LCallback):
+    """Lightning's stock callbacks: hooks of Lightning's own, for its Trainer's loops (their shape)."""
+    __module__ = "lightning.pytorch.callbacks.weight_averaging"
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        raise AssertionError("not run")
+
+
+class EMAWeightAveraging(WeightAveraging):
+    pass
+
+
+class BaseFinetuning(LCallback):
+    __module__ = "lightning.pytorch.callbacks.finetuning"
+
+    def on_fit_start(self, trainer, pl_module):
+        raise AssertionError("not run")
+
+
+class LambdaCallback(LCallback):
+    """Lightning's: the hooks given are set on the instance."""
+    __module__ = "lightning.pytorch.callbacks.lambda_function"
+
+    def __init__(self, **hooks):
+        for name, fn in hooks.items():
+            setattr(self, name, fn)
+
+
+def test_lightnings_stock_callbacks_are_refused_naming_what_does_their_work():
+    """Their hooks are Lightning's code for its Trainer: called, they did nothing (found in session 62: Lightning
+    2.6.6's EMAWeightAveraging, BackboneFinetuning and ModelPruning ran "with the module's trainer" and changed
+    nothing); a subclass of one's own too (its hooks are still theirs)."""
+    with pytest.raises(TypeError, match=r"EMAWeightAveraging is a subclass of Lightning's WeightAveraging, whose hooks "
+                                        r"\(on_train_batch_end\) are Lightning's code for its Trainer's loops, which fit "
+                                        r"does not run \(they would do nothing here\): give fit callbacks=\[ema := "
+                                        r"dptrain.callbacks.EMA\(0.999, evaluate=True\)\]"):
+        dptrain.fit(Module(), data(), epochs=1, batch_size=16, callbacks=[EMAWeightAveraging()], log=None,
+                    progress=False)
+    mine = type("UnfreezeAt", (BaseFinetuning,), {"__module__": "mine",
+                                                  "finetune_function": lambda self, m, epoch, opt: None})
+    with pytest.raises(TypeError, match=r"UnfreezeAt is a subclass of Lightning's BaseFinetuning.*write a "
+                                        r"dptrain.Callback whose on_epoch_start\(run, epoch\) unfreezes"):
+        dptrain.fit(Module(), data(), epochs=1, batch_size=16, callbacks=[mine()], log=None, progress=False)
+
+
+def test_a_lambda_callbacks_hooks_set_on_it_are_called():
+    epochs = []
+    cb = LambdaCallback(on_train_epoch_end=lambda trainer, module: epochs.append(trainer.current_epoch))
+    dptrain.fit(Module(), data(), epochs=2, batch_size=16, callbacks=[cb], devices=2, log=None, progress=False)
+    assert epochs == [0, 1]

@@ -108,7 +108,9 @@ def test_what_only_shows_what_a_run_shows_is_taken_as_nothing_and_an_unknown_pee
     shown = [peer("lightning.pytorch.callbacks.lr_monitor", "LearningRateMonitor"),
              peer("lightning.pytorch.callbacks.progress.rich_progress", "RichProgressBar"),
              peer("lightning.pytorch.callbacks.model_summary", "ModelSummary"),
-             peer("keras.src.callbacks.progbar_logger", "ProgbarLogger")]
+             peer("keras.src.callbacks.progbar_logger", "ProgbarLogger"),
+             peer("lightning.pytorch.callbacks.throughput_monitor", "ThroughputMonitor"),
+             peer("lightning.pytorch.callbacks.device_stats_monitor", "DeviceStatsMonitor")]
     lines = []
     model, result = run(shown, lines)
     plain_model, plain = run([])
@@ -117,6 +119,7 @@ def test_what_only_shows_what_a_run_shows_is_taken_as_nothing_and_an_unknown_pee
     assert "lightning's RichProgressBar is not needed: fit's progress bar (progress=True, the default)" in "\n".join(lines)
     assert "lightning's ModelSummary is not needed: print(model) shows the model" in "\n".join(lines)
     assert "keras's ProgbarLogger is not needed" in "\n".join(lines)
+    assert "lightning's DeviceStatsMonitor is not run: fit logs no device statistics" in "\n".join(lines)
     mine = type("MyMonitor", (type(shown[0]),), {"__module__": "my_callbacks"})()   # (its own hooks: not dropped)
     with pytest.raises(TypeError, match=r"MyMonitor is a lightning.pytorch.callbacks.lr_monitor.LearningRateMonitor"):
         run([mine])

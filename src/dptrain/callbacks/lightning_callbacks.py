@@ -21,11 +21,16 @@ with the outputs of the devices' parts joined: ``engine/lightning_eval_batch.py`
 callback's own ``state_dict``: ``lightning_checkpoint_hooks.py``) and ``on_exception``. What a
 hook logs with ``pl_module.log`` goes where the module's own would. Once a process, on the
 module, as Lightning's DDP calls them (``trainer.is_global_zero`` on rank 0). The other hooks it
-overrides (``on_test_*``, ``on_predict_*``...) are named in a line: not called.
+overrides (``on_test_*``, ``on_predict_*``...) are named in a line: not called. Hooks set on the
+instance count as its own (Lightning's ``LambdaCallback(on_train_epoch_end=fn)``). Lightning's
+stock callbacks that ``peer_callbacks.py`` neither takes nor names, and subclasses of them
+(``EMAWeightAveraging``, ``BackboneFinetuning``, ``ModelPruning``...), are a ``TypeError`` naming
+what does their work (``STOCK``): their hooks are Lightning's code for its Trainer's loops, and run
+here they did nothing (until session 62 they ran so, silently).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -47,6 +52,53 @@ NOT_CALLED = ("on_sanity_check_start", "on_sanity_check_end", "on_test_start", "
               "on_predict_epoch_end", "on_predict_batch_start", "on_predict_batch_end", "on_before_backward")
 
 
+#: What does the work of Lightning's stock callbacks that fit neither takes nor can run (their hooks are
+#: Lightning's code for its Trainer's loops), by class name (the first of a callback's ancestry).
+STOCK: Dict[str, str] = {
+    "WeightAveraging": "give fit callbacks=[ema := dptrain.callbacks.EMA(0.999, evaluate=True)], then "
+                       "ema.copy_to(model) after fit (each epoch's evaluation on the average; Lightning's copies it "
+                       "in at the end)",
+    "BaseFinetuning": "write a dptrain.Callback whose on_epoch_start(run, epoch) unfreezes the layers at their epoch "
+                      "(run.model.backbone.requires_grad_(True); run.optimizer.add_param_group({'params': ..., "
+                      "'lr': ...})): fit trains what a callback unfreezes, on every device",
+    "ModelPruning": "prune the model before fit (torch.nn.utils.prune), or between two fit calls: the devices' "
+                    "copies are made when fit starts",
+    "SpikeDetection": "give fit on_nan='stop' (a loss that is not finite ends the run; a finite spike is a "
+                      "dptrain.Callback's on_batch_end reading batch.loss)",
+    "OnExceptionCheckpoint": "give fit checkpoint_dir=DIR (fit saves the run's state every epoch and on Ctrl-C; "
+                             "resume=True goes on from it)",
+    "BatchSizeFinder": "give fit batch_size=N (the global batch; fit does not search one)",
+    "BasePredictionWriter": "call dptrain.predict(model, data) after fit (it returns the outputs, every device's "
+                            "and process's, in order: write them from rank 0)",
+}
+
+
+def stock_class(cb: Any) -> Optional[type]:
+    """The Lightning class of ``cb``'s ancestry (not the base ``Callback``) that defines hooks of its
+    own (``EMAWeightAveraging``'s ``WeightAveraging``, ``BackboneFinetuning``...), if any: its hooks
+    are Lightning's code for its Trainer, which fit does not run."""
+    for k in type(cb).__mro__:
+        if k.__module__.split(".")[0] not in ("lightning", "pytorch_lightning") or k.__name__ == "Callback":
+            continue
+        if any(name in vars(k) for name in CALLED + NOT_CALLED):
+            return k
+    return None
+
+
+def _refuse_stock(cb: Any) -> None:
+    stock = stock_class(cb)
+    if stock is None:
+        return
+    known = next((STOCK[k.__name__] for k in type(cb).__mro__ if k.__name__ in STOCK), None)
+    hooks = [name for name in CALLED + NOT_CALLED if name in vars(stock)]
+    what = "" if stock is type(cb) else "a subclass of "
+    raise TypeError(f"callback {type(cb).__name__} is {what}Lightning's {stock.__name__}, whose hooks "
+                    f"({', '.join(hooks[:4])}{'...' if len(hooks) > 4 else ''}) are Lightning's code for its Trainer's "
+                    f"loops, which fit does not run (they would do nothing here): "
+                    + (known if known is not None else "write its work as a Lightning Callback of your own (its hooks "
+                       "on Lightning's base Callback) or a dptrain.Callback"))
+
+
 def is_lightning_callback(cb: Any) -> bool:
     """Whether ``cb`` is a Lightning ``Callback`` (of one's own: Lightning's stock ones are taken
     or refused by ``peer_callbacks.py`` first)."""
@@ -60,7 +112,9 @@ class HookTargets:
 
     def __init__(self, module: nn.Module, callbacks: Sequence[Any], trainer: Any):
         self.module, self.callbacks, self.trainer = module, list(callbacks), trainer
-        self.own = [set(overridden(cb, CALLED)) for cb in self.callbacks]
+        # (its class's hooks, and those set on it: Lightning's LambdaCallback(on_train_epoch_end=fn))
+        self.own = [set(overridden(cb, CALLED)) | {h for h in CALLED if callable(vars(cb).get(h))}
+                    for cb in self.callbacks]
         self._module_own: Dict[str, bool] = {}      # (whether the module overrides a hook: asked each batch)
 
     def overriding(self, hooks: Sequence[str]) -> List[str]:
@@ -102,11 +156,13 @@ def lightning_callbacks(what: Dict[str, Any]) -> Tuple[List[Any], List[str]]:
     theirs = [cb for cb in listed if is_lightning_callback(cb)]
     if not theirs:
         return [], []
+    for cb in theirs:
+        _refuse_stock(cb)
     what["callbacks"] = [cb for cb in listed if not is_lightning_callback(cb)]
     notes = []
     for cb in theirs:
-        skipped = overridden(cb, NOT_CALLED)
-        joins = "on_validation_batch_end" in overridden(cb, ["on_validation_batch_end"])
+        skipped = overridden(cb, NOT_CALLED) + [h for h in NOT_CALLED if callable(vars(cb).get(h))]
+        joins = bool(overridden(cb, ["on_validation_batch_end"])) or callable(vars(cb).get("on_validation_batch_end"))
         notes.append(f"callback {type(cb).__name__} (a Lightning Callback) runs with the module's trainer, its hooks "
                      f"called where Lightning's Trainer calls them" +
                      ("; its on_validation_batch_end gets this process's batch and its devices' outputs joined "

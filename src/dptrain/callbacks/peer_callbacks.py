@@ -93,7 +93,7 @@ def adopt(callbacks: Any) -> Tuple[List[Any], List[str]]:
         cls = framework_class(cb)
         adopted = _adopted(cb, cls) if cls is type(cb) else None    # (a subclass of one's own: its hooks are its)
         if cls is type(cb) and cls.__name__ in SHOWN:
-            notes.append(f"{cls.__module__.split('.')[0]}'s {cls.__name__} is not needed: {SHOWN[cls.__name__]}")
+            notes.append(f"{cls.__module__.split('.')[0]}'s {cls.__name__} {SHOWN[cls.__name__]}")
             continue
         if adopted is not None:
             cb, line = adopted
@@ -150,12 +150,14 @@ INSTEAD: Dict[str, Callable[[Any], str]] = {
 #: Peer callbacks that only show what a run shows anyway (by class name): taken as nothing, a line saying
 #: what shows it here.
 SHOWN: Dict[str, str] = {
-    "LearningRateMonitor": "every row has the lr (each N steps' with log_every_n_steps=N)",
-    "TQDMProgressBar": "fit's progress bar (progress=True, the default)",
-    "RichProgressBar": "fit's progress bar (progress=True, the default)",
-    "ProgbarLogger": "fit's progress bar (progress=True, the default)",
-    "ModelSummary": "print(model) shows the model (fit prints no summary table)",
-    "RichModelSummary": "print(model) shows the model (fit prints no summary table)",
+    "LearningRateMonitor": "is not needed: every row has the lr (each N steps' with log_every_n_steps=N)",
+    "TQDMProgressBar": "is not needed: fit's progress bar (progress=True, the default)",
+    "RichProgressBar": "is not needed: fit's progress bar (progress=True, the default)",
+    "ProgbarLogger": "is not needed: fit's progress bar (progress=True, the default)",
+    "ModelSummary": "is not needed: print(model) shows the model (fit prints no summary table)",
+    "RichModelSummary": "is not needed: print(model) shows the model (fit prints no summary table)",
+    "ThroughputMonitor": "is not needed: the progress bar says samples/s and each epoch's line its seconds",
+    "DeviceStatsMonitor": "is not run: fit logs no device statistics (--trace FILE.json times each device's steps)",
 }
 
 
