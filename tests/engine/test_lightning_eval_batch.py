@@ -94,13 +94,18 @@ class Tested(Hooked):
         self.log("test_conf", outputs["probs"].max(1).values.mean())
 
 
-def test_evaluate_calls_the_test_hooks_around_test_step():
-    model = Tested()
+def evaluated(model, devices):
+    """``dptrain.evaluate`` of ``model``: its test_conf is the mean top probability over the whole set."""
     X, y = data()
-    scores = dptrain.evaluate(model, (X, y), batch_size=16, devices=2)
+    scores = dptrain.evaluate(model, (X, y), batch_size=16, devices=devices)
     with torch.no_grad():
         probs = model(X).softmax(1)
     assert scores["test_conf"] == pytest.approx(float(probs.max(1).values.mean()), rel=1e-10)
+
+
+def test_evaluate_calls_the_test_hooks_around_test_step():
+    model = Tested()
+    evaluated(model, 2)
     ends = [c for c in Hooked.calls if c[0] == "test_end"]
     assert ends[0] == ("test_end", 0, 1, True, True)        # (the one-sample check first)
     assert sorted(ends[1:]) == sorted(("test_end", b, 8, True, False) for b in range(3) for _ in range(2))
@@ -110,11 +115,7 @@ def test_evaluate_calls_the_test_hooks_around_test_step():
 
 def test_evaluate_of_a_validation_step_calls_the_validation_hooks():
     model = Hooked()
-    X, y = data()
-    scores = dptrain.evaluate(model, (X, y), batch_size=16, devices=1)
-    with torch.no_grad():
-        probs = model(X).softmax(1)
-    assert scores["test_conf"] == pytest.approx(float(probs.max(1).values.mean()), rel=1e-10)
+    evaluated(model, 1)
     assert [c for c in Hooked.calls if c[0] == "end"][-3:] == [("end", b, 16) for b in range(3)]
 
 
