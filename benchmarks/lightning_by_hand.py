@@ -258,9 +258,34 @@ def before_transfer() -> None:
           f"apart {float((weights(a) - weights(b)).abs().max()):.2g}")
 
 
+def test_hooks() -> None:
+    """Session 62: the module's on_test_start ... on_test_epoch_end ... on_test_end in trainer.test
+    against dptrain.evaluate on 2 devices: the calls, and what on_test_epoch_end logs over the kept hits."""
+    import tests.engine.test_lightning_test_hooks as T
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.hits, self.calls = nn.Linear(4, 2).double(), [], []
+    for name, fn in {**vars(T.TestHooks), **vars(T.Tested)}.items():
+        if name.startswith(("on_test", "test_step", "training_step")):
+            setattr(M, name, fn)
+    M.configure_optimizers = lambda self: torch.optim.SGD(self.parameters(), lr=0.1)
+    X, y = T.data()
+    a, b = M(), M()
+    got_a = L.Trainer(**QUIET).test(a, DataLoader(TensorDataset(X, y), batch_size=16), verbose=False)[0]
+    got_b = dptrain.evaluate(b, (X, y), batch_size=16, devices=2)
+    names = sorted(k for k in got_a if k in got_b)
+    apart = max(abs(float(got_a[k]) - got_b[k]) for k in names)
+    print(f"on_test_*, test: calls equal {[c[0] for c in a.calls] == [c[0] for c in b.calls]}, figures {names} "
+          f"apart {apart:.2g} (dptrain on 2 devices)")
+
+
 if __name__ == "__main__":
     clipping()
     transfer()
     callbacks()
     eval_batch()
     before_transfer()
+    test_hooks()

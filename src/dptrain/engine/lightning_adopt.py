@@ -18,6 +18,7 @@ from ..core.signatures import takes
 from ..parallel.given_model import unwrapped
 from .lightning_clipping import ModuleClipping
 from .lightning_eval_batch import AROUND
+from .lightning_test_hooks import test_hook_names
 from .lightning_module import EPOCH_END_HOOKS, LightningSteps, overridden
 from .lightning_optimizer_step import ModuleStep
 from .lightning_trainer import LateConfigure, TrainerStandIn, attach, detach
@@ -192,8 +193,8 @@ def with_module_callbacks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
 def staged(model: nn.Module, stage: str, steps: Optional[LightningSteps] = None,
            datamodule: Any = None) -> Iterator[Optional[TrainerStandIn]]:
     """``dptrain.evaluate``'s (``"test"``) or ``predict``'s (``"predict"``) stage on the trainer of
-    a module with its own ``on_after_batch_transfer`` (which reads ``self.trainer.training``) or
-    batch hooks of the evaluation (``on_test_batch_end``...): a stand-in saying it while the call
+    a module with its own ``on_after_batch_transfer`` (which reads ``self.trainer.training``),
+    hooks of the evaluation's batches (``on_test_batch_end``...) or of its course (``on_test_epoch_end``): a stand-in saying it while the call
     runs, if the module has no trainer (after ``fit``, it has none); ``steps``: its
     ``LightningSteps``, which then gives it to every device's copy, and the hook of the
     ``datamodule`` given, if it has one (taken first). Yields the stand-in (None: none was needed)."""
@@ -202,7 +203,7 @@ def staged(model: nn.Module, stage: str, steps: Optional[LightningSteps] = None,
         steps.transfer = transfer_of(model, datamodule)
         steps.before = before_transfer_of(model, datamodule)
     if transfer_of(model, datamodule) is None and before_transfer_of(model, datamodule) is None and \
-            not (steps is not None and steps.eval_hooks):
+            not (steps is not None and (steps.eval_hooks or overridden(model, test_hook_names(steps.evaluation)))):
         yield None
         return
     stand_in = TrainerStandIn(0, None)

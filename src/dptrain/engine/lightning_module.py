@@ -67,8 +67,10 @@ class LightningSteps:
         # (None: not yet called; False: none of the module's own, LightningModule's only warns)
         self.validation: Optional[bool] = None if overridden(model, [evaluation]) else False
         # (a validation_step that keeps what on_validation_epoch_end reads: called though it gives nothing)
-        self.kept_for_end = evaluation == "validation_step" and bool(overridden(model, ["on_validation_epoch_end"]))
-        self.ends_epoch = bool(overridden(model, EPOCH_END_HOOKS))     # (its lists: what the steps keep)
+        self.kept_for_end = bool(overridden(model, [{"validation_step": "on_validation_epoch_end",
+                                                     "test_step": "on_test_epoch_end"}.get(evaluation, "")]))
+        # (its lists: what the steps keep; dptrain.evaluate's test_step for on_test_epoch_end too)
+        self.ends_epoch = bool(overridden(model, EPOCH_END_HOOKS + ("on_test_epoch_end",)))
         self.metrics: Optional[Dict[str, Any]] = None      # the task's, where logged names are added
         self.validated = StepLogs(evaluation, TEST_PREFIXES + PREFIXES if evaluation == "test_step" else PREFIXES)
         self.trained = StepLogs("training_step", TRAIN_PREFIXES)

@@ -24,8 +24,10 @@ from ..data.sample_weights import weighed, weights_for
 from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.lightning_adopt import staged, steps_of
 from ..engine.lightning_module import LightningSteps
+from ..engine.lightning_test_hooks import with_test_hooks
 from ..engine.metric_names import metrics_copied
 from ..engine.model_engine import ModelEngine
+from ..parallel.given_model import unwrapped
 from ..engine.task import Task
 from .config import AMP_DTYPES
 from .build import evaluation_sets
@@ -111,8 +113,13 @@ def evaluate(model: nn.Module, data: Any, *, loss: Union[None, str, Callable] = 
                 with stage(ALL_CALL.format("evaluating", "evaluate")):
                     if env.distributed:
                         same_weights(collective, engine.replicas[0])
-                    return {**figures_over(engine, first, collective),
-                            **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
+                    def figures() -> Dict[str, Any]:
+                        return {**figures_over(engine, first, collective),
+                                **other_sets(engine, dict(list(loaders.items())[1:]), collective)}
+                    if not isinstance(task.step, LightningSteps):
+                        return figures()
+                    # (its on_test_start ... on_test_epoch_end ... on_test_end, around the batches)
+                    return with_test_hooks(unwrapped(model), task.step, engine, collective, local, figures)
         finally:
             for loader in loaders.values():
                 if hasattr(loader, "close"):
