@@ -59,11 +59,12 @@ def _counter():
     try:
         from lightning import Callback as Base
     except ImportError:
-        class Base:                 # (Lightning's Callback's shape: its module's name and a no-op hook)
+        class Callback:             # (Lightning's base Callback's shape: its name, its module's, a no-op hook)
             __module__ = "lightning.pytorch.callbacks.callback"
 
             def on_fit_start(self, trainer, pl_module):
                 pass
+        Base = Callback
 
     class Count(Base):
         batches = 0
