@@ -282,6 +282,35 @@ def test_hooks() -> None:
           f"apart {apart:.2g} (dptrain on 2 devices)")
 
 
+def ema() -> None:
+    """Session 62: Lightning's EMAWeightAveraging under Lightning's Trainer (1 device) and taken as
+    dptrain's LightningEMA (2 devices): each epoch's val_loss on the average, the final weights."""
+    from lightning.pytorch.callbacks import EMAWeightAveraging
+    import tests.callbacks.test_weight_averaging as T
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = T.made()
+    for name in ("training_step", "validation_step", "configure_optimizers"):
+        setattr(M, name, vars(T.Lit)[name])
+    X, y = T.data()
+    loader = DataLoader(TensorDataset(X, y), batch_size=16)
+    for settings in ({"decay": 0.9}, {"decay": 0.8, "update_every_n_steps": 2, "update_starting_at_step": 3},
+                     {"decay": 0.7, "update_starting_at_epoch": 1}):
+        a, b, losses = M(), M(), []
+
+        class Losses(L.Callback):
+            def on_validation_epoch_end(self, trainer, module):
+                losses.append(float(trainer.callback_metrics["val_loss"]))
+        L.Trainer(max_epochs=3, callbacks=[EMAWeightAveraging(**settings), Losses()], **QUIET).fit(a, loader, loader)
+        rows = dptrain.fit(b, (X, y), (X, y), epochs=3, batch_size=16, devices=2, shuffle=False, log=None,
+                           progress=False, callbacks=[EMAWeightAveraging(**settings)])["history"]
+        apart = max(abs(x - row["test_loss"]) for x, row in zip(losses, rows))
+        print(f"EMAWeightAveraging({settings}): val_loss apart {apart:.2g}, weights apart "
+              f"{float((weights(a) - weights(b)).abs().max()):.2g} (dptrain on 2 devices)")
+
+
 if __name__ == "__main__":
     clipping()
     transfer()
@@ -289,3 +318,4 @@ if __name__ == "__main__":
     eval_batch()
     before_transfer()
     test_hooks()
+    ema()

@@ -54,10 +54,13 @@ NOT_CALLED = ("on_sanity_check_start", "on_sanity_check_end", "on_test_start", "
 
 #: What does the work of Lightning's stock callbacks that fit neither takes nor can run (their hooks are
 #: Lightning's code for its Trainer's loops), by class name (the first of a callback's ancestry).
+_AVERAGE = ("give fit callbacks=[ema := dptrain.callbacks.EMA(0.999, evaluate=True)], then ema.copy_to(model) after "
+            "fit (each epoch's evaluation on the average; Lightning's copies it in at the end); Lightning's own "
+            "EMAWeightAveraging with its buffers averaged, no average function or device of its own, is taken as "
+            "dptrain.callbacks.LightningEMA")
 STOCK: Dict[str, str] = {
-    "WeightAveraging": "give fit callbacks=[ema := dptrain.callbacks.EMA(0.999, evaluate=True)], then "
-                       "ema.copy_to(model) after fit (each epoch's evaluation on the average; Lightning's copies it "
-                       "in at the end)",
+    "EMAWeightAveraging": _AVERAGE,
+    "WeightAveraging": _AVERAGE,
     "BaseFinetuning": "write a dptrain.Callback whose on_epoch_start(run, epoch) unfreezes the layers at their epoch "
                       "(run.model.backbone.requires_grad_(True); run.optimizer.add_param_group({'params': ..., "
                       "'lr': ...})): fit trains what a callback unfreezes, on every device",

@@ -20,10 +20,13 @@ import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import torch
+
 from ..engine.task import callback_list
 from .hook_names import framework_class
 from .swa import SWA
 from .training import EarlyStopping
+from .weight_averaging import LightningEMA
 
 
 def _keras(cls: type) -> bool:
@@ -55,12 +58,30 @@ def _swa(cb: Any, cls: type) -> Dict[str, Any]:
             "avg_fn": None if avg_fn is getattr(cls, "avg_fn", None) else avg_fn}
 
 
+def _ema_averaging(cb: Any, cls: type) -> Dict[str, Any]:
+    """The settings of ``LightningEMA`` that does what Lightning's ``EMAWeightAveraging`` does: its
+    decay read off its average function (``get_ema_avg_fn(decay)``: 1 against 0 gives it); an
+    ``AttributeError`` (not taken: the error names ``EMA``) for settings it does not do (buffers
+    left out of the average, another average function, a device of its own)."""
+    kwargs = dict(cb._kwargs)
+    avg_fn = kwargs.pop("avg_fn", None)
+    if not cb._use_buffers or kwargs or avg_fn is None or cb._device is not None:
+        raise AttributeError("settings LightningEMA does not take")
+    decay = float(avg_fn(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64),
+                         torch.tensor(1)))
+    return {"decay": decay, "update_every_n_steps": cb.update_every_n_steps,
+            "update_starting_at_step": cb.update_starting_at_step,
+            "update_starting_at_epoch": cb.update_starting_at_epoch}
+
+
 #: Peer callbacks taken as dptrain's (by class name): the settings reader and our class. Where
 #: they differ, the line says how.
 ADOPTED: Dict[str, Tuple[Callable[[Any, type], Dict[str, Any]], type, str]] = {
     "EarlyStopping": (_early_stopping, EarlyStopping, ""),
     "StochasticWeightAveraging": (_swa, SWA, " (the weights averaged at each epoch's end, the last epoch's too; "
                                              "Lightning's averages at each epoch's start)"),
+    "EMAWeightAveraging": (_ema_averaging, LightningEMA, " (every evaluation on the average, the model holding it "
+                                                         "when fit ends)"),
 }
 _DEFAULTS = {cls: {p.name: p.default for p in inspect.signature(cls).parameters.values()}
              for _, cls, _ in ADOPTED.values()}
