@@ -24,7 +24,8 @@ module, as Lightning's DDP calls them (``trainer.is_global_zero`` on rank 0). Th
 overrides (``on_test_*``, ``on_predict_*``...) are named in a line: not called. Hooks set on the
 instance count as its own (Lightning's ``LambdaCallback(on_train_epoch_end=fn)``). Lightning's
 stock callbacks that ``peer_callbacks.py`` neither takes nor names, and subclasses of them
-(``EMAWeightAveraging``, ``BackboneFinetuning``, ``ModelPruning``...), are a ``TypeError`` naming
+(``BackboneFinetuning``, ``ModelPruning``, a ``WeightAveraging`` other than the ``EMAWeightAveraging``
+taken as ``LightningEMA``...), are a ``TypeError`` naming
 what does their work (``STOCK``): their hooks are Lightning's code for its Trainer's loops, and run
 here they did nothing (until session 62 they ran so, silently).
 """
