@@ -11,6 +11,7 @@ samples' order, every sample once, whatever the device and process counts.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -27,6 +28,7 @@ from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
 from ..engine.forward_hooks import user_hooks
 from ..engine.lightning_adopt import predict_step_of, staged
+from ..engine.lightning_module import overridden
 from ..engine.lightning_transfer import before_transfer_of, transfer_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
@@ -35,6 +37,10 @@ from .flag_words import keyword_errors
 from .keywords import PREDICT_PEERS, keywords_checked
 from .lightning_data import is_data_module, stage_data
 from .session import ALL_CALL, inference_job
+
+#: A LightningModule's hooks of Lightning's predict loop, which predict does not call (a warning names them).
+PREDICT_HOOKS = ("on_predict_start", "on_predict_epoch_start", "on_predict_batch_start", "on_predict_batch_end",
+                 "on_predict_epoch_end", "on_predict_end")
 
 
 def batch_loss_left_out(output: Any, ignored: Sequence[str] = ()) -> Any:
@@ -119,6 +125,11 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
         own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
         moved = transfer_of(model, module_data) if forward is None else None
         before = before_transfer_of(model, module_data) if forward is None else None     # (on the whole batch)
+        skipped = overridden(model, PREDICT_HOOKS) if forward is None else []
+        if skipped and env.rank == 0:       # (trainer.predict calls them; predict returns the outputs instead)
+            warnings.warn(f"the module's {', '.join(skipped)} (Lightning hooks) are not called by dptrain.predict, "
+                          f"which returns every batch's outputs in order: do their work on what it returns",
+                          stacklevel=3)
         runner, feed = get_runner(replicas.devices), forward or model_input
         ignored = ignored_at_inference(model)       # (a causal LM's cache)
         hooked = len(replicas.devices) > 1 and bool(user_hooks(model))      # (forward_hooks.py)
