@@ -20,12 +20,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import torch
 from torch import nn
 
-from ..engine.lightning_log import TRAIN_PREFIXES, Recording
+from ..engine.lightning_log import ONE, TRAIN_PREFIXES, Recording
 
-ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of one sample)
 
 
 class BatchLogs:

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..engine.kept_outputs import KeptOutputs
-from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, Recording
+from ..engine.lightning_log import PREFIXES, TRAIN_PREFIXES, hook_logged, processes_mean
 from ..engine.lightning_logger import BoardLogger
 from ..engine.lightning_adopt import BATCH_HOOKS, COURSE_HOOKS
 from ..engine.lightning_eval_batch import EvalCallbacks
@@ -48,7 +48,6 @@ from .lightning_callbacks import EVAL_BATCH_HOOKS, HookTargets, lightning_callba
 from .lightning_checkpoint_hooks import CHECKPOINT_HOOKS, ModuleCheckpointHooks
 from .outputs import TensorBoard
 
-ONE = torch.zeros(1)        # (what a hook logs is one number: its "batch", of one sample)
 
 #: The module's hooks called, by the callback event that calls them (in Lightning's order).
 CALLED = {"on_fit_start": ("on_fit_start", "on_train_start"), "on_epoch_start": ("on_train_epoch_start",),
@@ -121,10 +120,8 @@ class ModuleHooks(Callback):
                 self.targets.call(hook)
                 continue
             start, prefixes = ROW_NAMES[hook]
-            with Recording(self.module, ONE, hook, prefixes) as recording:
-                self.targets.call(hook)     # (a callback's pl_module.log too)
-            for name, metric in recording.objects.items():
-                recording.figures[name] = (metric.compute().detach().float(), 1)
+            recording = hook_logged(self.module, hook, prefixes,       # (a callback's pl_module.log too)
+                                    lambda: self.targets.call(hook))
             logged.update({start + name: float(value) for name, (value, _) in recording.figures.items()})
             self.hook_names.update({name: start + figure for name, figure in recording.names.items()})
             self._metrics(logged, self.hook_names)
@@ -187,9 +184,7 @@ class ModuleHooks(Callback):
     def _over_processes(self, run: Any, logged: Dict[str, float]) -> Dict[str, float]:
         """What the hooks ``logged`` in each process, the mean of the processes' (every row alike)."""
         if run.world_size > 1 and self.ends:
-            each = run.collective.all_gather_object(logged)
-            names = sorted({name for one in each for name in one})
-            logged = {k: sum(one[k] for one in each if k in one) / sum(k in one for one in each) for k in names}
+            logged = processes_mean(run.collective, logged)
             self._metrics(logged, self.hook_names)
         return logged
 

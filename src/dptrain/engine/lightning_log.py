@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -211,3 +211,24 @@ class StepLogs:
         stateful = StatefulMetrics.of_copies(copies, devices)
         stateful.alone = alone
         return stateful.compute()
+
+
+#: What a hook outside the steps logs is one number: its "batch", of one sample.
+ONE = torch.zeros(1)
+
+
+def hook_logged(module: nn.Module, hook: str, prefixes: Tuple[str, ...], call: Callable[[], Any]) -> Recording:
+    """``call()`` (the module's epoch-end ``hook``, and a callback's) with what it logs recorded, a
+    torchmetrics object it logs computed: the recording (``figures`` by figure name, ``names``)."""
+    with Recording(module, ONE, hook, prefixes) as recording:
+        call()
+    for name, metric in recording.objects.items():
+        recording.figures[name] = (metric.compute().detach().float(), 1)
+    return recording
+
+
+def processes_mean(collective: Any, logged: Dict[str, float]) -> Dict[str, float]:
+    """Each figure of ``logged`` (each process's own) as the mean of the processes that have it."""
+    each = collective.all_gather_object(logged)
+    names = sorted({name for one in each for name in one})
+    return {k: sum(one[k] for one in each if k in one) / sum(k in one for one in each) for k in names}

@@ -26,11 +26,10 @@ import torch
 from torch import nn
 
 from .kept_outputs import KeptOutputs
-from .lightning_log import PREFIXES, TEST_PREFIXES, Recording
+from .lightning_log import PREFIXES, TEST_PREFIXES, hook_logged, processes_mean
 
 #: The hooks' stage, by the step that evaluates.
 STAGES = {"test_step": "test", "validation_step": "validation"}
-ONE = torch.zeros(1)        # (what the hook logs is one number: its "batch", of one sample)
 
 
 def test_hook_names(evaluation: str) -> List[str]:
@@ -64,15 +63,10 @@ def with_test_hooks(model: nn.Module, steps: Any, engine: Any, collective: Any, 
                 steps.clock.callback_metrics.update({
                     name: torch.tensor(float(figures["test_" + figure]))
                     for name, figure in steps.validated.logged_as().items() if "test_" + figure in figures})
-            with Recording(model, ONE, epoch_end, TEST_PREFIXES + PREFIXES) as recording:
-                getattr(model, epoch_end)()
-            for name, metric in recording.objects.items():
-                recording.figures[name] = (metric.compute().detach().float(), 1)
+            recording = hook_logged(model, epoch_end, TEST_PREFIXES + PREFIXES, getattr(model, epoch_end))
             logged = {"test_" + name: float(value) for name, (value, _) in recording.figures.items()}
             if collective.world_size > 1 and not alone:     # (each process's, over its part: their mean)
-                each = collective.all_gather_object(logged)
-                keys = sorted({k for one in each for k in one})
-                logged = {k: sum(one[k] for one in each if k in one) / sum(k in one for one in each) for k in keys}
+                logged = processes_mean(collective, logged)
         if end in own:
             getattr(model, end)()
     finally:
