@@ -119,13 +119,12 @@ class EvalCallbacks:
 
     def __init__(self, call: Callable[..., None], hooks: Sequence[str], clock: Any = None):
         self.call, self.hooks, self.clock = call, tuple(hooks), clock
-        self.stage = "validate"
         self.returned: dict = {}
 
     def start(self, batch: Any, index: int) -> None:
         self.returned.clear()
         if self.clock is not None:      # (its trainer's validating, before any part's step says it)
-            self.clock.stage = self.stage
+            self.clock.stage = "validate"       # (fit's evaluations alone take callbacks)
         if "on_validation_batch_start" in self.hooks:
             self.call("on_validation_batch_start", batch, index)
 
