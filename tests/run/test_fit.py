@@ -255,8 +255,39 @@ def test_a_dataloaders_batch_size_is_taken_and_defaults_are_said():
     result = dptrain.fit(nn.Linear(4, 2), loader, epochs=1, batch_size=32, optimizer="adam", devices=1,
                          log=said.append)
     assert result["batch_size"] == 32 and said[0] == "dptrain: batch_size=32 is used, not the DataLoader's 16"
-    assert said[1] == ("dptrain: the DataLoader does not shuffle, but fit shuffles the training samples every epoch "
-                       "(by seed and epoch); pass shuffle=False to keep their order")
+    assert not any("shuffle" in line for line in said)
+
+
+def _order_read(loader, devices=1, **settings):
+    """The sample ids fit trains on over 2 epochs of ``loader``, batch after batch (each sorted)."""
+    seen = []
+
+    def forward(model, batch):
+        x, y, ids = batch
+        if model.training and len(ids) > 1:        # (not the one-sample trial batch)
+            seen.append(ids)
+        return model(x), y
+    dptrain.fit(nn.Linear(3, 2), loader, forward=forward, epochs=2, devices=devices, log=None, **settings)
+    read = torch.cat(seen)          # (the devices' parts of a batch in the order their threads ran: sorted)
+    return torch.cat([chunk.sort().values for chunk in read.split(loader.batch_size)]).tolist()
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_dataloaders_shuffle_is_taken_unless_shuffle_is_given(devices):
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+    n = 40
+    data = TensorDataset(torch.randn(n, 3), torch.randint(0, 2, (n,)), torch.arange(n))
+    in_order = list(range(n)) * 2
+    assert _order_read(DataLoader(data, batch_size=8), devices) == in_order           # shuffle=False: its order
+    assert _order_read(DataLoader(data, batch_size=8, sampler=DistributedSampler(data, 1, 0, shuffle=False)),
+                       devices) == in_order
+    for shuffled in (_order_read(DataLoader(data, batch_size=8, shuffle=True), devices),
+                     _order_read(DataLoader(data, batch_size=8, sampler=DistributedSampler(data, 1, 0)), devices),
+                     _order_read(DataLoader(data, batch_size=8), devices, shuffle=True)):    # (given: it wins)
+        assert sorted(shuffled) == sorted(in_order) and shuffled != in_order
+        assert shuffled[:n] != shuffled[n:]              # (a new order each epoch)
+    assert _order_read(DataLoader(data, batch_size=8, shuffle=True), devices, shuffle=False) == in_order
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -8,7 +8,8 @@ has one), so every process draws the same indices, and a resumed epoch those an 
 drew; ``DatasetLoader`` then cuts them into the global batches (the batch sampler's own
 batches, or ``batch_size`` each) and each process reads its part. A sampler that takes every
 sample once (sequential, shuffling, a DDP script's ``DistributedSampler``) is replaced by
-dptrain's own order and sharding (``picks_of`` says which is which).
+dptrain's own order and sharding (``picks_of`` says which is which), shuffled or not as
+the loader was (``shuffles``: ``fit`` keeps a ``shuffle=False`` loader's order).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from itertools import accumulate
 from typing import Any, List, Optional, Tuple
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
 _NONE = object()
@@ -33,6 +34,17 @@ def picks_of(loader: DataLoader) -> Tuple[Optional[Sampler], Optional[Any]]:
     whole = isinstance(sampler, (SequentialSampler, DistributedSampler)) or (
         type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset))
     return (None if whole else sampler), None
+
+
+def shuffles(loader: DataLoader) -> Optional[bool]:
+    """Whether ``loader`` reads its samples shuffled (a ``RandomSampler``, a shuffling
+    ``DistributedSampler``) or in order (``shuffle=False``: a ``SequentialSampler``); None when
+    a sampler or batch sampler of the user's own decides the order (``picks_of``)."""
+    sampler, batch_sampler = picks_of(loader)
+    if sampler is not None or batch_sampler is not None or isinstance(loader.dataset, IterableDataset):
+        return None
+    own = loader.sampler
+    return bool(own.shuffle) if isinstance(own, DistributedSampler) else not isinstance(own, SequentialSampler)
 
 
 def draw(sampler: Any, seed: int, epoch: int) -> List[Any]:

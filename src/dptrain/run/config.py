@@ -154,7 +154,8 @@ class TrainConfig:
                                           "update of an N-times larger batch, with the memory of one",
                                           Whole(1), metavar="N")
     shuffle: bool = option(True, "shuffle the training samples every epoch, by seed and epoch (--no-shuffle keeps "
-                           "their order, as Keras's shuffle=False)", Switch(), action=argparse.BooleanOptionalAction)
+                           "their order, as Keras's shuffle=False; a training DataLoader's own is taken "
+                           "unless given)", Switch(), action=argparse.BooleanOptionalAction)
     drop_last: Optional[bool] = option(None, "drop each epoch's last training batch when it is smaller than the "
                                        "batch size (default: a DataLoader's drop_last, else keep it; evaluation "
                                        "reads every sample)", Switch(), action=argparse.BooleanOptionalAction)

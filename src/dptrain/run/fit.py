@@ -17,18 +17,19 @@ Runbook (the same script everywhere):
 from __future__ import annotations
 
 import inspect
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from typing import Any, Dict, List, Optional
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, SequentialSampler
+from torch.utils.data import DataLoader
 
 from ..callbacks.base import CallbackList
 from ..callbacks.lightning_hooks import with_module_hooks
 from ..callbacks.peer_callbacks import adopt
 from ..distributed.env import rank
 from ..data.choose_loader import lists_as_columns
+from ..data.samplers import shuffles
 from ..engine import lightning_adopt
 from ..engine.lightning_trainer import TrainerStandIn, detach
 from ..engine.metric_names import metrics_copied
@@ -133,10 +134,8 @@ def _fit(model: nn.Module, train_data: Any, eval_data: Any, what: Dict[str, Any]
          settings: Dict[str, Any], notes: List[str], plot: Optional[str], log: Optional[Log]) -> Dict[str, Any]:
     """``fit`` of its data taken and its LightningModule adopted: say the defaults, train."""
     notes = notes + defaults_said(what, train_data)
-    if isinstance(train_data, DataLoader) and isinstance(train_data.sampler, SequentialSampler) \
-            and "shuffle" not in settings:
-        notes.append("the DataLoader does not shuffle, but fit shuffles the training samples every epoch (by "
-                     "seed and epoch); pass shuffle=False to keep their order")
+    if isinstance(train_data, DataLoader) and "shuffle" not in settings and shuffles(train_data) is False:
+        config = replace(config, shuffle=False)     # a shuffle=False DataLoader's order, as Lightning and Accelerate keep it
     if log is not None and rank() == 0:
         for line in notes:
             log(f"dptrain: {line}")
