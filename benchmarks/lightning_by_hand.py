@@ -16,7 +16,10 @@ Lightning callback's ``on_validation_batch_start/end`` on the same batches, outp
 devices); ``before_transfer``: the module's ``on_before_batch_transfer``, the same stages and batch sizes,
 weights within 1.1e-16 (float64, dptrain on 2 devices). Session 63 (``loader_order``): a training
 ``DataLoader(shuffle=False)`` given to both, ``fit`` given no ``shuffle=``: weights 4.7e-16 apart (float64,
-dptrain on 2 devices; 0.38 before, when fit shuffled it).
+dptrain on 2 devices; 0.38 before, when fit shuffled it). Session 64 (``scheduler_order``): an epoch
+StepLR's rate read at every batch end, in validation and the epoch-end hooks: the same 12 reads as
+Lightning's (8 of them apart before, stepped after the hooks), and max_steps cutting an epoch short
+leaves it unstepped in both.
 """
 from __future__ import annotations
 
@@ -339,7 +342,57 @@ def loader_order() -> None:
           f"{float((weights(a) - weights(b)).abs().max()):.2g} (dptrain on 2 devices)")
 
 
+def scheduler_order() -> None:
+    """The rate a module reads at the epoch's last batch end, in validation and its epoch-end hooks,
+    its StepLR stepped every epoch (Lightning steps it after the last update); then max_steps cutting
+    the second epoch short (not stepped there)."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(48, 6, generator=g)
+    y = (X[:, 0] > 0).long()
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.seen = nn.Linear(6, 2), []
+
+        def _read(self, where):
+            self.seen.append((where, self.current_epoch, self.optimizers().param_groups[0]["lr"]))
+
+        def training_step(self, batch, i):
+            return F.cross_entropy(self.net(batch[0]), batch[1])
+
+        def on_train_batch_end(self, outputs, batch, i):
+            self._read(f"batch_end {i}")
+
+        def validation_step(self, batch, i):
+            if i == 0:
+                self._read("validation_step")
+            self.log("val_loss", F.cross_entropy(self.net(batch[0]), batch[1]))
+
+        def on_validation_epoch_end(self):
+            self._read("on_validation_epoch_end")
+
+        def on_train_epoch_end(self):
+            self._read("on_train_epoch_end")
+
+        def configure_optimizers(self):
+            self.made = torch.optim.SGD(self.parameters(), lr=0.2)
+            return {"optimizer": self.made, "lr_scheduler": torch.optim.lr_scheduler.StepLR(self.made, 1, 0.5)}
+
+    loader = DataLoader(TensorDataset(X, y), batch_size=16)
+    a, b = M(), M()
+    L.Trainer(max_epochs=2, **QUIET).fit(a, loader, loader)
+    dptrain.fit(b, loader, loader, epochs=2, devices=1, log=None, progress=False)
+    c, d = M(), M()
+    L.Trainer(max_epochs=2, max_steps=4, **QUIET).fit(c, loader)
+    dptrain.fit(d, loader, epochs=2, max_steps=4, devices=1, log=None, progress=False)
+    print(f"StepLR's steps: {len(a.seen)} reads, equal: {a.seen == b.seen}; max_steps=4 of 2 epochs of 3: rates "
+          f"{c.made.param_groups[0]['lr']:g} / {d.made.param_groups[0]['lr']:g} (dptrain on 1 device)")
+
+
 if __name__ == "__main__":
+    scheduler_order()
     loader_order()
     clipping()
     transfer()

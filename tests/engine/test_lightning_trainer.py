@@ -450,6 +450,50 @@ def test_the_module_reads_the_runs_optimizer_and_scheduler(devices):
     assert [row["train_last_lr"] for row in result["history"]] == pytest.approx([0.2, 0.1, 0.05])
 
 
+class ReadsTheRateAtTheEpochsEnd(ReadsItsOptimizer):
+    """The rate a module reads at the epoch's last batch end, in its validation and its epoch-end
+    hooks (``self.optimizers()``), its ``StepLR`` stepped every epoch."""
+    seen = []
+
+    def _read(self, where):
+        ReadsTheRateAtTheEpochsEnd.seen.append((where, self.current_epoch, self.optimizers().param_groups[0]["lr"]))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if batch_idx == 5:              # (the epoch's last of 6)
+            self._read("batch_end")
+
+    def configure_optimizers(self):
+        config = super().configure_optimizers()
+        self.made = config["optimizer"]
+        return config
+
+    def on_validation_epoch_end(self):
+        self._read("validation_end")
+        super().on_validation_epoch_end()
+
+    def on_train_epoch_end(self):
+        self._read("train_epoch_end")
+        super().on_train_epoch_end()
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_an_epoch_schedulers_step_is_where_lightnings_trainer_makes_it(devices):
+    """After the epoch's last update, before its on_train_batch_end, the validation and
+    on_train_epoch_end (Lightning 2.6.6's Trainer by hand: the same reads); the row's ``lr``
+    is still the one the epoch trained at, and an epoch max_steps cuts short is not stepped."""
+    ReadsTheRateAtTheEpochsEnd.seen.clear()
+    model = ReadsTheRateAtTheEpochsEnd()
+    result = dptrain.fit(model, data(), data(), epochs=2, batch_size=16, shuffle=False, devices=devices, log=None,
+                         progress=False)
+    assert ReadsTheRateAtTheEpochsEnd.seen == [(where, epoch, pytest.approx(lr)) for epoch, lr in [(0, 0.1), (1, 0.05)]
+                                               for where in ("batch_end", "validation_end", "train_epoch_end")]
+    assert [row["lr"] for row in result["history"]] == pytest.approx([0.2, 0.1])
+    assert [row["train_step_lr"] for row in result["history"]] == pytest.approx([0.2, 0.1])
+    model = ReadsTheRateAtTheEpochsEnd()
+    dptrain.fit(model, data(), epochs=2, batch_size=16, max_steps=9, devices=devices, log=None, progress=False)
+    assert model.made.param_groups[0]["lr"] == pytest.approx(0.1)     # (stepped once: after epoch 1)
+
+
 def test_configure_optimizers_is_called_once_when_the_run_has_its_data():
     calls = []
 

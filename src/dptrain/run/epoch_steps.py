@@ -32,6 +32,7 @@ from ..engine.step_plan import StepResult
 from . import gradients, resume
 from .resume import Position
 from .step_limit import ends_here
+from .report import lr_figures
 from .step_log import log_step
 from .stopping import GO_ON, act_on
 from .tally import Tally
@@ -122,6 +123,8 @@ def train_epoch(run: Any, epoch: int) -> Tuple[float, Any, Any, List[Any], int, 
         and run.balancer is None and global_size is None and not (watch and edits.several)
     run.plain_epoch, told = plain, tell or grads_told or step_log is not None
     train_batch, stops = run.engine.train_batch, run.stops
+    last_update = lightning is not None and run.schedule.at_last_update
+    rates = functools.partial(lr_figures, run.engine.trainer)
 
     def watched_step(b: int, batch: Any) -> StepResult:
         """A step, with what listens around it: hooks, --balance, a LightningModule's own calls."""
@@ -190,6 +193,8 @@ def train_epoch(run: Any, epoch: int) -> Tuple[float, Any, Any, List[Any], int, 
             elif skip_nan:           # the engine skipped it in every process
                 run.skipped += 1
             run.step = first_step + b
+            if last_update and (b == run.batches if ahead is None else ahead.ended):
+                run.schedule.after_last_update(run.step, rates)     # (Lightning's order: before its on_train_batch_end)
             if told:
                 tell_of(b, result)
             if clocked and run.clock.up():

@@ -94,8 +94,10 @@ class Run(RunView):
                                  task.scheduler_monitor)
         if task.manual:         # (the module's training_step steps them: self.lr_schedulers())
             self.schedule.hold()
-        elif isinstance(task.step, LightningSteps) and task.step.lr_scheduler_step is not None:
-            self.schedule.stepped_by(task.step.lr_scheduler_step)
+        elif isinstance(task.step, LightningSteps):
+            self.schedule.lightning_order()
+            if task.step.lr_scheduler_step is not None:
+                self.schedule.stepped_by(task.step.lr_scheduler_step)
         if isinstance(task.step, LightningSteps) and task.step.clock is not None:     # (self.optimizers() reads)
             task.step.clock.lend(self.engine.trainer.optimizer, self.scheduler, task.scheduler_interval,
                                  task.scheduler_monitor)

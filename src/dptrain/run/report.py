@@ -123,7 +123,7 @@ def row_of(run: Any, epoch: int, sec: float, trained: List[Any], skipped: int, e
     if run.config.on_nan == "skip":         # the loss above covers the batches not skipped
         row["skipped"] = skipped
     if run.scheduler is not None:           # the first group's, as the epoch's last batch had it
-        row.update(lr_figures(run.engine.trainer))
+        row.update(run.schedule.trained_rates or lr_figures(run.engine.trainer))
     if run.cut is not None or run.batches is None or run.train_loader.global_num_samples is None:
         # What the epoch trained: max_steps or max_time ended it, or an open-ended stream did (or
         # a stream of batches: their samples known as they come).

@@ -10,6 +10,10 @@ every batch, each ``eval_every_n_steps`` evaluation's test loss (Lightning's ``"
 adds, or a LightningModule's epoch-end hook logs, may be it), and a plateau whose ``mode`` takes
 its figure the wrong way is an error.
 
+A LightningModule's run steps its other epoch schedulers where Lightning's ``Trainer`` does,
+after the epoch's last update (``lightning_order``); a plain module's after ``on_epoch_end``,
+as a plain loop's ``train(); validate(); scheduler.step()``.
+
 A scheduler that takes its counts from the training code (timm's: ``step(epoch, metric=None)``
 at each epoch's end, ``step_update(num_updates, metric=None)`` after each update; ``counted``)
 gets both, as timm's training script gives them, whatever the interval: the epochs done, and
@@ -106,6 +110,11 @@ class Schedule:
         #: The epoch from whose start a callback holds the scheduler (``hold(from_epoch)``), once said.
         self.held_from: Optional[int] = None
         self.held = False
+        #: Lightning's order (a LightningModule's run, ``lightning_order``): an epoch interval's
+        #: scheduler, a plateau aside, steps after the epoch's last update (``after_last_update``).
+        self.at_last_update = False
+        #: The rates the epoch trained at, read before such a step (the row's ``lr``); None: not stepped so.
+        self.trained_rates: Optional[Dict[str, float]] = None
         if monitor is not None and not self.plateau and not self.counted:
             which = "there is no scheduler" if scheduler is None else f"{type(scheduler).__name__} is none"
             raise ValueError(f"scheduler_monitor={monitor!r} names the figure a ReduceLROnPlateau decides on, and "
@@ -188,8 +197,24 @@ class Schedule:
         self.per_batch = self.per_epoch = self.counted = False
         self.held = True
 
+    def lightning_order(self) -> None:
+        """Step an epoch interval's scheduler (a plateau's aside) where Lightning's ``Trainer``
+        steps it: after the epoch's last update, before that batch's ``on_train_batch_end``, the
+        validation and ``on_train_epoch_end`` (which then read the next epoch's rate, as there),
+        and not after an epoch that ``max_steps`` or a stop cut short; a plateau still after the
+        epoch-end hooks, on what they log."""
+        self.at_last_update = True
+
+    def after_last_update(self, updates: int, rates: Callable[[], Dict[str, float]]) -> None:
+        """The epoch's last batch was trained, the run's ``updates``-th: in Lightning's order,
+        ``rates()`` (what the epoch trained at) kept for its row, and the scheduler stepped."""
+        if self.at_last_update and self.per_epoch and not self.plateau and not self.counted:
+            self.trained_rates = rates()
+            self._step(updates=updates)
+
     def epoch_start(self, epoch: int) -> None:
         """An epoch starts: from ``held_from`` on, held."""
+        self.trained_rates = None
         if self.held_from is not None and epoch >= self.held_from and not self.held:
             self.hold()
 
@@ -232,6 +257,7 @@ class Schedule:
         if self.counted:        # (timm's plateau kind decides on a metric: the row's figure)
             self.scheduler.step(row["epoch"], self.figure(row))
         elif not self.plateau:
-            self._step()
+            if not self.at_last_update:     # (Lightning's order: stepped after the last update, if at all)
+                self._step()
         elif evaluated or not has_eval_set or not (self.monitor or "test_loss").startswith("test_"):
             self._step(self.figure(row))       # (a training figure: every epoch)
