@@ -277,10 +277,10 @@ class EMAWeightAveraging(WeightAveraging):
     pass
 
 
-class BaseFinetuning(LCallback):
-    __module__ = "lightning.pytorch.callbacks.finetuning"
+class ModelPruning(LCallback):
+    __module__ = "lightning.pytorch.callbacks.pruning"
 
-    def on_fit_start(self, trainer, pl_module):
+    def on_train_epoch_end(self, trainer, pl_module):
         raise AssertionError("not run")
 
 
@@ -303,10 +303,9 @@ def test_lightnings_stock_callbacks_are_refused_naming_what_does_their_work():
                                         r"dptrain.callbacks.EMA\(0.999, evaluate=True\)\]"):
         dptrain.fit(Module(), data(), epochs=1, batch_size=16, callbacks=[EMAWeightAveraging()], log=None,
                     progress=False)
-    mine = type("UnfreezeAt", (BaseFinetuning,), {"__module__": "mine",
-                                                  "finetune_function": lambda self, m, epoch, opt: None})
-    with pytest.raises(TypeError, match=r"UnfreezeAt is a subclass of Lightning's BaseFinetuning.*write a "
-                                        r"dptrain.Callback whose on_epoch_start\(run, epoch\) unfreezes"):
+    mine = type("PruneMore", (ModelPruning,), {"__module__": "mine", "amount": 0.7})
+    with pytest.raises(TypeError, match=r"PruneMore is a subclass of Lightning's ModelPruning.*prune the model "
+                                        r"before fit"):
         dptrain.fit(Module(), data(), epochs=1, batch_size=16, callbacks=[mine()], log=None, progress=False)
 
 

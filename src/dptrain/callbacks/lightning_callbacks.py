@@ -23,15 +23,20 @@ hook logs with ``pl_module.log`` goes where the module's own would. Once a proce
 module, as Lightning's DDP calls them (``trainer.is_global_zero`` on rank 0). The other hooks it
 overrides (``on_test_*``, ``on_predict_*``...) are named in a line: not called. Hooks set on the
 instance count as its own (Lightning's ``LambdaCallback(on_train_epoch_end=fn)``). Lightning's
-stock callbacks that ``peer_callbacks.py`` neither takes nor names, and subclasses of them
-(``BackboneFinetuning``, ``ModelPruning``, a ``WeightAveraging`` other than the ``EMAWeightAveraging``
-taken as ``LightningEMA``...), are a ``TypeError`` naming
-what does their work (``STOCK``): their hooks are Lightning's code for its Trainer's loops, and run
-here they did nothing (until session 62 they ran so, silently).
+``BaseFinetuning`` (``BackboneFinetuning``, and one's own with its ``freeze_before_training`` and
+``finetune_function``) runs with Lightning's own hooks (``RUN_AS_THEIRS``): they work on the module's
+parameters and the trainer's ``optimizers``, which the stand-in lends (the run's, which takes
+``add_param_group`` between steps), and their ``setup`` comes before the run calls
+``configure_optimizers`` and copies the model to its devices, as there (``lightning_hooks.py``).
+Lightning's other stock callbacks that ``peer_callbacks.py`` neither takes nor names, and
+subclasses of them (``ModelPruning``, a ``WeightAveraging`` other than the ``EMAWeightAveraging``
+taken as ``LightningEMA``...), are a ``TypeError`` naming what does their work (``STOCK``): their
+hooks are Lightning's code for its Trainer's loops, and run here they did nothing (until session 62
+they ran so, silently; ``BaseFinetuning`` was refused so until session 64).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from torch import nn
 
@@ -62,9 +67,6 @@ _AVERAGE = ("give fit callbacks=[ema := dptrain.callbacks.EMA(0.999, evaluate=Tr
 STOCK: Dict[str, str] = {
     "EMAWeightAveraging": _AVERAGE,
     "WeightAveraging": _AVERAGE,
-    "BaseFinetuning": "write a dptrain.Callback whose on_epoch_start(run, epoch) unfreezes the layers at their epoch "
-                      "(run.model.backbone.requires_grad_(True); run.optimizer.add_param_group({'params': ..., "
-                      "'lr': ...})): fit trains what a callback unfreezes, on every device",
     "ModelPruning": "prune the model before fit (torch.nn.utils.prune), or between two fit calls: the devices' "
                     "copies are made when fit starts",
     "SpikeDetection": "give fit on_nan='stop' (a loss that is not finite ends the run; a finite spike is a "
@@ -77,12 +79,42 @@ STOCK: Dict[str, str] = {
 }
 
 
+#: Lightning's stock callbacks whose own hooks run here (by the name of a class of their ancestry): a
+#: ``BaseFinetuning`` freezes the module's layers in ``setup`` and unfreezes them at an epoch's start into
+#: a group of ``trainer.optimizers``, which fit trains as Lightning's Trainer does (tested against
+#: Lightning 2.6.6 by hand: ``benchmarks/lightning_by_hand.py``).
+RUN_AS_THEIRS = frozenset({"BaseFinetuning"})
+
+
+def _lightnings(cls: type) -> bool:
+    return cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+
+
+def runs_as_theirs(cb: Any) -> bool:
+    """Whether ``cb`` is a Lightning callback of ``RUN_AS_THEIRS`` (or a subclass of one)."""
+    return any(k.__name__ in RUN_AS_THEIRS and _lightnings(k) for k in type(cb).__mro__)
+
+
+def hooks_of(cb: Any) -> Set[str]:
+    """The hooks of ``CALLED`` that ``cb`` defines: those of its own classes (for one of
+    ``RUN_AS_THEIRS``, Lightning's classes' too, but the base ``Callback``'s no-ops) and those set
+    on it (Lightning's ``LambdaCallback(on_train_epoch_end=fn)``)."""
+    if runs_as_theirs(cb):
+        defined = {h for h in CALLED for k in type(cb).__mro__
+                   if h in vars(k) and not (_lightnings(k) and k.__name__ == "Callback")}
+    else:
+        defined = set(overridden(cb, CALLED))
+    return defined | {h for h in CALLED if callable(vars(cb).get(h))}
+
+
 def stock_class(cb: Any) -> Optional[type]:
     """The Lightning class of ``cb``'s ancestry (not the base ``Callback``) that defines hooks of its
-    own (``EMAWeightAveraging``'s ``WeightAveraging``, ``BackboneFinetuning``...), if any: its hooks
-    are Lightning's code for its Trainer, which fit does not run."""
+    own (``EMAWeightAveraging``'s ``WeightAveraging``, ``ModelPruning``...), if any: its hooks are
+    Lightning's code for its Trainer, which fit does not run (None for those of ``RUN_AS_THEIRS``)."""
+    if runs_as_theirs(cb):
+        return None
     for k in type(cb).__mro__:
-        if k.__module__.split(".")[0] not in ("lightning", "pytorch_lightning") or k.__name__ == "Callback":
+        if not _lightnings(k) or k.__name__ == "Callback":
             continue
         if any(name in vars(k) for name in CALLED + NOT_CALLED):
             return k
@@ -107,7 +139,7 @@ def is_lightning_callback(cb: Any) -> bool:
     """Whether ``cb`` is a Lightning ``Callback`` (of one's own: Lightning's stock ones are taken
     or refused by ``peer_callbacks.py`` first)."""
     cls = framework_class(cb)
-    return cls is not None and cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+    return cls is not None and _lightnings(cls)
 
 
 class HookTargets:
@@ -116,9 +148,7 @@ class HookTargets:
 
     def __init__(self, module: nn.Module, callbacks: Sequence[Any], trainer: Any):
         self.module, self.callbacks, self.trainer = module, list(callbacks), trainer
-        # (its class's hooks, and those set on it: Lightning's LambdaCallback(on_train_epoch_end=fn))
-        self.own = [set(overridden(cb, CALLED)) | {h for h in CALLED if callable(vars(cb).get(h))}
-                    for cb in self.callbacks]
+        self.own = [hooks_of(cb) for cb in self.callbacks]
         self._module_own: Dict[str, bool] = {}      # (whether the module overrides a hook: asked each batch)
 
     def overriding(self, hooks: Sequence[str]) -> List[str]:

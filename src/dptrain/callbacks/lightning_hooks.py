@@ -77,6 +77,10 @@ def with_module_hooks(model: nn.Module, what: Dict[str, Any]) -> List[str]:
         return []
     theirs, notes = lightning_callbacks(what)
     targets = HookTargets(model, theirs, steps.clock if steps.clock is not None else vars(model).get("_trainer"))
+    # Their setup(stage="fit") now, before the run calls configure_optimizers and copies the model to
+    # its devices, as Lightning's Trainer calls it (the module's own: lightning_data.py): what it freezes
+    # (a BaseFinetuning's backbone) is left out of the optimizer and trains on no device.
+    targets.of_callbacks("setup", "fit")
     hooks, batch_hooks = targets.overriding(COURSE_HOOKS), targets.overriding(BATCH_HOOKS)
     evaluated = [h for h in EVAL_BATCH_HOOKS if any(h in own for own in targets.own)]    # (the callbacks' alone)
     if evaluated:
@@ -146,7 +150,6 @@ class ModuleHooks(Callback):
         if run.config.eval_every_n_steps and any(hook in self.hooks for hook in VALIDATION_HOOKS):
             run.step_evaluation_hooks.append(self)
             run.reuse_step_evaluation = False       # (the epoch's evaluation runs its validation_step again)
-        self.targets.of_callbacks("setup", "fit")       # (a Lightning callback's; the module's: lightning_data.py)
         self._call("on_fit_start", run, run.epoch - 1)
 
     def before_step_evaluation(self, run: Any) -> None:
