@@ -1,4 +1,4 @@
-"""Sessions 61-62's checks by hand against Lightning's own ``Trainer`` (Lightning is not installed in CI):
+"""Sessions 61-64's checks by hand against Lightning's own ``Trainer`` (Lightning is not installed in CI):
 a LightningModule's ``configure_gradient_clipping`` and ``on_after_batch_transfer``, and a Lightning
 ``Callback`` of one's own, run under Lightning's ``Trainer`` and under ``dptrain.fit`` (2 devices).
 
@@ -14,12 +14,12 @@ module's ``on_validation_batch_start/end`` in fit and ``on_test_batch_end`` in t
 keep for ``on_validation_epoch_end`` equal to Lightning's (float64, apart 0), dptrain on 2 devices; a
 Lightning callback's ``on_validation_batch_start/end`` on the same batches, outputs' loss within 6e-17 (3
 devices); ``before_transfer``: the module's ``on_before_batch_transfer``, the same stages and batch sizes,
-weights within 1.1e-16 (float64, dptrain on 2 devices). Session 63 (``loader_order``): a training
+weights within 1.1e-16 (float64, dptrain on 2 devices). Session 64 (``loader_order``): a training
 ``DataLoader(shuffle=False)`` given to both, ``fit`` given no ``shuffle=``: weights 4.7e-16 apart (float64,
-dptrain on 2 devices; 0.38 before, when fit shuffled it). Session 64 (``scheduler_order``): an epoch
+dptrain on 2 devices; 0.38 before, when fit shuffled it). ``scheduler_order``: an epoch
 StepLR's rate read at every batch end, in validation and the epoch-end hooks: the same 12 reads as
 Lightning's (8 of them apart before, stepped after the hooks), and max_steps cutting an epoch short
-leaves it unstepped in both. Session 64 (``finetuning``): Lightning's ``BackboneFinetuning`` (SGD with
+leaves it unstepped in both. ``finetuning``: Lightning's ``BackboneFinetuning`` (SGD with
 momentum) 4.4e-16 apart, a ``BaseFinetuning`` of one's own (a BatchNorm, Adam, ``sync_batchnorm``)
 6.8e-11, each resumed after its unfreezing 0 from the unbroken run (dptrain on 2 devices; refused
 before, and 0.54 apart in session 62, when its hooks did nothing).
