@@ -12,7 +12,8 @@ Their hooks take that framework's trainer: here it is the module's stand-in
 ``should_stop``, ``lightning_module``, ``optimizers``, ``logger``...), so a callback of one's own
 runs as it is beside a module taken as a LightningModule (for any other model it is an error
 naming ``dptrain.Callback``). Called, in Lightning's order (each callback's, in the order given,
-before the module's own): ``setup(stage="fit")`` and ``teardown``, the hooks of the run's course
+before the module's own): ``setup(stage="fit")`` (after the module's own here, which is called as
+its data is taken; before ``configure_optimizers``) and ``teardown``, the hooks of the run's course
 (``on_fit_start``... ``on_train_epoch_end``, ``on_fit_end``: ``lightning_hooks.py``), of each
 batch (``on_train_batch_start``, ``on_train_batch_end``, ``on_before_zero_grad``,
 ``on_after_backward``, ``on_before_optimizer_step``: ``lightning_batch_hooks.py``, with what it
