@@ -22,7 +22,9 @@ Lightning's (8 of them apart before, stepped after the hooks), and max_steps cut
 leaves it unstepped in both. ``finetuning``: Lightning's ``BackboneFinetuning`` (SGD with
 momentum) 4.4e-16 apart, a ``BaseFinetuning`` of one's own (a BatchNorm, Adam, ``sync_batchnorm``)
 6.8e-11, each resumed after its unfreezing 0 from the unbroken run (dptrain on 2 devices; refused
-before, and 0.54 apart in session 62, when its hooks did nothing).
+before, and 0.54 apart in session 62, when its hooks did nothing). ``predict_hooks``: a module's
+``on_predict_*`` hooks, the same 10 calls as ``trainer.predict``'s (1 device) and the same classes
+written by ``on_predict_epoch_end`` (2 devices); not called before (a warning).
 """
 from __future__ import annotations
 
@@ -449,7 +451,50 @@ def finetuning() -> None:
               f"unbroken {float((every(b) - every(c)).abs().max()):.2g} (dptrain on 2 devices)")
 
 
+def predict_hooks() -> None:
+    """A module's on_predict_* hooks under Lightning's trainer.predict and dptrain.predict: the calls (1 device),
+    what on_predict_batch_end kept and on_predict_epoch_end wrote (2 devices)."""
+    X = torch.randn(40, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.kept, self.calls, self.written = nn.Linear(4, 3).double(), [], [], None
+
+        def predict_step(self, batch, i):
+            return self.net(batch)
+
+        def on_predict_start(self):
+            self.calls.append("start")
+
+        def on_predict_epoch_start(self):
+            self.calls.append("epoch_start")
+
+        def on_predict_batch_start(self, batch, i):
+            self.calls.append(("batch_start", i, len(batch)))
+
+        def on_predict_batch_end(self, outputs, batch, i):
+            self.kept.append(outputs.argmax(1))
+            self.calls.append(("batch_end", i, len(outputs)))
+
+        def on_predict_epoch_end(self):
+            self.written = torch.cat(self.kept)
+            self.calls.append("epoch_end")
+
+        def on_predict_end(self):
+            self.calls.append("end")
+
+    a, b, c = M(), M(), M()
+    L.Trainer(**QUIET).predict(a, DataLoader(X, batch_size=16))
+    dptrain.predict(b, X, batch_size=16, devices=1)
+    dptrain.predict(c, X, batch_size=16, devices=2)
+    print(f"on_predict_*: calls equal {a.calls == b.calls} ({len(a.calls)}, dptrain on 1 device); written equal "
+          f"{torch.equal(a.written, c.written)} (dptrain on 2 devices)")
+
+
 if __name__ == "__main__":
+    predict_hooks()
     finetuning()
     scheduler_order()
     loader_order()

@@ -87,19 +87,3 @@ def test_a_module_evaluated_by_its_validation_step_gets_the_validation_hooks():
     with torch.no_grad():
         rate = float((model.net(X).argmax(1) == y).double().mean())
     assert scores["test_hit_rate"] == pytest.approx(rate, rel=1e-12) and model.calls == []    # (the test hooks: not)
-
-
-def test_predict_names_the_predict_hooks_it_does_not_call():
-    class Predicts(Tested):
-        def predict_step(self, batch, batch_idx):
-            return self.net(batch)
-
-        def on_predict_epoch_end(self):
-            raise AssertionError("not called")
-    model = Predicts()
-    X, _ = data()
-    with pytest.warns(UserWarning, match=r"the module's on_predict_epoch_end \(Lightning hooks\) are not called by "
-                                         r"dptrain.predict, which returns every batch's outputs in order"):
-        out = dptrain.predict(model, X, batch_size=16, devices=1)
-    with torch.no_grad():
-        torch.testing.assert_close(out, model.net(X))

@@ -40,7 +40,8 @@ from torch import nn
 
 #: The hooks around each step method's batch, by the step Lightning calls between them.
 AROUND = {"validation_step": ("on_validation_batch_start", "on_validation_batch_end"),
-          "test_step": ("on_test_batch_start", "on_test_batch_end")}
+          "test_step": ("on_test_batch_start", "on_test_batch_end"),
+          "predict_step": ("on_predict_batch_start", "on_predict_batch_end")}     # (lightning_predict_hooks.py)
 
 
 class EvalBatchHooks:

@@ -11,7 +11,6 @@ samples' order, every sample once, whatever the device and process counts.
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -28,7 +27,7 @@ from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..engine.batch_call import model_input
 from ..engine.forward_hooks import user_hooks
 from ..engine.lightning_adopt import predict_step_of, staged
-from ..engine.lightning_module import overridden
+from ..engine.lightning_predict_hooks import PredictHooks
 from ..engine.lightning_transfer import before_transfer_of, transfer_of
 from ..parallel.given_model import unwrapped
 from ..parallel.replicas import replicate
@@ -37,11 +36,6 @@ from .flag_words import keyword_errors
 from .keywords import PREDICT_PEERS, keywords_checked
 from .lightning_data import is_data_module, stage_data
 from .session import ALL_CALL, inference_job
-
-#: A LightningModule's hooks of Lightning's predict loop, which predict does not call (a warning names them).
-PREDICT_HOOKS = ("on_predict_start", "on_predict_epoch_start", "on_predict_batch_start", "on_predict_batch_end",
-                 "on_predict_epoch_end", "on_predict_end")
-
 
 def batch_loss_left_out(output: Any, ignored: Sequence[str] = ()) -> Any:
     """A dict output's ``loss`` of the batch (a 0-dim tensor: not a sample's) as None, as a
@@ -125,11 +119,8 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
         own = predict_step_of(model) if forward is None else None      # a LightningModule's predict_step
         moved = transfer_of(model, module_data) if forward is None else None
         before = before_transfer_of(model, module_data) if forward is None else None     # (on the whole batch)
-        skipped = overridden(model, PREDICT_HOOKS) if forward is None else []
-        if skipped and env.rank == 0:       # (trainer.predict calls them; predict returns the outputs instead)
-            warnings.warn(f"the module's {', '.join(skipped)} (Lightning hooks) are not called by dptrain.predict, "
-                          f"which returns every batch's outputs in order: do their work on what it returns",
-                          stacklevel=3)
+        # (its on_predict_* hooks, where trainer.predict calls them; none with a forward of yours)
+        hooks = PredictHooks(model, list(replicas), replicas.devices[0]) if forward is None else None
         runner, feed = get_runner(replicas.devices), forward or model_input
         ignored = ignored_at_inference(model)       # (a causal LM's cache)
         hooked = len(replicas.devices) > 1 and bool(user_hooks(model))      # (forward_hooks.py)
@@ -142,10 +133,14 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
             shard = to_device(shard, replicas.devices[i])
             if moved is not None:           # (its on_after_batch_transfer, on the part on its device)
                 shard = moved(replicas[i], shard, trainer)
-            out = own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
+            def call() -> Any:
+                return own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
+            out = hooks.around(replicas[i], shard, index, call) if hooks else call()
             return map_tensors(lambda t: t.detach().cpu(), batch_loss_left_out(out, ignored))
         try:
             with evaluating(*replicas), runner.coordinating():     # each module's own mode back after
+                if hooks:
+                    hooks.start()
                 for index, batch in enumerate(loader):
                     n = size_of(batch)
                     if n == 0:                  # this process's part of a last batch smaller than the processes
@@ -161,6 +156,8 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
                     parts = [shard_output(i, s) for i, s in enumerate(shards)] if hooked else \
                         runner.map(shard_output, shards)        # (forward hooks of yours: in device order)
                     outputs.append(concatenate(parts[:k]))
+                if hooks:
+                    hooks.end()
         finally:
             if hasattr(loader, "close"):
                 loader.close()
