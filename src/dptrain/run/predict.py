@@ -120,7 +120,9 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
         moved = transfer_of(model, module_data) if forward is None else None
         before = before_transfer_of(model, module_data) if forward is None else None     # (on the whole batch)
         # (its on_predict_* hooks, where trainer.predict calls them; none with a forward of yours)
-        hooks = PredictHooks(model, list(replicas), replicas.devices[0]) if forward is None else None
+        hooks: Optional[PredictHooks] = PredictHooks(model, list(replicas), replicas.devices[0]) \
+            if forward is None else None
+        hooks = hooks if hooks else None       # (none overridden: nothing asked a batch)
         runner, feed = get_runner(replicas.devices), forward or model_input
         ignored = ignored_at_inference(model)       # (a causal LM's cache)
         hooked = len(replicas.devices) > 1 and bool(user_hooks(model))      # (forward_hooks.py)
@@ -133,13 +135,15 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
             shard = to_device(shard, replicas.devices[i])
             if moved is not None:           # (its on_after_batch_transfer, on the part on its device)
                 shard = moved(replicas[i], shard, trainer)
-            def call() -> Any:
-                return own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
-            out = hooks.around(replicas[i], shard, index, call) if hooks else call()
+            if hooks is None:
+                out = own(replicas[i], shard, index) if own is not None else feed(replicas[i], shard)
+            else:
+                out = hooks.around(replicas[i], shard, index, lambda: own(replicas[i], shard, index)
+                                   if own is not None else feed(replicas[i], shard))
             return map_tensors(lambda t: t.detach().cpu(), batch_loss_left_out(out, ignored))
         try:
             with evaluating(*replicas), runner.coordinating():     # each module's own mode back after
-                if hooks:
+                if hooks is not None:
                     hooks.start()
                 for index, batch in enumerate(loader):
                     n = size_of(batch)
@@ -156,7 +160,7 @@ def predict(model: nn.Module, data: Any, *, batch_size: Optional[int] = None, de
                     parts = [shard_output(i, s) for i, s in enumerate(shards)] if hooked else \
                         runner.map(shard_output, shards)        # (forward hooks of yours: in device order)
                     outputs.append(concatenate(parts[:k]))
-                if hooks:
+                if hooks is not None:
                     hooks.end()
         finally:
             if hasattr(loader, "close"):
